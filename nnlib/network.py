@@ -1,0 +1,285 @@
+"""A fully connected sigmoid network, with every parameter in one flat vector.
+
+Notation (one row per sample, a batch of N samples):
+
+    a_0 = X                                  (N, n_0)      the inputs
+    z_l = a_{l-1} @ W_l + b_l                (N, n_l)      W_l: (n_{l-1}, n_l), b_l: (n_l,)
+    a_l = sigmoid(z_l)                       hidden layers l = 1 .. L-1
+    a_L = sigmoid(z_L) or softmax(z_L)       the output layer, (N, n_L)
+
+Cost (mean cross-entropy over the batch, Y one-hot (N, n_L)):
+
+    sigmoid outputs: J = -1/N sum_n sum_k [ Y log a_L + (1 - Y) log(1 - a_L) ]
+    softmax outputs: J = -1/N sum_n sum_k   Y log a_L
+
+Backpropagation (both outputs give the same output error):
+
+    delta_L = (a_L - Y) / N                               (N, n_L)
+    delta_l = (delta_{l+1} @ W_{l+1}.T) * a_l * (1 - a_l)  (N, n_l)
+    dJ/dW_l = a_{l-1}.T @ delta_l                          (n_{l-1}, n_l)
+    dJ/db_l = sum over samples of delta_l                  (n_l,)
+
+The weights and biases are views into ``params``, one contiguous flat vector
+laid out as [W_1, b_1, W_2, b_2, ...]; the gradients are views into ``grads`` with
+the same layout, so all gradients can travel in one message.
+
+The math uses only the Python array API (``xp`` is the arrays' namespace), so the
+same code runs on NumPy and on CuPy arrays.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .backend import array_namespace, resolve_backend, to_numpy
+
+
+def sigmoid(z, xp=None):
+    """sigma(z) = 1 / (1 + exp(-z)), element-wise."""
+    xp = xp or array_namespace(z)
+    return 1 / (1 + xp.exp(-z))
+
+
+def sigmoid_prime_from_activation(a):
+    """sigma'(z) written with a = sigma(z): a * (1 - a)."""
+    return a * (1 - a)
+
+
+def softplus(z, xp):
+    """log(1 + exp(z)), computed without overflow as max(z, 0) + log1p(exp(-|z|))."""
+    return xp.maximum(z, 0) + xp.log1p(xp.exp(-xp.abs(z)))
+
+
+def softmax(z, xp):
+    """Row-wise softmax of logits z (N, K), shifted by the row maximum for stability."""
+    shifted = z - xp.max(z, axis=1, keepdims=True)
+    exponentials = xp.exp(shifted)
+    return exponentials / xp.sum(exponentials, axis=1, keepdims=True)
+
+
+def cross_entropy_from_logits(logits, targets, output: str, xp):
+    """Summed cross-entropy over the batch, from the output layer's logits z_L (N, K).
+
+    With a = sigmoid(z): -[y log a + (1-y) log(1-a)] = softplus(z) - y z.
+    With a = softmax(z): -sum_k y_k log a_k = logsumexp(z) - sum_k y_k z_k.
+    Both forms stay finite where a rounds to 0 or 1.
+    """
+    if output == "sigmoid":
+        return float(xp.sum(softplus(logits, xp) - targets * logits))
+    row_max = xp.max(logits, axis=1, keepdims=True)
+    log_sum_exp = xp.log(xp.sum(xp.exp(logits - row_max), axis=1)) + row_max[:, 0]
+    return float(xp.sum(log_sum_exp) - xp.sum(targets * logits))
+
+
+def one_hot_targets(labels, num_classes: int, dtype, xp):
+    """Integer labels (N,) to one-hot targets (N, num_classes) of ``dtype``."""
+    return xp.astype(labels[:, None] == xp.arange(num_classes, dtype=labels.dtype), dtype)
+
+
+class Network:
+    """A fully connected network: sigmoid hidden layers, sigmoid or softmax outputs.
+
+    layer_sizes: e.g. (784, 128, 10): inputs, hidden layers, outputs.
+    output:      "sigmoid" (cross-entropy over independent outputs) or "softmax".
+    dtype:       "float32" (default) or "float64".
+    seed:        initial weights are uniform in +-sqrt(6 / (n_in + n_out)) (Glorot),
+                 drawn on the CPU from numpy.random.default_rng(seed); biases start at 0.
+    device:      "cpu", "gpu" or "auto" (see nnlib.backend); the weights are drawn on
+                 the CPU and then moved, so every device starts from the same weights.
+    """
+
+    def __init__(self, layer_sizes=(784, 30, 10), output: str = "sigmoid", dtype="float32",
+                 seed: int = 0, device: str = "cpu"):
+        layer_sizes = tuple(int(size) for size in layer_sizes)
+        if len(layer_sizes) < 2 or min(layer_sizes) < 1:
+            raise ValueError(f"layer_sizes needs at least two positive sizes (inputs, outputs); got {layer_sizes}")
+        if output not in ("sigmoid", "softmax"):
+            raise ValueError(f"output must be 'sigmoid' or 'softmax'; got {output!r}")
+        if str(np.dtype(dtype)) not in ("float32", "float64"):
+            raise ValueError(f"dtype must be float32 or float64; got {dtype}")
+        self.layer_sizes = layer_sizes
+        self.output = output
+        self.xp = resolve_backend(device)
+        self.dtype = getattr(self.xp, str(np.dtype(dtype)))
+        self.shapes = list(zip(layer_sizes[:-1], layer_sizes[1:]))
+        self.num_params = sum(n_in * n_out + n_out for n_in, n_out in self.shapes)
+
+        self.params = self.xp.asarray(initial_parameters(self.shapes, seed), dtype=self.dtype)
+        self.grads = self.xp.zeros_like(self.params)
+        self.weights, self.biases = self.layer_views(self.params)
+        self.grad_weights, self.grad_biases = self.layer_views(self.grads)
+        # Rows per piece of a large batch (see loss_and_gradient): about 128k activations of
+        # the widest layer after the inputs, i.e. 1,024 rows for 128 hidden units.
+        self.chunk_size = max(1024, 131072 // max(layer_sizes[1:]))
+
+    @property
+    def num_layers(self) -> int:
+        """The number of weight layers (one less than the number of layer sizes)."""
+        return len(self.shapes)
+
+    def layer_views(self, flat):
+        """Split a flat vector (num_params,) into per-layer views: [W_l (n_in, n_out)], [b_l (n_out,)].
+
+        The views share memory with ``flat``: writing to them writes to ``flat``.
+        """
+        weights, biases, offset = [], [], 0
+        for n_in, n_out in self.shapes:
+            weights.append(self.xp.reshape(flat[offset:offset + n_in * n_out], (n_in, n_out)))
+            offset += n_in * n_out
+            biases.append(flat[offset:offset + n_out])
+            offset += n_out
+        return weights, biases
+
+    # -- checking inputs ------------------------------------------------------
+
+    def check_inputs(self, inputs):
+        """Raise ValueError unless inputs is a non-empty (N, n_0) array."""
+        shape = getattr(inputs, "shape", None)
+        if shape is None or len(shape) != 2:
+            raise ValueError(f"inputs must be a 2-D array (samples, {self.layer_sizes[0]}); got shape {shape}")
+        if shape[0] == 0:
+            raise ValueError("inputs is an empty batch (0 samples); pass at least one sample")
+        if shape[1] != self.layer_sizes[0]:
+            raise ValueError(
+                f"inputs have {shape[1]} features but the network expects {self.layer_sizes[0]}: "
+                f"reshape images to (samples, {self.layer_sizes[0]}) (see nnlib.data.scale_pixels) "
+                "or build the network with a matching first layer size"
+            )
+
+    def check_labels(self, labels, num_samples: int):
+        """Raise ValueError unless labels are num_samples integers in 0..n_L-1."""
+        shape = getattr(labels, "shape", None)
+        if shape is None or len(shape) != 1:
+            raise ValueError(f"labels must be a 1-D array of class numbers; got shape {shape}")
+        if shape[0] != num_samples:
+            raise ValueError(f"{num_samples} samples but {shape[0]} labels; they must match")
+        xp = self.xp
+        if not xp.isdtype(labels.dtype, "integral"):
+            raise ValueError(f"labels must be integers (class numbers); got dtype {labels.dtype}")
+        low, high = int(xp.min(labels)), int(xp.max(labels))
+        if low < 0 or high >= self.layer_sizes[-1]:
+            raise ValueError(
+                f"labels must lie in 0..{self.layer_sizes[-1] - 1}; got values from {low} to {high}"
+            )
+
+    # -- forward and backward -------------------------------------------------
+
+    def forward(self, inputs):
+        """Activations of every layer for inputs (N, n_0): [a_0 = inputs, a_1, ..., a_L].
+
+        Also keeps the output logits z_L in ``self.output_logits`` for the loss.
+        """
+        xp = self.xp
+        activations = [inputs]
+        for layer, (weights, biases) in enumerate(zip(self.weights, self.biases)):
+            logits = activations[-1] @ weights + biases
+            if layer < self.num_layers - 1 or self.output == "sigmoid":
+                activations.append(sigmoid(logits, xp))
+            else:
+                activations.append(softmax(logits, xp))
+        self.output_logits = logits
+        return activations
+
+    def loss_and_gradient(self, inputs, labels, normalizer=None, check: bool = True) -> float:
+        """Cost J and its gradient for a batch; the gradient is written into ``self.grads``.
+
+        inputs (N, n_0), labels (N,) integers. The sums over samples are divided by
+        ``normalizer`` (default N, giving the mean). A rank holding a shard of a
+        bigger batch passes the global batch size, so that the ranks' gradients add
+        up to exactly the full-batch gradient. Returns J (summed / normalizer).
+
+        A batch larger than ``self.chunk_size`` rows is processed chunk by chunk and
+        the chunks' gradients are added up (a sum over samples splits into sums over
+        chunks). The arrays of one chunk fit in the CPU cache, which makes the
+        element-wise work several times faster than on one huge batch.
+        Also sets ``self.last_correct``: how many samples the network got right.
+        """
+        if check:
+            self.check_inputs(inputs)
+            self.check_labels(labels, inputs.shape[0])
+        scale = 1.0 / (inputs.shape[0] if normalizer is None else normalizer)
+        loss, self.last_correct = 0.0, 0
+        for start in range(0, inputs.shape[0], self.chunk_size):
+            end = start + self.chunk_size
+            loss += self._chunk_loss_and_gradient(inputs[start:end], labels[start:end], scale, start > 0)
+        return loss
+
+    def _chunk_loss_and_gradient(self, inputs, labels, scale: float, accumulate: bool) -> float:
+        """Backpropagation on one chunk: write (or, if accumulate, add) its gradient into grads."""
+        xp = self.xp
+        activations = self.forward(inputs)
+        targets = one_hot_targets(labels, self.layer_sizes[-1], self.dtype, xp)
+        loss = cross_entropy_from_logits(self.output_logits, targets, self.output, xp) * scale
+        self.last_correct += int(xp.sum(xp.argmax(activations[-1], axis=1) == labels))
+
+        delta = (activations[-1] - targets) * scale                      # delta_L, (N, n_L)
+        for layer in range(self.num_layers - 1, -1, -1):
+            grad_weights = activations[layer].T @ delta                   # (n_in, n_out)
+            grad_biases = xp.sum(delta, axis=0)                           # (n_out,)
+            if accumulate:
+                self.grad_weights[layer] += grad_weights
+                self.grad_biases[layer] += grad_biases
+            else:
+                self.grad_weights[layer][...] = grad_weights
+                self.grad_biases[layer][...] = grad_biases
+            if layer > 0:  # no input gradient is needed for the first layer
+                delta = (delta @ self.weights[layer].T) * sigmoid_prime_from_activation(activations[layer])
+        return loss
+
+    # -- evaluation -----------------------------------------------------------
+
+    def predict_probabilities(self, inputs):
+        """Output activations a_L (N, n_L), computed chunk by chunk."""
+        self.check_inputs(inputs)
+        chunks = [self.forward(inputs[start:start + self.chunk_size])[-1]
+                  for start in range(0, inputs.shape[0], self.chunk_size)]
+        return self.xp.concat(chunks, axis=0)
+
+    def predict(self, inputs):
+        """The most likely class for each sample: (N,) integers."""
+        return self.xp.argmax(self.predict_probabilities(inputs), axis=1)
+
+    def loss(self, inputs, labels) -> float:
+        """The mean cross-entropy J over the samples (no gradient)."""
+        self.check_inputs(inputs)
+        self.check_labels(labels, inputs.shape[0])
+        total = 0.0
+        for start in range(0, inputs.shape[0], self.chunk_size):
+            self.forward(inputs[start:start + self.chunk_size])
+            targets = one_hot_targets(labels[start:start + self.chunk_size], self.layer_sizes[-1], self.dtype, self.xp)
+            total += cross_entropy_from_logits(self.output_logits, targets, self.output, self.xp)
+        return total / inputs.shape[0]
+
+    def accuracy(self, inputs, labels) -> float:
+        """The fraction of samples whose predicted class equals the label."""
+        self.check_labels(labels, inputs.shape[0])
+        return float(self.xp.mean(self.xp.astype(self.predict(inputs) == labels, self.dtype)))
+
+    # -- copying --------------------------------------------------------------
+
+    def get_params(self) -> np.ndarray:
+        """A NumPy copy of the flat parameter vector."""
+        return to_numpy(self.params).copy()
+
+    def set_params(self, flat) -> None:
+        """Overwrite the parameters (in place, so the layer views stay valid)."""
+        if tuple(flat.shape) != (self.num_params,):
+            raise ValueError(f"expected a flat vector of {self.num_params} parameters; got shape {tuple(flat.shape)}")
+        self.params[...] = self.xp.asarray(flat, dtype=self.dtype)
+
+    def __repr__(self) -> str:
+        sizes = "-".join(map(str, self.layer_sizes))
+        return f"Network({sizes}, output={self.output}, dtype={self.params.dtype}, params={self.num_params})"
+
+
+def initial_parameters(shapes, seed: int) -> np.ndarray:
+    """The flat float64 starting vector: Glorot-uniform weights, zero biases, drawn on the CPU."""
+    rng = np.random.default_rng(seed)
+    pieces = []
+    for n_in, n_out in shapes:
+        limit = math.sqrt(6.0 / (n_in + n_out))
+        pieces.append(rng.uniform(-limit, limit, size=n_in * n_out))
+        pieces.append(np.zeros(n_out))
+    return np.concatenate(pieces)

@@ -1,0 +1,140 @@
+"""Training: full-batch gradient descent and mini-batch SGD with optional momentum.
+
+One step with learning rate eta and momentum mu, on the flat vectors:
+
+    velocity <- mu * velocity - eta * grads
+    params   <- params + velocity           (mu = 0: plain gradient descent)
+
+Full-batch gradient descent is SGD whose batch is the whole training set: one
+step per epoch.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+class SGD:
+    """Stochastic gradient descent on a network's flat parameter vector, momentum optional."""
+
+    def __init__(self, network, learning_rate: float, momentum: float = 0.0):
+        check_learning_rate(learning_rate)
+        if not 0.0 <= momentum < 1.0:
+            raise ValueError(f"momentum must be in [0, 1); got {momentum}")
+        self.network = network
+        self.learning_rate = float(learning_rate)
+        self.momentum = float(momentum)
+        self.velocity = network.xp.zeros_like(network.params) if momentum else None
+
+    def step(self) -> None:
+        """Update ``network.params`` in place from ``network.grads``."""
+        params, grads = self.network.params, self.network.grads
+        if self.velocity is None:
+            params -= self.learning_rate * grads
+        else:
+            self.velocity *= self.momentum
+            self.velocity -= self.learning_rate * grads
+            params += self.velocity
+
+
+def check_learning_rate(learning_rate) -> None:
+    """Raise ValueError unless the learning rate is a positive finite number."""
+    if not isinstance(learning_rate, (int, float)) or not math.isfinite(learning_rate) or learning_rate <= 0:
+        raise ValueError(f"learning_rate must be a positive finite number; got {learning_rate!r}")
+
+
+@dataclass
+class History:
+    """What happened in each epoch of a training run.
+
+    loss: mean training cost over the epoch's batches; train_accuracy: the fraction
+    of training samples classified right as the batches went by; validation_accuracy:
+    on the validation set after the epoch (empty if none); seconds: training time of
+    each epoch (evaluation excluded).
+    """
+
+    loss: list = field(default_factory=list)
+    train_accuracy: list = field(default_factory=list)
+    validation_accuracy: list = field(default_factory=list)
+    seconds: list = field(default_factory=list)
+
+    @property
+    def epochs(self) -> int:
+        return len(self.loss)
+
+    @property
+    def elapsed(self) -> np.ndarray:
+        """Cumulative training seconds at the end of each epoch."""
+        return np.cumsum(self.seconds)
+
+
+def batches(num_samples: int, batch_size: int, rng):
+    """Index arrays of one shuffled epoch; the last batch may be smaller. No shuffle if rng is None."""
+    order = np.arange(num_samples) if rng is None else rng.permutation(num_samples)
+    return [order[start:start + batch_size] for start in range(0, num_samples, batch_size)]
+
+
+def train(network, inputs, labels, *, epochs: int, learning_rate: float, batch_size=None,
+          momentum: float = 0.0, seed: int = 0, validation=None, progress: bool = True) -> History:
+    """Train ``network`` in place and return its :class:`History`.
+
+    inputs (N, n_0) floats, labels (N,) integers. ``batch_size=None`` means full-batch
+    gradient descent (one step per epoch); otherwise mini-batch SGD, reshuffled each
+    epoch with numpy.random.default_rng(seed). ``validation=(inputs, labels)`` is
+    scored after each epoch. ``progress`` shows a tqdm bar over epochs.
+    Raises FloatingPointError as soon as the loss is NaN or infinite.
+    """
+    from tqdm.auto import tqdm
+
+    network.check_inputs(inputs)
+    network.check_labels(labels, inputs.shape[0])
+    if validation is not None:
+        network.check_inputs(validation[0])
+        network.check_labels(validation[1], validation[0].shape[0])
+    if not isinstance(epochs, int) or epochs < 1:
+        raise ValueError(f"epochs must be a positive integer; got {epochs!r}")
+    num_samples = inputs.shape[0]
+    batch_size = num_samples if batch_size is None else int(batch_size)
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be at least 1; got {batch_size}")
+    optimizer = SGD(network, learning_rate, momentum)
+    xp = network.xp
+    full_batch = batch_size >= num_samples
+    rng = None if full_batch else np.random.default_rng(seed)
+    history = History()
+
+    bar = tqdm(range(epochs), disable=not progress, unit="epoch")
+    for epoch in bar:
+        start = time.perf_counter()
+        total_loss, correct = 0.0, 0
+        for step, indices in enumerate(batches(num_samples, batch_size, rng)):
+            if full_batch:
+                batch_inputs, batch_labels = inputs, labels
+            else:
+                indices = xp.asarray(indices)
+                batch_inputs, batch_labels = xp.take(inputs, indices, axis=0), xp.take(labels, indices, axis=0)
+            loss = network.loss_and_gradient(batch_inputs, batch_labels, check=False)
+            if not math.isfinite(loss):
+                raise FloatingPointError(
+                    f"the loss became {loss} at epoch {epoch + 1}, step {step + 1} "
+                    f"(learning rate {learning_rate}); training diverged. "
+                    f"Try a smaller learning rate, e.g. {learning_rate / 10:g}."
+                )
+            optimizer.step()
+            total_loss += loss * batch_inputs.shape[0]
+            correct += network.last_correct
+        history.seconds.append(time.perf_counter() - start)
+        history.loss.append(total_loss / num_samples)
+        history.train_accuracy.append(correct / num_samples)
+        if validation is not None:
+            history.validation_accuracy.append(network.accuracy(*validation))
+        if progress:
+            postfix = {"loss": f"{history.loss[-1]:.4f}"}
+            if validation is not None:
+                postfix["val"] = f"{history.validation_accuracy[-1]:.4f}"
+            bar.set_postfix(postfix)
+    return history
