@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import http.client
 import os
 import struct
 import tempfile
@@ -213,17 +214,21 @@ def download_file(url: str, destination: Path, expected_sha256: str | None = Non
         try:
             with os.fdopen(handle, "wb") as out, urllib.request.urlopen(url, timeout=timeout) as response:
                 total = int(response.headers.get("Content-Length") or 0) or None
+                received = 0
                 with tqdm(total=total, unit="B", unit_scale=True, desc=destination.name,
                           disable=not progress, leave=False) as bar:
                     while chunk := response.read(1 << 16):
                         out.write(chunk)
+                        received += len(chunk)
                         bar.update(len(chunk))
+            if total is not None and received != total:
+                raise MNISTError(f"{url}: the download was interrupted ({received} of {total} bytes)")
             if expected_sha256 is not None:
                 contents = _read_gzip_file(temporary) if destination.suffix == ".gz" else temporary.read_bytes()
                 verify_sha256(contents, expected_sha256, Path(url))
             os.replace(temporary, destination)
             return destination
-        except (urllib.error.URLError, OSError, MNISTError) as error:
+        except (urllib.error.URLError, http.client.HTTPException, OSError, MNISTError) as error:
             last_error = error
             if attempt < retries:
                 time.sleep(0.5 * attempt)

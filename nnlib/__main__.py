@@ -1,0 +1,42 @@
+"""Command line: ``python -m nnlib <command>``.
+
+    python -m nnlib fetch-data [--dir DIR]   download (if needed) and verify MNIST
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def fetch_data(args) -> int:
+    from .data import SHA256, MNISTError, candidate_dirs, fetch_mnist, find_file
+
+    try:
+        fetch_mnist(args.dir, progress=not args.quiet)
+    except MNISTError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    where = find_file(next(iter(SHA256)), candidate_dirs(args.dir)).parent
+    print(f"MNIST: all {len(SHA256)} files present and verified (SHA-256) in {where}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m nnlib", description="nnlib command line")
+    commands = parser.add_subparsers(dest="command", required=True)
+    fetch = commands.add_parser("fetch-data", help="download (if needed) and verify MNIST")
+    fetch.add_argument("--dir", default=None,
+                       help="folder to look in first and download into (default: $NNLIB_DATA, then the user cache)")
+    fetch.add_argument("--quiet", action="store_true", help="no download progress bar")
+    fetch.set_defaults(handler=fetch_data)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.handler(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,95 @@
+"""Shared fixtures: small IDX files, a local HTTP server, the real MNIST."""
+
+import gzip
+import hashlib
+import http.server
+import struct
+import threading
+
+import numpy as np
+import pytest
+
+
+def idx_bytes(array: np.ndarray) -> bytes:
+    """The IDX encoding of a uint8 array: 00 00 08 ndim, big-endian dimensions, data."""
+    header = bytes([0, 0, 0x08, array.ndim]) + struct.pack(f">{array.ndim}I", *array.shape)
+    return header + np.ascontiguousarray(array, dtype=np.uint8).tobytes()
+
+
+@pytest.fixture
+def tiny_mnist():
+    """Four small IDX files with the MNIST names: {name: (array, idx bytes, sha256)}."""
+    rng = np.random.default_rng(0)
+    arrays = {
+        "train-images-idx3-ubyte": rng.integers(0, 256, (20, 28, 28), dtype=np.uint8),
+        "train-labels-idx1-ubyte": np.arange(20, dtype=np.uint8) % 10,
+        "t10k-images-idx3-ubyte": rng.integers(0, 256, (10, 28, 28), dtype=np.uint8),
+        "t10k-labels-idx1-ubyte": np.arange(10, dtype=np.uint8),
+    }
+    files = {}
+    for name, array in arrays.items():
+        raw = idx_bytes(array)
+        files[name] = (array, raw, hashlib.sha256(raw).hexdigest())
+    return files
+
+
+class FileServer:
+    """A threaded HTTP server on 127.0.0.1 serving ``routes`` {path: bytes}; other paths get 404.
+
+    ``lie_about_length`` paths announce more bytes than they send, then close: an interrupted download.
+    """
+
+    def __init__(self):
+        self.routes, self.lie_about_length, self.requests = {}, set(), []
+        server = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                server.requests.append(self.path)
+                body = server.routes.get(self.path)
+                if body is None:
+                    self.send_error(404)
+                    return
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body) * (2 if self.path in server.lie_about_length else 1)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def file_server():
+    server = FileServer()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def isolated_cache(tmp_path, monkeypatch):
+    """An empty user cache and no NNLIB_DATA, so only what a test provides is found."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.delenv("NNLIB_DATA", raising=False)
+    return tmp_path / "cache" / "nnlib" / "mnist"
+
+
+@pytest.fixture(scope="session")
+def mnist():
+    """The real MNIST (from $NNLIB_DATA or the cache; `make test` fetches it first)."""
+    from nnlib.data import load_mnist
+
+    return load_mnist(download=False)
+
+
+def gzip_bytes(raw: bytes) -> bytes:
+    return gzip.compress(raw, mtime=0)

@@ -1,0 +1,141 @@
+"""nnlib.network: backpropagation is right, the flat buffer aliases, bad input is refused."""
+
+import numpy as np
+import pytest
+
+from nnlib import Network, gradient_check
+from nnlib.benchmarks import flops_per_sample, step_matmul_shapes
+from nnlib.gradient_check import numerical_gradient, relative_error
+
+
+def batch(sizes, n=7, seed=1, dtype=np.float64):
+    rng = np.random.default_rng(seed)
+    return rng.random((n, sizes[0])).astype(dtype), rng.integers(0, sizes[-1], n)
+
+
+@pytest.mark.parametrize("output", ["sigmoid", "softmax"])
+@pytest.mark.parametrize("sizes", [(4, 3), (5, 4, 3), (6, 5, 4, 3), (20, 8, 10)])
+def test_gradient_check_float64(sizes, output):
+    network = Network(sizes, output=output, dtype="float64", seed=3)
+    inputs, labels = batch(sizes)
+    assert gradient_check(network, inputs, labels, verbose=False) < 1e-7
+
+
+def test_gradient_check_catches_a_wrong_backward_pass(monkeypatch):
+    """The check must be able to fail: drop the sigmoid derivative and it does."""
+    import nnlib.network as module
+
+    monkeypatch.setattr(module, "sigmoid_prime_from_activation", lambda a: a * 0 + 1)
+    network = Network((5, 4, 3), dtype="float64", seed=0)
+    assert gradient_check(network, *batch((5, 4, 3)), verbose=False) > 1e-3
+
+
+def test_numerical_gradient_of_a_known_function():
+    x = np.array([1.0, -2.0, 3.0])
+    gradient = numerical_gradient(lambda: float(np.sum(x ** 3)), x)
+    np.testing.assert_allclose(gradient, 3 * np.array([1.0, 4.0, 9.0]), rtol=1e-8)
+    np.testing.assert_array_equal(x, [1.0, -2.0, 3.0])  # restored
+    assert relative_error([1, 0], [1, 0]) == 0.0 and relative_error([1, 0], [-1, 0]) == 1.0
+
+
+def test_chunked_batch_gives_the_same_gradient():
+    network = Network((6, 5, 3), dtype="float64", seed=0)
+    inputs, labels = batch((6, 5, 3), n=23)
+    whole_loss = network.loss_and_gradient(inputs, labels)
+    whole = network.grads.copy()
+    network.chunk_size = 4
+    chunked_loss = network.loss_and_gradient(inputs, labels)
+    np.testing.assert_allclose(network.grads, whole, rtol=1e-12, atol=1e-15)
+    assert chunked_loss == pytest.approx(whole_loss, rel=1e-12)
+
+
+def test_shard_gradients_with_a_shared_normalizer_add_up_to_the_full_gradient():
+    network = Network((6, 5, 3), dtype="float64", seed=0)
+    inputs, labels = batch((6, 5, 3), n=10)
+    network.loss_and_gradient(inputs, labels)
+    full = network.grads.copy()
+    total = np.zeros_like(full)
+    for shard in (slice(0, 3), slice(3, 10)):
+        network.loss_and_gradient(inputs[shard], labels[shard], normalizer=10)
+        total += network.grads
+    np.testing.assert_allclose(total, full, rtol=1e-12)
+
+
+def test_layer_views_alias_the_flat_vectors():
+    network = Network((4, 3, 2), seed=0)
+    assert network.num_params == 4 * 3 + 3 + 3 * 2 + 2
+    assert [w.shape for w in network.weights] == [(4, 3), (3, 2)]
+    assert [b.shape for b in network.biases] == [(3,), (2,)]
+    network.weights[1][2, 1] = 7.0
+    assert network.params[4 * 3 + 3 + 2 * 2 + 1] == 7.0
+    network.params[4 * 3] = 5.0
+    assert network.biases[0][0] == 5.0
+    network.grads[-1] = 9.0
+    assert network.grad_biases[1][1] == 9.0
+    for view in network.weights + network.biases + network.grad_weights + network.grad_biases:
+        assert np.shares_memory(view, network.params) or np.shares_memory(view, network.grads)
+    network.set_params(np.zeros(network.num_params))
+    assert not network.weights[0].any()  # views still valid after set_params
+
+
+def test_forward_shapes_dtypes_and_probabilities():
+    network = Network((6, 5, 4, 3), output="softmax", seed=0)
+    inputs, _ = batch((6, 5, 4, 3), n=8, dtype=np.float32)
+    activations = network.forward(inputs)
+    assert [a.shape for a in activations] == [(8, 6), (8, 5), (8, 4), (8, 3)]
+    assert all(a.dtype == np.float32 for a in activations)
+    np.testing.assert_allclose(activations[-1].sum(axis=1), 1, rtol=1e-6)
+    assert network.predict(inputs).shape == (8,)
+
+
+def test_initialisation_is_seeded_and_glorot_uniform():
+    a, b, c = Network((30, 20, 10), seed=4), Network((30, 20, 10), seed=4), Network((30, 20, 10), seed=5)
+    np.testing.assert_array_equal(a.params, b.params)
+    assert not np.array_equal(a.params, c.params)
+    limit = np.sqrt(6 / 50)
+    assert np.abs(a.weights[0]).max() <= limit and np.abs(a.weights[0]).max() > 0.9 * limit
+    assert not a.biases[0].any()
+    assert a.params.dtype == np.float32 and Network((3, 2), dtype="float64").params.dtype == np.float64
+
+
+def test_loss_is_finite_where_outputs_saturate():
+    network = Network((2, 2), dtype="float32", seed=0)
+    network.weights[0][...] = [[100, -100], [100, -100]]
+    inputs, labels = np.ones((3, 2), dtype=np.float32), np.array([1, 1, 0])
+    loss = network.loss_and_gradient(inputs, labels)
+    # Label 1 costs softplus(200) + softplus(-200) + 200 = 400 per sample; label 0 costs 0.
+    assert np.isfinite(loss) and loss == pytest.approx(2 * 400 / 3, rel=1e-4)
+
+
+@pytest.mark.parametrize("inputs, labels, message", [
+    (np.zeros((3, 5)), np.array([0, 1, 2]), "inputs have 5 features but the network expects 4"),
+    (np.zeros(4), np.array([0]), "inputs must be a 2-D array"),
+    (np.zeros((0, 4)), np.array([], dtype=int), "empty batch"),
+    (np.zeros((3, 4)), np.array([0, 1]), "3 samples but 2 labels"),
+    (np.zeros((2, 4)), np.array([0, 3]), r"labels must lie in 0\.\.2; got values from 0 to 3"),
+    (np.zeros((2, 4)), np.array([-1, 0]), r"labels must lie in 0\.\.2"),
+    (np.zeros((2, 4)), np.array([0.0, 1.0]), "labels must be integers"),
+])
+def test_bad_input_is_refused_clearly(inputs, labels, message):
+    network = Network((4, 3, 3), seed=0)
+    with pytest.raises(ValueError, match=message):
+        network.loss_and_gradient(inputs, labels)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"layer_sizes": (4,)}, "at least two positive sizes"),
+    ({"layer_sizes": (4, 0, 2)}, "at least two positive sizes"),
+    ({"output": "relu"}, "output must be"),
+    ({"dtype": "int32"}, "float32 or float64"),
+    ({"device": "tpu"}, "device must be"),
+])
+def test_bad_network_configuration_is_refused(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        Network(**{"layer_sizes": (4, 3), **kwargs})
+
+
+def test_flop_count_by_hand():
+    # 784-128-10: forward 2(784*128 + 128*10), weight grads the same, input grads 2(128*10) for layer 2 only.
+    assert flops_per_sample((784, 128, 10)) == 2 * (2 * (784 * 128 + 1280) + 1280)
+    shapes = step_matmul_shapes((784, 128, 10), 5)
+    assert sum(2 * m * k * n for m, k, n in shapes) == 5 * flops_per_sample((784, 128, 10))
