@@ -203,7 +203,7 @@ def download_file(url: str, destination: Path, expected_sha256: str | None = Non
     an interrupted download never leaves a file that looks complete.
     Retries up to ``retries`` times with a short back-off.
     """
-    from tqdm.auto import tqdm
+    from tqdm import tqdm
 
     destination = Path(destination)
     destination.parent.mkdir(parents=True, exist_ok=True)

@@ -78,17 +78,19 @@ def batches(num_samples: int, batch_size: int, rng):
     return [order[start:start + batch_size] for start in range(0, num_samples, batch_size)]
 
 
-def train(network, inputs, labels, *, epochs: int, learning_rate: float, batch_size=None,
+def train(network, inputs, labels, *, epochs: int, learning_rate, batch_size=None,
           momentum: float = 0.0, seed: int = 0, validation=None, progress: bool = True) -> History:
     """Train ``network`` in place and return its :class:`History`.
 
     inputs (N, n_0) floats, labels (N,) integers. ``batch_size=None`` means full-batch
     gradient descent (one step per epoch); otherwise mini-batch SGD, reshuffled each
-    epoch with numpy.random.default_rng(seed). ``validation=(inputs, labels)`` is
+    epoch with numpy.random.default_rng(seed). ``learning_rate`` is a number, or a
+    function of the epoch (0, 1, ...) returning one (a schedule, e.g. step decay or
+    warm-up). ``validation=(inputs, labels)`` is
     scored after each epoch. ``progress`` shows a tqdm bar over epochs.
     Raises FloatingPointError as soon as the loss is NaN or infinite.
     """
-    from tqdm.auto import tqdm
+    from tqdm import tqdm
 
     network.check_inputs(inputs)
     network.check_labels(labels, inputs.shape[0])
@@ -101,7 +103,8 @@ def train(network, inputs, labels, *, epochs: int, learning_rate: float, batch_s
     batch_size = num_samples if batch_size is None else int(batch_size)
     if batch_size < 1:
         raise ValueError(f"batch_size must be at least 1; got {batch_size}")
-    optimizer = SGD(network, learning_rate, momentum)
+    schedule = learning_rate if callable(learning_rate) else (lambda epoch: learning_rate)
+    optimizer = SGD(network, schedule(0), momentum)
     xp = network.xp
     full_batch = batch_size >= num_samples
     rng = None if full_batch else np.random.default_rng(seed)
@@ -109,6 +112,8 @@ def train(network, inputs, labels, *, epochs: int, learning_rate: float, batch_s
 
     bar = tqdm(range(epochs), disable=not progress, unit="epoch")
     for epoch in bar:
+        check_learning_rate(schedule(epoch))
+        optimizer.learning_rate = learning_rate = schedule(epoch)
         start = time.perf_counter()
         total_loss, correct = 0.0, 0
         for step, indices in enumerate(batches(num_samples, batch_size, rng)):
