@@ -1,0 +1,153 @@
+"""MPI collectives on NumPy arrays, with uneven splits and a guard against bad buffers.
+
+Every helper uses mpi4py's **buffer** (uppercase) methods: the array's memory goes to
+MPI as it is, with no pickling. That is fast, but MPI then sees only raw bytes in
+memory order. A Fortran-ordered or strided array handed to ``Bcast`` arrives on the
+other ranks in the wrong order (or mpi4py refuses it), so every helper here first
+calls :func:`require_contiguous`, which refuses such arrays with a clear message.
+
+Uneven splits: ``split_counts(10, 4) == [3, 3, 2, 2]``: the first ``total % parts``
+ranks get one more item. ``Scatterv``/``Gatherv`` take these counts and their offsets.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+
+def require_contiguous(array, name: str = "array") -> np.ndarray:
+    """Return ``array`` if it is a C-contiguous NumPy array, else raise a ValueError saying what to do."""
+    if not isinstance(array, np.ndarray):
+        raise TypeError(f"{name} must be a NumPy array for MPI's buffer methods; got {type(array).__name__}")
+    if not array.flags.c_contiguous:
+        layout = "Fortran-ordered (column-major)" if array.flags.f_contiguous else "a strided view (not contiguous)"
+        raise ValueError(
+            f"{name} is {layout}, shape {array.shape}: MPI would send its bytes in memory order and the "
+            f"receivers, which read row-major (C) order, would get the values scrambled. "
+            f"Pass np.ascontiguousarray({name}) instead (a C-ordered copy)."
+        )
+    return array
+
+
+def split_counts(total: int, parts: int) -> np.ndarray:
+    """How many of ``total`` items each of ``parts`` ranks gets: as equal as possible, larger first."""
+    if parts < 1:
+        raise ValueError(f"parts must be at least 1; got {parts}")
+    counts = np.full(parts, total // parts, dtype=np.int64)
+    counts[: total % parts] += 1
+    return counts
+
+
+def offsets(counts) -> np.ndarray:
+    """Where each rank's block starts: the running sum of the counts before it."""
+    return np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.int64)
+
+
+def row_range(total: int, parts: int, rank: int) -> tuple[int, int]:
+    """The [start, stop) rows of ``total`` that ``rank`` holds in an uneven split over ``parts`` ranks."""
+    counts = split_counts(total, parts)
+    start = int(offsets(counts)[rank])
+    return start, start + int(counts[rank])
+
+
+def broadcast(comm, array, root: int = 0) -> np.ndarray:
+    """Bcast ``array`` from ``root`` into the same-shaped ``array`` on every rank (in place)."""
+    comm.Bcast(require_contiguous(array), root=root)
+    return array
+
+
+def broadcast_new(comm, array, root: int = 0) -> np.ndarray:
+    """Bcast an array that only ``root`` has: shape and dtype go first (small, pickled), then the data."""
+    meta = comm.bcast((array.shape, array.dtype.str) if comm.rank == root else None, root=root)
+    if comm.rank != root:
+        array = np.empty(meta[0], dtype=np.dtype(meta[1]))
+    return broadcast(comm, require_contiguous(array), root)
+
+
+def scatter_rows(comm, array, root: int = 0) -> np.ndarray:
+    """Split ``array`` (on ``root``) into near-equal blocks of rows, one per rank, with Scatterv.
+
+    Works when the rows do not divide by the number of ranks. Other ranks pass None.
+    Returns this rank's block, (rows_for_this_rank, *array.shape[1:]).
+    """
+    if comm.rank == root:
+        require_contiguous(array)
+        meta = (array.shape, array.dtype.str)
+    else:
+        meta = None
+    shape, dtype = comm.bcast(meta, root=root)
+    dtype = np.dtype(dtype)
+    row_size = int(np.prod(shape[1:], dtype=np.int64))
+    counts = split_counts(shape[0], comm.size)
+    local = np.empty((int(counts[comm.rank]), *shape[1:]), dtype=dtype)
+    send = [array, (counts * row_size, offsets(counts) * row_size)] if comm.rank == root else None
+    comm.Scatterv(send, local, root=root)
+    return local
+
+
+def gather_rows(comm, local, root: int = 0):
+    """Gatherv every rank's block of rows (any number each, even 0) into one array on ``root``.
+
+    Returns the stacked array on ``root`` (blocks in rank order) and None elsewhere.
+    """
+    require_contiguous(local, "local")
+    counts = np.array(comm.allgather(local.shape[0]), dtype=np.int64)
+    row_size = int(np.prod(local.shape[1:], dtype=np.int64))
+    if comm.rank == root:
+        result = np.empty((int(counts.sum()), *local.shape[1:]), dtype=local.dtype)
+        receive = [result, (counts * row_size, offsets(counts) * row_size)]
+    else:
+        result, receive = None, None
+    comm.Gatherv(local, receive, root=root)
+    return result
+
+
+def allgather_rows(comm, local) -> np.ndarray:
+    """Allgatherv: every rank gets every rank's block of rows, stacked in rank order."""
+    require_contiguous(local, "local")
+    counts = np.array(comm.allgather(local.shape[0]), dtype=np.int64)
+    row_size = int(np.prod(local.shape[1:], dtype=np.int64))
+    result = np.empty((int(counts.sum()), *local.shape[1:]), dtype=local.dtype)
+    comm.Allgatherv(local, [result, (counts * row_size, offsets(counts) * row_size)])
+    return result
+
+
+def allreduce_sum(comm, array) -> np.ndarray:
+    """Sum ``array`` over all ranks, in place (MPI.IN_PLACE): every rank ends with the total."""
+    comm.Allreduce(MPI.IN_PLACE, require_contiguous(array), op=MPI.SUM)
+    return array
+
+
+def reduce_sum(comm, array, root: int = 0):
+    """Sum ``array`` over all ranks onto ``root``: returns the total there, None elsewhere."""
+    require_contiguous(array)
+    total = np.empty_like(array) if comm.rank == root else None
+    comm.Reduce(array, total, op=MPI.SUM, root=root)
+    return total
+
+
+def time_allreduce(comm, sizes_in_bytes, repeats: int = 20, dtype=np.float64) -> np.ndarray:
+    """Median seconds of one in-place Allreduce for each message size (same on every rank).
+
+    Each size is warmed up once; ranks synchronise with a Barrier before each call,
+    and the slowest rank's time counts (an Allreduce finishes when the last rank does).
+    """
+    itemsize = np.dtype(dtype).itemsize
+    medians = []
+    for size in sizes_in_bytes:
+        buffer = np.ones(max(1, int(size) // itemsize), dtype=dtype)
+        allreduce_sum(comm, buffer)
+        samples = []
+        for _ in range(repeats):
+            comm.Barrier()
+            start = time.perf_counter()
+            allreduce_sum(comm, buffer)
+            samples.append(time.perf_counter() - start)
+        slowest = np.array(samples)
+        comm.Allreduce(MPI.IN_PLACE, slowest, op=MPI.MAX)
+        medians.append(float(np.median(slowest)))
+    return np.array(medians)
+

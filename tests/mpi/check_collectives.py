@@ -1,0 +1,115 @@
+"""Run under mpiexec with any number of ranks: every nnlib.collectives helper, exact values on every rank.
+
+Exits 0 when every check passed on every rank; prints the failures and exits 1 otherwise.
+Used by tests/test_collectives.py with 1, 2, 3 and 4 ranks.
+"""
+
+import sys
+import traceback
+
+import numpy as np
+from mpi4py import MPI
+
+from nnlib import collectives as c
+
+comm = MPI.COMM_WORLD
+rank, size = comm.rank, comm.size
+failures = []
+
+
+def check(name, function):
+    try:
+        function()
+    except Exception:
+        failures.append(f"rank {rank}: {name}\n{traceback.format_exc()}")
+
+
+def expect_equal(actual, expected):
+    np.testing.assert_array_equal(actual, expected)
+    assert actual.dtype == np.asarray(expected).dtype, (actual.dtype, np.asarray(expected).dtype)
+
+
+def test_split():
+    for total in (0, 1, size - 1, size, 10, 997):
+        counts = c.split_counts(total, size)
+        assert counts.sum() == total and counts.max() - counts.min() <= (1 if total else 0)
+        start, stop = c.row_range(total, size, rank)
+        assert stop - start == counts[rank]
+
+
+def test_broadcast():
+    data = np.arange(12, dtype=np.float64).reshape(3, 4) * 1.5 if rank == 0 else np.zeros((3, 4))
+    expect_equal(c.broadcast(comm, data), np.arange(12, dtype=np.float64).reshape(3, 4) * 1.5)
+    root = size - 1
+    fresh = c.broadcast_new(comm, np.arange(5, dtype=np.int32) if rank == root else None, root=root)
+    expect_equal(fresh, np.arange(5, dtype=np.int32))
+
+
+def test_scatter_and_gather_uneven():
+    for total, dtype in ((10, np.float32), (997, np.float64), (size - 1, np.int64), (3 * size + 1, np.uint8)):
+        full = (np.arange(total * 3) % 251).reshape(total, 3).astype(dtype)
+        local = c.scatter_rows(comm, full if rank == 0 else None)
+        start, stop = c.row_range(total, size, rank)
+        expect_equal(local, full[start:stop])
+        gathered = c.gather_rows(comm, local)
+        if rank == 0:
+            expect_equal(gathered, full)
+        else:
+            assert gathered is None
+        expect_equal(c.allgather_rows(comm, local), full)
+
+
+def test_gather_rank_dependent_sizes():
+    local = np.full((rank, 2), rank, dtype=np.int64)  # rank 0 sends nothing
+    expected = np.concatenate([np.full((r, 2), r, dtype=np.int64) for r in range(size)])
+    expect_equal(c.allgather_rows(comm, local), expected)
+    gathered = c.gather_rows(comm, local, root=size - 1)
+    if rank == size - 1:
+        expect_equal(gathered, expected)
+
+
+def test_reductions():
+    values = np.arange(7, dtype=np.float64) + rank
+    total = sum(np.arange(7, dtype=np.float64) + r for r in range(size))
+    expect_equal(c.allreduce_sum(comm, values.copy()), total)
+    reduced = c.reduce_sum(comm, values, root=0)
+    if rank == 0:
+        expect_equal(reduced, total)
+    else:
+        assert reduced is None
+
+
+def test_guard_refuses_non_contiguous_buffers():
+    fortran = np.asfortranarray(np.arange(12.0).reshape(3, 4))
+    for bad, word in ((fortran, "Fortran-ordered"), (np.arange(12.0).reshape(3, 4)[:, ::2], "strided view")):
+        try:
+            c.broadcast(comm, bad)
+        except ValueError as error:
+            assert word in str(error) and "np.ascontiguousarray" in str(error), str(error)
+        else:
+            raise AssertionError("a non-contiguous buffer was accepted")
+    c.broadcast(comm, np.ascontiguousarray(fortran))  # the fix works (and keeps ranks in step)
+
+
+def test_barrier_and_timing():
+    comm.Barrier()
+    times = c.time_allreduce(comm, [8, 4096], repeats=3)
+    assert times.shape == (2,) and np.all(times > 0)
+    expect_equal(np.array(comm.allgather(float(times[0]))), np.full(size, times[0]))  # the same on every rank
+
+
+for name, function in list(globals().items()):
+    if name.startswith("test_"):
+        check(name, function)
+
+all_failures = comm.gather(failures, root=0)
+if rank == 0:
+    flat = [f for rank_failures in all_failures for f in rank_failures]
+    for failure in flat:
+        print(failure, file=sys.stderr)
+    print(f"{size} ranks: {'all checks passed' if not flat else f'{len(flat)} failures'}")
+    code = 1 if flat else 0
+else:
+    code = 0
+code = comm.bcast(code, root=0)
+sys.exit(code)

@@ -1,0 +1,109 @@
+"""nnlib.cluster: MPI engines start, map to ranks, recover, stop cleanly, and fail clearly."""
+
+import os
+import stat
+import time
+
+import psutil
+import pytest
+
+from nnlib import cluster
+
+
+@pytest.fixture(autouse=True)
+def private_ipython_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("IPYTHONDIR", str(tmp_path / "ipython"))
+
+
+def cluster_processes():
+    """Our descendant processes that belong to a cluster (controller, mpiexec, engines)."""
+    found = []
+    for process in psutil.Process().children(recursive=True):
+        try:
+            command = " ".join(process.cmdline())
+        except psutil.Error:
+            continue
+        if "ipyparallel" in command or "mpiexec" in command or "hydra_pmi_proxy" in command:
+            found.append(command)
+    return found
+
+
+def on_engines(view, expression):
+    """Evaluate ``expression`` in every engine's namespace; the values in the view's (rank) order."""
+    view.execute(f"_value = {expression}", block=True)
+    return view.pull("_value", block=True)
+
+
+def wait_until_gone(seconds=10):
+    deadline = time.monotonic() + seconds
+    while cluster_processes() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return cluster_processes()
+
+
+@pytest.mark.parametrize("engines", [2, 4])
+def test_start_map_ranks_and_stop_leaves_nothing(engines):
+    with cluster.start(n=engines, activate=False) as running:
+        assert sorted(running.rank_of.values()) == list(range(engines))
+        # The view is in rank order: engine k of the view is rank k.
+        assert on_engines(running.view, "rank") == list(range(engines))
+        assert on_engines(running.view, "comm.allreduce(rank)") == [sum(range(engines))] * engines
+        assert on_engines(running.view, "__import__('os').environ['OMP_NUM_THREADS']") == ["1"] * engines
+    assert wait_until_gone() == []
+
+
+def test_restart_recovers_from_a_rank_that_raised_before_a_collective():
+    with cluster.start(n=2, activate=False) as running:
+        stuck = running.view.execute("if rank == 1:\n    raise RuntimeError('boom')\ncomm.Barrier()", block=False)
+        stuck.wait(2)
+        assert not stuck.ready()  # rank 0 waits in Barrier for rank 1, which will never come
+        running.restart()
+        assert on_engines(running.view, "comm.allreduce(1)") == [2, 2]
+    assert wait_until_gone() == []
+
+
+def test_missing_mpiexec_fails_at_once():
+    start = time.monotonic()
+    with pytest.raises(cluster.ClusterStartError, match="no usable mpiexec.*pip install mpich mpi4py"):
+        cluster.start(n=2, mpiexec="/nonexistent/bin/mpiexec", activate=False)
+    assert time.monotonic() - start < 5
+
+
+def test_failing_mpiexec_reports_command_output_and_fix_within_the_bound(tmp_path):
+    fake = tmp_path / "mpiexec"
+    fake.write_text("#!/bin/sh\necho 'fake mpiexec: no ranks for you' >&2\nexit 3\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    start = time.monotonic()
+    with pytest.raises(cluster.ClusterStartError) as caught:
+        cluster.start(n=2, mpiexec=str(fake), timeout=15, activate=False)
+    assert time.monotonic() - start < 15
+    message = str(caught.value)
+    assert f"{fake} -n 2" in message and "fake mpiexec: no ranks for you" in message
+    assert "Likely fixes" in message
+    assert wait_until_gone() == []
+
+
+def test_silent_mpiexec_times_out_within_the_bound(tmp_path):
+    """An mpiexec that neither starts engines nor exits: the timeout bounds the wait."""
+    fake = tmp_path / "mpiexec"
+    fake.write_text("#!/bin/sh\necho 'waiting for a scheduler...'\nsleep 60\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    start = time.monotonic()
+    with pytest.raises(cluster.ClusterStartError, match=r"only 0 of 2 engines registered within 3 s"):
+        cluster.start(n=2, mpiexec=str(fake), timeout=3, activate=False)
+    # The timeout, plus stopping: this sh script ignores the first signal, so ipyparallel waits before killing it.
+    assert time.monotonic() - start < 3 + 20
+
+
+def test_open_mpi_gets_its_root_and_oversubscribe_settings(tmp_path):
+    fake = tmp_path / "mpiexec"
+    fake.write_text("#!/bin/sh\necho 'mpiexec (Open MPI) 5.0.8'\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    assert cluster.mpi_flavour(str(fake)) == "openmpi"
+    environment = cluster.engine_environment(str(fake))
+    assert environment["OMPI_ALLOW_RUN_AS_ROOT"] == "1"
+    assert environment["PRTE_MCA_rmaps_default_mapping_policy"] == ":oversubscribe"
+    from nnlib.environment import mpiexec_path
+
+    assert cluster.mpi_flavour(mpiexec_path()) == "mpich"
+    assert "OMPI_ALLOW_RUN_AS_ROOT" not in cluster.engine_environment(mpiexec_path())
