@@ -1,6 +1,7 @@
 """Command line: ``python -m nnlib <command>``.
 
     python -m nnlib fetch-data [--dir DIR]   download (if needed) and verify MNIST
+    mpiexec -n 4 python -m nnlib collectives  notebook 04's collectives as a plain MPI script
 """
 
 from __future__ import annotations
@@ -22,6 +23,13 @@ def fetch_data(args) -> int:
     return 0
 
 
+def run_collectives(args) -> int:
+    from .collectives_demo import main as demo
+
+    demo()
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m nnlib", description="nnlib command line")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -30,6 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="folder to look in first and download into (default: $NNLIB_DATA, then the user cache)")
     fetch.add_argument("--quiet", action="store_true", help="no download progress bar")
     fetch.set_defaults(handler=fetch_data)
+    demo = commands.add_parser("collectives", help="run notebook 04's collectives (under mpiexec -n N)")
+    demo.set_defaults(handler=run_collectives)
     return parser
 
 

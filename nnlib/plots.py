@@ -79,3 +79,35 @@ def hidden_unit_weights(weights, image_shape=(28, 28), count: int = 32, columns:
     figure.suptitle("input weights of hidden units (red: positive, blue: negative)", fontsize=10)
     figure.tight_layout()
     return figure
+
+
+def rank_arrays(before, after, title: str):
+    """Which rank holds which values, before and after a collective.
+
+    before, after: one 1-D array (or None: nothing) per rank, in rank order. Each rank
+    is a row of boxes with its values written in; the colour encodes the value.
+    """
+    import matplotlib.pyplot as plt
+
+    panels = [("before", before), ("after", after)]
+    width = max([len(np.atleast_1d(v)) for _, arrays in panels for v in arrays if v is not None] + [1])
+    values = [float(x) for _, arrays in panels for v in arrays if v is not None for x in np.atleast_1d(v)]
+    low, high = (min(values), max(values)) if values else (0.0, 1.0)
+    colours = plt.get_cmap("viridis")
+    figure, axes = plt.subplots(1, 2, figsize=(2.2 + 1.1 * width, 0.55 * len(before) + 0.9), sharey=True)
+    for axis, (label, arrays) in zip(axes, panels):
+        for rank, array in enumerate(arrays):
+            if array is None:
+                axis.text(-0.4, rank, "(nothing)", va="center", fontsize=8, color="grey")
+                continue
+            for column, value in enumerate(np.atleast_1d(array)):
+                shade = (float(value) - low) / (high - low) if high > low else 0.5
+                axis.add_patch(plt.Rectangle((column - 0.45, rank - 0.4), 0.9, 0.8, color=colours(0.15 + 0.7 * shade)))
+                axis.text(column, rank, f"{value:g}", ha="center", va="center", fontsize=8, color="white")
+        axis.set(xlim=(-0.6, width - 0.4), ylim=(len(arrays) - 0.5, -0.5), title=label, xticks=[],
+                 yticks=range(len(arrays)), yticklabels=[f"rank {r}" for r in range(len(arrays))])
+        for side in ("top", "right", "bottom"):
+            axis.spines[side].set_visible(False)
+    figure.suptitle(title, fontsize=11)
+    figure.tight_layout()
+    return figure

@@ -40,3 +40,38 @@ def test_guard_messages():
         collectives.require_contiguous([1, 2, 3])
     row_major = np.ones((2, 3))
     assert collectives.require_contiguous(row_major) is row_major
+
+
+def expected_demo_lines(size):
+    """What `python -m nnlib collectives` must print for `size` ranks, computed independently."""
+    def fmt(values):
+        return "-" if values is None else " ".join(f"{v:g}" for v in values)
+
+    counts = [10 // size + (1 if r < 10 % size else 0) for r in range(size)]
+    starts = [sum(counts[:r]) for r in range(size)]
+    rows = {
+        "bcast": [([1, 2, 3, 4] if r == 0 else [0] * 4, [1, 2, 3, 4]) for r in range(size)],
+        "scatter": [(list(range(0, 20 * size, 10)) if r == 0 else None, [20 * r, 20 * r + 10]) for r in range(size)],
+        "gather": [([10 * r, 10 * r + 1], [v for k in range(size) for v in (10 * k, 10 * k + 1)] if r == 0 else None)
+                   for r in range(size)],
+        "allgather": [([10 * r, 10 * r + 1], [v for k in range(size) for v in (10 * k, 10 * k + 1)])
+                      for r in range(size)],
+        "reduce": [([r + 1] * 3, [size * (size + 1) / 2] * 3 if r == 0 else None) for r in range(size)],
+        "allreduce": [([r + 1] * 3, [size * (size + 1) / 2] * 3) for r in range(size)],
+        "barrier": [(None, [r]) for r in range(size)],
+        "scatterv": [(list(range(10)) if r == 0 else None, list(range(starts[r], starts[r] + counts[r])))
+                     for r in range(size)],
+        "gatherv": [(list(range(starts[r], starts[r] + counts[r])), list(range(10)) if r == 0 else None)
+                    for r in range(size)],
+        "contiguity_guard": [([1 if r == 0 else 0], list(range(6))) for r in range(size)],
+    }
+    return [f"{name:16s} rank {r}: {fmt(before)} -> {fmt(after)}"
+            for name, per_rank in rows.items() for r, (before, after) in enumerate(per_rank)]
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 3, 4])
+def test_notebook_04_script_twin(ranks):
+    run = subprocess.run([mpiexec_path(), "-n", str(ranks), sys.executable, "-m", "nnlib", "collectives"],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.splitlines() == expected_demo_lines(ranks)
