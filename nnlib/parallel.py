@@ -1,0 +1,242 @@
+"""Data-parallel training with MPI: every rank holds a shard of the data and a full copy of the network.
+
+One step, on every rank at once:
+
+1. **data**: take the samples of the global batch that this rank holds;
+2. **compute**: forward and backward on them, dividing by the *global* batch size, so the
+   ranks' gradients add up to exactly the sequential batch gradient (whatever the shard sizes);
+3. **communicate** and **update**, by one of three strategies:
+
+   ``parameter_server``  Gather every rank's gradient on rank 0, which sums them, updates,
+                         and broadcasts the new parameters (what the seed scripts do);
+   ``reduce_broadcast``  Reduce (sum) the gradients onto rank 0, which updates and
+                         broadcasts the parameters (one seed's variant);
+   ``allreduce``         one in-place Allreduce of the flat gradient vector: every rank gets
+                         the sum and applies the same update to its own copy (one message).
+
+Same steps as the sequential run: every rank draws the same seeded permutation of all N
+samples that :func:`nnlib.training.train` draws, so global batch k holds the same samples
+for any number of ranks; each rank computes the part of it that falls in its shard.
+
+The data is sharded with Scatterv (:func:`shard`), correct when N does not divide by the
+number of ranks; the initial weights are broadcast from rank 0.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+from mpi4py import MPI
+
+from . import collectives
+from .training import SGD, History, batches, check_learning_rate
+
+STRATEGIES = ("parameter_server", "reduce_broadcast", "allreduce")
+PHASES = ("data", "compute", "communicate", "update")
+
+
+@dataclass
+class ParallelHistory(History):
+    """History of a data-parallel run, plus where each rank's time went.
+
+    phase_seconds: {phase: seconds summed over the run} on this rank, for data, compute,
+                   communicate and update (see module docstring).
+    timeline:      per step, (phase, start, end) seconds since the run began, for the
+                   first ``timeline_steps`` steps (for drawing who waits for whom).
+    """
+
+    phase_seconds: dict = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
+    timeline: list = field(default_factory=list)
+    steps: int = 0
+
+
+def agree(comm, what: str, value) -> None:
+    """Raise the same ValueError on every rank unless all ranks passed an equal ``value``.
+
+    One small allgather: cheap, and every rank learns the outcome together, so no
+    rank raises alone and leaves the others waiting in a collective.
+    """
+    values = comm.allgather(value)
+    differing = [rank for rank, other in enumerate(values) if other != values[0]]
+    if differing:
+        raise ValueError(
+            f"the ranks disagree on {what}: rank 0 has {values[0]!r}, "
+            + ", ".join(f"rank {rank} has {values[rank]!r}" for rank in differing)
+            + ". Every rank must run the same configuration on the same data."
+        )
+
+
+def fail_together(comm, message: str | None) -> None:
+    """If any rank has a message, raise ValueError with the first one on every rank."""
+    messages = comm.allgather(message)
+    for rank, text in enumerate(messages):
+        if text is not None:
+            raise ValueError(text if rank == comm.rank or len(set(messages)) == 1 else f"rank {rank}: {text}")
+
+
+def shard(comm, inputs, labels, root: int = 0):
+    """Scatter (inputs, labels) from ``root`` into near-equal blocks of rows, one per rank.
+
+    Other ranks pass None. Returns (local_inputs, local_labels, start): this rank's rows
+    and where they begin in the full dataset.
+    """
+    if comm.rank == root:
+        message = None
+        if len(inputs) != len(labels):
+            message = f"{len(inputs)} inputs but {len(labels)} labels on rank {root}; they must match"
+        elif len(inputs) < comm.size:
+            message = (f"{comm.size} ranks but only {len(inputs)} samples: every rank needs at least one. "
+                       "Use fewer ranks or more data.")
+    else:
+        message = None
+    fail_together(comm, message)
+    local_inputs = collectives.scatter_rows(comm, inputs, root)
+    local_labels = collectives.scatter_rows(comm, labels, root)
+    total = comm.bcast(len(inputs) if comm.rank == root else None, root=root)
+    start, _ = collectives.row_range(total, comm.size, comm.rank)
+    return local_inputs, local_labels, start
+
+
+def train_parallel(comm, network, local_inputs, local_labels, *, num_samples: int, start: int,
+                   epochs: int, learning_rate, batch_size=None, momentum: float = 0.0, seed: int = 0,
+                   strategy: str = "allreduce", validation=None, progress: bool = False,
+                   timeline_steps: int = 0) -> ParallelHistory:
+    """Data-parallel training of ``network`` (a full copy on every rank) on sharded data.
+
+    local_inputs, local_labels: this rank's rows [start, start + len) of the N = num_samples
+    training samples (see :func:`shard`). Other arguments as in nnlib.training.train, plus
+    ``strategy`` (one of STRATEGIES). Every rank returns the history; loss and accuracy are
+    summed over ranks once per epoch. The loss is checked for NaN/inf once per epoch, on all
+    ranks together, so that a diverging run stops everywhere at once.
+    """
+    size, rank = comm.size, comm.rank
+    problems = []
+    if strategy not in STRATEGIES:
+        problems.append(f"strategy must be one of {', '.join(STRATEGIES)}; got {strategy!r}")
+    if num_samples < size:
+        problems.append(f"{size} ranks but only {num_samples} samples: every rank needs at least one")
+    if batch_size is not None and batch_size < size:
+        problems.append(f"the global batch ({batch_size}) is smaller than the number of ranks ({size}): "
+                        "each rank needs samples to work on; use a batch of at least one sample per rank")
+    if len(local_inputs) != len(local_labels):
+        problems.append(f"rank {rank} has {len(local_inputs)} inputs but {len(local_labels)} labels")
+    try:
+        if not callable(learning_rate):
+            check_learning_rate(learning_rate)
+        network.check_inputs(local_inputs)
+    except ValueError as error:
+        problems.append(str(error))
+    fail_together(comm, "; ".join(problems) or None)
+    agree(comm, "the network (layer sizes, output, dtype)",
+          (network.layer_sizes, network.output, str(network.params.dtype)))
+    agree(comm, "the training settings (samples, epochs, batch, momentum, seed, strategy)",
+          (num_samples, epochs, batch_size, momentum, seed, strategy))
+    shard_sizes, starts = comm.allgather(len(local_inputs)), comm.allgather(int(start))
+    expected_starts = [int(offset) for offset in collectives.offsets(shard_sizes)]
+    if sum(shard_sizes) != num_samples or starts != expected_starts:  # the same verdict on every rank
+        raise ValueError(
+            f"the shards do not tile the {num_samples} samples: rows per rank {shard_sizes}, "
+            f"starts {starts} (expected {expected_starts}); shard the data with nnlib.parallel.shard"
+        )
+
+    collectives.broadcast(comm, network.params, root=0)  # everyone starts from rank 0's weights
+    schedule = learning_rate if callable(learning_rate) else (lambda epoch: learning_rate)
+    updates_here = strategy == "allreduce" or rank == 0
+    optimizer = SGD(network, schedule(0), momentum) if updates_here else None
+    gathered = np.empty((size, network.num_params), dtype=network.params.dtype) \
+        if strategy == "parameter_server" and rank == 0 else None
+    total_gradient = np.empty_like(network.grads) if strategy == "reduce_broadcast" and rank == 0 else None
+
+    xp = network.xp
+    global_batch = num_samples if batch_size is None else int(batch_size)
+    full_batch = global_batch >= num_samples
+    rng = None if full_batch else np.random.default_rng(seed)
+    stop = start + len(local_inputs)
+    history = ParallelHistory()
+    phases = history.phase_seconds
+    clock_zero = time.perf_counter()
+    epoch_totals = np.zeros(2)  # [summed loss, correct predictions] of this rank
+
+    def mark(phase, began):
+        now = time.perf_counter()
+        phases[phase] += now - began
+        if history.steps < timeline_steps:
+            history.timeline.append((history.steps, phase, began - clock_zero, now - clock_zero))
+        return now
+
+    for epoch in range(epochs):
+        rate = schedule(epoch)
+        check_learning_rate(rate)
+        if optimizer is not None:
+            optimizer.learning_rate = rate
+        epoch_start = time.perf_counter()
+        epoch_totals[:] = 0
+        for indices in batches(num_samples, global_batch, rng):
+            began = time.perf_counter()
+            if full_batch:
+                batch_inputs, batch_labels = local_inputs, local_labels
+            else:
+                mine = indices[(indices >= start) & (indices < stop)] - start
+                mine = xp.asarray(mine)
+                batch_inputs = xp.take(local_inputs, mine, axis=0)
+                batch_labels = xp.take(local_labels, mine, axis=0)
+            began = mark("data", began)
+
+            if batch_inputs.shape[0]:
+                loss = network.loss_and_gradient(batch_inputs, batch_labels, normalizer=len(indices), check=False)
+                epoch_totals[0] += loss * len(indices)
+                epoch_totals[1] += network.last_correct
+            else:  # none of this batch's samples are on this rank
+                network.grads[...] = 0
+            began = mark("compute", began)
+
+            if strategy == "allreduce":
+                comm.Allreduce(MPI.IN_PLACE, network.grads, op=MPI.SUM)
+                began = mark("communicate", began)
+                optimizer.step()
+                mark("update", began)
+            else:
+                if strategy == "parameter_server":
+                    comm.Gather(network.grads, gathered, root=0)
+                else:
+                    comm.Reduce(network.grads, total_gradient, op=MPI.SUM, root=0)
+                began = mark("communicate", began)
+                if rank == 0:
+                    network.grads[...] = gathered.sum(axis=0) if gathered is not None else total_gradient
+                    optimizer.step()
+                began = mark("update", began)
+                comm.Bcast(network.params, root=0)
+                mark("communicate", began)
+            history.steps += 1
+
+        history.seconds.append(time.perf_counter() - epoch_start)
+        comm.Allreduce(MPI.IN_PLACE, epoch_totals, op=MPI.SUM)
+        epoch_loss = float(epoch_totals[0]) / num_samples
+        if not math.isfinite(epoch_loss):
+            raise FloatingPointError(
+                f"the loss became {epoch_loss} in epoch {epoch + 1} (learning rate {rate}); training diverged. "
+                f"Try a smaller learning rate, e.g. {rate / 10:g}."
+            )
+        history.loss.append(epoch_loss)
+        history.train_accuracy.append(float(epoch_totals[1]) / num_samples)
+        if validation is not None:
+            history.validation_accuracy.append(network.accuracy(*validation))
+        if progress and rank == 0:
+            extra = f", validation accuracy {history.validation_accuracy[-1]:.4f}" if validation is not None else ""
+            print(f"epoch {epoch + 1}/{epochs}: loss {epoch_loss:.4f}, training accuracy "
+                  f"{history.train_accuracy[-1]:.4f}{extra}, {history.seconds[-1]:.2f} s", flush=True)
+    return history
+
+
+def gather_phase_seconds(comm, history: ParallelHistory, root: int = 0):
+    """Every rank's phase totals on ``root``: an array (ranks, phases) in PHASES order, else None."""
+    mine = np.array([history.phase_seconds[phase] for phase in PHASES])
+    return collectives.gather_rows(comm, mine[None, :], root)
+
+
+def gather_timeline(comm, history: ParallelHistory, root: int = 0):
+    """Every rank's timeline on ``root``: a list (one per rank) of (step, phase, start, end)."""
+    return comm.gather(history.timeline, root=root)

@@ -1,0 +1,107 @@
+"""Run under mpiexec: data-parallel training equals sequential training, and bad setups fail together.
+
+For every strategy, full-batch and mini-batch (momentum), 997 samples (divisible by no P in 2..4):
+the parameters after k steps equal the sequential run's to 1e-10 in float64 and 1e-5 in float32
+(relative to the largest parameter), and are bit-identical on every rank. Exits 1 on any failure.
+"""
+
+import sys
+import traceback
+
+import numpy as np
+from mpi4py import MPI
+
+from nnlib import Network, train
+from nnlib.parallel import STRATEGIES, shard, train_parallel
+
+comm = MPI.COMM_WORLD
+rank, size = comm.rank, comm.size
+failures = []
+rng = np.random.default_rng(0)
+N = 997
+INPUTS, LABELS = rng.random((N, 12)), rng.integers(0, 4, N)
+TOLERANCE = {"float64": 1e-10, "float32": 1e-5}
+
+
+def sequential(dtype, **settings):
+    network = Network((12, 7, 4), dtype=dtype, seed=3)
+    train(network, INPUTS.astype(dtype), LABELS, progress=False, **settings)
+    return network.params
+
+
+def parallel(dtype, strategy, seed_here=3, **settings):
+    network = Network((12, 7, 4), dtype=dtype, seed=seed_here)
+    local_inputs, local_labels, start = shard(comm, INPUTS.astype(dtype) if rank == 0 else None,
+                                              LABELS if rank == 0 else None)
+    history = train_parallel(comm, network, local_inputs, local_labels, num_samples=N, start=start,
+                             strategy=strategy, **settings)
+    return network.params, history
+
+
+def check_equal_to_sequential():
+    for dtype in ("float64", "float32"):
+        for settings in (dict(epochs=4, learning_rate=0.5),  # full batch: 4 steps
+                         dict(epochs=2, learning_rate=0.5, batch_size=64, momentum=0.9, seed=5)):  # 32 steps
+            expected = sequential(dtype, **settings)
+            for strategy in STRATEGIES:
+                # Ranks other than 0 start from other weights: the initial broadcast must fix that.
+                params, history = parallel(dtype, strategy, seed_here=3 if rank == 0 else 100 + rank, **settings)
+                error = float(np.abs(params - expected).max() / np.abs(expected).max())
+                assert error <= TOLERANCE[dtype], f"{strategy} {dtype} {settings}: relative error {error:.2e}"
+                on_root = comm.bcast(params if rank == 0 else None)
+                assert np.array_equal(params, on_root), f"{strategy} {dtype}: ranks hold different parameters"
+                assert history.steps == (4 if "batch_size" not in settings else 2 * 16)
+                assert all(value >= 0 for value in history.phase_seconds.values())
+
+
+def expect_error_everywhere(function, fragment):
+    try:
+        function()
+    except ValueError as error:
+        assert fragment in str(error), f"expected {fragment!r} in: {error}"
+    else:
+        raise AssertionError(f"no error raised (expected one mentioning {fragment!r})")
+
+
+def check_bad_configurations_fail_on_every_rank():
+    few = min(size - 1, 1)
+    if size > 1:
+        expect_error_everywhere(lambda: shard(comm, INPUTS[:few] if rank == 0 else None,
+                                              LABELS[:few] if rank == 0 else None), "every rank needs at least one")
+    network = Network((12, 7, 4), dtype="float64", seed=0)
+    local_inputs, local_labels, start = shard(comm, INPUTS if rank == 0 else None, LABELS if rank == 0 else None)
+    common = dict(num_samples=N, start=start, epochs=1, learning_rate=0.1)
+    if size > 1:
+        expect_error_everywhere(lambda: train_parallel(comm, network, local_inputs, local_labels,
+                                                       batch_size=size - 1, **common), "smaller than the number of ranks")
+        # Mismatched setups: one rank with another network, another batch size, or other data.
+        other = Network((12, 9, 4) if rank == size - 1 else (12, 7, 4), dtype="float64", seed=0)
+        expect_error_everywhere(lambda: train_parallel(comm, other, local_inputs, local_labels, **common),
+                                "the ranks disagree on the network")
+        expect_error_everywhere(lambda: train_parallel(comm, network, local_inputs, local_labels,
+                                                       batch_size=64 if rank == 0 else 32, **common),
+                                "the ranks disagree on the training settings")
+        wrong_width = local_inputs[:, :10] if rank == size - 1 else local_inputs
+        expect_error_everywhere(lambda: train_parallel(comm, network, wrong_width, local_labels, **common),
+                                "inputs have 10 features but the network expects 12")
+        expect_error_everywhere(lambda: train_parallel(comm, network, local_inputs[1:], local_labels[1:], **common),
+                                "the shards do not tile")
+    expect_error_everywhere(lambda: train_parallel(comm, network, local_inputs, local_labels,
+                                                   strategy="ring", **common), "strategy must be one of")
+
+
+for name, function in [("equal to sequential", check_equal_to_sequential),
+                       ("bad configurations", check_bad_configurations_fail_on_every_rank)]:
+    try:
+        function()
+    except Exception:
+        failures.append(f"rank {rank}: {name}\n{traceback.format_exc()}")
+
+everyone = comm.gather(failures, root=0)
+code = 0
+if rank == 0:
+    flat = [failure for rank_failures in everyone for failure in rank_failures]
+    print("\n".join(flat), file=sys.stderr)
+    print(f"{size} ranks: {'all checks passed' if not flat else f'{len(flat)} failures'}")
+    code = 1 if flat else 0
+sys.exit(comm.bcast(code, root=0))
