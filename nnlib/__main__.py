@@ -2,6 +2,7 @@
 
     python -m nnlib fetch-data [--dir DIR]   download (if needed) and verify MNIST
     mpiexec -n 4 python -m nnlib collectives  notebook 04's collectives as a plain MPI script
+    mpiexec -n 4 python -m nnlib train ...    data-parallel training as a batch job (--help)
 """
 
 from __future__ import annotations
@@ -30,6 +31,12 @@ def run_collectives(args) -> int:
     return 0
 
 
+def run_training(args) -> int:
+    from .train_command import run
+
+    return run(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m nnlib", description="nnlib command line")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -40,6 +47,11 @@ def build_parser() -> argparse.ArgumentParser:
     fetch.set_defaults(handler=fetch_data)
     demo = commands.add_parser("collectives", help="run notebook 04's collectives (under mpiexec -n N)")
     demo.set_defaults(handler=run_collectives)
+    from .train_command import add_arguments
+
+    training = commands.add_parser("train", help="data-parallel MNIST training (run under mpiexec -n N)")
+    add_arguments(training)
+    training.set_defaults(handler=run_training)
     return parser
 
 

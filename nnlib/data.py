@@ -24,7 +24,6 @@ import hashlib
 import http.client
 import os
 import struct
-import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -33,6 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from .files import atomic_write
 
 # The decompressed files' SHA-256 (identical to the official distribution's).
 SHA256 = {
@@ -209,10 +210,8 @@ def download_file(url: str, destination: Path, expected_sha256: str | None = Non
     destination.parent.mkdir(parents=True, exist_ok=True)
     last_error = None
     for attempt in range(1, retries + 1):
-        handle, temporary = tempfile.mkstemp(dir=destination.parent, prefix=destination.name + ".", suffix=".part")
-        temporary = Path(temporary)
         try:
-            with os.fdopen(handle, "wb") as out, urllib.request.urlopen(url, timeout=timeout) as response:
+            with atomic_write(destination) as out, urllib.request.urlopen(url, timeout=timeout) as response:
                 total = int(response.headers.get("Content-Length") or 0) or None
                 received = 0
                 with tqdm(total=total, unit="B", unit_scale=True, desc=destination.name,
@@ -221,19 +220,17 @@ def download_file(url: str, destination: Path, expected_sha256: str | None = Non
                         out.write(chunk)
                         received += len(chunk)
                         bar.update(len(chunk))
-            if total is not None and received != total:
-                raise MNISTError(f"{url}: the download was interrupted ({received} of {total} bytes)")
-            if expected_sha256 is not None:
-                contents = _read_gzip_file(temporary) if destination.suffix == ".gz" else temporary.read_bytes()
-                verify_sha256(contents, expected_sha256, Path(url))
-            os.replace(temporary, destination)
+                if total is not None and received != total:
+                    raise MNISTError(f"{url}: the download was interrupted ({received} of {total} bytes)")
+                if expected_sha256 is not None:
+                    out.flush()
+                    contents = _read_gzip_file(Path(out.name)) if destination.suffix == ".gz" else Path(out.name).read_bytes()
+                    verify_sha256(contents, expected_sha256, Path(url))
             return destination
         except (urllib.error.URLError, http.client.HTTPException, OSError, MNISTError) as error:
             last_error = error
             if attempt < retries:
                 time.sleep(0.5 * attempt)
-        finally:
-            temporary.unlink(missing_ok=True)
     raise MNISTError(f"could not download {url} after {retries} tries: {last_error}")
 
 
