@@ -32,6 +32,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data-dir", default=None, help="MNIST folder (default: $NNLIB_DATA, then the cache)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output", default=None, help="write history and weights here (.npz), from rank 0")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="BLAS threads per rank (default 1: with more, the ranks fight over the cores)")
 
 
 def run(args) -> int:
@@ -41,6 +43,9 @@ def run(args) -> int:
     from .network import Network
     from .parallel import PHASES, gather_phase_seconds, shard, train_parallel
 
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(args.threads)  # one BLAS thread per rank unless told otherwise
     comm = MPI.COMM_WORLD
     rank = comm.rank
     error = None
