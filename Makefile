@@ -2,7 +2,8 @@
 #   make lab        open the series in JupyterLab
 #   make test       run every test (pytest over tests/ and nbval over every notebook)
 #   make rehearse   execute every notebook headless into build/rehearsal (a classroom rehearsal)
-#   make benchmark  nnlib versus PyTorch on the CPU (installs torch==2.13.0 into .venv)
+#   make benchmark  nnlib versus PyTorch on the CPU, and 1 versus 2 MPI ranks against PyTorch DDP
+#                   (installs torch==2.13.0 into .venv)
 
 PYTHON ?= python3
 VENV   := .venv
@@ -39,6 +40,7 @@ rehearse: data
 benchmark: data
 	$(BIN)/python -m pip install --quiet -e '.[benchmark]'
 	$(BIN)/python benchmarks/cpu_throughput.py --threads 1
+	$(BIN)/python benchmarks/data_parallel.py
 
 clean:
 	rm -rf $(VENV) build
