@@ -3,6 +3,7 @@
     python -m nnlib fetch-data [--dir DIR]   download (if needed) and verify MNIST
     mpiexec -n 4 python -m nnlib collectives  notebook 04's collectives as a plain MPI script
     mpiexec -n 4 python -m nnlib train ...    data-parallel training as a batch job (--help)
+    python -m nnlib scaling ...               strong and weak scaling tables, CSV (--help)
 """
 
 from __future__ import annotations
@@ -52,10 +53,16 @@ def build_parser() -> argparse.ArgumentParser:
     training = commands.add_parser("train", help="data-parallel MNIST training (run under mpiexec -n N)")
     add_arguments(training)
     training.set_defaults(handler=run_training)
+    commands.add_parser("scaling", help="strong and weak scaling tables (see: python -m nnlib scaling --help)")
     return parser
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["scaling"]:  # it starts mpiexec jobs itself, and has its own options
+        from .scaling import main as scaling
+
+        return scaling(argv[1:])
     args = build_parser().parse_args(argv)
     return args.handler(args)
 

@@ -168,13 +168,14 @@ def train_parallel(comm, network, local_inputs, local_labels, *, num_samples: in
         return now
 
     for epoch in range(epochs):
-        rate = schedule(epoch)
-        check_learning_rate(rate)
-        if optimizer is not None:
-            optimizer.learning_rate = rate
         epoch_start = time.perf_counter()
         epoch_totals[:] = 0
-        for indices in batches(num_samples, global_batch, rng):
+        epoch_batches = batches(num_samples, global_batch, rng)
+        for step, indices in enumerate(epoch_batches):
+            rate = schedule(epoch + step / len(epoch_batches))  # the same schedule as nnlib.train
+            check_learning_rate(rate)
+            if optimizer is not None:
+                optimizer.learning_rate = rate
             began = time.perf_counter()
             if full_batch:
                 batch_inputs, batch_labels = local_inputs, local_labels

@@ -85,8 +85,8 @@ def train(network, inputs, labels, *, epochs: int, learning_rate, batch_size=Non
     inputs (N, n_0) floats, labels (N,) integers. ``batch_size=None`` means full-batch
     gradient descent (one step per epoch); otherwise mini-batch SGD, reshuffled each
     epoch with numpy.random.default_rng(seed). ``learning_rate`` is a number, or a
-    function of the epoch (0, 1, ...) returning one (a schedule, e.g. step decay or
-    warm-up). ``validation=(inputs, labels)`` is
+    function of the training progress in epochs (0.0, 0.25, ..., 1.0, ...) evaluated before
+    every step (a schedule: step decay, or a gradual warm-up). ``validation=(inputs, labels)`` is
     scored after each epoch. ``progress`` shows a tqdm bar over epochs.
     Raises FloatingPointError as soon as the loss is NaN or infinite.
     """
@@ -112,11 +112,12 @@ def train(network, inputs, labels, *, epochs: int, learning_rate, batch_size=Non
 
     bar = tqdm(range(epochs), disable=not progress, unit="epoch")
     for epoch in bar:
-        check_learning_rate(schedule(epoch))
-        optimizer.learning_rate = learning_rate = schedule(epoch)
         start = time.perf_counter()
         total_loss, correct = 0.0, 0
-        for step, indices in enumerate(batches(num_samples, batch_size, rng)):
+        epoch_batches = batches(num_samples, batch_size, rng)
+        for step, indices in enumerate(epoch_batches):
+            optimizer.learning_rate = learning_rate = schedule(epoch + step / len(epoch_batches))
+            check_learning_rate(learning_rate)
             if full_batch:
                 batch_inputs, batch_labels = inputs, labels
             else:

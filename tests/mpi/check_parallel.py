@@ -40,8 +40,10 @@ def parallel(dtype, strategy, seed_here=3, **settings):
 
 def check_equal_to_sequential():
     for dtype in ("float64", "float32"):
+        warmup = (lambda progress: 0.1 + 0.4 * min(1.0, progress))  # a per-step schedule
         for settings in (dict(epochs=4, learning_rate=0.5),  # full batch: 4 steps
-                         dict(epochs=2, learning_rate=0.5, batch_size=64, momentum=0.9, seed=5)):  # 32 steps
+                         dict(epochs=2, learning_rate=0.5, batch_size=64, momentum=0.9, seed=5),  # 32 steps
+                         dict(epochs=2, learning_rate=warmup, batch_size=64, momentum=0.9, seed=5)):
             expected = sequential(dtype, **settings)
             for strategy in STRATEGIES:
                 # Ranks other than 0 start from other weights: the initial broadcast must fix that.
