@@ -141,8 +141,8 @@ def timeline(per_rank, title: str, steps=None):
     return figure
 
 
-def phase_bars(per_strategy: dict, title: str):
-    """Stacked bars of seconds per phase: {label: {phase: seconds}}."""
+def phase_bars(per_strategy: dict, title: str, unit: str = "milliseconds per step"):
+    """Stacked bars of seconds per phase: {label: {phase: seconds}}, drawn in milliseconds."""
     import matplotlib.pyplot as plt
 
     figure, axis = plt.subplots(figsize=(7, 3.2))
@@ -152,7 +152,42 @@ def phase_bars(per_strategy: dict, title: str):
         heights = np.array([per_strategy[label].get(phase, 0.0) for label in labels])
         axis.bar(labels, heights * 1e3, bottom=bottom * 1e3, color=colour, label=phase)
         bottom += heights
-    axis.set(ylabel="milliseconds per step", title=title)
+    axis.set(ylabel=unit, title=title)
     axis.legend(fontsize=8)
+    figure.tight_layout()
+    return figure
+
+
+def scaling_curves(rows, kind: str, serial_fraction=None, law=None, label: str = "measured"):
+    """Speedup and efficiency against ranks, with the ideal line (and a fitted law, if given).
+
+    rows: nnlib.scaling.summarize output; only ``kind`` ("strong" or "weak") rows are drawn.
+    Oversubscribed points (more ranks than cores) are hollow and labelled, never mixed in silently.
+    """
+    import matplotlib.pyplot as plt
+
+    rows = [row for row in rows if row["kind"] == kind]
+    ranks = np.array([row["ranks"] for row in rows])
+    speedup = np.array([row["speedup"] for row in rows])
+    efficiency = np.array([row["efficiency"] for row in rows])
+    over = np.array([row["oversubscribed"] for row in rows])
+    figure, (left, right) = plt.subplots(1, 2, figsize=(10, 3.6))
+    line = np.linspace(1, ranks.max(), 50)
+    left.plot(line, line, "k:", label="ideal")
+    right.axhline(1.0, color="k", linestyle=":", label="ideal")
+    for axis, values in ((left, speedup), (right, efficiency)):
+        axis.plot(ranks[~over], values[~over], "o-", color="C0", label=label)
+        if over.any():
+            axis.plot(ranks[over], values[over], "o", markerfacecolor="white", color="C0",
+                      label="oversubscribed (ranks > cores)")
+    if law is not None and serial_fraction is not None:
+        left.plot(line, law(line, serial_fraction), "--", color="C1", label=f"fit, serial fraction {serial_fraction:.2f}")
+    name = "speedup" if kind == "strong" else "scaled speedup"
+    left.set(xlabel="ranks", ylabel=name, title=f"{kind} scaling: {name}")
+    right.set(xlabel="ranks", ylabel="efficiency", title=f"{kind} scaling: efficiency", ylim=(0, 1.15))
+    for axis in (left, right):
+        axis.set_xticks(sorted(set(ranks.tolist())))
+        axis.grid(alpha=0.3)
+        axis.legend(fontsize=8)
     figure.tight_layout()
     return figure
