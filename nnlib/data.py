@@ -189,6 +189,36 @@ def load_idx(path: Path, expected_sha256: str | None = None, expected_shape=None
     return parse_idx(data, path, expected_shape)
 
 
+def read_idx_rows(path, start: int, stop: int) -> np.ndarray:
+    """Rows [start, stop) of an IDX file (.gz or raw), reading only the header and those rows.
+
+    For data-parallel training each rank can read its own shard this way instead of receiving
+    it from rank 0 (see nnlib.parallel.shard). A raw file is read with one seek; a .gz file must
+    still be decompressed up to ``stop``, but nothing before ``start`` is kept. The file's
+    checksum cannot be verified from a slice: verify the whole file once first (load_idx, or
+    ``python -m nnlib fetch-data``).
+    """
+    path = Path(path)
+    opener = gzip.open if path.suffix == ".gz" else open
+    try:
+        with opener(path, "rb") as stream:
+            head = stream.read(4)
+            if len(head) < 4 or head[0] != 0 or head[1] != 0 or head[2] not in IDX_TYPES:
+                raise MNISTError(f"{path}: not an IDX file (magic number {head.hex()})")
+            shape = struct.unpack(f">{head[3]}I", stream.read(4 * head[3]))
+            if not 0 <= start <= stop <= shape[0]:
+                raise ValueError(f"rows [{start}, {stop}) are outside the {shape[0]} rows of {path}")
+            dtype = np.dtype(IDX_TYPES[head[2]])
+            row_bytes = int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize
+            stream.seek(4 + 4 * head[3] + start * row_bytes)
+            data = stream.read((stop - start) * row_bytes)
+    except (EOFError, zlib.error, gzip.BadGzipFile) as error:
+        raise MNISTError(f"{path}: the gzip file is truncated or corrupt ({error})") from error
+    if len(data) != (stop - start) * row_bytes:
+        raise MNISTError(f"{path}: the file ends before row {stop}; it is truncated")
+    return np.frombuffer(data, dtype=dtype).reshape(stop - start, *shape[1:]).astype(dtype.newbyteorder("="))
+
+
 # ---------------------------------------------------------------------------
 # Download
 # ---------------------------------------------------------------------------

@@ -179,3 +179,24 @@ def test_course_subset(mnist):
     assert data.scale_pixels(images).shape == (5000, 400)
     again, _ = data.course_subset(mnist)
     np.testing.assert_array_equal(images, again)
+
+
+def test_read_idx_rows_reads_a_slice_of_gz_and_raw_files(tmp_path, tiny_mnist):
+    array, raw, _ = tiny_mnist["train-images-idx3-ubyte"]
+    (tmp_path / "images").write_bytes(raw)
+    (tmp_path / "images.gz").write_bytes(gzip_bytes(raw))
+    for name in ("images", "images.gz"):
+        np.testing.assert_array_equal(data.read_idx_rows(tmp_path / name, 5, 12), array[5:12])
+        assert data.read_idx_rows(tmp_path / name, 3, 3).shape == (0, 28, 28)
+    with pytest.raises(ValueError, match=r"rows \[15, 25\) are outside the 20 rows"):
+        data.read_idx_rows(tmp_path / "images", 15, 25)
+    (tmp_path / "short").write_bytes(raw[:-100])
+    with pytest.raises(MNISTError, match="truncated"):
+        data.read_idx_rows(tmp_path / "short", 0, 20)
+
+
+def test_read_idx_rows_matches_the_real_file(mnist):
+    from nnlib.data import candidate_dirs, find_file
+
+    path = find_file("train-labels-idx1-ubyte", candidate_dirs())
+    np.testing.assert_array_equal(data.read_idx_rows(path, 59990, 60000), mnist.train_labels[59990:])
