@@ -52,7 +52,12 @@ def gpu_status(refresh: bool = False):
 
 
 def resolve_backend(device: str = "cpu", verbose: bool = False):
-    """The array module for ``device``: "cpu" -> numpy, "gpu" -> cupy (or an error), "auto" -> either."""
+    """The array module for ``device``: "cpu" -> numpy, "gpu" -> cupy (or an error), "auto" -> either.
+
+    An array API namespace (a module with ``asarray``, such as array_api_strict) is returned as it is.
+    """
+    if not isinstance(device, str) and hasattr(device, "asarray"):
+        return device
     if device not in ("cpu", "gpu", "auto"):
         raise ValueError(f"device must be 'cpu', 'gpu' or 'auto'; got {device!r}")
     if device == "cpu":
@@ -70,6 +75,48 @@ def resolve_backend(device: str = "cpu", verbose: bool = False):
 
 def to_numpy(array) -> np.ndarray:
     """A NumPy array with the values of ``array`` (copied from the GPU if needed)."""
-    if hasattr(array, "get"):  # CuPy
+    if isinstance(array, (np.ndarray, np.generic)):
+        return np.asarray(array)
+    if hasattr(array, "get"):  # CuPy: copies to the host, after the GPU has finished
         return array.get()
+    if hasattr(array, "__dlpack__"):  # any other CPU array library (e.g. array_api_strict)
+        return np.from_dlpack(array)
     return np.asarray(array)
+
+
+def is_numpy(xp) -> bool:
+    """Whether the namespace is NumPy itself (host memory, free conversions to Python numbers)."""
+    return xp is np
+
+
+def cuda_aware_mpi() -> bool:
+    """Whether MPI can read and write GPU memory directly (a CUDA-aware build).
+
+    ``NNLIB_CUDA_AWARE_MPI=1`` (or ``0``) decides when set. Otherwise the MPI library that
+    mpi4py loaded is asked: MPICH's MPIX_GPU_query_support(CUDA) or Open MPI's
+    MPIX_Query_cuda_support(). Anything else, or no answer, counts as not CUDA-aware, and GPU
+    buffers then travel through host memory.
+    """
+    import ctypes
+    import os
+
+    setting = os.environ.get("NNLIB_CUDA_AWARE_MPI")
+    if setting is not None:
+        return setting.strip().lower() in ("1", "true", "yes")
+    from mpi4py import MPI  # noqa: F401  (loads the MPI library into the process)
+
+    try:
+        with open("/proc/self/maps") as maps:
+            libraries = sorted({line.split()[-1] for line in maps if "libmpi" in line.split()[-1]})
+    except OSError:
+        return False
+    for path in libraries:
+        library = ctypes.CDLL(path)
+        query = getattr(library, "MPIX_GPU_query_support", None)
+        if query is not None:
+            supported = ctypes.c_int(0)
+            return query(0, ctypes.byref(supported)) == 0 and supported.value == 1  # 0: MPIX_GPU_SUPPORT_CUDA
+        query = getattr(library, "MPIX_Query_cuda_support", None)
+        if query is not None:
+            return query() == 1
+    return False

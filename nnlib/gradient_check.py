@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .backend import to_numpy
+
 
 def relative_error(expected, actual) -> float:
     """|expected - actual| / (|expected| + |actual|), with Euclidean norms (0 when both are 0)."""
@@ -49,7 +51,7 @@ def gradient_check(network, inputs, labels, num_checks=None, seed: int = 0,
     float64 network: in float32 the differences themselves are only good to ~1e-3.
     """
     network.loss_and_gradient(inputs, labels)
-    analytic = np.array(_host(network.grads), dtype=np.float64)  # a copy: loss() below leaves grads alone
+    analytic = np.array(to_numpy(network.grads), dtype=np.float64)  # a copy: loss() below leaves grads alone
     indices = None
     if num_checks is not None and num_checks < network.num_params:
         indices = np.random.default_rng(seed).choice(network.num_params, num_checks, replace=False)
@@ -61,6 +63,3 @@ def gradient_check(network, inputs, labels, num_checks=None, seed: int = 0,
         print(f"gradient check: relative error {error:.1e} over {len(numeric)} parameters")
     return error
 
-
-def _host(array) -> np.ndarray:
-    return array.get() if hasattr(array, "get") else np.asarray(array)

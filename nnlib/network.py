@@ -71,13 +71,13 @@ def cross_entropy_from_logits(logits, targets, output: str, xp):
 
     With a = sigmoid(z): -[y log a + (1-y) log(1-a)] = softplus(z) - y z.
     With a = softmax(z): -sum_k y_k log a_k = logsumexp(z) - sum_k y_k z_k.
-    Both forms stay finite where a rounds to 0 or 1.
+    Both forms stay finite where a rounds to 0 or 1. Returns a 0-d array, on the arrays' device.
     """
     if output == "sigmoid":
-        return float(xp.sum(softplus(logits, xp) - targets * logits))
+        return xp.sum(softplus(logits, xp) - targets * logits)
     row_max = xp.max(logits, axis=1, keepdims=True)
     log_sum_exp = xp.log(xp.sum(xp.exp(logits - row_max), axis=1)) + row_max[:, 0]
-    return float(xp.sum(log_sum_exp) - xp.sum(targets * logits))
+    return xp.sum(log_sum_exp) - xp.sum(targets * logits)
 
 
 def one_hot_targets(labels, num_classes: int, dtype, xp):
@@ -93,8 +93,9 @@ class Network:
     dtype:       "float32" (default) or "float64".
     seed:        initial weights are uniform in +-sqrt(6 / (n_in + n_out)) (Glorot),
                  drawn on the CPU from numpy.random.default_rng(seed); biases start at 0.
-    device:      "cpu", "gpu" or "auto" (see nnlib.backend); the weights are drawn on
-                 the CPU and then moved, so every device starts from the same weights.
+    device:      "cpu", "gpu" or "auto" (see nnlib.backend), or an array API namespace
+                 (e.g. array_api_strict, for tests); the weights are drawn on the CPU and
+                 then moved, so every device starts from the same weights.
     """
 
     def __init__(self, layer_sizes=(784, 30, 10), output: str = "sigmoid", dtype="float32",
@@ -138,6 +139,10 @@ class Network:
             biases.append(flat[offset:offset + n_out])
             offset += n_out
         return weights, biases
+
+    def chunks(self, num_samples: int):
+        """(start, end) row ranges of at most ``chunk_size`` rows covering 0..num_samples."""
+        return [(start, min(start + self.chunk_size, num_samples)) for start in range(0, num_samples, self.chunk_size)]
 
     # -- checking inputs ------------------------------------------------------
 
@@ -189,7 +194,7 @@ class Network:
         self.output_logits = logits
         return activations
 
-    def loss_and_gradient(self, inputs, labels, normalizer=None, check: bool = True) -> float:
+    def loss_and_gradient(self, inputs, labels, normalizer=None, check: bool = True, on_device: bool = False):
         """Cost J and its gradient for a batch; the gradient is written into ``self.grads``.
 
         inputs (N, n_0), labels (N,) integers. The sums over samples are divided by
@@ -202,16 +207,21 @@ class Network:
         chunks). The arrays of one chunk fit in the CPU cache, which makes the
         element-wise work several times faster than on one huge batch.
         Also sets ``self.last_correct``: how many samples the network got right.
+        With ``on_device`` both stay 0-d arrays where the arrays live (e.g. on the GPU), so
+        that the caller can add them up there and bring them back once per epoch; otherwise
+        they are a Python float and int (which, on a GPU, waits for the GPU).
         """
         if check:
             self.check_inputs(inputs)
             self.check_labels(labels, inputs.shape[0])
         scale = 1.0 / (inputs.shape[0] if normalizer is None else normalizer)
         loss, self.last_correct = 0.0, 0
-        for start in range(0, inputs.shape[0], self.chunk_size):
-            end = start + self.chunk_size
-            loss += self._chunk_loss_and_gradient(inputs[start:end], labels[start:end], scale, start > 0)
-        return loss
+        for start, end in self.chunks(inputs.shape[0]):
+            loss += self._chunk_loss_and_gradient(inputs[start:end, ...], labels[start:end], scale, start > 0)
+        if on_device:
+            return loss
+        self.last_correct = int(self.last_correct)
+        return float(loss)
 
     def _chunk_loss_and_gradient(self, inputs, labels, scale: float, accumulate: bool) -> float:
         """Backpropagation on one chunk: write (or, if accumulate, add) its gradient into grads."""
@@ -219,7 +229,7 @@ class Network:
         activations = self.forward(inputs)
         targets = one_hot_targets(labels, self.layer_sizes[-1], self.dtype, xp)
         loss = cross_entropy_from_logits(self.output_logits, targets, self.output, xp) * scale
-        self.last_correct += int(xp.sum(xp.argmax(activations[-1], axis=1) == labels))
+        self.last_correct += xp.count_nonzero(xp.argmax(activations[-1], axis=1) == labels)
 
         delta = (activations[-1] - targets) * scale                      # delta_L, (N, n_L)
         for layer in range(self.num_layers - 1, -1, -1):
@@ -240,8 +250,7 @@ class Network:
     def predict_probabilities(self, inputs):
         """Output activations a_L (N, n_L), computed chunk by chunk."""
         self.check_inputs(inputs)
-        chunks = [self.forward(inputs[start:start + self.chunk_size])[-1]
-                  for start in range(0, inputs.shape[0], self.chunk_size)]
+        chunks = [self.forward(inputs[start:end, ...])[-1] for start, end in self.chunks(inputs.shape[0])]
         return self.xp.concat(chunks, axis=0)
 
     def predict(self, inputs):
@@ -253,16 +262,16 @@ class Network:
         self.check_inputs(inputs)
         self.check_labels(labels, inputs.shape[0])
         total = 0.0
-        for start in range(0, inputs.shape[0], self.chunk_size):
-            self.forward(inputs[start:start + self.chunk_size])
-            targets = one_hot_targets(labels[start:start + self.chunk_size], self.layer_sizes[-1], self.dtype, self.xp)
-            total += cross_entropy_from_logits(self.output_logits, targets, self.output, self.xp)
+        for start, end in self.chunks(inputs.shape[0]):
+            self.forward(inputs[start:end, ...])
+            targets = one_hot_targets(labels[start:end], self.layer_sizes[-1], self.dtype, self.xp)
+            total += float(cross_entropy_from_logits(self.output_logits, targets, self.output, self.xp))
         return total / inputs.shape[0]
 
     def accuracy(self, inputs, labels) -> float:
         """The fraction of samples whose predicted class equals the label."""
         self.check_labels(labels, inputs.shape[0])
-        return int(self.xp.sum(self.predict(inputs) == labels)) / inputs.shape[0]
+        return int(self.xp.count_nonzero(self.predict(inputs) == labels)) / inputs.shape[0]
 
     # -- copying --------------------------------------------------------------
 

@@ -32,6 +32,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import collectives
+from .backend import cuda_aware_mpi, is_numpy, to_numpy
 from .training import SGD, History, batches, check_learning_rate
 
 STRATEGIES = ("parameter_server", "reduce_broadcast", "allreduce")
@@ -77,6 +78,34 @@ def fail_together(comm, message: str | None) -> None:
             raise ValueError(text if rank == comm.rank or len(set(messages)) == 1 else f"rank {rank}: {text}")
 
 
+class Messenger:
+    """Hands the network's buffers to MPI, wherever they live.
+
+    NumPy arrays, or GPU arrays with a CUDA-aware MPI, go to MPI as they are (GPU work is
+    synchronised first, so MPI never reads a half-written buffer). Other arrays (GPU arrays
+    with an ordinary MPI) are *staged*: copied to host memory, communicated, copied back.
+    """
+
+    def __init__(self, xp, cuda_aware=None):
+        self.xp = xp
+        on_gpu = hasattr(xp, "cuda")
+        self.direct = is_numpy(xp) or (on_gpu and (cuda_aware_mpi() if cuda_aware is None else cuda_aware))
+        self.synchronise = xp.cuda.get_current_stream().synchronize if on_gpu and self.direct else None
+
+    def outgoing(self, array):
+        """The buffer to give MPI for ``array``: itself, or a host copy with its values."""
+        if self.direct:
+            if self.synchronise is not None:
+                self.synchronise()
+            return array
+        return to_numpy(array)
+
+    def incoming(self, buffer, array) -> None:
+        """After MPI wrote into ``buffer`` (from :meth:`outgoing`), make ``array`` hold it."""
+        if buffer is not array:
+            array[...] = self.xp.asarray(buffer)
+
+
 def shard(comm, inputs, labels, root: int = 0):
     """Scatter (inputs, labels) from ``root`` into near-equal blocks of rows, one per rank.
 
@@ -103,7 +132,7 @@ def shard(comm, inputs, labels, root: int = 0):
 def train_parallel(comm, network, local_inputs, local_labels, *, num_samples: int, start: int,
                    epochs: int, learning_rate, batch_size=None, momentum: float = 0.0, seed: int = 0,
                    strategy: str = "allreduce", validation=None, progress: bool = False,
-                   timeline_steps: int = 0) -> ParallelHistory:
+                   timeline_steps: int = 0, cuda_aware=None) -> ParallelHistory:
     """Data-parallel training of ``network`` (a full copy on every rank) on sharded data.
 
     local_inputs, local_labels: this rank's rows [start, start + len) of the N = num_samples
@@ -111,6 +140,10 @@ def train_parallel(comm, network, local_inputs, local_labels, *, num_samples: in
     ``strategy`` (one of STRATEGIES). Every rank returns the history; loss and accuracy are
     summed over ranks once per epoch. The loss is checked for NaN/inf once per epoch, on all
     ranks together, so that a diverging run stops everywhere at once.
+
+    With a GPU network the shards move to the GPU once and stay there; gradients and parameters
+    go through host memory for MPI unless the MPI is CUDA-aware (``cuda_aware=None``: detect,
+    see nnlib.backend.cuda_aware_mpi; True or False: decide).
     """
     size, rank = comm.size, comm.rank
     problems = []
@@ -142,15 +175,21 @@ def train_parallel(comm, network, local_inputs, local_labels, *, num_samples: in
             f"starts {starts} (expected {expected_starts}); shard the data with nnlib.parallel.shard"
         )
 
-    collectives.broadcast(comm, network.params, root=0)  # everyone starts from rank 0's weights
+    xp = network.xp
+    local_inputs, local_labels = xp.asarray(local_inputs), xp.asarray(local_labels)  # to the device, once
+    messenger = Messenger(xp, cuda_aware)
+    buffer = messenger.outgoing(network.params)
+    comm.Bcast(buffer, root=0)  # everyone starts from rank 0's weights
+    messenger.incoming(buffer, network.params)
     schedule = learning_rate if callable(learning_rate) else (lambda epoch: learning_rate)
     updates_here = strategy == "allreduce" or rank == 0
     optimizer = SGD(network, schedule(0), momentum) if updates_here else None
-    gathered = np.empty((size, network.num_params), dtype=network.params.dtype) \
+    host_dtype = to_numpy(network.params[:1]).dtype
+    gathered = np.empty((size, network.num_params), dtype=host_dtype) \
         if strategy == "parameter_server" and rank == 0 else None
-    total_gradient = np.empty_like(network.grads) if strategy == "reduce_broadcast" and rank == 0 else None
+    total_gradient = np.empty(network.num_params, dtype=host_dtype) \
+        if strategy == "reduce_broadcast" and rank == 0 else None
 
-    xp = network.xp
     global_batch = num_samples if batch_size is None else int(batch_size)
     full_batch = global_batch >= num_samples
     rng = None if full_batch else np.random.default_rng(seed)
@@ -169,7 +208,7 @@ def train_parallel(comm, network, local_inputs, local_labels, *, num_samples: in
 
     for epoch in range(epochs):
         epoch_start = time.perf_counter()
-        epoch_totals[:] = 0
+        loss_sum, correct_sum = 0.0, 0  # stay on the device until the epoch ends
         epoch_batches = batches(num_samples, global_batch, rng)
         for step, indices in enumerate(epoch_batches):
             rate = schedule(epoch + step / len(epoch_batches))  # the same schedule as nnlib.train
@@ -187,32 +226,38 @@ def train_parallel(comm, network, local_inputs, local_labels, *, num_samples: in
             began = mark("data", began)
 
             if batch_inputs.shape[0]:
-                loss = network.loss_and_gradient(batch_inputs, batch_labels, normalizer=len(indices), check=False)
-                epoch_totals[0] += loss * len(indices)
-                epoch_totals[1] += network.last_correct
+                loss = network.loss_and_gradient(batch_inputs, batch_labels, normalizer=len(indices),
+                                                 check=False, on_device=True)
+                loss_sum += loss * len(indices)
+                correct_sum += network.last_correct
             else:  # none of this batch's samples are on this rank
                 network.grads[...] = 0
             began = mark("compute", began)
 
             if strategy == "allreduce":
-                comm.Allreduce(MPI.IN_PLACE, network.grads, op=MPI.SUM)
+                buffer = messenger.outgoing(network.grads)
+                comm.Allreduce(MPI.IN_PLACE, buffer, op=MPI.SUM)
+                messenger.incoming(buffer, network.grads)
                 began = mark("communicate", began)
                 optimizer.step()
                 mark("update", began)
             else:
                 if strategy == "parameter_server":
-                    comm.Gather(network.grads, gathered, root=0)
+                    comm.Gather(messenger.outgoing(network.grads), gathered, root=0)
                 else:
-                    comm.Reduce(network.grads, total_gradient, op=MPI.SUM, root=0)
+                    comm.Reduce(messenger.outgoing(network.grads), total_gradient, op=MPI.SUM, root=0)
                 began = mark("communicate", began)
                 if rank == 0:
-                    network.grads[...] = gathered.sum(axis=0) if gathered is not None else total_gradient
+                    network.grads[...] = xp.asarray(gathered.sum(axis=0) if gathered is not None else total_gradient)
                     optimizer.step()
                 began = mark("update", began)
-                comm.Bcast(network.params, root=0)
+                buffer = messenger.outgoing(network.params)
+                comm.Bcast(buffer, root=0)
+                messenger.incoming(buffer, network.params)
                 mark("communicate", began)
             history.steps += 1
 
+        epoch_totals[:] = (float(loss_sum), int(correct_sum))
         history.seconds.append(time.perf_counter() - epoch_start)
         comm.Allreduce(MPI.IN_PLACE, epoch_totals, op=MPI.SUM)
         epoch_loss = float(epoch_totals[0]) / num_samples

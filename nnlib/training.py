@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .backend import is_numpy
+
 
 class SGD:
     """Stochastic gradient descent on a network's flat parameter vector, momentum optional."""
@@ -39,6 +41,14 @@ class SGD:
             self.velocity *= self.momentum
             self.velocity -= self.learning_rate * grads
             params += self.velocity
+
+
+def diverged(loss, where: str, learning_rate) -> FloatingPointError:
+    """The error for a NaN or infinite loss: where it happened, and what to try."""
+    return FloatingPointError(
+        f"the loss became {loss} {where} (learning rate {learning_rate}); training diverged. "
+        f"Try a smaller learning rate, e.g. {learning_rate / 10:g}."
+    )
 
 
 def check_learning_rate(learning_rate) -> None:
@@ -92,9 +102,13 @@ def train(network, inputs, labels, *, epochs: int, learning_rate, batch_size=Non
     """
     from tqdm import tqdm
 
+    xp = network.xp
+    # The data moves to the network's device once (no copy for NumPy) and stays there.
+    inputs, labels = xp.asarray(inputs), xp.asarray(labels)
     network.check_inputs(inputs)
     network.check_labels(labels, inputs.shape[0])
     if validation is not None:
+        validation = (xp.asarray(validation[0]), xp.asarray(validation[1]))
         network.check_inputs(validation[0])
         network.check_labels(validation[1], validation[0].shape[0])
     if not isinstance(epochs, int) or epochs < 1:
@@ -105,7 +119,7 @@ def train(network, inputs, labels, *, epochs: int, learning_rate, batch_size=Non
         raise ValueError(f"batch_size must be at least 1; got {batch_size}")
     schedule = learning_rate if callable(learning_rate) else (lambda epoch: learning_rate)
     optimizer = SGD(network, schedule(0), momentum)
-    xp = network.xp
+    on_host = is_numpy(xp)  # elsewhere (a GPU) the loss stays on the device until the epoch ends
     full_batch = batch_size >= num_samples
     rng = None if full_batch else np.random.default_rng(seed)
     history = History()
@@ -123,17 +137,16 @@ def train(network, inputs, labels, *, epochs: int, learning_rate, batch_size=Non
             else:
                 indices = xp.asarray(indices)
                 batch_inputs, batch_labels = xp.take(inputs, indices, axis=0), xp.take(labels, indices, axis=0)
-            loss = network.loss_and_gradient(batch_inputs, batch_labels, check=False)
-            if not math.isfinite(loss):
-                raise FloatingPointError(
-                    f"the loss became {loss} at epoch {epoch + 1}, step {step + 1} "
-                    f"(learning rate {learning_rate}); training diverged. "
-                    f"Try a smaller learning rate, e.g. {learning_rate / 10:g}."
-                )
+            loss = network.loss_and_gradient(batch_inputs, batch_labels, check=False, on_device=not on_host)
+            if on_host and not math.isfinite(loss):
+                raise diverged(loss, f"at epoch {epoch + 1}, step {step + 1}", learning_rate)
             optimizer.step()
             total_loss += loss * batch_inputs.shape[0]
             correct += network.last_correct
+        total_loss, correct = float(total_loss), int(correct)  # the epoch's one trip back from a GPU
         history.seconds.append(time.perf_counter() - start)
+        if not math.isfinite(total_loss):  # only reached on a GPU: the host checked every step
+            raise diverged(total_loss, f"in epoch {epoch + 1} (checked once per epoch on the GPU)", learning_rate)
         history.loss.append(total_loss / num_samples)
         history.train_accuracy.append(correct / num_samples)
         if validation is not None:

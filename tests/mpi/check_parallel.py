@@ -56,6 +56,26 @@ def check_equal_to_sequential():
                 assert all(value >= 0 for value in history.phase_seconds.values())
 
 
+def check_staged_through_host_memory():
+    """A non-NumPy network (array_api_strict, standing in for CuPy without a CUDA-aware MPI):
+    shards move to its device, gradients and parameters are staged through host copies for MPI."""
+    import array_api_strict as xps
+
+    from nnlib.backend import to_numpy
+
+    settings = dict(epochs=2, learning_rate=0.5, batch_size=64, momentum=0.9, seed=5)
+    expected = sequential("float64", **settings)
+    local_inputs, local_labels, start = shard(comm, INPUTS if rank == 0 else None, LABELS if rank == 0 else None)
+    for strategy in STRATEGIES:
+        network = Network((12, 7, 4), dtype="float64", seed=3 if rank == 0 else 50, device=xps)
+        train_parallel(comm, network, local_inputs, local_labels, num_samples=N, start=start,
+                       strategy=strategy, cuda_aware=False, **settings)
+        params = to_numpy(network.params)
+        error = float(np.abs(params - expected).max() / np.abs(expected).max())
+        assert error <= 1e-10, f"staged {strategy}: relative error {error:.2e}"
+        assert np.array_equal(params, comm.bcast(params if rank == 0 else None)), f"staged {strategy}: ranks differ"
+
+
 def expect_error_everywhere(function, fragment):
     try:
         function()
@@ -93,6 +113,7 @@ def check_bad_configurations_fail_on_every_rank():
 
 
 for name, function in [("equal to sequential", check_equal_to_sequential),
+                       ("staged through host memory", check_staged_through_host_memory),
                        ("bad configurations", check_bad_configurations_fail_on_every_rank)]:
     try:
         function()

@@ -1,0 +1,158 @@
+"""Backend-agnostic code on a strict array-API namespace, device selection, and (with a GPU) CuPy.
+
+array_api_strict refuses anything outside the array API standard (NumPy-only functions, out=,
+sums of booleans, ...), so the network and training running on it means no NumPy-only call has
+slipped into the math, and that the CuPy path runs the same lines.
+"""
+
+import sys
+import types
+
+import numpy as np
+import pytest
+
+from nnlib import Network, backend, gradient_check, train
+from nnlib.backend import to_numpy
+
+xps = pytest.importorskip("array_api_strict", reason="array-api-strict is part of the test extra")
+
+
+def batch(sizes, n=9, seed=1):
+    rng = np.random.default_rng(seed)
+    return rng.random((n, sizes[0])), rng.integers(0, sizes[-1], n)
+
+
+@pytest.mark.parametrize("output", ["sigmoid", "softmax"])
+def test_strict_namespace_gives_numpy_gradients_and_passes_the_gradient_check(output):
+    sizes = (6, 5, 4, 3)
+    inputs, labels = batch(sizes)
+    reference = Network(sizes, output=output, dtype="float64", seed=2)
+    strict = Network(sizes, output=output, dtype="float64", seed=2, device=xps)
+    assert type(strict.params).__module__.startswith("array_api_strict")
+    expected_loss = reference.loss_and_gradient(inputs, labels)
+    loss = strict.loss_and_gradient(xps.asarray(inputs), xps.asarray(labels))
+    assert loss == pytest.approx(expected_loss, rel=1e-12)
+    np.testing.assert_allclose(to_numpy(strict.grads), reference.grads, rtol=1e-10, atol=1e-14)
+    assert strict.last_correct == reference.last_correct
+    assert gradient_check(strict, xps.asarray(inputs), xps.asarray(labels), verbose=False) < 1e-7
+
+
+def test_strict_views_alias_the_flat_vector():
+    strict = Network((4, 3, 2), dtype="float64", seed=0, device=xps)
+    strict.weights[1][2, 1] = 7.0
+    assert float(strict.params[4 * 3 + 3 + 2 * 2 + 1]) == 7.0
+    strict.grads[-1] = 9.0
+    assert float(strict.grad_biases[1][1]) == 9.0
+
+
+def test_strict_training_matches_numpy_and_keeps_the_loss_on_the_device():
+    """The non-NumPy path: data moved once, loss and accuracy summed on the device per epoch."""
+    inputs, labels = batch((8, 6, 3), n=120)
+    settings = dict(epochs=3, learning_rate=0.5, batch_size=16, momentum=0.9, seed=4, progress=False)
+    reference = Network((8, 6, 3), dtype="float64", seed=0)
+    expected = train(reference, inputs, labels, validation=(inputs[:30], labels[:30]), **settings)
+    strict = Network((8, 6, 3), dtype="float64", seed=0, device=xps)
+    history = train(strict, inputs, labels, validation=(inputs[:30], labels[:30]), **settings)
+    np.testing.assert_allclose(history.loss, expected.loss, rtol=1e-12)
+    assert history.train_accuracy == expected.train_accuracy
+    assert history.validation_accuracy == expected.validation_accuracy
+    np.testing.assert_allclose(to_numpy(strict.params), reference.params, rtol=1e-10, atol=1e-14)
+    assert strict.accuracy(xps.asarray(inputs), xps.asarray(labels)) == reference.accuracy(inputs, labels)
+    assert to_numpy(strict.predict(xps.asarray(inputs))).tolist() == reference.predict(inputs).tolist()
+
+
+@pytest.mark.filterwarnings("ignore:overflow:RuntimeWarning")
+def test_divergence_off_the_host_is_caught_once_per_epoch():
+    rng = np.random.default_rng(0)
+    strict = Network((8, 4, 3), seed=0, device=xps)
+    with pytest.raises(FloatingPointError, match=r"in epoch 1 \(checked once per epoch on the GPU\)"):
+        train(strict, rng.random((64, 8)).astype(np.float32), rng.integers(0, 3, 64), epochs=2,
+              learning_rate=1e38, batch_size=16, progress=False)
+
+
+# -- device selection ------------------------------------------------------------------------
+
+@pytest.fixture
+def fresh_gpu_check(monkeypatch):
+    monkeypatch.setattr(backend, "_gpu_check", None)
+
+
+def fake_cupy(available=True, smoke_test_fails=False):
+    """A stand-in for the cupy module: NumPy arrays, a configurable CUDA answer."""
+    def ones(shape, dtype):
+        if smoke_test_fails:
+            raise RuntimeError("cudaErrorInsufficientDriver: CUDA driver version is insufficient")
+        return np.ones(shape, dtype)
+
+    cuda = types.SimpleNamespace(
+        is_available=lambda: available,
+        get_current_stream=lambda: types.SimpleNamespace(synchronize=lambda: None),
+        Device=lambda: types.SimpleNamespace(id=0),
+        runtime=types.SimpleNamespace(getDeviceProperties=lambda device: {"name": b"Fake GPU 9000"}))
+    return types.SimpleNamespace(__name__="cupy", cuda=cuda, ones=ones, float32=np.float32, asarray=np.asarray)
+
+
+def test_cupy_absent(monkeypatch, fresh_gpu_check, capsys):
+    monkeypatch.setitem(sys.modules, "cupy", None)  # import cupy now raises ImportError
+    usable, reason = backend.gpu_status()
+    assert not usable and "CuPy is not installed" in reason
+    assert backend.resolve_backend("auto", verbose=True) is np
+    assert "Using NumPy on the CPU: CuPy is not installed" in capsys.readouterr().out
+    with pytest.raises(RuntimeError, match="device='gpu' was asked for, but CuPy is not installed"):
+        backend.resolve_backend("gpu")
+
+
+def test_cupy_present_without_a_gpu(monkeypatch, fresh_gpu_check):
+    monkeypatch.setitem(sys.modules, "cupy", fake_cupy(available=False))
+    assert backend.gpu_status() == (False, "CuPy is installed but finds no CUDA GPU")
+    assert backend.resolve_backend("auto") is np
+
+
+def test_gpu_reported_available_but_failing_its_smoke_test(monkeypatch, fresh_gpu_check):
+    monkeypatch.setitem(sys.modules, "cupy", fake_cupy(smoke_test_fails=True))
+    usable, reason = backend.gpu_status()
+    assert not usable and "smoke test failed" in reason and "cudaErrorInsufficientDriver" in reason
+    assert backend.resolve_backend("auto") is np
+
+
+def test_usable_gpu_is_chosen_by_auto_and_gpu_but_not_cpu(monkeypatch, fresh_gpu_check, capsys):
+    cupy = fake_cupy()
+    monkeypatch.setitem(sys.modules, "cupy", cupy)
+    assert backend.gpu_status() == (True, "GPU Fake GPU 9000 passed a smoke test")
+    assert backend.resolve_backend("auto", verbose=True) is cupy
+    assert "Using CuPy on the GPU: GPU Fake GPU 9000 passed a smoke test" in capsys.readouterr().out
+    assert backend.resolve_backend("gpu") is cupy
+    assert backend.resolve_backend("cpu") is np
+
+
+def test_cuda_aware_mpi_detection(monkeypatch):
+    monkeypatch.setenv("NNLIB_CUDA_AWARE_MPI", "1")
+    assert backend.cuda_aware_mpi() is True
+    monkeypatch.setenv("NNLIB_CUDA_AWARE_MPI", "0")
+    assert backend.cuda_aware_mpi() is False
+    monkeypatch.delenv("NNLIB_CUDA_AWARE_MPI")
+    assert backend.cuda_aware_mpi() is False  # the mpich wheel is built without CUDA
+
+
+# -- on a real GPU ---------------------------------------------------------------------------
+
+gpu_usable, gpu_reason = backend.gpu_status()
+needs_gpu = pytest.mark.skipif(not gpu_usable, reason=f"no usable GPU here: {gpu_reason}")
+
+
+@needs_gpu
+def test_gpu_network_matches_the_cpu_network():
+    import cupy
+
+    inputs, labels = batch((20, 16, 10), n=300)
+    settings = dict(epochs=2, learning_rate=0.5, batch_size=32, momentum=0.9, seed=3, progress=False)
+    cpu = Network((20, 16, 10), dtype="float64", seed=0)
+    expected = train(cpu, inputs, labels, **settings)
+    gpu = Network((20, 16, 10), dtype="float64", seed=0, device="gpu")
+    assert isinstance(gpu.params, cupy.ndarray)
+    np.testing.assert_allclose(to_numpy(gpu.params[:50]), cpu.params[:50] * 0 + to_numpy(gpu.params[:50]))
+    history = train(gpu, inputs, labels, **settings)
+    np.testing.assert_allclose(history.loss, expected.loss, rtol=1e-9)
+    np.testing.assert_allclose(to_numpy(gpu.params), cpu.params, rtol=1e-8, atol=1e-12)
+    assert gradient_check(gpu, cupy.asarray(inputs[:5]), cupy.asarray(labels[:5]), num_checks=40,
+                          verbose=False) < 1e-7
