@@ -154,8 +154,8 @@ def train_parallel(comm, network, local_inputs, local_labels, *, num_samples: in
     if batch_size is not None and batch_size < size:
         problems.append(f"the global batch ({batch_size}) is smaller than the number of ranks ({size}): "
                         "each rank needs samples to work on; use a batch of at least one sample per rank")
-    if len(local_inputs) != len(local_labels):
-        problems.append(f"rank {rank} has {len(local_inputs)} inputs but {len(local_labels)} labels")
+    if local_inputs.shape[0] != local_labels.shape[0]:
+        problems.append(f"rank {rank} has {local_inputs.shape[0]} inputs but {local_labels.shape[0]} labels")
     try:
         if not callable(learning_rate):
             check_learning_rate(learning_rate)
@@ -167,7 +167,7 @@ def train_parallel(comm, network, local_inputs, local_labels, *, num_samples: in
           (network.layer_sizes, network.output, str(network.params.dtype)))
     agree(comm, "the training settings (samples, epochs, batch, momentum, seed, strategy)",
           (num_samples, epochs, batch_size, momentum, seed, strategy))
-    shard_sizes, starts = comm.allgather(len(local_inputs)), comm.allgather(int(start))
+    shard_sizes, starts = comm.allgather(local_inputs.shape[0]), comm.allgather(int(start))
     expected_starts = [int(offset) for offset in collectives.offsets(shard_sizes)]
     if sum(shard_sizes) != num_samples or starts != expected_starts:  # the same verdict on every rank
         raise ValueError(
@@ -193,7 +193,7 @@ def train_parallel(comm, network, local_inputs, local_labels, *, num_samples: in
     global_batch = num_samples if batch_size is None else int(batch_size)
     full_batch = global_batch >= num_samples
     rng = None if full_batch else np.random.default_rng(seed)
-    stop = start + len(local_inputs)
+    stop = start + local_inputs.shape[0]
     history = ParallelHistory()
     phases = history.phase_seconds
     clock_zero = time.perf_counter()
