@@ -4,6 +4,7 @@
     mpiexec -n 4 python -m nnlib collectives  notebook 04's collectives as a plain MPI script
     mpiexec -n 4 python -m nnlib train ...    data-parallel training as a batch job (--help)
     python -m nnlib scaling ...               strong and weak scaling tables, CSV (--help)
+    python -m nnlib gpu-benchmark ...         record CPU-versus-GPU figures on a GPU machine (--help)
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_arguments(training)
     training.set_defaults(handler=run_training)
     commands.add_parser("scaling", help="strong and weak scaling tables (see: python -m nnlib scaling --help)")
+    commands.add_parser("gpu-benchmark", help="record CPU-versus-GPU figures (see: python -m nnlib gpu-benchmark --help)")
     return parser
 
 
@@ -63,6 +65,10 @@ def main(argv=None) -> int:
         from .scaling import main as scaling
 
         return scaling(argv[1:])
+    if argv[:1] == ["gpu-benchmark"]:
+        from .gpu import main as gpu_benchmark
+
+        return gpu_benchmark(argv[1:])
     args = build_parser().parse_args(argv)
     return args.handler(args)
 
