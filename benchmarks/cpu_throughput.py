@@ -28,7 +28,7 @@ for variable in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 import numpy as np  # noqa: E402
 
 from nnlib import data  # noqa: E402
-from nnlib.benchmarks import flops_per_sample, matmul_rate, training_throughput  # noqa: E402
+from nnlib.benchmarks import flops_per_sample, matmul_rate, torch_copy, training_throughput  # noqa: E402
 from nnlib.network import Network  # noqa: E402
 
 SEED_SAMPLES_PER_SECOND = 28_500  # the seed implementations on this machine kind (issue 2)
@@ -38,15 +38,7 @@ def torch_throughput(torch, layer_sizes, inputs, labels, batch_size, epochs, lea
     """Samples/s of the same training loop written in PyTorch (best epoch after a warm-up)."""
     import time
 
-    start_weights = Network(layer_sizes, seed=seed)
-    layers = []
-    for weights, biases in zip(start_weights.weights, start_weights.biases):
-        linear = torch.nn.Linear(*weights.shape)
-        with torch.no_grad():
-            linear.weight.copy_(torch.from_numpy(weights.T.copy()))
-            linear.bias.copy_(torch.from_numpy(biases.copy()))
-        layers += [linear, torch.nn.Sigmoid()]
-    model = torch.nn.Sequential(*layers[:-1])  # logits out; the loss applies the sigmoid
+    model = torch_copy(Network(layer_sizes, seed=seed), torch)  # logits out; the loss applies the sigmoid
     optimizer = torch.optim.SGD(model.parameters(), lr=learning_rate)
     x_all, y_all = torch.from_numpy(inputs), torch.from_numpy(labels)
     targets_all = torch.nn.functional.one_hot(y_all, layer_sizes[-1]).float()

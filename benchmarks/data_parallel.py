@@ -90,20 +90,13 @@ def _torch_worker(rank, world_size, port, case_name, inputs, labels, queue):
     import torch
     import torch.distributed as distributed
 
+    from nnlib.benchmarks import torch_copy
     from nnlib.network import Network
 
     torch.set_num_threads(1)
     distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
     case = CASES[case_name]
-    start_weights = Network(case["sizes"], seed=0)
-    layers = []
-    for weights, biases in zip(start_weights.weights, start_weights.biases):
-        linear = torch.nn.Linear(*weights.shape)
-        with torch.no_grad():
-            linear.weight.copy_(torch.from_numpy(weights.T.copy()))
-            linear.bias.copy_(torch.from_numpy(biases.copy()))
-        layers += [linear, torch.nn.Sigmoid()]
-    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Sequential(*layers[:-1]))
+    model = torch.nn.parallel.DistributedDataParallel(torch_copy(Network(case["sizes"], seed=0), torch))
     optimizer = torch.optim.SGD(model.parameters(), lr=case["learning_rate"], momentum=0.9 if case["batch"] else 0.0)
     # Each process holds its half of the data; each global batch is split in two.
     shard = slice(rank * len(inputs) // world_size, (rank + 1) * len(inputs) // world_size)

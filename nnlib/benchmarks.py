@@ -69,3 +69,20 @@ def training_throughput(layer_sizes, inputs, labels, batch_size=None, epochs: in
     history = train(network, inputs, labels, epochs=epochs + 1, learning_rate=learning_rate,
                     batch_size=batch_size, seed=seed, progress=False)
     return inputs.shape[0] / min(history.seconds[1:])
+
+
+def torch_copy(network, torch):
+    """The same network in PyTorch, with the same starting weights, for fair comparisons.
+
+    Returns a torch.nn.Sequential of Linear and Sigmoid layers that ends with the output
+    *logits* (the loss applies the output sigmoid, as nnlib's cross-entropy from logits does).
+    nnlib stores W as (n_in, n_out); torch.nn.Linear stores its transpose.
+    """
+    layers = []
+    for weights, biases in zip(network.weights, network.biases):
+        linear = torch.nn.Linear(*weights.shape)
+        with torch.no_grad():
+            linear.weight.copy_(torch.from_numpy(np.ascontiguousarray(weights.T)))
+            linear.bias.copy_(torch.from_numpy(np.array(biases)))
+        layers += [linear, torch.nn.Sigmoid()]
+    return torch.nn.Sequential(*layers[:-1])

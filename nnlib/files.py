@@ -30,3 +30,38 @@ def atomic_write(destination):
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
+
+
+def write_csv(records, path, fields) -> None:
+    """Write dict records as CSV with the columns ``fields`` (other keys ignored), atomically."""
+    import csv
+    import io
+
+    text = io.StringIO()
+    writer = csv.DictWriter(text, fieldnames=fields, extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows(records)
+    with atomic_write(path) as stream:
+        stream.write(text.getvalue().encode())
+
+
+def read_csv(path, fields, integers=(), floats=(), what: str = "records") -> list[dict]:
+    """Read CSV records, checking that every column of ``fields`` is there.
+
+    Columns in ``integers`` and ``floats`` are converted; an empty cell becomes None (integers)
+    or NaN (floats). Raises ValueError naming the file and the missing columns.
+    """
+    import csv
+
+    records = []
+    with open(path, newline="") as stream:
+        for row in csv.DictReader(stream):
+            missing = [name for name in fields if name not in row]
+            if missing:
+                raise ValueError(f"{path}: not a CSV of {what} (no column {', '.join(missing)})")
+            for name in integers:
+                row[name] = int(row[name]) if row[name] else None
+            for name in floats:
+                row[name] = float(row[name]) if row[name] else float("nan")
+            records.append(row)
+    return records

@@ -11,7 +11,6 @@ records the figures on a GPU machine for notebook 07 to show on machines without
 
 from __future__ import annotations
 
-import csv
 import datetime
 import statistics
 import time
@@ -19,6 +18,7 @@ import time
 import numpy as np
 
 from .backend import to_numpy
+from .files import read_csv, write_csv
 from .network import Network, sigmoid
 
 # Matrix shapes (m, k, n) for A (m x k) @ B (k x n), tiny to large. The first is the seed's
@@ -123,32 +123,13 @@ def epoch_seconds(hidden: int, inputs, labels, device: str = "cpu", batch_size: 
 
 def save_csv(records, path) -> None:
     """Write benchmark records as CSV (atomically)."""
-    import io
-
-    from .files import atomic_write
-
-    text = io.StringIO()
-    writer = csv.DictWriter(text, fieldnames=CSV_FIELDS, extrasaction="ignore")
-    writer.writeheader()
-    writer.writerows(records)
-    with atomic_write(path) as stream:
-        stream.write(text.getvalue().encode())
+    write_csv(records, path, CSV_FIELDS)
 
 
 def load_csv(path) -> list[dict]:
-    """Records from :func:`save_csv`, numbers converted (empty fields stay None)."""
-    records = []
-    with open(path, newline="") as stream:
-        for row in csv.DictReader(stream):
-            missing = [name for name in CSV_FIELDS if name not in row]
-            if missing:
-                raise ValueError(f"{path}: not a GPU benchmark CSV (no column {', '.join(missing)})")
-            for name in ("m", "k", "n", "hidden", "samples"):
-                row[name] = int(row[name]) if row[name] else None
-            for name in ("cpu_seconds", "gpu_seconds", "gpu_with_copies_seconds"):
-                row[name] = float(row[name]) if row[name] else float("nan")
-            records.append(row)
-    return records
+    """Records from :func:`save_csv`, numbers converted (empty fields: None, or NaN for times)."""
+    return read_csv(path, CSV_FIELDS, integers=("m", "k", "n", "hidden", "samples"),
+                    floats=("cpu_seconds", "gpu_seconds", "gpu_with_copies_seconds"), what="GPU benchmark records")
 
 
 def main(argv=None) -> int:

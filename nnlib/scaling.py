@@ -17,15 +17,15 @@ turns on the cores, which is not what a cluster does, and tables and plots must 
 
 from __future__ import annotations
 
-import csv
 import json
 import os
 import statistics
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
+
+from .files import read_csv, write_csv
 
 RECORD_FIELDS = ["kind", "ranks", "samples", "strategy", "repeat", "epoch_seconds", "load_seconds",
                  "data_seconds", "compute_seconds", "communicate_seconds", "update_seconds", "accuracy",
@@ -281,37 +281,18 @@ def large_batch_accuracy(inputs, labels, test_inputs, test_labels, ranks_list, p
 
 def save_csv(records, path) -> None:
     """Write records to ``path`` as CSV (atomically)."""
-    import io
-
-    from .files import atomic_write
-
-    text = io.StringIO()
-    writer = csv.DictWriter(text, fieldnames=RECORD_FIELDS, extrasaction="ignore")
-    writer.writeheader()
-    writer.writerows(records)
-    with atomic_write(path) as stream:
-        stream.write(text.getvalue().encode())
+    write_csv(records, path, RECORD_FIELDS)
 
 
 def load_csv(path, where: str | None = None) -> list[dict]:
     """Records from a CSV written by :func:`save_csv`, numbers converted; ``where`` labels their origin."""
-    integers, floats = {"ranks", "samples", "repeat", "physical_cores"}, {
-        "epoch_seconds", "load_seconds", "data_seconds", "compute_seconds", "communicate_seconds",
-        "update_seconds", "accuracy"}
-    records = []
-    with open(path, newline="") as stream:
-        for row in csv.DictReader(stream):
-            missing = [name for name in RECORD_FIELDS if name not in row]
-            if missing:
-                raise ValueError(f"{path}: not a scaling CSV (no column {', '.join(missing)})")
-            for name in integers:
-                row[name] = int(row[name])
-            for name in floats:
-                row[name] = float(row[name])
-            row["oversubscribed"] = row["oversubscribed"] in ("True", "true", "1")
-            if where is not None:
-                row["where"] = where
-            records.append(row)
+    records = read_csv(path, RECORD_FIELDS, integers=("ranks", "samples", "repeat", "physical_cores"),
+                       floats=("epoch_seconds", "load_seconds", "data_seconds", "compute_seconds",
+                               "communicate_seconds", "update_seconds", "accuracy"), what="scaling records")
+    for row in records:
+        row["oversubscribed"] = row["oversubscribed"] in ("True", "true", "1")
+        if where is not None:
+            row["where"] = where
     return records
 
 

@@ -4,6 +4,8 @@ import gzip
 import hashlib
 import http.server
 import struct
+import subprocess
+import sys
 import threading
 
 import numpy as np
@@ -93,3 +95,15 @@ def mnist():
 
 def gzip_bytes(raw: bytes) -> bytes:
     return gzip.compress(raw, mtime=0)
+
+
+def run_mpi_script(script, ranks: int, timeout: float = 240):
+    """Run a checker script under this environment's mpiexec with ``ranks`` ranks.
+
+    Returns the CompletedProcess. A rank that raises alone before a collective leaves the
+    others waiting forever: the timeout turns that hang into a test failure.
+    """
+    from nnlib.environment import mpiexec_path
+
+    return subprocess.run([mpiexec_path(), "-n", str(ranks), sys.executable, str(script)],
+                          capture_output=True, text=True, timeout=timeout)

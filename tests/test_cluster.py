@@ -1,6 +1,5 @@
 """nnlib.cluster: MPI engines start, map to ranks, recover, stop cleanly, and fail clearly."""
 
-import os
 import stat
 import time
 

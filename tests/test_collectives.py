@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conftest import run_mpi_script
 from nnlib import collectives
 from nnlib.environment import mpiexec_path
 
@@ -15,9 +16,7 @@ CHECKER = Path(__file__).parent / "mpi" / "check_collectives.py"
 
 @pytest.mark.parametrize("ranks", [1, 2, 3, 4])
 def test_every_collective_exact_on_every_rank(ranks):
-    # A rank that fails before a collective leaves the others waiting forever: the timeout catches that.
-    run = subprocess.run([mpiexec_path(), "-n", str(ranks), sys.executable, str(CHECKER)],
-                         capture_output=True, text=True, timeout=120)
+    run = run_mpi_script(CHECKER, ranks)
     assert run.returncode == 0, run.stdout + run.stderr
     assert f"{ranks} ranks: all checks passed" in run.stdout
 

@@ -1,6 +1,5 @@
 """nnlib.data: parsing, verification, every error path, the download, and the helpers."""
 
-import gzip
 
 import numpy as np
 import pytest

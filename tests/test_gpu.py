@@ -52,7 +52,7 @@ def test_csv_round_trip_and_bad_csv(tmp_path):
     assert loaded[1]["hidden"] == 128 and loaded[1]["gpu_seconds"] == 0.05 and loaded[1]["m"] is None
     assert loaded[0]["device"] == "Test GPU" and math.isnan(loaded[0]["gpu_seconds"])
     (tmp_path / "bad.csv").write_text("a,b\n1,2\n")
-    with pytest.raises(ValueError, match="not a GPU benchmark CSV"):
+    with pytest.raises(ValueError, match="not a CSV of GPU benchmark records"):
         gpu.load_csv(tmp_path / "bad.csv")
 
 

@@ -78,7 +78,7 @@ def test_csv_round_trip_and_bad_csv(tmp_path):
     assert [r["epoch_seconds"] for r in loaded] == [1.0, 1.25] and loaded[1]["oversubscribed"] is True
     assert loaded[0]["where"] == "recorded on a test machine" and loaded[0]["ranks"] == 1
     (tmp_path / "bad.csv").write_text("ranks,seconds\n1,2\n")
-    with pytest.raises(ValueError, match="not a scaling CSV"):
+    with pytest.raises(ValueError, match="not a CSV of scaling records"):
         scaling.load_csv(tmp_path / "bad.csv")
 
 
