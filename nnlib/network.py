@@ -223,8 +223,11 @@ class Network:
         self.last_correct = int(self.last_correct)
         return float(loss)
 
-    def _chunk_loss_and_gradient(self, inputs, labels, scale: float, accumulate: bool) -> float:
-        """Backpropagation on one chunk: write (or, if accumulate, add) its gradient into grads."""
+    def _chunk_loss_and_gradient(self, inputs, labels, scale: float, accumulate: bool):
+        """Backpropagation on one chunk: write (or, if accumulate, add) its gradient into grads.
+
+        Returns the chunk's scaled loss as a 0-d array on the arrays' device.
+        """
         xp = self.xp
         activations = self.forward(inputs)
         targets = one_hot_targets(labels, self.layer_sizes[-1], self.dtype, xp)
