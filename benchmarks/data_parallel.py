@@ -22,6 +22,7 @@ import subprocess
 import sys
 import time
 
+# One BLAS thread per process, set before NumPy is imported (importing nnlib would import it).
 os.environ.update({name: "1" for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")})
 
 import numpy as np  # noqa: E402

@@ -48,7 +48,9 @@ def mpi_flavour(mpiexec: str) -> str:
 
 def engine_environment(mpiexec: str, extra=None) -> dict:
     """Environment variables for mpiexec and its ranks: one BLAS thread, Open MPI's root/oversubscribe."""
-    environment = {name: "1" for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
+    from .environment import ONE_BLAS_THREAD
+
+    environment = dict(ONE_BLAS_THREAD)
     if mpi_flavour(mpiexec) == "openmpi":
         environment.update({
             "OMPI_ALLOW_RUN_AS_ROOT": "1",

@@ -129,25 +129,26 @@ def reduce_sum(comm, array, root: int = 0):
     return total
 
 
-def time_allreduce(comm, sizes_in_bytes, repeats: int = 20, dtype=np.float64) -> np.ndarray:
-    """Median seconds of one in-place Allreduce for each message size (same on every rank).
+def time_collective(comm, operation, repeats: int = 20, warmup: int = 1) -> float:
+    """Median seconds of ``operation()`` (a collective every rank calls), the same on every rank.
 
-    Each size is warmed up once; ranks synchronise with a Barrier before each call,
-    and the slowest rank's time counts (an Allreduce finishes when the last rank does).
+    Ranks line up with a Barrier before each call, and each call counts at the slowest rank's
+    time (a collective has finished only when the last rank has finished it).
     """
-    itemsize = np.dtype(dtype).itemsize
-    medians = []
-    for size in sizes_in_bytes:
-        buffer = np.ones(max(1, int(size) // itemsize), dtype=dtype)
-        allreduce_sum(comm, buffer)
-        samples = []
-        for _ in range(repeats):
-            comm.Barrier()
-            start = time.perf_counter()
-            allreduce_sum(comm, buffer)
-            samples.append(time.perf_counter() - start)
-        slowest = np.array(samples)
-        comm.Allreduce(MPI.IN_PLACE, slowest, op=MPI.MAX)
-        medians.append(float(np.median(slowest)))
-    return np.array(medians)
+    for _ in range(warmup):
+        operation()
+    samples = np.empty(repeats)
+    for repeat in range(repeats):
+        comm.Barrier()
+        start = time.perf_counter()
+        operation()
+        samples[repeat] = time.perf_counter() - start
+    comm.Allreduce(MPI.IN_PLACE, samples, op=MPI.MAX)
+    return float(np.median(samples))
 
+
+def time_allreduce(comm, sizes_in_bytes, repeats: int = 20, dtype=np.float64) -> np.ndarray:
+    """Median seconds of one in-place Allreduce for each message size (see time_collective)."""
+    itemsize = np.dtype(dtype).itemsize
+    buffers = [np.ones(max(1, int(size) // itemsize), dtype=dtype) for size in sizes_in_bytes]
+    return np.array([time_collective(comm, lambda: allreduce_sum(comm, buffer), repeats) for buffer in buffers])

@@ -147,11 +147,11 @@ def verify_sha256(data: bytes, expected: str, path: Path) -> None:
         )
 
 
-def parse_idx(data: bytes, path="<bytes>", expected_shape=None) -> np.ndarray:
-    """Parse IDX bytes into an array, checking the header against the contents.
+def parse_idx_header(data: bytes, path="<bytes>"):
+    """Check the start of an IDX file and return (dtype, shape, header_length).
 
-    Raises MNISTError for a wrong magic number, unknown type code, a shape other
-    than ``expected_shape`` (when given), or a length that does not match the header.
+    ``data`` must hold at least the whole header (4 bytes, then 4 per dimension). Raises
+    MNISTError for a wrong magic number, an unknown type code, or a header cut short.
     """
     if len(data) < 4 or data[0] != 0 or data[1] != 0:
         raise MNISTError(
@@ -165,12 +165,21 @@ def parse_idx(data: bytes, path="<bytes>", expected_shape=None) -> np.ndarray:
     if len(data) < header_length:
         raise MNISTError(f"{path}: the IDX header is cut short ({len(data)} bytes).")
     shape = struct.unpack(f">{ndim}I", data[4:header_length])
+    return np.dtype(IDX_TYPES[type_code]), shape, header_length
+
+
+def parse_idx(data: bytes, path="<bytes>", expected_shape=None) -> np.ndarray:
+    """Parse IDX bytes into an array, checking the header against the contents.
+
+    Raises MNISTError for a bad header (see parse_idx_header), a shape other than
+    ``expected_shape`` (when given), or a length that does not match the header.
+    """
+    dtype, shape, header_length = parse_idx_header(data, path)
     if expected_shape is not None and tuple(shape) != tuple(expected_shape):
         raise MNISTError(
             f"{path}: the IDX header gives shape {tuple(shape)}, expected {tuple(expected_shape)}. "
             "The file is not the MNIST file of that name."
         )
-    dtype = np.dtype(IDX_TYPES[type_code])
     expected_length = header_length + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     if len(data) != expected_length:
         raise MNISTError(
@@ -203,14 +212,12 @@ def read_idx_rows(path, start: int, stop: int) -> np.ndarray:
     try:
         with opener(path, "rb") as stream:
             head = stream.read(4)
-            if len(head) < 4 or head[0] != 0 or head[1] != 0 or head[2] not in IDX_TYPES:
-                raise MNISTError(f"{path}: not an IDX file (magic number {head.hex()})")
-            shape = struct.unpack(f">{head[3]}I", stream.read(4 * head[3]))
+            head += stream.read(4 * head[3]) if len(head) == 4 else b""
+            dtype, shape, header_length = parse_idx_header(head, path)
             if not 0 <= start <= stop <= shape[0]:
                 raise ValueError(f"rows [{start}, {stop}) are outside the {shape[0]} rows of {path}")
-            dtype = np.dtype(IDX_TYPES[head[2]])
             row_bytes = int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize
-            stream.seek(4 + 4 * head[3] + start * row_bytes)
+            stream.seek(header_length + start * row_bytes)
             data = stream.read((stop - start) * row_bytes)
     except (EOFError, zlib.error, gzip.BadGzipFile) as error:
         raise MNISTError(f"{path}: the gzip file is truncated or corrupt ({error})") from error

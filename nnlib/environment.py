@@ -10,6 +10,11 @@ import platform
 import sys
 
 
+# Environment variables that give each process one BLAS thread: with several MPI ranks on one
+# machine, more threads per rank only make the ranks fight over the cores.
+ONE_BLAS_THREAD = {name: "1" for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
+
+
 def mpi_library() -> str:
     """The MPI library's own version line (e.g. 'MPICH Version: 5.0.2'), or why there is none."""
     try:

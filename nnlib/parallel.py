@@ -33,7 +33,7 @@ from mpi4py import MPI
 
 from . import collectives
 from .backend import cuda_aware_mpi, is_numpy, to_numpy
-from .training import SGD, History, batches, check_learning_rate
+from .training import SGD, History, as_schedule, batches
 
 STRATEGIES = ("parameter_server", "reduce_broadcast", "allreduce")
 PHASES = ("data", "compute", "communicate", "update")
@@ -105,6 +105,12 @@ class Messenger:
         if buffer is not array:
             array[...] = self.xp.asarray(buffer)
 
+    def in_place(self, array, collective) -> None:
+        """Run ``collective(buffer)`` (e.g. an in-place Allreduce or a Bcast) on ``array``, wherever it lives."""
+        buffer = self.outgoing(array)
+        collective(buffer)
+        self.incoming(buffer, array)
+
 
 def shard(comm, inputs, labels, root: int = 0):
     """Scatter (inputs, labels) from ``root`` into near-equal blocks of rows, one per rank.
@@ -157,8 +163,7 @@ def train_parallel(comm, network, local_inputs, local_labels, *, num_samples: in
     if local_inputs.shape[0] != local_labels.shape[0]:
         problems.append(f"rank {rank} has {local_inputs.shape[0]} inputs but {local_labels.shape[0]} labels")
     try:
-        if not callable(learning_rate):
-            check_learning_rate(learning_rate)
+        schedule = as_schedule(learning_rate)
         network.check_inputs(local_inputs)
     except ValueError as error:
         problems.append(str(error))
@@ -178,12 +183,12 @@ def train_parallel(comm, network, local_inputs, local_labels, *, num_samples: in
     xp = network.xp
     local_inputs, local_labels = xp.asarray(local_inputs), xp.asarray(local_labels)  # to the device, once
     messenger = Messenger(xp, cuda_aware)
-    buffer = messenger.outgoing(network.params)
-    comm.Bcast(buffer, root=0)  # everyone starts from rank 0's weights
-    messenger.incoming(buffer, network.params)
-    schedule = learning_rate if callable(learning_rate) else (lambda epoch: learning_rate)
+    def broadcast_params(buffer):
+        comm.Bcast(buffer, root=0)
+
+    messenger.in_place(network.params, broadcast_params)  # everyone starts from rank 0's weights
     updates_here = strategy == "allreduce" or rank == 0
-    optimizer = SGD(network, schedule(0), momentum) if updates_here else None
+    optimizer = SGD(network, schedule(0.0), momentum) if updates_here else None
     host_dtype = to_numpy(network.params[:1]).dtype
     gathered = np.empty((size, network.num_params), dtype=host_dtype) \
         if strategy == "parameter_server" and rank == 0 else None
@@ -212,7 +217,6 @@ def train_parallel(comm, network, local_inputs, local_labels, *, num_samples: in
         epoch_batches = batches(num_samples, global_batch, rng)
         for step, indices in enumerate(epoch_batches):
             rate = schedule(epoch + step / len(epoch_batches))  # the same schedule as nnlib.train
-            check_learning_rate(rate)
             if optimizer is not None:
                 optimizer.learning_rate = rate
             began = time.perf_counter()
@@ -235,9 +239,7 @@ def train_parallel(comm, network, local_inputs, local_labels, *, num_samples: in
             began = mark("compute", began)
 
             if strategy == "allreduce":
-                buffer = messenger.outgoing(network.grads)
-                comm.Allreduce(MPI.IN_PLACE, buffer, op=MPI.SUM)
-                messenger.incoming(buffer, network.grads)
+                messenger.in_place(network.grads, lambda buffer: comm.Allreduce(MPI.IN_PLACE, buffer, op=MPI.SUM))
                 began = mark("communicate", began)
                 optimizer.step()
                 mark("update", began)
@@ -251,9 +253,7 @@ def train_parallel(comm, network, local_inputs, local_labels, *, num_samples: in
                     network.grads[...] = xp.asarray(gathered.sum(axis=0) if gathered is not None else total_gradient)
                     optimizer.step()
                 began = mark("update", began)
-                buffer = messenger.outgoing(network.params)
-                comm.Bcast(buffer, root=0)
-                messenger.incoming(buffer, network.params)
+                messenger.in_place(network.params, broadcast_params)
                 mark("communicate", began)
             history.steps += 1
 
@@ -268,8 +268,8 @@ def train_parallel(comm, network, local_inputs, local_labels, *, num_samples: in
             )
         history.loss.append(epoch_loss)
         history.train_accuracy.append(float(epoch_totals[1]) / num_samples)
-        if validation is not None:
-            history.validation_accuracy.append(network.accuracy(*validation))
+        if validation is not None:  # every rank holds the same network: rank 0 scores it for all
+            history.validation_accuracy.append(comm.bcast(network.accuracy(*validation) if rank == 0 else None))
         if progress and rank == 0:
             extra = f", validation accuracy {history.validation_accuracy[-1]:.4f}" if validation is not None else ""
             print(f"epoch {epoch + 1}/{epochs}: loss {epoch_loss:.4f}, training accuracy "

@@ -59,27 +59,27 @@ def run_point(ranks: int, samples: int, strategy: str = "allreduce", hidden=(128
     The first epoch is a warm-up; the epoch time is the median of the others (so epochs >= 2).
     Phase times are per epoch, each the slowest rank's.
     """
-    from .environment import mpiexec_path
-
     settings = dict(samples=samples, strategy=strategy, hidden=list(hidden), batch_size=batch_size,
                     epochs=epochs, learning_rate=learning_rate)
-    environment = {**os.environ, **{name: "1" for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS",
-                                                            "MKL_NUM_THREADS")}}
-    command = [mpiexec_path(), "-n", str(ranks), sys.executable, "-m", "nnlib.scaling", json.dumps(settings)]
-    run = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=environment)
-    if run.returncode != 0:
-        raise RuntimeError(f"scaling point failed ({' '.join(command)}):\n{run.stderr[-2000:]}")
-    return json.loads(run.stdout.strip().splitlines()[-1])
+    return _run_job(ranks, settings, timeout)
 
 
 def measure_allreduce(ranks: int, sizes_in_bytes, repeats: int = 50, timeout: float = 300):
     """Median seconds of an in-place float32 Allreduce of each size, on ``ranks`` ranks (an mpiexec job)."""
-    from .environment import mpiexec_path
-
     settings = {"mode": "allreduce", "sizes": [int(size) for size in sizes_in_bytes], "repeats": repeats}
+    return np.array(_run_job(ranks, settings, timeout))
+
+
+def _run_job(ranks: int, settings: dict, timeout: float):
+    """Run :func:`_worker` under ``mpiexec -n ranks`` (one BLAS thread each); return rank 0's JSON answer."""
+    from .environment import ONE_BLAS_THREAD, mpiexec_path
+
     command = [mpiexec_path(), "-n", str(ranks), sys.executable, "-m", "nnlib.scaling", json.dumps(settings)]
-    run = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=True)
-    return np.array(json.loads(run.stdout.strip().splitlines()[-1]))
+    run = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
+                         env={**os.environ, **ONE_BLAS_THREAD})
+    if run.returncode != 0:
+        raise RuntimeError(f"scaling job failed ({' '.join(command)}):\n{run.stderr[-2000:]}")
+    return json.loads(run.stdout.strip().splitlines()[-1])
 
 
 def _worker(settings: dict) -> None:

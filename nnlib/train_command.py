@@ -38,12 +38,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args) -> int:
     from mpi4py import MPI
+    from threadpoolctl import threadpool_limits
 
     from . import data
     from .network import Network
     from .parallel import PHASES, gather_phase_seconds, shard, train_parallel
-
-    from threadpoolctl import threadpool_limits
 
     threadpool_limits(args.threads)  # one BLAS thread per rank unless told otherwise
     comm = MPI.COMM_WORLD

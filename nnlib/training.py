@@ -51,6 +51,24 @@ def diverged(loss, where: str, learning_rate) -> FloatingPointError:
     )
 
 
+def as_schedule(learning_rate):
+    """A function of training progress in epochs (0.0, 0.25, ...) returning a checked learning rate.
+
+    ``learning_rate`` is a number (the same at every step) or such a function already; every
+    value is checked to be a positive finite number, so a bad schedule fails at its first bad step.
+    """
+    if not callable(learning_rate):
+        check_learning_rate(learning_rate)
+        return lambda progress: learning_rate
+
+    def checked(progress: float) -> float:
+        rate = learning_rate(progress)
+        check_learning_rate(rate)
+        return rate
+
+    return checked
+
+
 def check_learning_rate(learning_rate) -> None:
     """Raise ValueError unless the learning rate is a positive finite number."""
     if not isinstance(learning_rate, (int, float)) or not math.isfinite(learning_rate) or learning_rate <= 0:
@@ -117,8 +135,8 @@ def train(network, inputs, labels, *, epochs: int, learning_rate, batch_size=Non
     batch_size = num_samples if batch_size is None else int(batch_size)
     if batch_size < 1:
         raise ValueError(f"batch_size must be at least 1; got {batch_size}")
-    schedule = learning_rate if callable(learning_rate) else (lambda epoch: learning_rate)
-    optimizer = SGD(network, schedule(0), momentum)
+    schedule = as_schedule(learning_rate)
+    optimizer = SGD(network, schedule(0.0), momentum)
     on_host = is_numpy(xp)  # elsewhere (a GPU) the loss stays on the device until the epoch ends
     full_batch = batch_size >= num_samples
     rng = None if full_batch else np.random.default_rng(seed)
@@ -130,8 +148,7 @@ def train(network, inputs, labels, *, epochs: int, learning_rate, batch_size=Non
         total_loss, correct = 0.0, 0
         epoch_batches = batches(num_samples, batch_size, rng)
         for step, indices in enumerate(epoch_batches):
-            optimizer.learning_rate = learning_rate = schedule(epoch + step / len(epoch_batches))
-            check_learning_rate(learning_rate)
+            optimizer.learning_rate = rate = schedule(epoch + step / len(epoch_batches))
             if full_batch:
                 batch_inputs, batch_labels = inputs, labels
             else:
@@ -139,14 +156,14 @@ def train(network, inputs, labels, *, epochs: int, learning_rate, batch_size=Non
                 batch_inputs, batch_labels = xp.take(inputs, indices, axis=0), xp.take(labels, indices, axis=0)
             loss = network.loss_and_gradient(batch_inputs, batch_labels, check=False, on_device=not on_host)
             if on_host and not math.isfinite(loss):
-                raise diverged(loss, f"at epoch {epoch + 1}, step {step + 1}", learning_rate)
+                raise diverged(loss, f"at epoch {epoch + 1}, step {step + 1}", rate)
             optimizer.step()
             total_loss += loss * batch_inputs.shape[0]
             correct += network.last_correct
         total_loss, correct = float(total_loss), int(correct)  # the epoch's one trip back from a GPU
         history.seconds.append(time.perf_counter() - start)
         if not math.isfinite(total_loss):  # only reached on a GPU: the host checked every step
-            raise diverged(total_loss, f"in epoch {epoch + 1} (checked once per epoch on the GPU)", learning_rate)
+            raise diverged(total_loss, f"in epoch {epoch + 1} (checked once per epoch on the GPU)", rate)
         history.loss.append(total_loss / num_samples)
         history.train_accuracy.append(correct / num_samples)
         if validation is not None:

@@ -199,3 +199,9 @@ def test_read_idx_rows_matches_the_real_file(mnist):
 
     path = find_file("train-labels-idx1-ubyte", candidate_dirs())
     np.testing.assert_array_equal(data.read_idx_rows(path, 59990, 60000), mnist.train_labels[59990:])
+
+
+def test_read_idx_rows_refuses_a_file_that_is_not_idx(tmp_path):
+    (tmp_path / "notidx").write_bytes(b"\x1f\x8b\x08\x00rest")
+    with pytest.raises(MNISTError, match="wrong magic number 1f8b0800"):
+        data.read_idx_rows(tmp_path / "notidx", 0, 1)

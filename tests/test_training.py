@@ -69,3 +69,11 @@ def test_bad_batch_and_epochs_are_refused():
         train(network, inputs, labels, epochs=0, learning_rate=0.1, progress=False)
     with pytest.raises(ValueError, match="2 samples but 1 labels"):
         train(network, inputs, labels[:1], epochs=1, learning_rate=0.1, progress=False)
+
+
+def test_a_schedule_that_turns_bad_is_refused_at_that_step():
+    network = Network((4, 3), seed=0)
+    inputs, labels = np.zeros((8, 4)), np.arange(8) % 3
+    schedule = lambda progress: 0.1 if progress < 1.5 else -0.1  # noqa: E731
+    with pytest.raises(ValueError, match=r"learning_rate must be a positive finite number; got -0\.1"):
+        train(network, inputs, labels, epochs=3, learning_rate=schedule, batch_size=4, progress=False)
