@@ -7,13 +7,21 @@ run on NumPy and on CuPy arrays.
 ``resolve_backend("auto")`` picks CuPy only when it is installed *and* a small
 matrix product on the device works (``cupy.cuda.is_available()`` alone can be true
 while cuBLAS is missing); otherwise NumPy. It says which, and why, in one line.
+
+CuPy 14 or newer is needed: its main namespace follows NumPy 2 and the array API
+(``cupy.astype``, ``cupy.concat``, ``cupy.isdtype``); CuPy 13 lacks those. CuPy's arrays
+have no ``__array_namespace__`` method (as of 14.2), so :func:`array_namespace`
+recognises them by their type.
 """
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 
 _gpu_check = None  # (usable: bool, reason: str), computed once per process
+MINIMUM_CUPY = 14  # the first CuPy whose main namespace has every array API function nnlib uses
 
 
 def array_namespace(*arrays):
@@ -21,6 +29,9 @@ def array_namespace(*arrays):
     for array in arrays:
         if hasattr(array, "__array_namespace__"):
             return array.__array_namespace__()
+        if type(array).__module__.split(".")[0] == "cupy":  # CuPy's ndarray lacks __array_namespace__
+            import cupy
+            return cupy
     return np
 
 
@@ -33,6 +44,12 @@ def gpu_status(refresh: bool = False):
         import cupy
     except ImportError:
         _gpu_check = (False, "CuPy is not installed (pip install 'nnlib[gpu]')")
+        return _gpu_check
+    version = str(getattr(cupy, "__version__", "0"))
+    major = re.match(r"\d*", version).group()
+    if int(major or 0) < MINIMUM_CUPY:
+        _gpu_check = (False, f"CuPy {version} is installed, but nnlib needs CuPy "
+                             f"{MINIMUM_CUPY} or newer (pip install -U 'cupy-cuda12x>={MINIMUM_CUPY}')")
         return _gpu_check
     try:
         if not cupy.cuda.is_available():
@@ -82,6 +99,16 @@ def to_numpy(array) -> np.ndarray:
     if hasattr(array, "__dlpack__"):  # any other CPU array library (e.g. array_api_strict)
         return np.from_dlpack(array)
     return np.asarray(array)
+
+
+def synchronizer(xp):
+    """A function that waits until the GPU has finished its queued work (does nothing for CPU arrays).
+
+    CuPy calls return as soon as the work is queued; a timer, or MPI reading a buffer, must wait.
+    """
+    if hasattr(xp, "cuda"):
+        return xp.cuda.get_current_stream().synchronize
+    return lambda: None
 
 
 def is_numpy(xp) -> bool:

@@ -33,7 +33,10 @@ def atomic_write(destination):
 
 
 def write_csv(records, path, fields) -> None:
-    """Write dict records as CSV with the columns ``fields`` (other keys ignored), atomically."""
+    """Write dict records as CSV with the columns ``fields`` (other keys ignored), atomically.
+
+    The folder is created if it does not exist yet (e.g. notebooks/results/ in a fresh clone).
+    """
     import csv
     import io
 
@@ -41,6 +44,7 @@ def write_csv(records, path, fields) -> None:
     writer = csv.DictWriter(text, fieldnames=fields, extrasaction="ignore")
     writer.writeheader()
     writer.writerows(records)
+    Path(path).expanduser().parent.mkdir(parents=True, exist_ok=True)
     with atomic_write(path) as stream:
         stream.write(text.getvalue().encode())
 

@@ -17,7 +17,7 @@ import time
 
 import numpy as np
 
-from .backend import to_numpy
+from .backend import synchronizer, to_numpy
 from .files import read_csv, write_csv
 from .network import Network, sigmoid
 
@@ -27,13 +27,6 @@ MATMUL_SHAPES = [(120, 30, 20), (256, 256, 256), (512, 512, 512), (1024, 1024, 1
                  (4096, 4096, 4096)]
 CSV_FIELDS = ["kind", "variant", "m", "k", "n", "hidden", "samples", "cpu_seconds", "gpu_seconds",
               "gpu_with_copies_seconds", "device", "date"]
-
-
-def synchronizer(xp):
-    """A function that waits until the device has finished its queued work (no-op for NumPy)."""
-    if hasattr(xp, "cuda"):
-        return xp.cuda.get_current_stream().synchronize
-    return lambda: None
 
 
 def median_seconds(function, xp, repeats: int = 10, warmup: int = 2) -> float:
@@ -132,6 +125,22 @@ def load_csv(path) -> list[dict]:
                     floats=("cpu_seconds", "gpu_seconds", "gpu_with_copies_seconds"), what="GPU benchmark records")
 
 
+def format_records(records) -> str:
+    """A plain-text table of benchmark records, with the CPU / GPU ratio of each."""
+    lines = [f"{'what':>34s} {'CPU (1 core)':>13s} {'GPU':>11s} {'GPU + copies':>13s} {'CPU / GPU':>10s}"]
+    for r in records:
+        if r["kind"] == "matmul":
+            what = f"A ({r['m']} x {r['k']}) @ B ({r['k']} x {r['n']})"
+        elif r["kind"] == "epoch":
+            what = f"epoch, 784-{r['hidden']}-10, {r['samples']} samples"
+        else:
+            what = f"forward {r['variant']}, {r['samples']} samples"
+        copies = f"{r['gpu_with_copies_seconds'] * 1e3:10.3f} ms" if r["gpu_with_copies_seconds"] == r["gpu_with_copies_seconds"] else " " * 13
+        lines.append(f"{what:>34s} {r['cpu_seconds'] * 1e3:10.3f} ms {r['gpu_seconds'] * 1e3:8.3f} ms {copies} "
+                     f"{r['cpu_seconds'] / r['gpu_seconds']:9.1f}x")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     """``python -m nnlib gpu-benchmark``: record the matmul sweep and training epochs, CPU (1 thread) and GPU."""
     import argparse
@@ -144,6 +153,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m nnlib gpu-benchmark", description=main.__doc__)
     parser.add_argument("--hidden", type=int, nargs="+", default=[128, 512, 1024, 2048, 4096])
     parser.add_argument("--samples", type=int, default=60000, help="training samples per epoch")
+    parser.add_argument("--largest", type=int, default=4096,
+                        help="largest matrix side in the product sweep (default 4096)")
+    parser.add_argument("--repeats", type=int, default=10, help="timed calls per product (their median counts)")
     parser.add_argument("--output", help="write the records here as CSV (e.g. notebooks/results/gpu-h100.csv)")
     args = parser.parse_args(argv)
     usable, reason = gpu_status()
@@ -155,20 +167,21 @@ def main(argv=None) -> int:
     name = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"]
     device = name.decode() if isinstance(name, bytes) else name
     date = datetime.date.today().isoformat()
-    threadpool_limits(1)  # the CPU side is one core, as in the rest of the series
-    records = matmul_sweep(gpu=cupy)
-    mnist = data.load_mnist(progress=False)
-    inputs = data.scale_pixels(mnist.train_images[:args.samples])
-    labels = mnist.train_labels[:args.samples].astype(np.int64)
-    for hidden in args.hidden:
-        records.append({"kind": "epoch", "hidden": hidden, "samples": args.samples,
-                        "cpu_seconds": epoch_seconds(hidden, inputs, labels, "cpu"),
-                        "gpu_seconds": epoch_seconds(hidden, inputs, labels, "gpu"),
-                        "gpu_with_copies_seconds": float("nan")})
-    records += forward_comparison(inputs[:200], gpu=cupy)
+    with threadpool_limits(1):  # the CPU side is one core, as in the rest of the series
+        records = matmul_sweep([shape for shape in MATMUL_SHAPES if max(shape) <= args.largest], gpu=cupy,
+                               repeats=args.repeats)
+        mnist = data.load_mnist(progress=False)
+        inputs = data.scale_pixels(mnist.train_images[:args.samples])
+        labels = mnist.train_labels[:args.samples].astype(np.int64)
+        for hidden in args.hidden:
+            records.append({"kind": "epoch", "hidden": hidden, "samples": args.samples,
+                            "cpu_seconds": epoch_seconds(hidden, inputs, labels, "cpu"),
+                            "gpu_seconds": epoch_seconds(hidden, inputs, labels, "gpu"),
+                            "gpu_with_copies_seconds": float("nan")})
+        records += forward_comparison(inputs[:200], gpu=cupy)
     for record in records:
         record.update(device=device, date=date)
-        print({key: value for key, value in record.items() if value == value and value is not None})
+    print(format_records(records))
     if args.output:
         save_csv(records, args.output)
         print(f"wrote {len(records)} records to {args.output}")

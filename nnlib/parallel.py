@@ -32,7 +32,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import collectives
-from .backend import cuda_aware_mpi, is_numpy, to_numpy
+from .backend import cuda_aware_mpi, is_numpy, synchronizer, to_numpy
 from .training import SGD, History, as_schedule, batches
 
 STRATEGIES = ("parameter_server", "reduce_broadcast", "allreduce")
@@ -90,13 +90,12 @@ class Messenger:
         self.xp = xp
         on_gpu = hasattr(xp, "cuda")
         self.direct = is_numpy(xp) or (on_gpu and (cuda_aware_mpi() if cuda_aware is None else cuda_aware))
-        self.synchronise = xp.cuda.get_current_stream().synchronize if on_gpu and self.direct else None
+        self.synchronise = synchronizer(xp)
 
     def outgoing(self, array):
         """The buffer to give MPI for ``array``: itself, or a host copy with its values."""
         if self.direct:
-            if self.synchronise is not None:
-                self.synchronise()
+            self.synchronise()  # a GPU must finish writing the buffer before MPI reads it
             return array
         return to_numpy(array)
 
@@ -204,7 +203,10 @@ def train_parallel(comm, network, local_inputs, local_labels, *, num_samples: in
     clock_zero = time.perf_counter()
     epoch_totals = np.zeros(2)  # [summed loss, correct predictions] of this rank
 
+    wait_for_device = synchronizer(xp)  # GPU work is queued: wait for it, or its time lands in the next phase
+
     def mark(phase, began):
+        wait_for_device()
         now = time.perf_counter()
         phases[phase] += now - began
         if history.steps < timeline_steps:

@@ -146,13 +146,16 @@ def train(network, inputs, labels, *, epochs: int, learning_rate, batch_size=Non
     for epoch in bar:
         start = time.perf_counter()
         total_loss, correct = 0.0, 0
-        epoch_batches = batches(num_samples, batch_size, rng)
-        for step, indices in enumerate(epoch_batches):
-            optimizer.learning_rate = rate = schedule(epoch + step / len(epoch_batches))
+        # The epoch's shuffled order goes to the device in one copy; each batch is a slice of it.
+        # (A copy per step would make the CPU wait for the GPU at every step.)
+        order = None if full_batch else xp.asarray(rng.permutation(num_samples))
+        num_steps = math.ceil(num_samples / batch_size)
+        for step in range(num_steps):
+            optimizer.learning_rate = rate = schedule(epoch + step / num_steps)
             if full_batch:
                 batch_inputs, batch_labels = inputs, labels
             else:
-                indices = xp.asarray(indices)
+                indices = order[step * batch_size:min((step + 1) * batch_size, num_samples)]
                 batch_inputs, batch_labels = xp.take(inputs, indices, axis=0), xp.take(labels, indices, axis=0)
             loss = network.loss_and_gradient(batch_inputs, batch_labels, check=False, on_device=not on_host)
             if on_host and not math.isfinite(loss):

@@ -6,10 +6,10 @@ slipped into the math, and that the CuPy path runs the same lines.
 """
 
 import sys
-import types
 
 import numpy as np
 import pytest
+from stand_in_cupy import StandInCuPy
 
 from nnlib import Network, backend, gradient_check, train
 from nnlib.backend import to_numpy
@@ -61,6 +61,48 @@ def test_strict_training_matches_numpy_and_keeps_the_loss_on_the_device():
     assert to_numpy(strict.predict(xps.asarray(inputs))).tolist() == reference.predict(inputs).tolist()
 
 
+class CountingNamespace:
+    """array_api_strict as a pretend device that counts host -> device copies (asarray of host data)."""
+
+    def __init__(self):
+        self.to_device = 0
+
+    def __getattr__(self, name):
+        return getattr(xps, name)
+
+    def asarray(self, obj, **kwargs):
+        if not isinstance(obj, type(xps.asarray(0))):
+            self.to_device += 1
+        return xps.asarray(obj, **kwargs)
+
+
+def count_transfers(monkeypatch, batch_size, epochs=3):
+    """(host -> device copies, device -> host reads) of one training run on the counting namespace."""
+    array_type = type(xps.asarray(0))
+    reads = []
+    for method in ("__float__", "__int__", "__bool__", "__index__", "__dlpack__"):
+        original = getattr(array_type, method)
+        monkeypatch.setattr(array_type, method, lambda self, *a, _f=original, **k: reads.append(1) or _f(self, *a, **k))
+    inputs, labels = batch((8, 6, 3), n=120)
+    device = CountingNamespace()
+    network = Network((8, 6, 3), dtype="float64", seed=0, device=device)
+    train(network, inputs, labels, validation=(inputs[:30], labels[:30]), epochs=epochs, learning_rate=0.5,
+          batch_size=batch_size, momentum=0.9, seed=4, progress=False)
+    monkeypatch.undo()
+    return device.to_device, len(reads)
+
+
+def test_training_copies_to_and_from_the_device_per_epoch_not_per_step(monkeypatch):
+    """The data moves once; each epoch one copy of its shuffled order goes in, and the loss,
+    accuracy and validation score come back. Nothing grows with the number of steps."""
+    few_steps = count_transfers(monkeypatch, batch_size=60)   # 2 steps per epoch
+    many_steps = count_transfers(monkeypatch, batch_size=8)   # 15 steps per epoch
+    assert few_steps == many_steps
+    one_epoch_more = count_transfers(monkeypatch, batch_size=8, epochs=4)
+    assert one_epoch_more[0] - many_steps[0] == 1  # the epoch's order
+    assert one_epoch_more[1] - many_steps[1] <= 5  # loss, accuracy; validation: labels checked, score
+
+
 @pytest.mark.filterwarnings("ignore:overflow:RuntimeWarning")
 def test_divergence_off_the_host_is_caught_once_per_epoch():
     rng = np.random.default_rng(0)
@@ -77,21 +119,6 @@ def fresh_gpu_check(monkeypatch):
     monkeypatch.setattr(backend, "_gpu_check", None)
 
 
-def fake_cupy(available=True, smoke_test_fails=False):
-    """A stand-in for the cupy module: NumPy arrays, a configurable CUDA answer."""
-    def ones(shape, dtype):
-        if smoke_test_fails:
-            raise RuntimeError("cudaErrorInsufficientDriver: CUDA driver version is insufficient")
-        return np.ones(shape, dtype)
-
-    cuda = types.SimpleNamespace(
-        is_available=lambda: available,
-        get_current_stream=lambda: types.SimpleNamespace(synchronize=lambda: None),
-        Device=lambda: types.SimpleNamespace(id=0),
-        runtime=types.SimpleNamespace(getDeviceProperties=lambda device: {"name": b"Fake GPU 9000"}))
-    return types.SimpleNamespace(__name__="cupy", cuda=cuda, ones=ones, float32=np.float32, asarray=np.asarray)
-
-
 def test_cupy_absent(monkeypatch, fresh_gpu_check, capsys):
     monkeypatch.setitem(sys.modules, "cupy", None)  # import cupy now raises ImportError
     usable, reason = backend.gpu_status()
@@ -103,26 +130,46 @@ def test_cupy_absent(monkeypatch, fresh_gpu_check, capsys):
 
 
 def test_cupy_present_without_a_gpu(monkeypatch, fresh_gpu_check):
-    monkeypatch.setitem(sys.modules, "cupy", fake_cupy(available=False))
+    monkeypatch.setitem(sys.modules, "cupy", StandInCuPy(available=False))
     assert backend.gpu_status() == (False, "CuPy is installed but finds no CUDA GPU")
     assert backend.resolve_backend("auto") is np
 
 
 def test_gpu_reported_available_but_failing_its_smoke_test(monkeypatch, fresh_gpu_check):
-    monkeypatch.setitem(sys.modules, "cupy", fake_cupy(smoke_test_fails=True))
+    monkeypatch.setitem(sys.modules, "cupy", StandInCuPy(smoke_test_fails=True))
     usable, reason = backend.gpu_status()
     assert not usable and "smoke test failed" in reason and "cudaErrorInsufficientDriver" in reason
     assert backend.resolve_backend("auto") is np
 
 
 def test_usable_gpu_is_chosen_by_auto_and_gpu_but_not_cpu(monkeypatch, fresh_gpu_check, capsys):
-    cupy = fake_cupy()
+    cupy = StandInCuPy(name="Fake GPU 9000")
     monkeypatch.setitem(sys.modules, "cupy", cupy)
     assert backend.gpu_status() == (True, "GPU Fake GPU 9000 passed a smoke test")
     assert backend.resolve_backend("auto", verbose=True) is cupy
     assert "Using CuPy on the GPU: GPU Fake GPU 9000 passed a smoke test" in capsys.readouterr().out
     assert backend.resolve_backend("gpu") is cupy
     assert backend.resolve_backend("cpu") is np
+
+
+def test_cupy_13_is_refused_with_what_to_install(monkeypatch, fresh_gpu_check):
+    """CuPy 13's main namespace lacks astype, concat and isdtype, which the network uses."""
+    monkeypatch.setitem(sys.modules, "cupy", StandInCuPy(version="13.6.0"))
+    usable, reason = backend.gpu_status()
+    assert not usable and "CuPy 13.6.0 is installed, but nnlib needs CuPy 14 or newer" in reason
+    assert "pip install -U 'cupy-cuda12x>=14'" in reason
+    assert backend.resolve_backend("auto") is np
+
+
+def test_array_namespace_recognises_cupy_arrays_by_their_type(monkeypatch):
+    """CuPy's ndarray has no __array_namespace__ method (CuPy 14.2), so its type tells."""
+    cupy = StandInCuPy()
+    monkeypatch.setitem(sys.modules, "cupy", cupy)
+    cupy_like_array = type("ndarray", (), {"__module__": "cupy._core.core"})()
+    assert backend.array_namespace(cupy_like_array) is cupy
+    assert backend.array_namespace(np.zeros(2)) is np
+    assert backend.array_namespace(xps.asarray([1.0])) is xps
+    assert backend.array_namespace(1.5) is np
 
 
 def test_cuda_aware_mpi_detection(monkeypatch):
@@ -149,8 +196,8 @@ def test_gpu_network_matches_the_cpu_network():
     cpu = Network((20, 16, 10), dtype="float64", seed=0)
     expected = train(cpu, inputs, labels, **settings)
     gpu = Network((20, 16, 10), dtype="float64", seed=0, device="gpu")
-    assert isinstance(gpu.params, cupy.ndarray)
-    np.testing.assert_allclose(to_numpy(gpu.params[:50]), cpu.params[:50] * 0 + to_numpy(gpu.params[:50]))
+    assert isinstance(gpu.params, cupy.ndarray) and backend.array_namespace(gpu.params) is cupy
+    np.testing.assert_array_equal(to_numpy(gpu.params), Network((20, 16, 10), dtype="float64", seed=0).params)
     history = train(gpu, inputs, labels, **settings)
     np.testing.assert_allclose(history.loss, expected.loss, rtol=1e-9)
     np.testing.assert_allclose(to_numpy(gpu.params), cpu.params, rtol=1e-8, atol=1e-12)

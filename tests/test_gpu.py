@@ -1,12 +1,15 @@
 """nnlib.gpu: the timing helpers and the seed's one-sample-at-a-time forward pass, on NumPy
 (and the strict array API); on a GPU the same functions run against CuPy."""
 
+import json
 import math
+import pathlib
 import subprocess
 import sys
 
 import numpy as np
 import pytest
+from stand_in_cupy import StandInCuPy
 
 from nnlib import Network, backend, gpu
 
@@ -54,6 +57,87 @@ def test_csv_round_trip_and_bad_csv(tmp_path):
     (tmp_path / "bad.csv").write_text("a,b\n1,2\n")
     with pytest.raises(ValueError, match="not a CSV of GPU benchmark records"):
         gpu.load_csv(tmp_path / "bad.csv")
+
+
+@pytest.fixture
+def stand_in_gpu(monkeypatch):
+    """NumPy posing as CuPy on a usable GPU (see tests/stand_in_cupy.py)."""
+    cupy = StandInCuPy()
+    monkeypatch.setitem(sys.modules, "cupy", cupy)
+    monkeypatch.setattr(backend, "_gpu_check", None)
+    yield cupy
+    backend._gpu_check = None
+
+
+def test_recording_command_end_to_end_with_a_stand_in_gpu(stand_in_gpu, mnist, tmp_path, capsys):
+    """The recorder's whole path (which otherwise runs only on a GPU machine): sweep, epochs,
+    forward comparison, the table, and a CSV in a folder that does not exist yet."""
+    output = tmp_path / "results" / "gpu-stand-in.csv"
+    assert gpu.main(["--hidden", "16", "32", "--samples", "512", "--largest", "256", "--repeats", "1",
+                     "--output", str(output)]) == 0
+    printed = capsys.readouterr().out
+    assert "epoch, 784-32-10, 512 samples" in printed and f"wrote 6 records to {output}" in printed
+    records = gpu.load_csv(output)
+    assert [(r["kind"], r["m"] or r["hidden"]) for r in records] == [
+        ("matmul", 120), ("matmul", 256), ("epoch", 16), ("epoch", 32), ("forward", 1024), ("forward", 1024)]
+    assert {r["device"] for r in records} == {"Stand-in GPU (NumPy)"}
+    assert all(r["gpu_seconds"] > 0 for r in records)
+    assert all(r["gpu_with_copies_seconds"] > 0 for r in records if r["kind"] == "matmul")
+    assert stand_in_gpu.synchronizations > 0  # the GPU timings waited for the device
+
+
+def test_epoch_seconds_on_the_stand_in_gpu_trains_on_the_device(stand_in_gpu, mnist):
+    inputs, labels = mnist.train_images[:300].reshape(300, -1) / 255.0, mnist.train_labels[:300].astype(np.int64)
+    assert gpu.epoch_seconds(16, inputs, labels, "gpu", batch_size=64) > 0
+    with pytest.raises(RuntimeError, match="device='gpu' was asked for, but CuPy 13.0.0 is installed"):
+        sys.modules["cupy"] = StandInCuPy(version="13.0.0")
+        backend._gpu_check = None
+        gpu.epoch_seconds(16, inputs, labels, "gpu")
+
+
+NOTEBOOK = pathlib.Path(__file__).resolve().parents[1] / "notebooks" / "07_gpu.ipynb"
+
+
+def test_notebook_07_gpu_cells_run_with_a_stand_in_gpu_and_a_recorded_csv(tmp_path, mnist):
+    """Notebook 07's cells for a machine with a GPU (not run by nbval here) and for recorded figures.
+
+    The notebook runs in a fresh kernel whose first cell installs the stand-in CuPy, next to a
+    results/ CSV of records, so that every branch that only a GPU machine or a recorded CSV would
+    take runs once."""
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    records = gpu.matmul_sweep([(120, 30, 20), (256, 256, 256)], repeats=1)
+    for record in records:
+        record.update(gpu_seconds=1e-5, gpu_with_copies_seconds=2e-4)
+    records += [{"kind": "epoch", "hidden": 1024, "samples": 60000, "cpu_seconds": 2.0, "gpu_seconds": 0.1},
+                {"kind": "forward", "variant": "per_sample", "hidden": 1024, "samples": 200, "cpu_seconds": 0.03,
+                 "gpu_seconds": 0.2}]
+    for record in records:
+        record.update(device="Recorded Test GPU", date="2026-11-22")
+    gpu.save_csv(records, tmp_path / "results" / "gpu-test.csv")
+
+    notebook = nbformat.read(NOTEBOOK, as_version=4)
+    setup = ("import sys\n"
+             f"sys.path.insert(0, {str(pathlib.Path(__file__).parent)!r})\n"
+             "from stand_in_cupy import StandInCuPy\n"
+             "sys.modules['cupy'] = StandInCuPy()\n"
+             "import nnlib.gpu\n"
+             "nnlib.gpu.MATMUL_SHAPES = nnlib.gpu.MATMUL_SHAPES[:3]  # keep the test short\n")
+    notebook.cells.insert(0, nbformat.v4.new_code_cell(setup))
+    for cell in notebook.cells:  # smaller epochs: the test checks that the cells run, not the timings
+        if cell.cell_type == "code":
+            cell.source = cell.source.replace("hidden_sizes = [128, 512, 1024, 2048, 4096]", "hidden_sizes = [16, 64]")
+    nbclient.NotebookClient(notebook, timeout=300, kernel_name="python3",
+                            resources={"metadata": {"path": str(tmp_path)}}).execute()
+    text = "\n".join(output.get("text", "") + json.dumps(output.get("data", {}).get("text/plain", ""))
+                     for cell in notebook.cells if cell.cell_type == "code" for output in cell.outputs)
+    assert "Using CuPy on the GPU: GPU Stand-in GPU (NumPy) passed a smoke test" in text
+    assert "Recorded GPU figures: Recorded Test GPU (2026-11-22)" in text
+    assert "GPU + copies" in text and "slower on the GPU" in text  # the live GPU columns
+    assert "speedup" in text and "recorded on Recorded Test GPU (2026-11-22), 60000 samples: H=1024" in text
+    assert "recorded on Recorded Test GPU (2026-11-22): per_sample: GPU 200.0 ms" in text
+    assert not [output for cell in notebook.cells if cell.cell_type == "code" for output in cell.outputs
+                if output.output_type == "error" or output.get("name") == "stderr"]
 
 
 @pytest.mark.skipif(gpu_usable, reason="checks the message given on machines without a GPU")

@@ -76,6 +76,39 @@ def check_staged_through_host_memory():
         assert np.array_equal(params, comm.bcast(params if rank == 0 else None)), f"staged {strategy}: ranks differ"
 
 
+def check_gpu_paths_with_a_stand_in_cupy():
+    """The code that runs only for CuPy networks (tests/stand_in_cupy.py: NumPy posing as CuPy):
+    buffers passed directly to a CUDA-aware MPI after waiting for the GPU, or staged through host
+    memory. Both give the sequential result; with the GPU's waits, the phase times are honest."""
+    import pathlib
+
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+    from stand_in_cupy import StandInCuPy
+
+    from nnlib import backend
+
+    stand_in = sys.modules["cupy"] = StandInCuPy()
+    backend._gpu_check = None
+    try:
+        settings = dict(epochs=2, learning_rate=0.5, batch_size=64, momentum=0.9, seed=5)
+        expected = sequential("float64", **settings)
+        local_inputs, local_labels, start = shard(comm, INPUTS if rank == 0 else None, LABELS if rank == 0 else None)
+        for cuda_aware in (True, False):
+            for strategy in STRATEGIES:
+                network = Network((12, 7, 4), dtype="float64", seed=3 if rank == 0 else 50, device="gpu")
+                assert network.xp is stand_in
+                waits_before = stand_in.synchronizations
+                history = train_parallel(comm, network, local_inputs, local_labels, num_samples=N, start=start,
+                                         strategy=strategy, cuda_aware=cuda_aware, **settings)
+                error = float(np.abs(network.params - expected).max() / np.abs(expected).max())
+                assert error <= 1e-10, f"stand-in GPU, CUDA-aware {cuda_aware}, {strategy}: relative error {error:.2e}"
+                # At least one wait per phase boundary of every step (data, compute, communicate, update).
+                assert stand_in.synchronizations - waits_before >= 3 * history.steps
+    finally:
+        del sys.modules["cupy"]
+        backend._gpu_check = None
+
+
 def expect_error_everywhere(function, fragment):
     try:
         function()
@@ -114,6 +147,7 @@ def check_bad_configurations_fail_on_every_rank():
 
 for name, function in [("equal to sequential", check_equal_to_sequential),
                        ("staged through host memory", check_staged_through_host_memory),
+                       ("GPU paths with a stand-in CuPy", check_gpu_paths_with_a_stand_in_cupy),
                        ("bad configurations", check_bad_configurations_fail_on_every_rank)]:
     try:
         function()
