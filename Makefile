@@ -4,6 +4,9 @@
 #   make rehearse   execute every notebook headless into build/rehearsal (a classroom rehearsal)
 #   make benchmark  nnlib versus PyTorch on the CPU, and 1 versus 2 MPI ranks against PyTorch DDP
 #                   (installs torch==2.13.0 into .venv)
+#   make gpu        on a machine with an NVIDIA GPU: install CuPy, run the GPU tests, record the GPU
+#                   figures into notebooks/results/gpu-<device>.csv for notebook 07
+#                   (CUPY=cupy-cuda13x for a CUDA 13 driver; default cupy-cuda12x)
 
 PYTHON ?= python3
 VENV   := .venv
@@ -12,8 +15,9 @@ BIN    := $(VENV)/bin
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 # ipyparallel writes its profiles here; keep them out of ~/.ipython during tests.
 TEST_IPYTHONDIR := $(CURDIR)/build/ipython
+CUPY ?= cupy-cuda12x
 
-.PHONY: setup data lab test rehearse benchmark clean
+.PHONY: setup data lab test rehearse benchmark gpu clean
 
 $(VENV)/.installed: pyproject.toml scripts/make-venv.sh
 	sh scripts/make-venv.sh $(PYTHON) $(VENV)
@@ -41,6 +45,13 @@ benchmark: data
 	$(BIN)/python -m pip install --quiet -e '.[benchmark]'
 	$(BIN)/python benchmarks/cpu_throughput.py --threads 1
 	$(BIN)/python benchmarks/data_parallel.py
+
+gpu: data
+	$(BIN)/python -m pip install --quiet '$(CUPY)>=14'
+	$(BIN)/python -c "from nnlib import backend; usable, why = backend.gpu_status(); print(why); exit(not usable)"
+	IPYTHONDIR=$(TEST_IPYTHONDIR) $(BIN)/python -m pytest -rs tests/test_backend.py tests/test_gpu.py tests/test_train_command.py
+	$(BIN)/python -m nnlib gpu-benchmark --results-dir notebooks/results
+	@echo "Recorded. Re-run notebook 07 (and make test) to show the figures; commit notebooks/results/."
 
 clean:
 	rm -rf $(VENV) build

@@ -90,6 +90,31 @@ def resolve_backend(device: str = "cpu", verbose: bool = False):
     return np
 
 
+def use_gpu_of_local_rank(comm):
+    """Give each MPI rank its own GPU of its node, if CuPy sees any; return its index, else None.
+
+    Ranks on one node are numbered 0, 1, ... (their rank in ``comm.Split_type(COMM_TYPE_SHARED)``)
+    and rank i uses GPU i mod (GPUs on the node): one GPU per rank while there are enough, shared
+    round-robin beyond that. Call it before the first GPU allocation (see resolve_backend), so that
+    no rank sets up the first GPU as well as its own.
+    """
+    from mpi4py import MPI
+
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    local_rank = node.rank
+    node.Free()
+    try:
+        import cupy
+
+        if not cupy.cuda.is_available():
+            return None
+        index = local_rank % cupy.cuda.runtime.getDeviceCount()
+        cupy.cuda.Device(index).use()
+    except Exception:  # no CuPy, no driver: gpu_status says why, when asked
+        return None
+    return index
+
+
 def to_numpy(array) -> np.ndarray:
     """A NumPy array with the values of ``array`` (copied from the GPU if needed)."""
     if isinstance(array, (np.ndarray, np.generic)):

@@ -125,6 +125,13 @@ def load_csv(path) -> list[dict]:
                     floats=("cpu_seconds", "gpu_seconds", "gpu_with_copies_seconds"), what="GPU benchmark records")
 
 
+def device_slug(name: str) -> str:
+    """A file-name part from a device name: "NVIDIA H100 80GB HBM3" -> "nvidia-h100-80gb-hbm3"."""
+    import re
+
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "gpu"
+
+
 def format_records(records) -> str:
     """A plain-text table of benchmark records, with the CPU / GPU ratio of each."""
     lines = [f"{'what':>34s} {'CPU (1 core)':>13s} {'GPU':>11s} {'GPU + copies':>13s} {'CPU / GPU':>10s}"]
@@ -156,7 +163,10 @@ def main(argv=None) -> int:
     parser.add_argument("--largest", type=int, default=4096,
                         help="largest matrix side in the product sweep (default 4096)")
     parser.add_argument("--repeats", type=int, default=10, help="timed calls per product (their median counts)")
-    parser.add_argument("--output", help="write the records here as CSV (e.g. notebooks/results/gpu-h100.csv)")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--output", help="write the records here as CSV (e.g. notebooks/results/gpu-h100.csv)")
+    where.add_argument("--results-dir", help="write them to RESULTS_DIR/gpu-<device name>.csv "
+                                             "(notebook 07 reads notebooks/results)")
     args = parser.parse_args(argv)
     usable, reason = gpu_status()
     if not usable:
@@ -182,7 +192,8 @@ def main(argv=None) -> int:
     for record in records:
         record.update(device=device, date=date)
     print(format_records(records))
-    if args.output:
-        save_csv(records, args.output)
-        print(f"wrote {len(records)} records to {args.output}")
+    output = args.output or (args.results_dir and f"{args.results_dir}/gpu-{device_slug(device)}.csv")
+    if output:
+        save_csv(records, output)
+        print(f"wrote {len(records)} records to {output}")
     return 0

@@ -251,7 +251,12 @@ class Network:
     # -- evaluation -----------------------------------------------------------
 
     def predict_probabilities(self, inputs):
-        """Output activations a_L (N, n_L), computed chunk by chunk."""
+        """Output activations a_L (N, n_L), computed chunk by chunk.
+
+        Like :meth:`predict`, :meth:`loss` and :meth:`accuracy`, it takes host (NumPy) arrays on
+        any device and moves them there (no copy when they are there already).
+        """
+        inputs = self.xp.asarray(inputs)
         self.check_inputs(inputs)
         chunks = [self.forward(inputs[start:end, ...])[-1] for start, end in self.chunks(inputs.shape[0])]
         return self.xp.concat(chunks, axis=0)
@@ -262,6 +267,7 @@ class Network:
 
     def loss(self, inputs, labels) -> float:
         """The mean cross-entropy J over the samples (no gradient)."""
+        inputs, labels = self.xp.asarray(inputs), self.xp.asarray(labels)
         self.check_inputs(inputs)
         self.check_labels(labels, inputs.shape[0])
         total = 0.0
@@ -273,6 +279,7 @@ class Network:
 
     def accuracy(self, inputs, labels) -> float:
         """The fraction of samples whose predicted class equals the label."""
+        inputs, labels = self.xp.asarray(inputs), self.xp.asarray(labels)
         self.check_labels(labels, inputs.shape[0])
         return int(self.xp.count_nonzero(self.predict(inputs) == labels)) / inputs.shape[0]
 

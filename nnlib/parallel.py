@@ -181,6 +181,8 @@ def train_parallel(comm, network, local_inputs, local_labels, *, num_samples: in
 
     xp = network.xp
     local_inputs, local_labels = xp.asarray(local_inputs), xp.asarray(local_labels)  # to the device, once
+    if validation is not None and rank == 0:  # only rank 0 scores it
+        validation = (xp.asarray(validation[0]), xp.asarray(validation[1]))
     messenger = Messenger(xp, cuda_aware)
     def broadcast_params(buffer):
         comm.Bcast(buffer, root=0)

@@ -32,6 +32,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data-dir", default=None, help="MNIST folder (default: $NNLIB_DATA, then the cache)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output", default=None, help="write history and weights here (.npz), from rank 0")
+    parser.add_argument("--device", choices=("cpu", "gpu", "auto"), default="cpu",
+                        help="where each rank trains: cpu, gpu (one GPU per rank of a node, shared round-robin "
+                             "if there are more ranks than GPUs) or auto (the GPU if usable)")
     parser.add_argument("--threads", type=int, default=1,
                         help="BLAS threads per rank (default 1: with more, the ranks fight over the cores)")
 
@@ -42,7 +45,8 @@ def run(args) -> int:
 
     from . import data
     from .network import Network
-    from .parallel import PHASES, gather_phase_seconds, shard, train_parallel
+    from .backend import cuda_aware_mpi, gpu_status, is_numpy, use_gpu_of_local_rank
+    from .parallel import PHASES, agree, fail_together, gather_phase_seconds, shard, train_parallel
 
     threadpool_limits(args.threads)  # one BLAS thread per rank unless told otherwise
     comm = MPI.COMM_WORLD
@@ -69,11 +73,25 @@ def run(args) -> int:
         return 2
 
     try:
+        gpu_index = use_gpu_of_local_rank(comm) if args.device != "cpu" else None
+        try:
+            network = Network((784, *args.hidden, 10), output=args.output_layer, dtype=args.dtype, seed=args.seed,
+                              device=args.device)
+            problem = None
+        except RuntimeError as no_gpu:  # --device gpu without a usable GPU on this rank
+            network, problem = None, f"rank {rank}: {no_gpu}"
+        fail_together(comm, problem)
+        on_gpu = not is_numpy(network.xp)
+        agree(comm, "the device (--device auto found a GPU on some ranks only)", on_gpu)
         local_inputs, local_labels, start = shard(comm, inputs, labels)
-        network = Network((784, *args.hidden, 10), output=args.output_layer, dtype=args.dtype, seed=args.seed)
         if rank == 0:
             print(f"{comm.size} ranks, strategy {args.strategy}, network {'-'.join(map(str, network.layer_sizes))}, "
                   f"{args.samples} samples, global batch {args.batch_size or 'full'}", flush=True)
+        gpus = comm.gather(gpu_index if on_gpu else None, root=0)
+        if rank == 0 and on_gpu:
+            print(f"on the GPU ({gpu_status()[1]}); GPU of each rank: {gpus}; gradients "
+                  f"{'passed directly (CUDA-aware MPI)' if cuda_aware_mpi() else 'staged through host memory'}",
+                  flush=True)
         history = train_parallel(
             comm, network, local_inputs, local_labels, num_samples=args.samples, start=start,
             epochs=args.epochs, learning_rate=args.learning_rate, batch_size=args.batch_size or None,

@@ -84,6 +84,14 @@ def test_recording_command_end_to_end_with_a_stand_in_gpu(stand_in_gpu, mnist, t
     assert all(r["gpu_seconds"] > 0 for r in records)
     assert all(r["gpu_with_copies_seconds"] > 0 for r in records if r["kind"] == "matmul")
     assert stand_in_gpu.synchronizations > 0  # the GPU timings waited for the device
+    assert gpu.main(["--hidden", "16", "--samples", "64", "--largest", "30", "--repeats", "1",
+                     "--results-dir", str(tmp_path / "named")]) == 0
+    assert [path.name for path in (tmp_path / "named").iterdir()] == ["gpu-stand-in-gpu-numpy.csv"]
+
+
+def test_device_slug():
+    assert gpu.device_slug("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3"
+    assert gpu.device_slug("  /?  ") == "gpu"
 
 
 def test_epoch_seconds_on_the_stand_in_gpu_trains_on_the_device(stand_in_gpu, mnist):

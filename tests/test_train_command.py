@@ -7,13 +7,17 @@ import sys
 import numpy as np
 import pytest
 
+from stand_in_cupy import write_cupy_shim
+
+from nnlib import backend
 from nnlib.environment import mpiexec_path
 from nnlib.files import atomic_write
 
 
-def run_training(ranks, *arguments, timeout=180):
+def run_training(ranks, *arguments, timeout=180, pythonpath=None):
+    environment = dict(os.environ, PYTHONPATH=pythonpath) if pythonpath else None
     return subprocess.run([mpiexec_path(), "-n", str(ranks), sys.executable, "-m", "nnlib", "train", *arguments],
-                          capture_output=True, text=True, timeout=timeout)
+                          capture_output=True, text=True, timeout=timeout, env=environment)
 
 
 def test_batch_job_trains_reports_on_rank_0_only_and_writes_its_output(tmp_path):
@@ -43,6 +47,32 @@ def test_bad_batch_job_settings_fail_clearly_on_every_rank(arguments, message):
     assert run.returncode == 2
     assert run.stderr.count(message) == 1, run.stderr  # said once (by rank 0), no hang, no traceback
     assert "Traceback" not in run.stderr
+
+
+def test_batch_job_on_gpus_gives_each_rank_of_a_node_its_own_gpu(tmp_path):
+    """With the stand-in CuPy (tests/stand_in_cupy.py) posing as 2 GPUs: 3 ranks on one node use
+    GPUs 0, 1, 0, stage gradients through host memory, and learn as on the CPU."""
+    pythonpath = write_cupy_shim(tmp_path, gpus=2)
+    settings = ("--samples", "1500", "--epochs", "2", "--batch-size", "60", "--hidden", "16")
+    run = run_training(3, "--device", "gpu", *settings, pythonpath=pythonpath)
+    assert run.returncode == 0, run.stderr
+    assert ("on the GPU (GPU Stand-in GPU (NumPy) passed a smoke test); GPU of each rank: [0, 1, 0]; "
+            "gradients staged through host memory") in run.stdout
+    on_cpu = run_training(3, "--device", "cpu", *settings)
+    assert "on the GPU" not in on_cpu.stdout
+
+    def results(stdout):
+        return [line.split(", ")[:2] for line in stdout.splitlines() if line.startswith("epoch ")] + \
+            [stdout.split("test accuracy ")[1].split(";")[0]]
+
+    assert results(run.stdout) == results(on_cpu.stdout)
+
+
+@pytest.mark.skipif(backend.gpu_status()[0], reason="checks the message given on machines without a GPU")
+def test_batch_job_asked_for_a_gpu_without_one_fails_clearly():
+    run = run_training(2, "--device", "gpu", "--samples", "500", "--epochs", "1")
+    assert run.returncode == 2 and "Traceback" not in run.stderr
+    assert "device='gpu' was asked for, but" in run.stderr and run.stderr.count("error:") == 1, run.stderr
 
 
 def test_atomic_write_renames_on_success_and_leaves_nothing_on_failure(tmp_path):
