@@ -23,8 +23,8 @@ from .network import Network, sigmoid
 
 # Matrix shapes (m, k, n) for A (m x k) @ B (k x n), tiny to large. The first is the seed's
 # per-layer product (a batch of 120 samples through a 30 -> 20 layer).
-MATMUL_SHAPES = [(120, 30, 20), (256, 256, 256), (512, 512, 512), (1024, 1024, 1024), (2048, 2048, 2048),
-                 (4096, 4096, 4096)]
+MATMUL_SHAPES = [(120, 30, 20), (64, 64, 64), (128, 128, 128), (256, 256, 256), (512, 512, 512),
+                 (1024, 1024, 1024), (2048, 2048, 2048), (4096, 4096, 4096)]
 CSV_FIELDS = ["kind", "variant", "m", "k", "n", "hidden", "samples", "cpu_seconds", "gpu_seconds",
               "gpu_with_copies_seconds", "device", "date"]
 
@@ -65,6 +65,22 @@ def matmul_sweep(shapes=MATMUL_SHAPES, gpu=None, repeats: int = 10, seed: int = 
                 lambda: to_numpy(gpu.asarray(a) @ gpu.asarray(b)), gpu, repeats)
         records.append(record)
     return records
+
+
+def crossover(records, gpu_column: str = "gpu_seconds"):
+    """The smallest product (m, k, n) from which the GPU beats the CPU at every larger size, or None.
+
+    records: matmul records (see :func:`matmul_sweep`) in increasing size; ``gpu_column`` is
+    "gpu_seconds" (the product alone) or "gpu_with_copies_seconds" (copies there and back included).
+    """
+    rows = [r for r in records if r["kind"] == "matmul" and r[gpu_column] == r[gpu_column]]
+    rows.sort(key=lambda r: r["m"] * r["k"] * r["n"])
+    winning = None
+    for r in reversed(rows):
+        if r[gpu_column] >= r["cpu_seconds"]:
+            break
+        winning = (r["m"], r["k"], r["n"])
+    return winning
 
 
 def forward_one_sample_at_a_time(network, inputs) -> np.ndarray:

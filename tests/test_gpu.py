@@ -44,6 +44,20 @@ def test_forward_comparison_records(monkeypatch):
     assert all(r["cpu_seconds"] > 0 and math.isnan(r["gpu_seconds"]) for r in records)
 
 
+def test_crossover_is_where_the_gpu_wins_from_then_on():
+    def row(side, cpu, gpu, with_copies):
+        return {"kind": "matmul", "m": side, "k": side, "n": side, "cpu_seconds": cpu, "gpu_seconds": gpu,
+                "gpu_with_copies_seconds": with_copies}
+
+    records = [row(64, 1e-5, 2e-5, 9e-5), row(128, 5e-5, 2e-5, 3e-4), row(256, 4e-4, 3e-5, 5e-4),
+               row(512, 3e-3, 1e-4, 1e-3), row(1024, 2e-2, 4e-4, 4e-3)]
+    assert gpu.crossover(records) == (128, 128, 128)
+    assert gpu.crossover(records, "gpu_with_copies_seconds") == (512, 512, 512)
+    records.append(row(2048, 0.1, 0.2, 0.3))  # losing at the largest size: no crossover
+    assert gpu.crossover(records) is None
+    assert gpu.crossover(gpu.matmul_sweep([(8, 8, 8)], repeats=1)) is None  # no GPU figures at all
+
+
 def test_csv_round_trip_and_bad_csv(tmp_path):
     records = gpu.matmul_sweep([(8, 8, 8)], repeats=1)
     records.append({"kind": "epoch", "hidden": 128, "samples": 100, "cpu_seconds": 1.5, "gpu_seconds": 0.05,
@@ -73,13 +87,13 @@ def test_recording_command_end_to_end_with_a_stand_in_gpu(stand_in_gpu, mnist, t
     """The recorder's whole path (which otherwise runs only on a GPU machine): sweep, epochs,
     forward comparison, the table, and a CSV in a folder that does not exist yet."""
     output = tmp_path / "results" / "gpu-stand-in.csv"
-    assert gpu.main(["--hidden", "16", "32", "--samples", "512", "--largest", "256", "--repeats", "1",
+    assert gpu.main(["--hidden", "16", "32", "--samples", "512", "--largest", "128", "--repeats", "1",
                      "--output", str(output)]) == 0
     printed = capsys.readouterr().out
-    assert "epoch, 784-32-10, 512 samples" in printed and f"wrote 6 records to {output}" in printed
+    assert "epoch, 784-32-10, 512 samples" in printed and f"wrote 7 records to {output}" in printed
     records = gpu.load_csv(output)
     assert [(r["kind"], r["m"] or r["hidden"]) for r in records] == [
-        ("matmul", 120), ("matmul", 256), ("epoch", 16), ("epoch", 32), ("forward", 1024), ("forward", 1024)]
+        ("matmul", 120), ("matmul", 64), ("matmul", 128), ("epoch", 16), ("epoch", 32), ("forward", 1024), ("forward", 1024)]
     assert {r["device"] for r in records} == {"Stand-in GPU (NumPy)"}
     assert all(r["gpu_seconds"] > 0 for r in records)
     assert all(r["gpu_with_copies_seconds"] > 0 for r in records if r["kind"] == "matmul")
@@ -115,8 +129,8 @@ def test_notebook_07_gpu_cells_run_with_a_stand_in_gpu_and_a_recorded_csv(tmp_pa
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")
     records = gpu.matmul_sweep([(120, 30, 20), (256, 256, 256)], repeats=1)
-    for record in records:
-        record.update(gpu_seconds=1e-5, gpu_with_copies_seconds=2e-4)
+    records[0].update(gpu_seconds=1.0, gpu_with_copies_seconds=1.0)      # slower than the CPU: tiny
+    records[1].update(gpu_seconds=1e-9, gpu_with_copies_seconds=1.0)     # faster, but not with copies
     records += [{"kind": "epoch", "hidden": 1024, "samples": 60000, "cpu_seconds": 2.0, "gpu_seconds": 0.1},
                 {"kind": "forward", "variant": "per_sample", "hidden": 1024, "samples": 200, "cpu_seconds": 0.03,
                  "gpu_seconds": 0.2}]
@@ -144,6 +158,9 @@ def test_notebook_07_gpu_cells_run_with_a_stand_in_gpu_and_a_recorded_csv(tmp_pa
     assert "GPU + copies" in text and "slower on the GPU" in text  # the live GPU columns
     assert "speedup" in text and "recorded on Recorded Test GPU (2026-11-22), 60000 samples: H=1024" in text
     assert "recorded on Recorded Test GPU (2026-11-22): per_sample: GPU 200.0 ms" in text
+    assert "recorded on Recorded Test GPU, the product alone: the GPU wins from 256 x 256 @ 256 x 256 on" in text
+    assert "recorded on Recorded Test GPU, with the copies: the GPU never wins in this sweep" in text
+    assert "live, the product alone: the GPU " in text
     assert not [output for cell in notebook.cells if cell.cell_type == "code" for output in cell.outputs
                 if output.output_type == "error" or output.get("name") == "stderr"]
 
