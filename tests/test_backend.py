@@ -112,6 +112,29 @@ def test_divergence_off_the_host_is_caught_once_per_epoch():
               learning_rate=1e38, batch_size=16, progress=False)
 
 
+def namespace_functions_nnlib_calls():
+    """Every ``xp.<name>`` (and ``self.xp.<name>``, ``network.xp.<name>``) in nnlib's source, but ``cuda``."""
+    import pathlib
+    import re
+
+    source = "".join(path.read_text() for path in pathlib.Path(backend.__file__).parent.glob("*.py"))
+    return sorted(set(re.findall(r"\bxp\.([A-Za-z_][A-Za-z_0-9]*)", source)) - {"cuda"})
+
+
+def test_every_namespace_function_nnlib_calls_is_in_the_array_api():
+    names = namespace_functions_nnlib_calls()
+    assert {"asarray", "take", "concat", "astype", "isdtype", "tanh"} <= set(names)
+    assert [name for name in names if not hasattr(xps, name)] == []
+
+
+def test_every_namespace_function_nnlib_calls_is_in_cupy():
+    """Runs wherever CuPy is installed, GPU or not (import cupy needs no GPU)."""
+    cupy = pytest.importorskip("cupy", reason="CuPy is not installed (pip install 'nnlib[gpu]')")
+    if int(cupy.__version__.split(".")[0]) < backend.MINIMUM_CUPY:
+        pytest.skip(f"CuPy {cupy.__version__} is older than nnlib supports; gpu_status refuses it")
+    assert [name for name in namespace_functions_nnlib_calls() if not hasattr(cupy, name)] == []
+
+
 # -- device selection ------------------------------------------------------------------------
 
 @pytest.fixture
