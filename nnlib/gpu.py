@@ -12,6 +12,7 @@ records the figures on a GPU machine for notebook 07 to show on machines without
 from __future__ import annotations
 
 import datetime
+import re
 import statistics
 import time
 
@@ -70,7 +71,7 @@ def matmul_sweep(shapes=MATMUL_SHAPES, gpu=None, repeats: int = 10, seed: int = 
 def crossover(records, gpu_column: str = "gpu_seconds"):
     """The smallest product (m, k, n) from which the GPU beats the CPU at every larger size, or None.
 
-    records: matmul records (see :func:`matmul_sweep`) in increasing size; ``gpu_column`` is
+    records: matmul records (see :func:`matmul_sweep`), in any order; ``gpu_column`` is
     "gpu_seconds" (the product alone) or "gpu_with_copies_seconds" (copies there and back included).
     """
     rows = [r for r in records if r["kind"] == "matmul" and r[gpu_column] == r[gpu_column]]
@@ -143,8 +144,6 @@ def load_csv(path) -> list[dict]:
 
 def device_slug(name: str) -> str:
     """A file-name part from a device name: "NVIDIA H100 80GB HBM3" -> "nvidia-h100-80gb-hbm3"."""
-    import re
-
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "gpu"
 
 

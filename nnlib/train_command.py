@@ -79,7 +79,7 @@ def run(args) -> int:
                               device=args.device)
             problem = None
         except RuntimeError as no_gpu:  # --device gpu without a usable GPU on this rank
-            network, problem = None, f"rank {rank}: {no_gpu}"
+            network, problem = None, str(no_gpu)
         fail_together(comm, problem)
         on_gpu = not is_numpy(network.xp)
         agree(comm, "the device (--device auto found a GPU on some ranks only)", on_gpu)
