@@ -100,10 +100,20 @@ class History:
         return np.cumsum(self.seconds)
 
 
+def epoch_order(num_samples: int, rng) -> np.ndarray:
+    """The order in which one epoch visits the samples: shuffled by rng, or 0..N-1 if rng is None."""
+    return np.arange(num_samples) if rng is None else rng.permutation(num_samples)
+
+
+def batch_ranges(num_samples: int, batch_size: int):
+    """(start, stop) of each batch within an epoch's order; the last batch may be smaller."""
+    return [(start, min(start + batch_size, num_samples)) for start in range(0, num_samples, batch_size)]
+
+
 def batches(num_samples: int, batch_size: int, rng):
-    """Index arrays of one shuffled epoch; the last batch may be smaller. No shuffle if rng is None."""
-    order = np.arange(num_samples) if rng is None else rng.permutation(num_samples)
-    return [order[start:start + batch_size] for start in range(0, num_samples, batch_size)]
+    """Index arrays (host memory) of one epoch's batches: :func:`epoch_order` cut by :func:`batch_ranges`."""
+    order = epoch_order(num_samples, rng)
+    return [order[start:stop] for start, stop in batch_ranges(num_samples, batch_size)]
 
 
 def train(network, inputs, labels, *, epochs: int, learning_rate, batch_size=None,
@@ -148,14 +158,14 @@ def train(network, inputs, labels, *, epochs: int, learning_rate, batch_size=Non
         total_loss, correct = 0.0, 0
         # The epoch's shuffled order goes to the device in one copy; each batch is a slice of it.
         # (A copy per step would make the CPU wait for the GPU at every step.)
-        order = None if full_batch else xp.asarray(rng.permutation(num_samples))
-        num_steps = math.ceil(num_samples / batch_size)
-        for step in range(num_steps):
-            optimizer.learning_rate = rate = schedule(epoch + step / num_steps)
+        order = None if full_batch else xp.asarray(epoch_order(num_samples, rng))
+        epoch_batches = batch_ranges(num_samples, batch_size)
+        for step, (begin, end) in enumerate(epoch_batches):
+            optimizer.learning_rate = rate = schedule(epoch + step / len(epoch_batches))
             if full_batch:
                 batch_inputs, batch_labels = inputs, labels
             else:
-                indices = order[step * batch_size:min((step + 1) * batch_size, num_samples)]
+                indices = order[begin:end]
                 batch_inputs, batch_labels = xp.take(inputs, indices, axis=0), xp.take(labels, indices, axis=0)
             loss = network.loss_and_gradient(batch_inputs, batch_labels, check=False, on_device=not on_host)
             if on_host and not math.isfinite(loss):

@@ -15,6 +15,7 @@ from nnlib import Network, backend, gradient_check, train
 from nnlib.backend import to_numpy
 
 xps = pytest.importorskip("array_api_strict", reason="array-api-strict is part of the test extra")
+StrictArray = type(xps.asarray(0))
 
 
 def batch(sizes, n=9, seed=1):
@@ -71,18 +72,17 @@ class CountingNamespace:
         return getattr(xps, name)
 
     def asarray(self, obj, **kwargs):
-        if not isinstance(obj, type(xps.asarray(0))):
+        if not isinstance(obj, StrictArray):
             self.to_device += 1
         return xps.asarray(obj, **kwargs)
 
 
 def count_transfers(monkeypatch, batch_size, epochs=3):
     """(host -> device copies, device -> host reads) of one training run on the counting namespace."""
-    array_type = type(xps.asarray(0))
     reads = []
     for method in ("__float__", "__int__", "__bool__", "__index__", "__dlpack__"):
-        original = getattr(array_type, method)
-        monkeypatch.setattr(array_type, method, lambda self, *a, _f=original, **k: reads.append(1) or _f(self, *a, **k))
+        original = getattr(StrictArray, method)
+        monkeypatch.setattr(StrictArray, method, lambda self, *a, _f=original, **k: reads.append(1) or _f(self, *a, **k))
     inputs, labels = batch((8, 6, 3), n=120)
     device = CountingNamespace()
     network = Network((8, 6, 3), dtype="float64", seed=0, device=device)

@@ -78,9 +78,8 @@ def stand_in_gpu(monkeypatch):
     """NumPy posing as CuPy on a usable GPU (see tests/stand_in_cupy.py)."""
     cupy = StandInCuPy()
     monkeypatch.setitem(sys.modules, "cupy", cupy)
-    monkeypatch.setattr(backend, "_gpu_check", None)
-    yield cupy
-    backend._gpu_check = None
+    monkeypatch.setattr(backend, "_gpu_check", None)  # restored afterwards, like sys.modules["cupy"]
+    return cupy
 
 
 def test_recording_command_end_to_end_with_a_stand_in_gpu(stand_in_gpu, mnist, tmp_path, capsys):
