@@ -33,7 +33,9 @@ from mpi4py import MPI
 
 from . import collectives
 from .backend import cuda_aware_mpi, is_numpy, synchronizer, to_numpy
+from .checkpoint import Checkpoint, CheckpointError, CheckpointFolder, mismatches
 from .training import SGD, History, as_schedule, batches
+from .watchdog import agreed, watch
 
 STRATEGIES = ("parameter_server", "reduce_broadcast", "allreduce")
 PHASES = ("data", "compute", "communicate", "update")
@@ -63,11 +65,11 @@ def agree(comm, what: str, value) -> None:
     values = comm.allgather(value)
     differing = [rank for rank, other in enumerate(values) if other != values[0]]
     if differing:
-        raise ValueError(
+        raise agreed(ValueError(
             f"the ranks disagree on {what}: rank 0 has {values[0]!r}, "
             + ", ".join(f"rank {rank} has {values[rank]!r}" for rank in differing)
             + ". Every rank must run the same configuration on the same data."
-        )
+        ))
 
 
 def fail_together(comm, message: str | None) -> None:
@@ -75,7 +77,7 @@ def fail_together(comm, message: str | None) -> None:
     messages = comm.allgather(message)
     for rank, text in enumerate(messages):
         if text is not None:
-            raise ValueError(text if rank == comm.rank or len(set(messages)) == 1 else f"rank {rank}: {text}")
+            raise agreed(ValueError(text if rank == comm.rank or len(set(messages)) == 1 else f"rank {rank}: {text}"))
 
 
 class Messenger:
@@ -137,7 +139,8 @@ def shard(comm, inputs, labels, root: int = 0):
 def train_parallel(comm, network, local_inputs, local_labels, *, num_samples: int, start: int,
                    epochs: int, learning_rate, batch_size=None, momentum: float = 0.0, seed: int = 0,
                    strategy: str = "allreduce", validation=None, progress: bool = False,
-                   timeline_steps: int = 0, cuda_aware=None) -> ParallelHistory:
+                   timeline_steps: int = 0, cuda_aware=None, timeout=None, checkpoints=None,
+                   resume: bool = False, on_step=None) -> ParallelHistory:
     """Data-parallel training of ``network`` (a full copy on every rank) on sharded data.
 
     local_inputs, local_labels: this rank's rows [start, start + len) of the N = num_samples
@@ -146,12 +149,45 @@ def train_parallel(comm, network, local_inputs, local_labels, *, num_samples: in
     summed over ranks once per epoch. The loss is checked for NaN/inf once per epoch, on all
     ranks together, so that a diverging run stops everywhere at once.
 
+    Faults (see nnlib.watchdog): every collective runs on the run's own duplicate of ``comm``
+    under a deadline of ``timeout`` seconds (None: nnlib.watchdog.default_timeout()). A rank
+    that raises tells the others, which stop at once; a rank that never arrives is named in a
+    CollectiveTimeout on the others at the deadline.
+
+    Checkpoints (see nnlib.checkpoint): ``checkpoints=CheckpointFolder(folder, every=steps)``
+    writes one (from rank 0) every ``every`` steps, or at the end of every epoch; with
+    ``resume=True`` the run continues from the newest one there, exactly: with the same number
+    of ranks the final parameters are bit-identical to an uninterrupted run. ``on_step(epoch,
+    step, total_steps)``, if given, is called after every step (lessons and tests use it to
+    inject a fault).
+
     With a GPU network the shards move to the GPU once and stay there; gradients and parameters
     go through host memory for MPI unless the MPI is CUDA-aware (``cuda_aware=None``: detect,
     see nnlib.backend.cuda_aware_mpi; True or False: decide).
     """
+    comm = watch(comm, timeout)  # the run's own communicator; every collective below has a deadline
+    with comm.guard():  # if this rank raises, the others hear of it at once
+        return _train(comm, network, local_inputs, local_labels, num_samples=num_samples, start=start,
+                      epochs=epochs, learning_rate=learning_rate, batch_size=batch_size, momentum=momentum,
+                      seed=seed, strategy=strategy, validation=validation, progress=progress,
+                      timeline_steps=timeline_steps, cuda_aware=cuda_aware, checkpoints=checkpoints,
+                      resume=resume, on_step=on_step)
+
+
+def run_settings(network, num_samples, batch_size, momentum, seed, learning_rate) -> dict:
+    """What a checkpoint must match to be resumed: the network and the training settings."""
+    return dict(layer_sizes=list(network.layer_sizes), output=network.output, dtype=str(network.params.dtype),
+                num_samples=int(num_samples), batch_size=None if batch_size is None else int(batch_size),
+                momentum=float(momentum), seed=int(seed),
+                learning_rate="a schedule" if callable(learning_rate) else float(learning_rate))
+
+
+def _check(comm, network, local_inputs, local_labels, num_samples, start, epochs, learning_rate, batch_size,
+           momentum, seed, strategy):
+    """Every check of train_parallel's arguments, with one verdict on every rank; returns the schedule."""
     size, rank = comm.size, comm.rank
     problems = []
+    schedule = None
     if strategy not in STRATEGIES:
         problems.append(f"strategy must be one of {', '.join(STRATEGIES)}; got {strategy!r}")
     if num_samples < size:
@@ -174,10 +210,57 @@ def train_parallel(comm, network, local_inputs, local_labels, *, num_samples: in
     shard_sizes, starts = comm.allgather(local_inputs.shape[0]), comm.allgather(int(start))
     expected_starts = [int(offset) for offset in collectives.offsets(shard_sizes)]
     if sum(shard_sizes) != num_samples or starts != expected_starts:  # the same verdict on every rank
-        raise ValueError(
+        raise agreed(ValueError(
             f"the shards do not tile the {num_samples} samples: rows per rank {shard_sizes}, "
             f"starts {starts} (expected {expected_starts}); shard the data with nnlib.parallel.shard"
-        )
+        ))
+    return schedule
+
+
+def _resume_point(comm, checkpoints, resume, settings, epochs):
+    """Rank 0 prepares the checkpoint folder and, to resume, loads the newest checkpoint there.
+
+    One verdict on every rank. Returns the checkpoint on rank 0 (None elsewhere, or when not resuming)
+    and its small fields on every rank (or None).
+    """
+    problem, saved = None, None
+    if resume and checkpoints is None:
+        problem = "resume=True needs checkpoints=CheckpointFolder(folder) to resume from"
+    elif checkpoints is not None and not isinstance(checkpoints, CheckpointFolder):
+        problem = f"checkpoints must be a nnlib.checkpoint.CheckpointFolder; got {type(checkpoints).__name__}"
+    elif checkpoints is not None and comm.rank == 0:
+        try:
+            if resume:
+                saved = checkpoints.latest()
+                differences = mismatches(saved.settings, settings)
+                if differences:
+                    raise CheckpointError(f"{saved.path} was written by another run; " + "; ".join(differences)
+                                          + ". Resume with the same settings, or use another checkpoint folder.")
+                if saved.epoch > epochs or (saved.epoch == epochs and saved.step > 0):
+                    raise CheckpointError(f"{saved.path} is at epoch {saved.epoch + 1}, beyond this run's {epochs} "
+                                          "epochs; ask for more epochs to continue it.")
+            checkpoints.prepare()
+        except CheckpointError as error:
+            problem = str(error)
+    fail_together(comm, problem)
+    if not resume:
+        return None, None
+    small = None if saved is None else dict(epoch=saved.epoch, step=saved.step, rng_state=saved.rng_state,
+                                            partial=saved.partial, history=saved.history, ranks=saved.ranks,
+                                            total_steps=saved.total_steps, velocity=saved.velocity is not None)
+    return saved, comm.bcast(small, root=0)
+
+
+def _train(comm, network, local_inputs, local_labels, *, num_samples, start, epochs, learning_rate, batch_size,
+           momentum, seed, strategy, validation, progress, timeline_steps, cuda_aware, checkpoints, resume,
+           on_step) -> ParallelHistory:
+    size, rank = comm.size, comm.rank
+    comm.at(phase="checking the settings")
+    schedule = _check(comm, network, local_inputs, local_labels, num_samples, start, epochs, learning_rate,
+                      batch_size, momentum, seed, strategy)
+    settings = run_settings(network, num_samples, batch_size, momentum, seed, learning_rate)
+    comm.at(phase="loading the checkpoint" if resume else "preparing")
+    saved, resumed = _resume_point(comm, checkpoints, resume, settings, epochs)
 
     xp = network.xp
     local_inputs, local_labels = xp.asarray(local_inputs), xp.asarray(local_labels)  # to the device, once
@@ -187,10 +270,17 @@ def train_parallel(comm, network, local_inputs, local_labels, *, num_samples: in
     def broadcast_params(buffer):
         comm.Bcast(buffer, root=0)
 
+    if saved is not None:  # rank 0 takes the checkpoint's parameters; the broadcast gives them to everyone
+        network.params[...] = xp.asarray(saved.params)
     messenger.in_place(network.params, broadcast_params)  # everyone starts from rank 0's weights
     updates_here = strategy == "allreduce" or rank == 0
     optimizer = SGD(network, schedule(0.0), momentum) if updates_here else None
     host_dtype = to_numpy(network.params[:1]).dtype
+    if resumed is not None and resumed["velocity"] and momentum:  # the optimizer's state, to every updater
+        velocity = saved.velocity.astype(host_dtype) if rank == 0 else np.empty(network.num_params, host_dtype)
+        comm.Bcast(velocity, root=0)
+        if optimizer is not None:
+            optimizer.velocity[...] = xp.asarray(velocity)
     gathered = np.empty((size, network.num_params), dtype=host_dtype) \
         if strategy == "parameter_server" and rank == 0 else None
     total_gradient = np.empty(network.num_params, dtype=host_dtype) \
@@ -201,6 +291,13 @@ def train_parallel(comm, network, local_inputs, local_labels, *, num_samples: in
     rng = None if full_batch else np.random.default_rng(seed)
     stop = start + local_inputs.shape[0]
     history = ParallelHistory()
+    first_epoch, first_step, total_steps = 0, 0, 0
+    if resumed is not None:
+        first_epoch, first_step, total_steps = resumed["epoch"], resumed["step"], resumed["total_steps"]
+        if rng is not None:
+            rng.bit_generator.state = resumed["rng_state"]
+        for name in ("loss", "train_accuracy", "validation_accuracy", "seconds"):
+            getattr(history, name).extend(resumed["history"][name])
     phases = history.phase_seconds
     clock_zero = time.perf_counter()
     epoch_totals = np.zeros(2)  # [summed loss, correct predictions] of this rank
@@ -215,14 +312,41 @@ def train_parallel(comm, network, local_inputs, local_labels, *, num_samples: in
             history.timeline.append((history.steps, phase, began - clock_zero, now - clock_zero))
         return now
 
-    for epoch in range(epochs):
+    def write_checkpoint(epoch, steps_done, rng_state, loss_sum, correct_sum):
+        """Rank 0 writes where the run is; every rank learns together whether that worked."""
+        comm.at(phase="checkpoint")
+        partial = np.array([float(loss_sum), float(correct_sum)])
+        if steps_done:  # mid-epoch: the totals so far, summed over ranks
+            comm.Allreduce(MPI.IN_PLACE, partial, op=MPI.SUM)
+        problem = None
+        if rank == 0:
+            velocity = None if optimizer.velocity is None else to_numpy(optimizer.velocity)
+            record = Checkpoint(
+                params=to_numpy(network.params), velocity=velocity, epoch=epoch, step=steps_done,
+                rng_state=rng_state, partial=partial.tolist(), ranks=size, total_steps=total_steps, settings=settings,
+                history={name: list(getattr(history, name))
+                         for name in ("loss", "train_accuracy", "validation_accuracy", "seconds")})
+            try:
+                checkpoints.write(record)
+            except CheckpointError as error:
+                problem = str(error)
+        fail_together(comm, problem)
+
+    for epoch in range(first_epoch, epochs):
         epoch_start = time.perf_counter()
+        resuming_here = epoch == first_epoch and first_step > 0
         loss_sum, correct_sum = 0.0, 0  # stay on the device until the epoch ends
+        if resuming_here and rank == 0:  # the steps done before the checkpoint, summed over ranks
+            loss_sum, correct_sum = resumed["partial"][0], int(resumed["partial"][1])
+        rng_at_epoch_start = None if rng is None else rng.bit_generator.state
         epoch_batches = batches(num_samples, global_batch, rng)
         for step, indices in enumerate(epoch_batches):
+            if resuming_here and step < first_step:
+                continue  # done before the checkpoint
             rate = schedule(epoch + step / len(epoch_batches))  # the same schedule as nnlib.train
             if optimizer is not None:
                 optimizer.learning_rate = rate
+            comm.at(epoch=epoch + 1, step=step + 1, phase="data")
             began = time.perf_counter()
             if full_batch:
                 batch_inputs, batch_labels = local_inputs, local_labels
@@ -233,6 +357,7 @@ def train_parallel(comm, network, local_inputs, local_labels, *, num_samples: in
                 batch_labels = xp.take(local_labels, mine, axis=0)
             began = mark("data", began)
 
+            comm.at(phase="compute")
             if batch_inputs.shape[0]:
                 loss = network.loss_and_gradient(batch_inputs, batch_labels, normalizer=len(indices),
                                                  check=False, on_device=True)
@@ -242,9 +367,11 @@ def train_parallel(comm, network, local_inputs, local_labels, *, num_samples: in
                 network.grads[...] = 0
             began = mark("compute", began)
 
+            comm.at(phase="communicate")
             if strategy == "allreduce":
                 messenger.in_place(network.grads, lambda buffer: comm.Allreduce(MPI.IN_PLACE, buffer, op=MPI.SUM))
                 began = mark("communicate", began)
+                comm.at(phase="update")
                 optimizer.step()
                 mark("update", began)
             else:
@@ -253,23 +380,31 @@ def train_parallel(comm, network, local_inputs, local_labels, *, num_samples: in
                 else:
                     comm.Reduce(messenger.outgoing(network.grads), total_gradient, op=MPI.SUM, root=0)
                 began = mark("communicate", began)
+                comm.at(phase="update")
                 if rank == 0:
                     network.grads[...] = xp.asarray(gathered.sum(axis=0) if gathered is not None else total_gradient)
                     optimizer.step()
                 began = mark("update", began)
+                comm.at(phase="communicate")
                 messenger.in_place(network.params, broadcast_params)
                 mark("communicate", began)
             history.steps += 1
+            total_steps += 1
+            if on_step is not None:
+                on_step(epoch, step, total_steps)
+            if checkpoints is not None and step + 1 < len(epoch_batches) and checkpoints.due(total_steps, False):
+                write_checkpoint(epoch, step + 1, rng_at_epoch_start, loss_sum, correct_sum)
 
+        comm.at(phase="end of epoch")
         epoch_totals[:] = (float(loss_sum), int(correct_sum))
         history.seconds.append(time.perf_counter() - epoch_start)
         comm.Allreduce(MPI.IN_PLACE, epoch_totals, op=MPI.SUM)
         epoch_loss = float(epoch_totals[0]) / num_samples
         if not math.isfinite(epoch_loss):
-            raise FloatingPointError(
+            raise agreed(FloatingPointError(
                 f"the loss became {epoch_loss} in epoch {epoch + 1} (learning rate {rate}); training diverged. "
                 f"Try a smaller learning rate, e.g. {rate / 10:g}."
-            )
+            ))
         history.loss.append(epoch_loss)
         history.train_accuracy.append(float(epoch_totals[1]) / num_samples)
         if validation is not None:  # every rank holds the same network: rank 0 scores it for all
@@ -278,6 +413,8 @@ def train_parallel(comm, network, local_inputs, local_labels, *, num_samples: in
             extra = f", validation accuracy {history.validation_accuracy[-1]:.4f}" if validation is not None else ""
             print(f"epoch {epoch + 1}/{epochs}: loss {epoch_loss:.4f}, training accuracy "
                   f"{history.train_accuracy[-1]:.4f}{extra}, {history.seconds[-1]:.2f} s", flush=True)
+        if checkpoints is not None and checkpoints.due(total_steps, True):
+            write_checkpoint(epoch + 1, 0, None if rng is None else rng.bit_generator.state, 0.0, 0)
     return history
 
 

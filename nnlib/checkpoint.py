@@ -1,0 +1,204 @@
+"""Checkpoints: everything needed to continue a training run exactly where it stopped.
+
+What a checkpoint holds (a :class:`Checkpoint`):
+
+    params         (num_params,)  the flat parameter vector
+    velocity       (num_params,)  the optimizer's momentum buffer, or None without momentum
+    epoch, step    the epoch in progress (0-based) and how many of its steps are done
+    rng_state      the shuffling generator's state at the *start* of that epoch, so the resumed
+                   run draws the same order and skips the steps already done
+    partial        [summed loss, correct predictions] of the steps done in that epoch, all ranks
+    history        the finished epochs' loss, accuracies and seconds
+    settings       network and training settings; a resume must match them (epochs may grow)
+    ranks          how many ranks wrote it (a resume may use another number: P ranks take exactly
+                   the sequential steps)
+    total_steps    steps done since the run began
+
+The learning-rate schedule's position is epoch + step / steps_per_epoch, so it is restored too.
+
+The file: an 8-byte magic ``NNLIBCKP``, the format version (uint32), the payload's length (uint64)
+and its SHA-256, then the payload (an .npz with the arrays and a JSON of the rest). It is written
+to a temporary file, flushed to disk, then renamed (nnlib.files.atomic_write), so a crash during a
+write leaves the previous checkpoint as it was. A damaged, truncated, foreign or other-version file
+raises :class:`CheckpointError` before anything is used.
+
+:class:`CheckpointFolder` keeps the newest ``keep`` checkpoints of a run in one folder.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .files import atomic_write
+
+MAGIC = b"NNLIBCKP"
+FORMAT_VERSION = 1
+HEADER = struct.Struct("<8sIQ32s")  # magic, version, payload length, SHA-256 of the payload
+SUFFIX = ".nnlib-checkpoint"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint cannot be used or written; the message says which file, why, and what to do."""
+
+
+@dataclass
+class Checkpoint:
+    params: np.ndarray
+    velocity: np.ndarray | None
+    epoch: int
+    step: int
+    rng_state: dict | None
+    partial: list
+    history: dict
+    settings: dict
+    ranks: int
+    total_steps: int
+    path: Path | None = field(default=None, compare=False)
+
+
+def to_bytes(checkpoint: Checkpoint) -> bytes:
+    """The file's bytes: header (magic, version, length, SHA-256), then the .npz payload."""
+    meta = dict(epoch=checkpoint.epoch, step=checkpoint.step, rng_state=checkpoint.rng_state,
+                partial=[float(value) for value in checkpoint.partial], history=checkpoint.history,
+                settings=checkpoint.settings, ranks=checkpoint.ranks, total_steps=checkpoint.total_steps)
+    arrays = dict(params=checkpoint.params, meta=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8))
+    if checkpoint.velocity is not None:
+        arrays["velocity"] = checkpoint.velocity
+    payload = io.BytesIO()
+    np.savez(payload, **arrays)
+    payload = payload.getvalue()
+    return HEADER.pack(MAGIC, FORMAT_VERSION, len(payload), hashlib.sha256(payload).digest()) + payload
+
+
+def from_bytes(raw: bytes, name="the checkpoint") -> Checkpoint:
+    """Check and decode a checkpoint's bytes; raise CheckpointError if anything is wrong."""
+    if len(raw) < HEADER.size or not raw.startswith(MAGIC):
+        raise CheckpointError(f"{name} is not an nnlib checkpoint (it does not begin with {MAGIC.decode()}). "
+                              "Pass a file written by nnlib, or start without --resume.")
+    magic, version, length, digest = HEADER.unpack_from(raw)
+    if version != FORMAT_VERSION:
+        raise CheckpointError(f"{name} has checkpoint format version {version}; this nnlib reads version "
+                              f"{FORMAT_VERSION}. Resume with the nnlib that wrote it, or start afresh.")
+    payload = raw[HEADER.size:]
+    if len(payload) != length:
+        raise CheckpointError(f"{name} is truncated: {len(payload)} of its {length} bytes are there (was its "
+                              "write cut off?). Delete it to resume from the checkpoint before it.")
+    if hashlib.sha256(payload).digest() != digest:
+        raise CheckpointError(f"{name} is damaged: its SHA-256 does not match the one written with it. "
+                              "Delete it to resume from the checkpoint before it.")
+    with np.load(io.BytesIO(payload), allow_pickle=False) as arrays:
+        meta = json.loads(arrays["meta"].tobytes().decode())
+        velocity = arrays["velocity"].copy() if "velocity" in arrays.files else None
+        return Checkpoint(params=arrays["params"].copy(), velocity=velocity, epoch=meta["epoch"],
+                          step=meta["step"], rng_state=meta["rng_state"], partial=meta["partial"],
+                          history=meta["history"], settings=meta["settings"], ranks=meta["ranks"],
+                          total_steps=meta["total_steps"])
+
+
+def save(path, checkpoint: Checkpoint) -> int:
+    """Write ``checkpoint`` to ``path`` atomically and flushed to disk; return its size in bytes."""
+    raw = to_bytes(checkpoint)
+    with atomic_write(path) as stream:
+        stream.write(raw)
+        stream.flush()
+        os.fsync(stream.fileno())
+    return len(raw)
+
+
+def load(path) -> Checkpoint:
+    """Read and check one checkpoint file (CheckpointError if it is unusable)."""
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except OSError as error:
+        raise CheckpointError(f"cannot read the checkpoint {path}: {error.strerror or error}") from None
+    checkpoint = from_bytes(raw, name=str(path))
+    checkpoint.path = path
+    return checkpoint
+
+
+def mismatches(saved: dict, current: dict) -> list[str]:
+    """Settings that differ between a checkpoint and this run ('epochs' may grow, not shrink)."""
+    problems = []
+    for key in sorted(set(saved) | set(current)):
+        if key == "epochs":
+            continue
+        if saved.get(key) != current.get(key):
+            problems.append(f"{key}: the checkpoint has {saved.get(key)!r}, this run {current.get(key)!r}")
+    return problems
+
+
+class CheckpointFolder:
+    """Where a run keeps its checkpoints: ``every`` steps (None: at the end of every epoch), the newest ``keep``.
+
+    Files are named ``step-00000120.nnlib-checkpoint`` by the steps done, so the newest sorts last.
+    """
+
+    def __init__(self, folder, every: int | None = None, keep: int = 2):
+        if every is not None and (isinstance(every, bool) or not isinstance(every, int) or every < 1):
+            raise ValueError(f"checkpoint interval must be a positive number of steps (or None: once per epoch); "
+                             f"got {every!r}")
+        if not isinstance(keep, int) or keep < 1:
+            raise ValueError(f"keep must be at least 1; got {keep!r}")
+        self.folder, self.every, self.keep = Path(folder).expanduser(), every, keep
+        self.sizes, self.seconds = [], []  # of each write, for measuring their cost
+
+    def prepare(self) -> None:
+        """Create the folder if needed and check that a file can be written there (CheckpointError if not)."""
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            with atomic_write(self.folder / ".write-test") as stream:
+                stream.write(b"ok")
+            (self.folder / ".write-test").unlink()
+        except OSError as error:
+            raise CheckpointError(f"cannot write checkpoints into {self.folder}: {error.strerror or error}. "
+                                  "Choose another folder (--checkpoint-dir) or make this one writable.") from None
+
+    def files(self) -> list[Path]:
+        """This folder's checkpoint files, oldest first."""
+        return sorted(self.folder.glob(f"step-*{SUFFIX}")) if self.folder.is_dir() else []
+
+    def latest(self) -> Checkpoint:
+        """The newest checkpoint here, checked; CheckpointError if there is none or it is unusable."""
+        if not self.folder.is_dir():
+            raise CheckpointError(f"nothing to resume: the checkpoint folder {self.folder} does not exist. "
+                                  "Start without resuming, or point to the folder the earlier run wrote.")
+        files = self.files()
+        if not files:
+            raise CheckpointError(f"nothing to resume: {self.folder} holds no checkpoint (*{SUFFIX}). "
+                                  "Start without resuming, or point to the folder the earlier run wrote.")
+        try:
+            return load(files[-1])
+        except CheckpointError as error:
+            older = f" The one before it is {files[-2].name}." if len(files) > 1 else ""
+            raise CheckpointError(f"{error}{older}") from None
+
+    def due(self, total_steps: int, end_of_epoch: bool) -> bool:
+        """Whether a checkpoint is due after ``total_steps`` steps."""
+        return end_of_epoch if self.every is None else total_steps % self.every == 0
+
+    def write(self, checkpoint: Checkpoint) -> Path:
+        """Save ``checkpoint`` (atomically), then remove all but the newest ``keep``; return its path."""
+        import time
+
+        path = self.folder / f"step-{checkpoint.total_steps:08d}{SUFFIX}"
+        began = time.perf_counter()
+        try:
+            self.sizes.append(save(path, checkpoint))
+        except OSError as error:
+            previous = self.files()
+            kept = f"; the previous checkpoint {previous[-1]} is intact" if previous else ""
+            raise CheckpointError(f"could not write the checkpoint {path}: {error.strerror or error}{kept}. "
+                                  "Free some space or choose another --checkpoint-dir, then resume.") from None
+        self.seconds.append(time.perf_counter() - began)
+        for old in self.files()[:-self.keep]:
+            old.unlink(missing_ok=True)
+        return path

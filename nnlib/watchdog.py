@@ -1,0 +1,316 @@
+"""A deadline for every collective: no rank waits forever, and the error names who did not come.
+
+A blocking collective (``comm.Allreduce``) returns only when *every* rank has called it. If one
+rank died, raised, or hangs, the others wait forever and a notebook cell shows ``[*]`` for ever.
+The cure, as in PyTorch's collective timeouts and ``monitored_barrier``:
+
+1. start the collective without blocking: ``request = comm.Iallreduce(...)``;
+2. poll ``request.Test()`` until it completes or the deadline passes;
+3. when the deadline passes, find out who *did* arrive: each waiting rank sends every other rank a
+   short notice ("I am waiting in collective #k, at epoch e, step s") and listens for the others'
+   notices for a short grace period. A rank that sent none did not arrive. Nothing in this
+   blocks, so finding the missing ranks cannot hang either;
+4. raise :class:`CollectiveTimeout`, naming the missing ranks, where the run was and what to do.
+
+A rank whose own code raises inside :meth:`WatchedComm.guard` sends a "failed" notice with its
+traceback first, so the other ranks stop at once (not at the deadline) and show that traceback.
+
+:func:`watch` gives a :class:`WatchedComm`: a communicator with the same methods
+(``Allreduce``, ``Bcast``, ``Gather``, ``allgather``...) that all run this way, on a *duplicate*
+of the communicator made for the run. A collective abandoned at the deadline can never be
+cancelled, so that duplicate is dropped afterwards; the original communicator stays usable if
+every rank is still alive (a rank that raised can run the next cell with the others). If a
+rank's process died, the MPI job is lost: restart the engines (``cluster.restart()``) or the job.
+
+The cost on a normal step is one ``Test`` per poll instead of MPI's own wait loop (measured in
+benchmarks/data_parallel.py).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import pickle
+import time
+import traceback
+
+import numpy as np
+from mpi4py import MPI
+
+#: Seconds a collective may wait when no timeout is given and $NNLIB_TIMEOUT is not set. The
+#: notebook cluster (nnlib.cluster.start) sets $NNLIB_TIMEOUT to CLASSROOM_TIMEOUT for its engines.
+DEFAULT_TIMEOUT = 120.0
+CLASSROOM_TIMEOUT = 20.0
+LONGEST_TIMEOUT = 24 * 3600.0
+NOTICE_TAG = 31_415  # point-to-point tag of the notices, on the run's own duplicate communicator
+LOOK_EVERY = 0.005  # seconds between looks for other ranks' notices while waiting
+
+
+class CollectiveTimeout(RuntimeError):
+    """A collective did not complete before the deadline, or another rank failed while we waited.
+
+    missing: the ranks that did not arrive; failed: {rank: its error text} of ranks that raised.
+    """
+
+    def __init__(self, message: str, missing=(), failed=None):
+        super().__init__(message)
+        self.missing, self.failed = list(missing), dict(failed or {})
+
+
+def default_timeout() -> float:
+    """$NNLIB_TIMEOUT if set (the notebook cluster sets it), else DEFAULT_TIMEOUT seconds."""
+    text = os.environ.get("NNLIB_TIMEOUT")
+    return check_timeout(float(text)) if text else DEFAULT_TIMEOUT
+
+
+def check_timeout(timeout) -> float:
+    """Return ``timeout`` as a float, or raise ValueError unless 0 < timeout <= one day."""
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not math.isfinite(timeout) \
+            or not 0 < timeout <= LONGEST_TIMEOUT:
+        raise ValueError(
+            f"timeout must be a number of seconds above 0 and at most {LONGEST_TIMEOUT:.0f} (a day); got {timeout!r}. "
+            "It is how long a rank waits in a collective for the others before it stops with an error; "
+            f"{DEFAULT_TIMEOUT:g} s suits a batch job, {CLASSROOM_TIMEOUT:g} s a notebook."
+        )
+    return float(timeout)
+
+
+def describe(where: dict) -> str:
+    """'epoch 2, step 17, communicate' from {'phase': 'communicate', 'epoch': 2, 'step': 17}."""
+    parts = [f"{key} {where[key]}" for key in ("epoch", "step") if key in where]
+    parts += [str(value) for key, value in where.items() if key not in ("epoch", "step")]
+    return ", ".join(parts) or "outside training"
+
+
+class WatchedComm:
+    """A duplicate of ``comm`` whose collectives all run under a deadline (see the module docstring).
+
+    Buffer methods: Barrier, Bcast, Allreduce, Reduce, Gather, Gatherv, Scatter, Scatterv,
+    Allgather, Allgatherv. Small Python objects: bcast, allgather, gather (pickled, then sent as
+    bytes with the buffer methods, so they are watched too). ``rank`` and ``size`` as usual.
+
+    where:  what the run is doing, e.g. {'epoch': 1, 'step': 3, 'phase': 'communicate'}; the
+            training loop keeps it current (:meth:`at`), and every error quotes it.
+    """
+
+    def __init__(self, comm, timeout=None, grace=None):
+        self.timeout = default_timeout() if timeout is None else check_timeout(timeout)
+        self.grace = min(2.0, max(0.5, self.timeout / 4)) if grace is None else float(grace)
+        self.parent = comm
+        self.rank, self.size = comm.rank, comm.size
+        self.where: dict = {}
+        self.count = 0  # collectives started on this communicator
+        self.broken = None  # why it may not be used any more
+        self._heard: dict = {}  # rank -> notice received from it
+        self._sent: list = []  # notices' send requests (kept alive until complete)
+        self.comm = None
+        self.comm = self._wait_for(*_idup(comm), "Idup (making the run's own communicator)")
+
+    # -- where the run is -------------------------------------------------------------------
+    def at(self, **where) -> None:
+        """Record where the run is (epoch=, step=, phase=...), quoted by any error."""
+        self.where.update(where)
+
+    # -- the deadline -----------------------------------------------------------------------
+    def wait(self, request, what: str) -> None:
+        """Complete ``request`` (a started collective) within the deadline, or raise CollectiveTimeout."""
+        self._wait_for(None, request, what)
+
+    def _wait_for(self, result, request, what):
+        if self.broken:
+            raise RuntimeError(f"this communicator cannot be used any more: {self.broken}")
+        self.count += 1
+        began = time.monotonic()
+        deadline, next_look = began + self.timeout, began + LOOK_EVERY
+        while not request.Test():
+            now = time.monotonic()
+            if now >= next_look:
+                next_look = now + LOOK_EVERY
+                self._read_notices(what)
+                if now >= deadline:
+                    self._give_up(what)
+            if now - began > 0.002:  # waited a while already: let other processes have the core
+                time.sleep(0.00005 if now - began < 0.05 else 0.001)
+        return result
+
+    def _read_notices(self, what: str) -> None:
+        """Take every notice that has come in; a failure, or a rank that gave up, ends this wait too."""
+        comm = self.comm if self.comm is not None else self.parent
+        status = MPI.Status()
+        while comm.iprobe(source=MPI.ANY_SOURCE, tag=NOTICE_TAG, status=status):
+            notice = comm.recv(source=status.Get_source(), tag=NOTICE_TAG)
+            self._heard[notice["rank"]] = notice
+        if any(notice["kind"] in ("failed", "waiting") for notice in self._heard.values()):
+            self._give_up(what)
+
+    def _send_notice(self, **notice) -> None:
+        comm = self.comm if self.comm is not None else self.parent
+        notice.update(rank=self.rank, where=dict(self.where), count=self.count)
+        for other in range(self.size):
+            if other != self.rank:
+                self._sent.append(comm.isend(notice, dest=other, tag=NOTICE_TAG))
+        flush_until = time.monotonic() + 0.2  # small messages go out at once; give them a moment
+        while not MPI.Request.Testall(self._sent) and time.monotonic() < flush_until:
+            time.sleep(0.001)
+
+    def _give_up(self, what: str) -> None:
+        """Tell the others we are waiting, listen for their notices for ``grace`` seconds, then raise."""
+        here = describe(self.where)
+        self._send_notice(kind="waiting", what=what)
+        comm = self.comm if self.comm is not None else self.parent
+        status, listen_until = MPI.Status(), time.monotonic() + self.grace
+        while len(self._heard) < self.size - 1 and time.monotonic() < listen_until:
+            if comm.iprobe(source=MPI.ANY_SOURCE, tag=NOTICE_TAG, status=status):
+                notice = comm.recv(source=status.Get_source(), tag=NOTICE_TAG)
+                self._heard[notice["rank"]] = notice
+            else:
+                time.sleep(0.001)
+        failed = {rank: notice for rank, notice in self._heard.items() if notice["kind"] == "failed"}
+        missing = [rank for rank in range(self.size) if rank != self.rank and rank not in self._heard]
+        self.broken = f"a collective was abandoned in {what} at {here}"
+        waited_for_me = sorted(rank for rank, notice in self._heard.items() if notice["kind"] == "waiting")
+        lines = []
+        for rank, notice in sorted(failed.items()):
+            lines.append(f"rank {rank} failed at {describe(notice['where'])}:\n{notice['text'].rstrip()}\n")
+        if missing:
+            names = ", ".join(map(str, missing))
+            lines.append(f"rank{'s' if len(missing) > 1 else ''} {names} did not arrive in {what} within "
+                         f"{self.timeout:g} s (rank {self.rank} waited there, at {here}).")
+        elif not failed:
+            lines.append(f"rank {self.rank} came to {what} at {here}, but rank{'s' if len(waited_for_me) > 1 else ''} "
+                         f"{', '.join(map(str, waited_for_me))} had stopped waiting for it after {self.timeout:g} s.")
+        if failed:
+            lines.append(f"Rank {self.rank} stopped waiting in {what} at {here}. Fix the error above and run again; "
+                         "every rank is still alive and can (this run's communicator is dropped).")
+        else:
+            lines.append(
+                "A rank that did not arrive has died (in a notebook: cluster.restart(); a batch job ends by itself), "
+                "hangs, or is much slower than the others (then give a longer timeout=, or --timeout).")
+        lines.append("The network's parameters are undefined now: build a new network or resume from a checkpoint.")
+        raise CollectiveTimeout("\n".join(lines), missing=missing,
+                                failed={rank: notice["text"] for rank, notice in failed.items()})
+
+    def guard(self):
+        """A context manager: if this rank's code raises, tell the other ranks before re-raising."""
+        return _Guard(self)
+
+    def tell_others(self, error: BaseException) -> None:
+        """Send a 'failed' notice with this rank's traceback to every other rank (they stop at once)."""
+        if self.broken or self.size == 1:
+            return
+        text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
+        self._send_notice(kind="failed", text=text)
+        self.broken = f"rank {self.rank} failed at {describe(self.where)}"
+
+    # -- buffer collectives -------------------------------------------------------------------
+    def Barrier(self):
+        self.wait(self.comm.Ibarrier(), "Barrier")
+
+    def Bcast(self, buffer, root=0):
+        self.wait(self.comm.Ibcast(buffer, root=root), "Bcast")
+
+    def Allreduce(self, sendbuf, recvbuf, op=MPI.SUM):
+        self.wait(self.comm.Iallreduce(sendbuf, recvbuf, op=op), "Allreduce")
+
+    def Reduce(self, sendbuf, recvbuf, op=MPI.SUM, root=0):
+        self.wait(self.comm.Ireduce(sendbuf, recvbuf, op=op, root=root), "Reduce")
+
+    def Gather(self, sendbuf, recvbuf, root=0):
+        self.wait(self.comm.Igather(sendbuf, recvbuf, root=root), "Gather")
+
+    def Gatherv(self, sendbuf, recvbuf, root=0):
+        self.wait(self.comm.Igatherv(sendbuf, recvbuf, root=root), "Gatherv")
+
+    def Scatter(self, sendbuf, recvbuf, root=0):
+        self.wait(self.comm.Iscatter(sendbuf, recvbuf, root=root), "Scatter")
+
+    def Scatterv(self, sendbuf, recvbuf, root=0):
+        self.wait(self.comm.Iscatterv(sendbuf, recvbuf, root=root), "Scatterv")
+
+    def Allgather(self, sendbuf, recvbuf):
+        self.wait(self.comm.Iallgather(sendbuf, recvbuf), "Allgather")
+
+    def Allgatherv(self, sendbuf, recvbuf):
+        self.wait(self.comm.Iallgatherv(sendbuf, recvbuf), "Allgatherv")
+
+    # -- small Python objects, as pickled bytes through the buffer methods ----------------------
+    def bcast(self, obj=None, root=0):
+        data = _pickled(obj) if self.rank == root else None
+        length = np.array([0 if data is None else data.size], dtype=np.int64)
+        self.Bcast(length, root)
+        if data is None:
+            data = np.empty(int(length[0]), dtype=np.uint8)
+        self.Bcast(data, root)
+        return pickle.loads(data.tobytes())
+
+    def allgather(self, obj):
+        data = _pickled(obj)
+        lengths = np.empty(self.size, dtype=np.int64)
+        self.Allgather(np.array([data.size], dtype=np.int64), lengths)
+        everything = np.empty(int(lengths.sum()), dtype=np.uint8)
+        self.Allgatherv(data, [everything, (lengths, _starts(lengths))])
+        return [pickle.loads(everything[start:start + length].tobytes())
+                for start, length in zip(_starts(lengths), lengths)]
+
+    def gather(self, obj, root=0):
+        data = _pickled(obj)
+        lengths = np.empty(self.size, dtype=np.int64) if self.rank == root else None
+        self.Gather(np.array([data.size], dtype=np.int64), lengths, root)
+        if self.rank != root:
+            self.Gatherv(data, None, root)
+            return None
+        everything = np.empty(int(lengths.sum()), dtype=np.uint8)
+        self.Gatherv(data, [everything, (lengths, _starts(lengths))], root)
+        return [pickle.loads(everything[start:start + length].tobytes())
+                for start, length in zip(_starts(lengths), lengths)]
+
+    def __repr__(self):
+        return f"<WatchedComm rank {self.rank} of {self.size}, timeout {self.timeout:g} s>"
+
+
+class _Guard:
+    def __init__(self, watched: WatchedComm):
+        self.watched = watched
+
+    def __enter__(self):
+        return self.watched
+
+    def __exit__(self, kind, error, trace):
+        if error is not None and not isinstance(error, CollectiveTimeout) and not getattr(error, "agreed", False):
+            self.watched.tell_others(error)
+        return False
+
+
+def watch(comm, timeout=None) -> WatchedComm:
+    """A :class:`WatchedComm` over a fresh duplicate of ``comm`` (itself made under the deadline).
+
+    ``comm`` may be a WatchedComm already: the duplicate is then made from its communicator,
+    with its timeout unless another is given.
+    """
+    if isinstance(comm, WatchedComm):
+        return WatchedComm(comm.comm, comm.timeout if timeout is None else timeout)
+    return WatchedComm(comm, timeout)
+
+
+def raw(comm):
+    """The MPI communicator behind ``comm`` (itself if it is not a WatchedComm)."""
+    return comm.comm if isinstance(comm, WatchedComm) else comm
+
+
+def agreed(error: BaseException) -> BaseException:
+    """Mark ``error`` as raised by every rank together (so no 'failed' notice is sent); return it."""
+    error.agreed = True
+    return error
+
+
+def _idup(comm):
+    duplicate, request = comm.Idup()
+    return duplicate, request
+
+
+def _pickled(obj) -> np.ndarray:
+    return np.frombuffer(bytearray(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)), dtype=np.uint8)
+
+
+def _starts(lengths) -> np.ndarray:
+    return np.concatenate(([0], np.cumsum(lengths)[:-1])).astype(np.int64)
