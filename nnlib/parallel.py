@@ -294,6 +294,9 @@ def _train(comm, network, local_inputs, local_labels, *, num_samples, start, epo
     first_epoch, first_step, total_steps = 0, 0, 0
     if resumed is not None:
         first_epoch, first_step, total_steps = resumed["epoch"], resumed["step"], resumed["total_steps"]
+        if progress and rank == 0:
+            print(f"resuming from {saved.path}: {total_steps} steps done (epoch {first_epoch + 1}, step "
+                  f"{first_step}), written by {resumed['ranks']} rank{'s' if resumed['ranks'] > 1 else ''}", flush=True)
         if rng is not None:
             rng.bit_generator.state = resumed["rng_state"]
         for name in ("loss", "train_accuracy", "validation_accuracy", "seconds"):

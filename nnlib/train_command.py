@@ -4,12 +4,28 @@ Rank 0 loads and verifies MNIST and scatters it; every rank trains its copy of t
 its shard; rank 0 prints one progress line per epoch, each rank's time per phase, the test
 accuracy, and writes the history and weights to ``--output`` (a .npz file, written to a
 temporary file first and then renamed, so an interrupted job never leaves half a file).
+
+When things go wrong:
+
+* every collective has a deadline (``--timeout`` seconds, see nnlib.watchdog);
+* a bad setting found by every rank together is said once, by rank 0, and the job exits 2;
+* an error on some ranks only (a rank raising, a collective past its deadline) is printed by
+  that rank with its traceback, and the rank ends the whole job with ``MPI_Abort`` (exit
+  status 1), as ``python -m mpi4py`` does: never a hang;
+* ``--checkpoint-dir DIR`` writes a checkpoint there (``--checkpoint-every N`` steps, else
+  once per epoch); ``--resume`` continues from the newest one, exactly (nnlib.checkpoint);
+* ``--fault RANK:STEP:KIND`` makes one rank fail after global step STEP (raise, exit, kill
+  with SIGKILL, or hang), for lessons and tests.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
+import time
+import traceback
 from pathlib import Path
 
 import numpy as np
@@ -37,19 +53,113 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "if there are more ranks than GPUs) or auto (the GPU if usable)")
     parser.add_argument("--threads", type=int, default=1,
                         help="BLAS threads per rank (default 1: with more, the ranks fight over the cores)")
+    parser.add_argument("--timeout", type=float, default=None,
+                        help="seconds a rank waits in a collective before stopping the job with an error naming "
+                             "the ranks that did not arrive (default: $NNLIB_TIMEOUT, else 120)")
+    parser.add_argument("--checkpoint-dir", default=None, help="write checkpoints into this folder (rank 0)")
+    parser.add_argument("--checkpoint-every", type=int, default=0,
+                        help="steps between checkpoints (default 0: at the end of every epoch)")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue from the newest checkpoint in --checkpoint-dir (same settings; any number "
+                             "of ranks)")
+    parser.add_argument("--fault", default=None, metavar="RANK:STEP:KIND",
+                        help="for lessons and tests: rank RANK fails after global step STEP; KIND is raise, exit, "
+                             "kill (SIGKILL) or hang")
+
+
+FAULTS = ("raise", "exit", "kill", "hang")
+
+
+def parse_fault(text):
+    """'1:40:kill' -> (1, 40, 'kill'); None -> None; ValueError saying the format otherwise."""
+    if text is None:
+        return None
+    parts = text.split(":")
+    if len(parts) != 3 or not parts[0].isdigit() or not parts[1].isdigit() or parts[2] not in FAULTS:
+        raise ValueError(f"--fault must be RANK:STEP:KIND with KIND one of {', '.join(FAULTS)} (e.g. 1:40:kill); "
+                         f"got {text!r}")
+    return int(parts[0]), int(parts[1]), parts[2]
+
+
+def fault_injector(fault, rank):
+    """An on_step hook for train_parallel making this rank fail as ``fault`` says (None: no hook)."""
+    if fault is None or fault[0] != rank:
+        return None
+    _, at_step, kind = fault
+
+    def inject(epoch, step, total_steps):
+        if total_steps != at_step:
+            return
+        print(f"rank {rank}: injecting the fault '{kind}' after step {total_steps}", file=sys.stderr, flush=True)
+        if kind == "raise":
+            raise RuntimeError(f"injected fault: rank {rank} raised after step {total_steps}")
+        if kind == "exit":
+            os._exit(3)
+        if kind == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        while True:  # hang
+            time.sleep(1)
+
+    return inject
 
 
 def run(args) -> int:
+    """The batch job; an error on some ranks only ends the whole job with MPI_Abort (never a hang)."""
+    from mpi4py import MPI
+
+    try:
+        return train_job(args)
+    except Exception as error:
+        if getattr(error, "agreed", False):  # every rank has it: rank 0 says it once
+            if MPI.COMM_WORLD.rank == 0:
+                print(f"error: {error}", file=sys.stderr, flush=True)
+            return 2
+        abort_job(error)
+    except KeyboardInterrupt as error:
+        abort_job(error)
+
+
+def abort_job(error: BaseException) -> None:
+    """Print this rank's error (with its traceback, unless it is a watchdog's verdict), then MPI_Abort."""
+    from mpi4py import MPI
+
+    from .watchdog import CollectiveTimeout
+
+    rank = MPI.COMM_WORLD.rank
+    if isinstance(error, CollectiveTimeout):
+        text = f"rank {rank}: error: {error}\n"
+    else:
+        text = f"rank {rank}: error:\n" + "".join(traceback.format_exception(type(error), error, error.__traceback__))
+    sys.stdout.flush()
+    sys.stderr.write(text + f"rank {rank}: ending the whole job (MPI_Abort)\n")
+    sys.stderr.flush()
+    MPI.COMM_WORLD.Abort(1)
+
+
+def train_job(args) -> int:
     from mpi4py import MPI
     from threadpoolctl import threadpool_limits
 
     from . import data
+    from .checkpoint import CheckpointFolder
     from .network import Network
     from .backend import cuda_aware_mpi, gpu_status, is_numpy, use_gpu_of_local_rank
     from .parallel import PHASES, agree, fail_together, gather_phase_seconds, shard, train_parallel
+    from .watchdog import agreed, watch
 
     threadpool_limits(args.threads)  # one BLAS thread per rank unless told otherwise
-    comm = MPI.COMM_WORLD
+    try:  # every rank parses the same arguments: the same verdict everywhere, before any collective
+        fault = parse_fault(args.fault)
+        if args.resume and not args.checkpoint_dir:
+            raise ValueError("--resume needs --checkpoint-dir (the folder of the run to continue)")
+        if args.checkpoint_every < 0:
+            raise ValueError(f"--checkpoint-every must be 0 (once per epoch) or a number of steps; "
+                             f"got {args.checkpoint_every}")
+        checkpoints = CheckpointFolder(args.checkpoint_dir, args.checkpoint_every or None) \
+            if args.checkpoint_dir else None
+        comm = watch(MPI.COMM_WORLD, args.timeout)  # the set-up's collectives have a deadline too
+    except ValueError as problem:
+        raise agreed(problem) from None
     rank = comm.rank
     error = None
     inputs = labels = test_inputs = test_labels = None
@@ -68,38 +178,33 @@ def run(args) -> int:
             error = str(problem)
     error = comm.bcast(error, root=0)
     if error:
-        if rank == 0:
-            print(f"error: {error}", file=sys.stderr)
-        return 2
+        raise agreed(ValueError(error))
 
+    gpu_index = use_gpu_of_local_rank(MPI.COMM_WORLD) if args.device != "cpu" else None
     try:
-        gpu_index = use_gpu_of_local_rank(comm) if args.device != "cpu" else None
-        try:
-            network = Network((784, *args.hidden, 10), output=args.output_layer, dtype=args.dtype, seed=args.seed,
-                              device=args.device)
-            problem = None
-        except RuntimeError as no_gpu:  # --device gpu without a usable GPU on this rank
-            network, problem = None, str(no_gpu)
-        fail_together(comm, problem)
-        on_gpu = not is_numpy(network.xp)
-        agree(comm, "the device (--device auto found a GPU on some ranks only)", on_gpu)
-        local_inputs, local_labels, start = shard(comm, inputs, labels)
-        if rank == 0:
-            print(f"{comm.size} ranks, strategy {args.strategy}, network {'-'.join(map(str, network.layer_sizes))}, "
-                  f"{args.samples} samples, global batch {args.batch_size or 'full'}", flush=True)
-        gpus = comm.gather(gpu_index if on_gpu else None, root=0)
-        if rank == 0 and on_gpu:
-            print(f"on the GPU ({gpu_status()[1]}); GPU of each rank: {gpus}; gradients "
-                  f"{'passed directly (CUDA-aware MPI)' if cuda_aware_mpi() else 'staged through host memory'}",
-                  flush=True)
-        history = train_parallel(
-            comm, network, local_inputs, local_labels, num_samples=args.samples, start=start,
-            epochs=args.epochs, learning_rate=args.learning_rate, batch_size=args.batch_size or None,
-            momentum=args.momentum, seed=args.seed, strategy=args.strategy, progress=True)
-    except (ValueError, FloatingPointError) as problem:
-        if rank == 0:
-            print(f"error: {problem}", file=sys.stderr)
-        return 2
+        network = Network((784, *args.hidden, 10), output=args.output_layer, dtype=args.dtype, seed=args.seed,
+                          device=args.device)
+        problem = None
+    except RuntimeError as no_gpu:  # --device gpu without a usable GPU on this rank
+        network, problem = None, str(no_gpu)
+    fail_together(comm, problem)
+    on_gpu = not is_numpy(network.xp)
+    agree(comm, "the device (--device auto found a GPU on some ranks only)", on_gpu)
+    local_inputs, local_labels, start = shard(comm, inputs, labels)
+    if rank == 0:
+        print(f"{comm.size} ranks, strategy {args.strategy}, network {'-'.join(map(str, network.layer_sizes))}, "
+              f"{args.samples} samples, global batch {args.batch_size or 'full'}", flush=True)
+    gpus = comm.gather(gpu_index if on_gpu else None, root=0)
+    if rank == 0 and on_gpu:
+        print(f"on the GPU ({gpu_status()[1]}); GPU of each rank: {gpus}; gradients "
+              f"{'passed directly (CUDA-aware MPI)' if cuda_aware_mpi() else 'staged through host memory'}",
+              flush=True)
+    history = train_parallel(
+        comm, network, local_inputs, local_labels, num_samples=args.samples, start=start,
+        epochs=args.epochs, learning_rate=args.learning_rate, batch_size=args.batch_size or None,
+        momentum=args.momentum, seed=args.seed, strategy=args.strategy, progress=True,
+        timeout=comm.timeout, checkpoints=checkpoints, resume=args.resume,
+        on_step=fault_injector(fault, rank))
 
     phases = gather_phase_seconds(comm, history)
     if rank == 0:

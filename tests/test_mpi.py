@@ -1,9 +1,11 @@
-"""The MPI checker scripts in tests/mpi/, each under mpiexec with 1, 2, 3 and 4 ranks.
+"""The MPI checker scripts in tests/mpi/, each under mpiexec with several numbers of ranks.
 
 check_collectives.py: every nnlib.collectives helper, exact values on every rank, uneven sizes.
 check_parallel.py: data-parallel training equals sequential for every strategy; bad setups fail
 on every rank at once. A rank that raises alone before a collective would hang the others: the
 timeout in run_mpi_script turns that into a failure.
+check_watchdog.py (2 and 3 ranks: it makes the last rank fail): a raising, hanging or absent rank
+stops the others at once or at the deadline, named; the ranks recover and train again.
 """
 
 from pathlib import Path
@@ -13,10 +15,11 @@ import pytest
 from conftest import run_mpi_script
 
 CHECKERS = Path(__file__).parent / "mpi"
+RUNS = [(checker, ranks) for checker in ("check_collectives.py", "check_parallel.py") for ranks in (1, 2, 3, 4)]
+RUNS += [("check_watchdog.py", ranks) for ranks in (2, 3)]
 
 
-@pytest.mark.parametrize("ranks", [1, 2, 3, 4])
-@pytest.mark.parametrize("checker", ["check_collectives.py", "check_parallel.py"])
+@pytest.mark.parametrize("checker, ranks", RUNS)
 def test_mpi_checker(checker, ranks):
     run = run_mpi_script(CHECKERS / checker, ranks)
     assert run.returncode == 0, run.stdout + run.stderr
