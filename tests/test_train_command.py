@@ -89,3 +89,85 @@ def test_atomic_write_renames_on_success_and_leaves_nothing_on_failure(tmp_path)
             stream.write(b"half")
             raise RuntimeError("interrupted")
     assert target.read_bytes() == b"complete" and [p.name for p in tmp_path.iterdir()] == ["file.bin"]
+
+
+# --- when things go wrong: faults, deadlines, checkpoints and resume ----------------------------
+
+SMALL = ("--samples", "1001", "--epochs", "2", "--batch-size", "50", "--hidden", "16")  # 21 steps per epoch
+
+
+def final_params(path):
+    with np.load(path) as saved:
+        return saved["params"]
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_a_killed_rank_then_resume_gives_bit_identical_parameters(tmp_path, dtype):
+    """SIGKILL on rank 1 in the middle of epoch 2; resuming with the same number of ranks gives exactly
+    the uninterrupted run's parameters; with 3 ranks instead of 2, the same within 1e-10 (float64)."""
+    settings = (*SMALL, "--dtype", dtype)
+    uninterrupted = run_training(2, *settings, "--output", str(tmp_path / "whole.npz"))
+    assert uninterrupted.returncode == 0, uninterrupted.stderr
+    checkpoints = ("--checkpoint-dir", str(tmp_path / "checkpoints"), "--checkpoint-every", "10")
+    killed = run_training(2, *settings, *checkpoints, "--fault", "1:35:kill")
+    assert killed.returncode != 0 and "injecting the fault 'kill' after step 35" in killed.stderr
+    assert "epoch 2/2" not in killed.stdout  # it really died in epoch 2
+    resumed = run_training(2, *settings, *checkpoints, "--resume", "--output", str(tmp_path / "resumed.npz"))
+    assert resumed.returncode == 0, resumed.stderr
+    assert "30 steps done (epoch 2, step 9), written by 2 ranks" in resumed.stdout
+    assert np.array_equal(final_params(tmp_path / "resumed.npz"), final_params(tmp_path / "whole.npz"))
+    if dtype == "float64":
+        more_ranks = run_training(3, *settings, *checkpoints, "--resume", "--output", str(tmp_path / "three.npz"))
+        assert more_ranks.returncode == 0, more_ranks.stderr
+        expected, got = final_params(tmp_path / "whole.npz"), final_params(tmp_path / "three.npz")
+        assert np.abs(got - expected).max() / np.abs(expected).max() <= 1e-10
+
+
+def test_a_rank_that_raises_ends_the_whole_job_with_its_message():
+    run = run_training(3, *SMALL, "--fault", "1:5:raise", "--timeout", "60", timeout=60)
+    assert run.returncode == 1
+    assert "rank 1: error:" in run.stderr and "RuntimeError: injected fault: rank 1 raised after step 5" in run.stderr
+    assert "rank 1: ending the whole job (MPI_Abort)" in run.stderr
+    assert "epoch 1/2" not in run.stdout
+
+
+def test_a_hanging_rank_is_named_and_the_job_ends_at_the_deadline():
+    import time
+
+    began = time.monotonic()
+    run = run_training(3, *SMALL, "--fault", "2:5:hang", "--timeout", "3", timeout=60)
+    assert run.returncode == 1
+    assert "rank 2 did not arrive in Allreduce within 3 s" in run.stderr, run.stderr
+    assert "at epoch 1, step 6, communicate" in run.stderr
+    assert time.monotonic() - began < 20
+
+
+@pytest.mark.parametrize("arguments, message", [
+    (["--timeout", "0"], "timeout must be a number of seconds above 0"),
+    (["--timeout", "-5"], "timeout must be a number of seconds above 0"),
+    (["--timeout", "1e9"], "timeout must be a number of seconds above 0"),
+    (["--timeout", "nan"], "timeout must be a number of seconds above 0"),
+    (["--fault", "1:kill"], "--fault must be RANK:STEP:KIND"),
+    (["--resume"], "--resume needs --checkpoint-dir"),
+    (["--checkpoint-every", "-1"], "--checkpoint-every must be 0"),
+])
+def test_bad_fault_settings_fail_clearly_on_every_rank(arguments, message):
+    run = run_training(2, *SMALL, *arguments)
+    assert run.returncode == 2
+    assert run.stderr.count(message) == 1, run.stderr
+    assert "Traceback" not in run.stderr
+
+
+def test_resume_problems_fail_clearly_on_every_rank(tmp_path):
+    folder = tmp_path / "checkpoints"
+    empty = run_training(2, *SMALL, "--checkpoint-dir", str(folder), "--resume")
+    assert empty.returncode == 2 and empty.stderr.count("the checkpoint folder") == 1, empty.stderr
+    assert run_training(2, *SMALL, "--checkpoint-dir", str(folder)).returncode == 0
+    other = run_training(2, *SMALL, "--hidden", "20", "--checkpoint-dir", str(folder), "--resume")
+    assert other.returncode == 2
+    assert other.stderr.count("layer_sizes: the checkpoint has [784, 16, 10], this run [784, 20, 10]") == 1
+    newest = sorted(folder.iterdir())[-1]
+    newest.write_bytes(newest.read_bytes()[:-100])
+    damaged = run_training(2, *SMALL, "--checkpoint-dir", str(folder), "--resume")
+    assert damaged.returncode == 2 and damaged.stderr.count("is truncated") == 1, damaged.stderr
+    assert "Traceback" not in other.stderr + damaged.stderr
