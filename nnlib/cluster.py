@@ -15,7 +15,10 @@ What it takes care of:
   order, and no progress bar, so notebooks can be tested against their saved outputs;
 * a start-up failure raises :class:`ClusterStartError` within ``timeout`` seconds, with the
   ``mpiexec`` command, the engines' own log lines and the likely fix;
-* stopping is quiet (no engine log in the notebook) and leaves no process behind.
+* every collective of nnlib on the engines has a classroom deadline ($NNLIB_TIMEOUT =
+  nnlib.watchdog.CLASSROOM_TIMEOUT seconds), so a failing rank stops a cell instead of hanging it;
+* stopping is quiet (no engine log in the notebook) and leaves no process behind, and no process
+  outlives the kernel however it ends (killed, restarted, out of memory): see nnlib.reaper.
 """
 
 from __future__ import annotations
@@ -71,9 +74,10 @@ class MPICluster:
     rank_of   {engine id: MPI rank}
     """
 
-    def __init__(self, cluster, client, n: int, timeout: float):
+    def __init__(self, cluster, client, n: int, timeout: float, reaper=None):
         self.cluster, self.client, self.n, self.timeout = cluster, client, n, timeout
         self.view, self.rank_of = None, {}
+        self.reaper = reaper  # ends this kernel's cluster processes if the kernel dies (nnlib.reaper)
 
     # -- context manager -----------------------------------------------------
     def __enter__(self):
@@ -166,7 +170,7 @@ class MPICluster:
             self.cluster.controller.log.setLevel(logging.CRITICAL)
 
     def stop(self):
-        """Stop the engines and the controller; safe to call twice."""
+        """Stop the engines and the controller (and this cluster's reaper); safe to call twice."""
         if self.cluster is None:
             return
         self._quiet()
@@ -174,8 +178,14 @@ class MPICluster:
             if self.client is not None:
                 self.client.close()
         finally:
-            self.cluster.stop_cluster_sync()
-            self.cluster = None
+            try:
+                self.cluster.stop_cluster_sync()
+            finally:
+                self.cluster = None
+                if self.reaper is not None:
+                    self.reaper.terminate()
+                    self.reaper.wait(10)
+                    self.reaper = None
 
     def __repr__(self):
         state = "stopped" if self.cluster is None else f"{self.n} MPI engines"
@@ -209,7 +219,9 @@ def start(n: int = 4, timeout: float = 30.0, mpiexec: str | None = None, environ
     """
     import ipyparallel
 
+    from . import reaper
     from .environment import mpiexec_path
+    from .watchdog import CLASSROOM_TIMEOUT
 
     mpiexec = mpiexec or mpiexec_path()
     if not mpiexec or not (os.path.isfile(mpiexec) and os.access(mpiexec, os.X_OK)):
@@ -218,13 +230,16 @@ def start(n: int = 4, timeout: float = 30.0, mpiexec: str | None = None, environ
             "Install an MPI runtime into this environment (pip install mpich mpi4py), or pass mpiexec='/path/to/mpiexec'."
         )
     mpiexec = os.path.abspath(mpiexec)
+    reaper.clean_up_orphans()  # clusters left behind by a dead kernel of this user
+    owner = os.environ[reaper.TAG] = reaper.tag_of()  # inherited by the controller, mpiexec and every engine
+    environment = {"NNLIB_TIMEOUT": os.environ.get("NNLIB_TIMEOUT", str(CLASSROOM_TIMEOUT)), **(environment or {})}
     cluster = ipyparallel.Cluster(engines="mpi", n=n, controller_args=["--HeartMonitor.period=500"],
                                   log_level=logging.ERROR)
     cluster.config.MPIEngineSetLauncher.mpi_cmd = [mpiexec]
     cluster.config.MPIEngineSetLauncher.environment = engine_environment(mpiexec, environment)
-    cluster.start_controller_sync()
-    handle = MPICluster(cluster, None, n, timeout)
+    handle = MPICluster(cluster, None, n, timeout, reaper.start_reaper(owner))
     try:
+        cluster.start_controller_sync()
         handle.client = cluster.connect_client_sync()
         handle._start_engines()
     except ClusterStartError:

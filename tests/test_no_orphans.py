@@ -1,0 +1,180 @@
+"""No process of a notebook cluster outlives the process that started it, however that ends.
+
+Each test starts a cluster (2 MPI engines) from a separate "kernel" process: a plain Python
+process, or a real Jupyter kernel driven with jupyter_client. It checks that the cluster's
+processes exist (the controller, mpiexec, hydra's proxy, the engines: all carry the owner's
+NNLIB_CLUSTER_OWNER tag), ends the owner one way, and requires that none of them, and no
+reaper, is left within GONE_WITHIN seconds. Being killed by the out-of-memory killer is a
+SIGKILL, the case tested here.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import psutil
+import pytest
+
+from nnlib.reaper import GRACE, POLL, TAG, clean_up_orphans, tag_of, tagged_processes
+
+GONE_WITHIN = POLL + 2 * GRACE + 5.0  # the reaper's look, SIGTERM's grace, SIGKILL, and slack
+
+OWNER = textwrap.dedent("""
+    import os, sys, time
+    from nnlib import cluster
+
+    mode = sys.argv[1]
+    if mode == "with":
+        with cluster.start(n=2, timeout=90, activate=False) as mpi:
+            print("started", os.environ["NNLIB_CLUSTER_OWNER"], flush=True)
+            time.sleep(1)
+        print("stopped", flush=True)
+        sys.exit(0)
+    mpi = cluster.start(n=2, timeout=90, activate=False)
+    print("started", os.environ["NNLIB_CLUSTER_OWNER"], flush=True)
+    if mode == "stop":
+        mpi.stop()
+        print("stopped", flush=True)
+        sys.exit(0)
+    if mode == "stuck":  # rank 1 fails, rank 0 waits in a plain (blocking) Barrier for ever
+        mpi.view.execute("if rank == 1:\\n    raise RuntimeError('rank 1 failed')\\ncomm.Barrier()", block=False)
+        time.sleep(2)
+    print("waiting", flush=True)
+    time.sleep(600)
+""")
+
+
+def reapers(tag):
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        cmdline = process.info["cmdline"] or []
+        if "nnlib.reaper" in cmdline and tag in cmdline:
+            found.append(process)
+    return found
+
+
+def leftovers(tag):
+    return [process.pid for process, _ in tagged_processes(tag)] + [process.pid for process in reapers(tag)]
+
+
+def wait_until_gone(tag, within=GONE_WITHIN):
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if not leftovers(tag):
+            return True
+        time.sleep(0.25)
+    return False
+
+
+def describe(pids):
+    text = []
+    for pid in pids:
+        try:
+            text.append(f"{pid}: {' '.join(psutil.Process(pid).cmdline())[:120]}")
+        except psutil.Error:
+            pass
+    return "\n".join(text)
+
+
+@pytest.fixture
+def owner(tmp_path):
+    """Start the owner script in a given mode; yields a function returning (process, tag); cleans up afterwards."""
+    started = []
+
+    def start(mode):
+        environment = dict(os.environ, IPYTHONDIR=str(tmp_path / "ipython"))
+        environment.pop(TAG, None)
+        process = subprocess.Popen([sys.executable, "-c", OWNER, mode], stdout=subprocess.PIPE, text=True,
+                                   env=environment, cwd=tmp_path)
+        started.append(process)
+        line = process.stdout.readline().split()
+        assert line[:1] == ["started"], f"the cluster did not start: {line}"
+        tag = line[1]
+        assert tag == tag_of(psutil.Process(process.pid))
+        running = tagged_processes(tag)
+        names = " ".join(" ".join(process.cmdline()) for process, _ in running)
+        assert len(running) >= 4 and "ipyparallel.engine" in names and "mpiexec" in names, names
+        assert len(reapers(tag)) == 1
+        return process, tag
+
+    yield start
+    for process in started:
+        process.kill()
+        process.wait()
+
+
+@pytest.mark.parametrize("mode", ["stop", "with"])
+def test_stopping_or_leaving_the_with_block_leaves_nothing(owner, mode):
+    process, tag = owner(mode)
+    assert process.stdout.readline().strip() == "stopped"
+    assert process.wait(30) == 0
+    assert wait_until_gone(tag, within=5), describe(leftovers(tag))
+
+
+@pytest.mark.parametrize("signal_number", [signal.SIGKILL, signal.SIGTERM])
+def test_a_killed_owner_leaves_nothing(owner, signal_number):
+    process, tag = owner("idle")
+    assert process.stdout.readline().strip() == "waiting"
+    process.send_signal(signal_number)
+    process.wait(10)
+    assert wait_until_gone(tag), describe(leftovers(tag))
+
+
+def test_an_owner_killed_while_a_rank_is_stuck_in_a_collective_leaves_nothing(owner):
+    process, tag = owner("stuck")
+    assert process.stdout.readline().strip() == "waiting"
+    engines = [proc for proc, _ in tagged_processes(tag) if "ipyparallel.engine" in " ".join(proc.cmdline())]
+    assert max(proc.cpu_percent(0.5) for proc in engines) > 20  # the waiting rank spins in MPI_Barrier
+    process.kill()
+    process.wait(10)
+    assert wait_until_gone(tag), describe(leftovers(tag))
+
+
+def test_orphans_of_a_dead_owner_are_cleaned_up_by_the_next_start(tmp_path):
+    """A tagged process whose owner is gone (its reaper killed too) is ended by clean_up_orphans."""
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    fake_tag = f"{dead.pid}:1.00"
+    orphan = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"],
+                              env=dict(os.environ, **{TAG: fake_tag}))
+    try:
+        deadline = time.monotonic() + 5
+        while not tagged_processes(fake_tag) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert [process.pid for process, _ in tagged_processes(fake_tag)] == [orphan.pid]
+        assert clean_up_orphans() >= 1
+        assert orphan.wait(10) is not None
+    finally:
+        orphan.kill()
+
+
+@pytest.mark.parametrize("how", ["restart", "shutdown"])
+def test_a_jupyter_kernel_restarted_or_shut_down_while_a_cell_is_stuck_leaves_nothing(tmp_path, how):
+    """As JupyterLab does: a kernel starts a cluster, a %%px cell hangs in a collective, then the kernel is
+    restarted (or shut down) from the menu."""
+    from jupyter_client.manager import start_new_kernel
+
+    environment = dict(os.environ, IPYTHONDIR=str(tmp_path / "ipython"))
+    environment.pop(TAG, None)
+    manager, client = start_new_kernel(kernel_name="python3", env=environment, cwd=str(tmp_path))
+    try:
+        reply = client.execute_interactive("from nnlib import cluster\nmpi = cluster.start(n=2, timeout=90)",
+                                           timeout=120)
+        assert reply["content"]["status"] == "ok", reply["content"]
+        kernel = psutil.Process(manager.provisioner.process.pid)
+        tag = tag_of(kernel)
+        assert len(tagged_processes(tag)) >= 4
+        client.execute("%%px\nif rank == 1:\n    raise RuntimeError('rank 1 failed')\ncomm.Barrier()")
+        time.sleep(3)  # the cell is stuck: rank 0 waits in Barrier for rank 1
+        if how == "restart":
+            manager.restart_kernel(now=False)
+        else:
+            manager.shutdown_kernel(now=False)
+        assert wait_until_gone(tag), describe(leftovers(tag))
+    finally:
+        client.stop_channels()
+        if manager.is_alive():
+            manager.shutdown_kernel(now=True)
