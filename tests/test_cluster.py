@@ -106,3 +106,73 @@ def test_open_mpi_gets_its_root_and_oversubscribe_settings(tmp_path):
 
     assert cluster.mpi_flavour(mpiexec_path()) == "mpich"
     assert "OMPI_ALLOW_RUN_AS_ROOT" not in cluster.engine_environment(mpiexec_path())
+
+
+TRAINING = """
+import os, signal
+import numpy as np
+from nnlib import Network
+from nnlib.parallel import shard, train_parallel
+
+_rng = np.random.default_rng(0)
+_inputs, _labels = _rng.random((997, 12)), _rng.integers(0, 4, 997)
+_local = shard(comm, _inputs if rank == 0 else None, _labels if rank == 0 else None)
+
+def _fault(epoch, step, total_steps):
+    if rank == 2 and total_steps == 5 and FAULT == "raise":
+        raise RuntimeError("rank 2 failed on purpose")
+    if rank == 2 and total_steps == 5 and FAULT == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+
+_network = Network((12, 7, 4), dtype="float64", seed=3)
+train_parallel(comm, _network, *_local[:2], num_samples=997, start=_local[2], epochs=2, learning_rate=0.5,
+               batch_size=64, momentum=0.9, on_step=_fault)
+_params = _network.params.copy()
+"""
+
+
+def errors_by_rank(running, failed_result):
+    """{rank: exception name} of a failed AsyncResult, from ipyparallel's CompositeError."""
+    import ipyparallel
+
+    with pytest.raises(ipyparallel.error.CompositeError) as caught:
+        failed_result.get(1)
+    return {running.rank_of.get(info["engine_id"]): name for name, _, _, info in caught.value.elist}
+
+
+def test_engines_have_the_classroom_deadline():
+    with cluster.start(n=2, activate=False) as running:
+        from nnlib.watchdog import CLASSROOM_TIMEOUT
+
+        assert on_engines(running.view, "__import__('nnlib.watchdog').watchdog.default_timeout()") == \
+            [CLASSROOM_TIMEOUT] * 2
+    assert wait_until_gone() == []
+
+
+def test_a_rank_failing_in_training_stops_every_rank_at_once_and_the_next_run_needs_no_restart():
+    with cluster.start(n=3, activate=False) as running:
+        running.view.push({"FAULT": "raise"}, block=True)
+        began = time.monotonic()
+        failed = running.view.execute(TRAINING, block=False)
+        failed.wait(15)
+        assert failed.ready() and time.monotonic() - began < 15  # not the 20 s deadline: rank 2 told them
+        assert errors_by_rank(running, failed) == {0: "CollectiveTimeout", 1: "CollectiveTimeout", 2: "RuntimeError"}
+        running.view.push({"FAULT": None}, block=True)
+        running.view.execute(TRAINING, block=True)  # the same engines, no restart
+        import numpy as np
+
+        params = running.view.pull("_params", block=True)
+        assert all(np.array_equal(params[0], other) for other in params[1:])  # the same trained network
+    assert wait_until_gone() == []
+
+
+def test_a_killed_engine_ends_the_cell_and_restart_recovers():
+    with cluster.start(n=3, activate=False) as running:
+        running.view.push({"FAULT": "kill"}, block=True)
+        failed = running.view.execute(TRAINING, block=False)
+        failed.wait(25)
+        assert failed.ready()  # hydra ends the whole MPI job when one rank dies
+        assert set(errors_by_rank(running, failed).values()) == {"EngineError"}
+        running.restart()
+        assert on_engines(running.view, "comm.allreduce(1)") == [3, 3, 3]
+    assert wait_until_gone() == []
