@@ -137,7 +137,8 @@ def errors_by_rank(running, failed_result):
 
     with pytest.raises(ipyparallel.error.CompositeError) as caught:
         failed_result.get(1)
-    return {running.rank_of.get(info["engine_id"]): name for name, _, _, info in caught.value.elist}
+    return {running.rank_of.get(info.get("engine_id"), f"engine {index}"): name
+            for index, (name, _, _, info) in enumerate(caught.value.elist)}
 
 
 def test_engines_have_the_classroom_deadline():
