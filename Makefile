@@ -4,6 +4,8 @@
 #   make rehearse   execute every notebook headless into build/rehearsal (a classroom rehearsal)
 #   make benchmark  nnlib versus PyTorch on the CPU, and 1 versus 2 MPI ranks against PyTorch DDP
 #                   (installs torch==2.13.0 into .venv)
+#   make multihost  as root: the batch job across 2 and 3 hosts (network namespaces on this machine),
+#                   its bytes on the links, and a pulled cable caught by the watchdog (also in make test)
 #   make gpu        on a machine with an NVIDIA GPU: install CuPy, run the GPU tests, record the GPU
 #                   figures into notebooks/results/gpu-<device>.csv for notebook 07
 #                   (CUPY=cupy-cuda13x for a CUDA 13 driver; default cupy-cuda12x)
@@ -17,7 +19,7 @@ ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 TEST_IPYTHONDIR := $(CURDIR)/build/ipython
 CUPY ?= cupy-cuda12x
 
-.PHONY: setup data lab test rehearse benchmark gpu clean
+.PHONY: setup data lab test rehearse benchmark multihost gpu clean
 
 $(VENV)/.installed: pyproject.toml scripts/make-venv.sh
 	sh scripts/make-venv.sh $(PYTHON) $(VENV)
@@ -45,6 +47,9 @@ benchmark: data
 	$(BIN)/python -m pip install --quiet -e '.[benchmark]'
 	$(BIN)/python benchmarks/cpu_throughput.py --threads 1
 	$(BIN)/python benchmarks/data_parallel.py
+
+multihost: data
+	$(BIN)/python -m pytest -v -rs tests/test_multihost.py
 
 gpu: data
 	$(BIN)/python -m pip install --quiet '$(CUPY)>=14'
