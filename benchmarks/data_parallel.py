@@ -11,6 +11,13 @@ torch==2.13.0) it also trains the same network with DistributedDataParallel (glo
 Cases:
   784-128-10 on full MNIST, global batch 256, mini-batch SGD (momentum 0.9)
   400-25-10 full-batch gradient descent on 60,000 samples (the seed workload, 20x20 crops)
+
+Then the cost of surviving faults, on 2 ranks, 784-128-10, global batch 256, one epoch per call,
+the variants interleaved over several repeats (medians):
+  blocking    MPI's own blocking collectives (what train_parallel did before nnlib.watchdog)
+  watched     every collective under the watchdog's deadline (the default)
+  checkpoint  watched, plus a checkpoint written at the end of the epoch (the default interval)
+and a bare in-place Allreduce of the gradient buffer, blocking against watched.
 """
 
 from __future__ import annotations
@@ -66,11 +73,88 @@ def worker(case_name: str, strategy: str) -> None:
                               buffer_bytes=int(network.grads.nbytes))))
 
 
+class Blocking:
+    """train_parallel's communicator without the watchdog: MPI's own blocking collectives, no deadline."""
+
+    def __init__(self, comm, timeout=None):
+        self.comm, self.timeout, self.where = comm, timeout, {}
+
+    def __getattr__(self, name):
+        return getattr(self.comm, name)
+
+    def at(self, **where):
+        self.where.update(where)
+
+    def guard(self):
+        import contextlib
+
+        return contextlib.nullcontext(self)
+
+
+def fault_costs(repeats: int = 7) -> None:
+    """Runs on 2 ranks under mpiexec; rank 0 prints one JSON line: the watchdog's and checkpoints' costs."""
+    import tempfile
+
+    from mpi4py import MPI
+
+    from nnlib import collectives, parallel
+    from nnlib.checkpoint import CheckpointFolder
+    from nnlib.network import Network
+    from nnlib.watchdog import watch
+
+    comm = MPI.COMM_WORLD
+    inputs, labels = load(False) if comm.rank == 0 else (None, None)
+    local_inputs, local_labels, start = parallel.shard(comm, inputs, labels)
+    network = Network((784, 128, 10), seed=0)
+    folder = tempfile.mkdtemp(prefix="nnlib-checkpoints-") if comm.rank == 0 else None
+    checkpoints = CheckpointFolder(folder if comm.rank == 0 else "unused-on-other-ranks")
+    watched = parallel.watch
+
+    def one_epoch(variant):
+        parallel.watch = Blocking if variant == "blocking" else watched
+        comm.Barrier()
+        began = time.perf_counter()
+        history = parallel.train_parallel(
+            comm, network, local_inputs, local_labels, num_samples=60000, start=start, epochs=1, learning_rate=0.1,
+            batch_size=256, momentum=0.9, checkpoints=checkpoints if variant == "checkpoint" else None)
+        # The epoch's steps alone, and the whole call (set-up and the end-of-epoch checkpoint included).
+        timings = np.array([history.seconds[0], time.perf_counter() - began])
+        comm.Allreduce(MPI.IN_PLACE, timings, op=MPI.MAX)
+        return timings
+
+    variants = ("blocking", "watched", "checkpoint")
+    one_epoch("watched")  # warm-up
+    seconds = {variant: [] for variant in variants}
+    for _ in range(repeats):
+        for variant in variants:
+            seconds[variant].append(one_epoch(variant))
+    parallel.watch = watched
+    gradient = np.ones(network.num_params, dtype=np.float32)
+    watched_comm = watch(comm)
+    bare = {
+        "blocking": collectives.time_collective(comm, lambda: comm.Allreduce(MPI.IN_PLACE, gradient), 300),
+        "watched": collectives.time_collective(
+            comm, lambda: watched_comm.Allreduce(MPI.IN_PLACE, gradient), 300),
+    }
+    if comm.rank == 0:
+        import shutil
+
+        shutil.rmtree(folder)
+        print(json.dumps(dict(epoch={variant: float(np.median([steps for steps, _ in values]))
+                                     for variant, values in seconds.items()},
+                              call={variant: float(np.median([call for _, call in values]))
+                                    for variant, values in seconds.items()},
+                              allreduce=bare, gradient_bytes=int(gradient.nbytes),
+                              checkpoint_bytes=int(np.median(checkpoints.sizes)),
+                              checkpoint_write=float(np.median(checkpoints.seconds)),
+                              steps=int(np.ceil(60000 / 256)), repeats=repeats)))
+
+
 def run_ranks(ranks: int, case_name: str, strategy: str = "allreduce") -> dict:
     from nnlib.environment import mpiexec_path
 
     command = [mpiexec_path(), "-n", str(ranks), sys.executable, __file__, "--worker", case_name, strategy]
-    run = subprocess.run(command, capture_output=True, text=True, check=True)
+    run = subprocess.run(command, capture_output=True, text=True, check=True, timeout=900)
     return json.loads(run.stdout.strip().splitlines()[-1])
 
 
@@ -129,9 +213,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--worker", nargs=2, metavar=("CASE", "STRATEGY"), help=argparse.SUPPRESS)
     parser.add_argument("--no-torch", action="store_true", help="skip the PyTorch DDP comparison")
+    parser.add_argument("--fault-costs", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--only-fault-costs", action="store_true",
+                        help="measure only the watchdog's and checkpoints' costs")
     args = parser.parse_args()
     if args.worker:
         worker(*args.worker)
+        return
+    if args.fault_costs:
+        fault_costs()
         return
     try:
         import torch  # noqa: F401
@@ -148,6 +238,9 @@ def main() -> None:
               f"{'comm/step us':>12s} {'bare Allreduce us':>17s} {'comm/bare':>9s}")
     if have_torch:
         header += f" {'DDP s/epoch':>11s} {'DDP/nnlib':>9s}"
+    if args.only_fault_costs:
+        print_fault_costs()
+        return
     print(header)
     print("-" * len(header))
     for name in CASES:
@@ -162,6 +255,27 @@ def main() -> None:
         print(line, flush=True)
     print("\ncomm/step: the slowest rank's Allreduce time per step, waiting included; bare Allreduce: "
           "the median of 200 Allreduces of the same gradient buffer on the same 2 ranks.")
+    print_fault_costs()
+
+
+def print_fault_costs() -> None:
+    from nnlib.environment import mpiexec_path
+
+    command = [mpiexec_path(), "-n", "2", sys.executable, __file__, "--fault-costs"]
+    costs = json.loads(subprocess.run(command, capture_output=True, text=True, check=True, timeout=600).stdout
+                       .strip().splitlines()[-1])
+    epoch, call, bare = costs["epoch"], costs["call"], costs["allreduce"]
+    print(f"\nThe cost of surviving faults: 2 ranks, 784-128-10, global batch 256, {costs['steps']} steps per epoch, "
+          f"medians of {costs['repeats']} interleaved repeats")
+    print(f"  an epoch's steps: blocking collectives {epoch['blocking']:.3f} s, watched {epoch['watched']:.3f} s "
+          f"(watchdog cost {epoch['watched'] / epoch['blocking'] - 1:+.1%})")
+    print(f"  a one-epoch call: watched {call['watched']:.3f} s, watched + a checkpoint at its end "
+          f"{call['checkpoint']:.3f} s (checkpoint cost {call['checkpoint'] / call['watched'] - 1:+.1%})")
+    print(f"  bare Allreduce of the {costs['gradient_bytes'] / 1e3:.0f} kB gradient: blocking "
+          f"{bare['blocking'] * 1e6:.0f} us, watched {bare['watched'] * 1e6:.0f} us "
+          f"(ratio {bare['watched'] / bare['blocking']:.2f})")
+    print(f"  checkpoint: {costs['checkpoint_bytes'] / 1e3:.0f} kB, written (and flushed to disk) in "
+          f"{costs['checkpoint_write'] * 1e3:.1f} ms")
 
 
 if __name__ == "__main__":

@@ -129,8 +129,10 @@ class WatchedComm:
                 self._read_notices(what)
                 if now >= deadline:
                     self._give_up(what)
-            if now - began > 0.002:  # waited a while already: let other processes have the core
-                time.sleep(0.00005 if now - began < 0.05 else 0.001)
+            if now - began > 0.05:  # a long wait: sleep between looks, leaving the core to others
+                time.sleep(0.001)
+            elif now - began > 0.002:  # let another rank on this core run, without a sleep's delay
+                os.sched_yield()
         return result
 
     def _read_notices(self, what: str) -> None:
