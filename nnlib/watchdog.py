@@ -79,7 +79,7 @@ def describe(where: dict) -> str:
     """'epoch 2, step 17, communicate' from {'phase': 'communicate', 'epoch': 2, 'step': 17}."""
     parts = [f"{key} {where[key]}" for key in ("epoch", "step") if key in where]
     parts += [str(value) for key, value in where.items() if key not in ("epoch", "step")]
-    return ", ".join(parts) or "outside training"
+    return ", ".join(parts)
 
 
 class WatchedComm:
@@ -158,6 +158,7 @@ class WatchedComm:
     def _give_up(self, what: str) -> None:
         """Tell the others we are waiting, listen for their notices for ``grace`` seconds, then raise."""
         here = describe(self.where)
+        here = f" at {here}" if here else ""
         self._send_notice(kind="waiting", what=what)
         comm = self.comm if self.comm is not None else self.parent
         status, listen_until = MPI.Status(), time.monotonic() + self.grace
@@ -169,20 +170,20 @@ class WatchedComm:
                 time.sleep(0.001)
         failed = {rank: notice for rank, notice in self._heard.items() if notice["kind"] == "failed"}
         missing = [rank for rank in range(self.size) if rank != self.rank and rank not in self._heard]
-        self.broken = f"a collective was abandoned in {what} at {here}"
+        self.broken = f"a collective was abandoned in {what}{here}"
         waited_for_me = sorted(rank for rank, notice in self._heard.items() if notice["kind"] == "waiting")
         lines = []
         for rank, notice in sorted(failed.items()):
-            lines.append(f"rank {rank} failed at {describe(notice['where'])}:\n{notice['text'].rstrip()}\n")
+            lines.append(f"rank {rank} failed{' at ' + describe(notice['where']) if notice['where'] else ''}:\n{notice['text'].rstrip()}\n")
         if missing:
             names = ", ".join(map(str, missing))
             lines.append(f"rank{'s' if len(missing) > 1 else ''} {names} did not arrive in {what} within "
-                         f"{self.timeout:g} s (rank {self.rank} waited there, at {here}).")
+                         f"{self.timeout:g} s (rank {self.rank} waited there{here}).")
         elif not failed:
-            lines.append(f"rank {self.rank} came to {what} at {here}, but rank{'s' if len(waited_for_me) > 1 else ''} "
+            lines.append(f"rank {self.rank} came to {what}{here}, but rank{'s' if len(waited_for_me) > 1 else ''} "
                          f"{', '.join(map(str, waited_for_me))} had stopped waiting for it after {self.timeout:g} s.")
         if failed:
-            lines.append(f"Rank {self.rank} stopped waiting in {what} at {here}. Fix the error above and run again; "
+            lines.append(f"Rank {self.rank} stopped waiting in {what}{here}. Fix the error above and run again; "
                          "every rank is still alive and can (this run's communicator is dropped).")
         else:
             lines.append(
@@ -202,7 +203,7 @@ class WatchedComm:
             return
         text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
         self._send_notice(kind="failed", text=text)
-        self.broken = f"rank {self.rank} failed at {describe(self.where)}"
+        self.broken = f"rank {self.rank} failed" + (f" at {describe(self.where)}" if self.where else "")
 
     # -- buffer collectives -------------------------------------------------------------------
     def Barrier(self):
