@@ -275,7 +275,7 @@ def print_fault_costs() -> None:
           f"{bare['blocking'] * 1e6:.0f} us, watched {bare['watched'] * 1e6:.0f} us "
           f"(ratio {bare['watched'] / bare['blocking']:.2f})")
     print(f"  checkpoint: {costs['checkpoint_bytes'] / 1e3:.0f} kB, written (and flushed to disk) in "
-          f"{costs['checkpoint_write'] * 1e3:.1f} ms")
+          f"{costs['checkpoint_write'] * 1e3:.1f} ms, {costs['checkpoint_write'] / epoch['watched']:.1%} of an epoch's steps")
 
 
 if __name__ == "__main__":
