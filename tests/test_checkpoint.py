@@ -121,7 +121,19 @@ def mounted(folder, options):
         subprocess.run(["umount", "-l", str(folder)], check=False)
 
 
-needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to mount a small or read-only tmpfs")
+def can_mount() -> tuple[bool, str]:
+    """(True, '') where this process can mount a tmpfs (root, and a kernel that lets it), else (False, why)."""
+    import tempfile
+
+    if os.geteuid() != 0:
+        return False, "needs root to mount a small or read-only tmpfs"
+    with tempfile.TemporaryDirectory() as folder:
+        made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", folder], capture_output=True, text=True)
+        subprocess.run(["umount", folder], capture_output=True)
+    return (True, "") if made.returncode == 0 else (False, f"cannot mount a tmpfs here: {made.stderr.strip()}")
+
+
+needs_root = pytest.mark.skipif(not can_mount()[0], reason=can_mount()[1])
 
 
 @needs_root
@@ -198,3 +210,13 @@ def test_resume_without_a_checkpoint_says_so(tmp_path):
         train_one_rank(CheckpointFolder(tmp_path), resume=True)
     with pytest.raises(ValueError, match="resume=True needs checkpoints="):
         train_one_rank(None, resume=True)
+
+
+@needs_root
+def test_training_into_a_full_folder_stops_with_the_write_error_and_keeps_the_last_good_checkpoint(tmp_path):
+    with mounted(tmp_path / "full", "size=12k") as folder:  # room for a few checkpoints of this network
+        checkpoints = CheckpointFolder(folder, every=5, keep=5)
+        with pytest.raises(ValueError, match="could not write the checkpoint .*No space left on device"):
+            train_one_rank(checkpoints)
+        newest = checkpoints.latest()  # intact and loadable: the one written before the disk filled up
+        assert newest.total_steps == 5 * len(checkpoints.sizes) and newest.total_steps >= 5
