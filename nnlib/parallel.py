@@ -39,6 +39,7 @@ from .watchdog import agreed, watch
 
 STRATEGIES = ("parameter_server", "reduce_broadcast", "allreduce")
 PHASES = ("data", "compute", "communicate", "update")
+HISTORY_FIELDS = ("loss", "train_accuracy", "validation_accuracy", "seconds")  # what a checkpoint keeps
 
 
 @dataclass
@@ -299,7 +300,7 @@ def _train(comm, network, local_inputs, local_labels, *, num_samples, start, epo
                   f"{first_step}), written by {resumed['ranks']} rank{'s' if resumed['ranks'] > 1 else ''}", flush=True)
         if rng is not None:
             rng.bit_generator.state = resumed["rng_state"]
-        for name in ("loss", "train_accuracy", "validation_accuracy", "seconds"):
+        for name in HISTORY_FIELDS:
             getattr(history, name).extend(resumed["history"][name])
     phases = history.phase_seconds
     clock_zero = time.perf_counter()
@@ -327,8 +328,7 @@ def _train(comm, network, local_inputs, local_labels, *, num_samples, start, epo
             record = Checkpoint(
                 params=to_numpy(network.params), velocity=velocity, epoch=epoch, step=steps_done,
                 rng_state=rng_state, partial=partial.tolist(), ranks=size, total_steps=total_steps, settings=settings,
-                history={name: list(getattr(history, name))
-                         for name in ("loss", "train_accuracy", "validation_accuracy", "seconds")})
+                history={name: list(getattr(history, name)) for name in HISTORY_FIELDS})
             try:
                 checkpoints.write(record)
             except CheckpointError as error:

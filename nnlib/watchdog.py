@@ -99,12 +99,11 @@ class WatchedComm:
         self.parent = comm
         self.rank, self.size = comm.rank, comm.size
         self.where: dict = {}
-        self.count = 0  # collectives started on this communicator
         self.broken = None  # why it may not be used any more
         self._heard: dict = {}  # rank -> notice received from it
         self._sent: list = []  # notices' send requests (kept alive until complete)
         self.comm = None
-        self.comm = self._wait_for(*_idup(comm), "Idup (making the run's own communicator)")
+        self.comm = self._wait_for(*comm.Idup(), "Idup (making the run's own communicator)")
 
     # -- where the run is -------------------------------------------------------------------
     def at(self, **where) -> None:
@@ -119,7 +118,6 @@ class WatchedComm:
     def _wait_for(self, result, request, what):
         if self.broken:
             raise RuntimeError(f"this communicator cannot be used any more: {self.broken}")
-        self.count += 1
         began = time.monotonic()
         deadline, next_look = began + self.timeout, began + LOOK_EVERY
         while not request.Test():
@@ -135,22 +133,29 @@ class WatchedComm:
                 os.sched_yield()
         return result
 
-    def _read_notices(self, what: str) -> None:
-        """Take every notice that has come in; a failure, or a rank that gave up, ends this wait too."""
-        comm = self.comm if self.comm is not None else self.parent
+    @property
+    def _channel(self):
+        """Where notices travel: the run's own communicator (its parent while that is being made)."""
+        return self.comm if self.comm is not None else self.parent
+
+    def _take_notices(self) -> None:
+        """Receive every notice that has come in, without waiting."""
         status = MPI.Status()
-        while comm.iprobe(source=MPI.ANY_SOURCE, tag=NOTICE_TAG, status=status):
-            notice = comm.recv(source=status.Get_source(), tag=NOTICE_TAG)
+        while self._channel.iprobe(source=MPI.ANY_SOURCE, tag=NOTICE_TAG, status=status):
+            notice = self._channel.recv(source=status.Get_source(), tag=NOTICE_TAG)
             self._heard[notice["rank"]] = notice
-        if any(notice["kind"] in ("failed", "waiting") for notice in self._heard.values()):
+
+    def _read_notices(self, what: str) -> None:
+        """A notice ("failed", or "waiting": another rank gave up) ends this wait too."""
+        self._take_notices()
+        if self._heard:
             self._give_up(what)
 
     def _send_notice(self, **notice) -> None:
-        comm = self.comm if self.comm is not None else self.parent
-        notice.update(rank=self.rank, where=dict(self.where), count=self.count)
+        notice.update(rank=self.rank, where=dict(self.where))
         for other in range(self.size):
             if other != self.rank:
-                self._sent.append(comm.isend(notice, dest=other, tag=NOTICE_TAG))
+                self._sent.append(self._channel.isend(notice, dest=other, tag=NOTICE_TAG))
         flush_until = time.monotonic() + 0.2  # small messages go out at once; give them a moment
         while not MPI.Request.Testall(self._sent) and time.monotonic() < flush_until:
             time.sleep(0.001)
@@ -160,14 +165,12 @@ class WatchedComm:
         here = describe(self.where)
         here = f" at {here}" if here else ""
         self._send_notice(kind="waiting", what=what)
-        comm = self.comm if self.comm is not None else self.parent
-        status, listen_until = MPI.Status(), time.monotonic() + self.grace
-        while len(self._heard) < self.size - 1 and time.monotonic() < listen_until:
-            if comm.iprobe(source=MPI.ANY_SOURCE, tag=NOTICE_TAG, status=status):
-                notice = comm.recv(source=status.Get_source(), tag=NOTICE_TAG)
-                self._heard[notice["rank"]] = notice
-            else:
-                time.sleep(0.001)
+        listen_until = time.monotonic() + self.grace
+        while time.monotonic() < listen_until:
+            self._take_notices()
+            if len(self._heard) == self.size - 1:
+                break
+            time.sleep(0.001)
         failed = {rank: notice for rank, notice in self._heard.items() if notice["kind"] == "failed"}
         missing = [rank for rank in range(self.size) if rank != self.rank and rank not in self._heard]
         self.broken = f"a collective was abandoned in {what}{here}"
@@ -304,11 +307,6 @@ def agreed(error: BaseException) -> BaseException:
     """Mark ``error`` as raised by every rank together (so no 'failed' notice is sent); return it."""
     error.agreed = True
     return error
-
-
-def _idup(comm):
-    duplicate, request = comm.Idup()
-    return duplicate, request
 
 
 def _pickled(obj) -> np.ndarray:
