@@ -3,6 +3,7 @@
     python -m nnlib fetch-data [--dir DIR]   download (if needed) and verify MNIST
     mpiexec -n 4 python -m nnlib collectives  notebook 04's collectives as a plain MPI script
     mpiexec -n 4 python -m nnlib train ...    data-parallel training as a batch job (--help)
+    mpiexec -n 4 python -m nnlib allreduce-timing  MPI's Allreduce against the hand-built ones (--help)
     python -m nnlib scaling ...               strong and weak scaling tables, CSV (--help)
     python -m nnlib gpu-benchmark ...         record CPU-versus-GPU figures on a GPU machine (--help)
 """
@@ -55,6 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_arguments(training)
     training.set_defaults(handler=run_training)
     commands.add_parser("scaling", help="strong and weak scaling tables (see: python -m nnlib scaling --help)")
+    commands.add_parser("allreduce-timing", help="time MPI's Allreduce against the hand-built ones (under mpiexec)")
     commands.add_parser("gpu-benchmark", help="record CPU-versus-GPU figures (see: python -m nnlib gpu-benchmark --help)")
     return parser
 
@@ -65,6 +67,10 @@ def main(argv=None) -> int:
         from .scaling import main as scaling
 
         return scaling(argv[1:])
+    if argv[:1] == ["allreduce-timing"]:
+        from .allreduce import main as allreduce_timing
+
+        return allreduce_timing(argv[1:])
     if argv[:1] == ["gpu-benchmark"]:
         from .gpu import main as gpu_benchmark
 

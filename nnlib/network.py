@@ -194,7 +194,8 @@ class Network:
         self.output_logits = logits
         return activations
 
-    def loss_and_gradient(self, inputs, labels, normalizer=None, check: bool = True, on_device: bool = False):
+    def loss_and_gradient(self, inputs, labels, normalizer=None, check: bool = True, on_device: bool = False,
+                          on_layer_done=None):
         """Cost J and its gradient for a batch; the gradient is written into ``self.grads``.
 
         inputs (N, n_0), labels (N,) integers. The sums over samples are divided by
@@ -210,20 +211,26 @@ class Network:
         With ``on_device`` both stay 0-d arrays where the arrays live (e.g. on the GPU), so
         that the caller can add them up there and bring them back once per epoch; otherwise
         they are a Python float and int (which, on a GPU, waits for the GPU).
+        ``on_layer_done(layer)``, if given, is called as soon as layer ``layer``'s gradient is
+        final (layers L-1 down to 0, in the order backpropagation produces them): nnlib.overlap
+        starts sending it there while the earlier layers' backward pass still runs.
         """
         if check:
             self.check_inputs(inputs)
             self.check_labels(labels, inputs.shape[0])
         scale = 1.0 / (inputs.shape[0] if normalizer is None else normalizer)
         loss, self.last_correct = 0.0, 0
-        for start, end in self.chunks(inputs.shape[0]):
-            loss += self._chunk_loss_and_gradient(inputs[start:end, ...], labels[start:end], scale, start > 0)
+        chunks = self.chunks(inputs.shape[0])
+        for start, end in chunks:
+            last = end == chunks[-1][1]
+            loss += self._chunk_loss_and_gradient(inputs[start:end, ...], labels[start:end], scale, start > 0,
+                                                  on_layer_done if last else None)
         if on_device:
             return loss
         self.last_correct = int(self.last_correct)
         return float(loss)
 
-    def _chunk_loss_and_gradient(self, inputs, labels, scale: float, accumulate: bool):
+    def _chunk_loss_and_gradient(self, inputs, labels, scale: float, accumulate: bool, on_layer_done=None):
         """Backpropagation on one chunk: write (or, if accumulate, add) its gradient into grads.
 
         Returns the chunk's scaled loss as a 0-d array on the arrays' device.
@@ -244,6 +251,8 @@ class Network:
             else:
                 self.grad_weights[layer][...] = grad_weights
                 self.grad_biases[layer][...] = grad_biases
+            if on_layer_done is not None:
+                on_layer_done(layer)
             if layer > 0:  # no input gradient is needed for the first layer
                 delta = (delta @ self.weights[layer].T) * sigmoid_prime_from_activation(activations[layer])
         return loss

@@ -5,14 +5,19 @@ One step, on every rank at once:
 1. **data**: take the samples of the global batch that this rank holds;
 2. **compute**: forward and backward on them, dividing by the *global* batch size, so the
    ranks' gradients add up to exactly the sequential batch gradient (whatever the shard sizes);
-3. **communicate** and **update**, by one of three strategies:
+3. **communicate** and **update**, by one of these strategies:
 
    ``parameter_server``  Gather every rank's gradient on rank 0, which sums them, updates,
                          and broadcasts the new parameters (what the seed scripts do);
    ``reduce_broadcast``  Reduce (sum) the gradients onto rank 0, which updates and
                          broadcasts the parameters (one seed's variant);
    ``allreduce``         one in-place Allreduce of the flat gradient vector: every rank gets
-                         the sum and applies the same update to its own copy (one message).
+                         the sum and applies the same update to its own copy (one message);
+   ``zero``              ZeRO stages 1-2 (nnlib.zero): Reduce_scatter the gradients, each rank
+                         updates only its 1/P slice (and keeps only that slice's momentum),
+                         Allgatherv the parameters;
+   ``overlap``           allreduce, but each bucket of layers is sent (Iallreduce) as soon as
+                         backpropagation has produced it (nnlib.overlap, PyTorch DDP's design).
 
 Same steps as the sequential run: every rank draws the same seeded permutation of all N
 samples that :func:`nnlib.training.train` draws, so global batch k holds the same samples
@@ -34,10 +39,14 @@ from mpi4py import MPI
 from . import collectives
 from .backend import cuda_aware_mpi, is_numpy, synchronizer, to_numpy
 from .checkpoint import Checkpoint, CheckpointError, CheckpointFolder, mismatches
-from .training import SGD, History, as_schedule, batches
+from .overlap import BucketedAllreduce
+from .sampling import SAMPLERS, exact_plan, per_rank_plan
+from .training import SGD, History, as_schedule
 from .watchdog import agreed, watch
+from .zero import ShardedSGD
 
-STRATEGIES = ("parameter_server", "reduce_broadcast", "allreduce")
+STRATEGIES = ("parameter_server", "reduce_broadcast", "allreduce", "zero", "overlap")
+# lesson 05's three; lesson 08 adds "zero" (nnlib.zero) and "overlap" (nnlib.overlap)
 PHASES = ("data", "compute", "communicate", "update")
 HISTORY_FIELDS = ("loss", "train_accuracy", "validation_accuracy", "seconds")  # what a checkpoint keeps
 
@@ -141,7 +150,7 @@ def train_parallel(comm, network, local_inputs, local_labels, *, num_samples: in
                    epochs: int, learning_rate, batch_size=None, momentum: float = 0.0, seed: int = 0,
                    strategy: str = "allreduce", validation=None, progress: bool = False,
                    timeline_steps: int = 0, cuda_aware=None, timeout=None, checkpoints=None,
-                   resume: bool = False, on_step=None) -> ParallelHistory:
+                   resume: bool = False, on_step=None, sampler: str = "exact") -> ParallelHistory:
     """Data-parallel training of ``network`` (a full copy on every rank) on sharded data.
 
     local_inputs, local_labels: this rank's rows [start, start + len) of the N = num_samples
@@ -162,6 +171,10 @@ def train_parallel(comm, network, local_inputs, local_labels, *, num_samples: in
     step, total_steps)``, if given, is called after every step (lessons and tests use it to
     inject a fault).
 
+    ``sampler``: "exact" (the sequential run's batches; the default) or "per_rank" (each rank
+    draws its share of every batch from its own shard, like PyTorch's DistributedSampler): see
+    nnlib.sampling.
+
     With a GPU network the shards move to the GPU once and stay there; gradients and parameters
     go through host memory for MPI unless the MPI is CUDA-aware (``cuda_aware=None``: detect,
     see nnlib.backend.cuda_aware_mpi; True or False: decide).
@@ -172,7 +185,7 @@ def train_parallel(comm, network, local_inputs, local_labels, *, num_samples: in
                       epochs=epochs, learning_rate=learning_rate, batch_size=batch_size, momentum=momentum,
                       seed=seed, strategy=strategy, validation=validation, progress=progress,
                       timeline_steps=timeline_steps, cuda_aware=cuda_aware, checkpoints=checkpoints,
-                      resume=resume, on_step=on_step)
+                      resume=resume, on_step=on_step, sampler=sampler)
 
 
 def run_settings(network, num_samples, batch_size, momentum, seed, learning_rate) -> dict:
@@ -184,13 +197,18 @@ def run_settings(network, num_samples, batch_size, momentum, seed, learning_rate
 
 
 def _check(comm, network, local_inputs, local_labels, num_samples, start, epochs, learning_rate, batch_size,
-           momentum, seed, strategy):
-    """Every check of train_parallel's arguments, with one verdict on every rank; returns the schedule."""
+           momentum, seed, strategy, sampler):
+    """Every check of train_parallel's arguments, with one verdict on every rank.
+
+    Returns the learning-rate schedule and every rank's shard size.
+    """
     size, rank = comm.size, comm.rank
     problems = []
     schedule = None
     if strategy not in STRATEGIES:
         problems.append(f"strategy must be one of {', '.join(STRATEGIES)}; got {strategy!r}")
+    if sampler not in SAMPLERS:
+        problems.append(f"sampler must be one of {', '.join(SAMPLERS)}; got {sampler!r}")
     if num_samples < size:
         problems.append(f"{size} ranks but only {num_samples} samples: every rank needs at least one")
     if batch_size is not None and batch_size < size:
@@ -206,8 +224,8 @@ def _check(comm, network, local_inputs, local_labels, num_samples, start, epochs
     fail_together(comm, "; ".join(problems) or None)
     agree(comm, "the network (layer sizes, output, dtype)",
           (network.layer_sizes, network.output, str(network.params.dtype)))
-    agree(comm, "the training settings (samples, epochs, batch, momentum, seed, strategy)",
-          (num_samples, epochs, batch_size, momentum, seed, strategy))
+    agree(comm, "the training settings (samples, epochs, batch, momentum, seed, strategy, sampler)",
+          (num_samples, epochs, batch_size, momentum, seed, strategy, sampler))
     shard_sizes, starts = comm.allgather(local_inputs.shape[0]), comm.allgather(int(start))
     expected_starts = [int(offset) for offset in collectives.offsets(shard_sizes)]
     if sum(shard_sizes) != num_samples or starts != expected_starts:  # the same verdict on every rank
@@ -215,7 +233,7 @@ def _check(comm, network, local_inputs, local_labels, num_samples, start, epochs
             f"the shards do not tile the {num_samples} samples: rows per rank {shard_sizes}, "
             f"starts {starts} (expected {expected_starts}); shard the data with nnlib.parallel.shard"
         ))
-    return schedule
+    return schedule, shard_sizes
 
 
 def _resume_point(comm, checkpoints, resume, settings, epochs):
@@ -254,12 +272,14 @@ def _resume_point(comm, checkpoints, resume, settings, epochs):
 
 def _train(comm, network, local_inputs, local_labels, *, num_samples, start, epochs, learning_rate, batch_size,
            momentum, seed, strategy, validation, progress, timeline_steps, cuda_aware, checkpoints, resume,
-           on_step) -> ParallelHistory:
+           on_step, sampler) -> ParallelHistory:
     size, rank = comm.size, comm.rank
     comm.at(phase="checking the settings")
-    schedule = _check(comm, network, local_inputs, local_labels, num_samples, start, epochs, learning_rate,
-                      batch_size, momentum, seed, strategy)
+    schedule, shard_sizes = _check(comm, network, local_inputs, local_labels, num_samples, start, epochs,
+                                   learning_rate, batch_size, momentum, seed, strategy, sampler)
     settings = run_settings(network, num_samples, batch_size, momentum, seed, learning_rate)
+    if sampler != "exact":  # (checkpoints of exact runs, the default, keep their earlier settings)
+        settings["sampler"] = sampler
     comm.at(phase="loading the checkpoint" if resume else "preparing")
     saved, resumed = _resume_point(comm, checkpoints, resume, settings, epochs)
 
@@ -274,13 +294,19 @@ def _train(comm, network, local_inputs, local_labels, *, num_samples, start, epo
     if saved is not None:  # rank 0 takes the checkpoint's parameters; the broadcast gives them to everyone
         network.params[...] = xp.asarray(saved.params)
     messenger.in_place(network.params, broadcast_params)  # everyone starts from rank 0's weights
-    updates_here = strategy == "allreduce" or rank == 0
-    optimizer = SGD(network, schedule(0.0), momentum) if updates_here else None
+    updates_here = strategy in ("allreduce", "overlap") or rank == 0
+    if strategy == "zero":  # every rank updates its own slice and keeps only that slice's velocity
+        optimizer = ShardedSGD(network, schedule(0.0), momentum, size, rank)
+    else:
+        optimizer = SGD(network, schedule(0.0), momentum) if updates_here else None
+    overlap = BucketedAllreduce(comm, network) if strategy == "overlap" and messenger.direct else None
     host_dtype = to_numpy(network.params[:1]).dtype
     if resumed is not None and resumed["velocity"] and momentum:  # the optimizer's state, to every updater
         velocity = saved.velocity.astype(host_dtype) if rank == 0 else np.empty(network.num_params, host_dtype)
         comm.Bcast(velocity, root=0)
-        if optimizer is not None:
+        if strategy == "zero":
+            optimizer.load_velocity(velocity)
+        elif optimizer is not None:
             optimizer.velocity[...] = xp.asarray(velocity)
     gathered = np.empty((size, network.num_params), dtype=host_dtype) \
         if strategy == "parameter_server" and rank == 0 else None
@@ -323,8 +349,12 @@ def _train(comm, network, local_inputs, local_labels, *, num_samples, start, epo
         if steps_done:  # mid-epoch: the totals so far, summed over ranks
             comm.Allreduce(MPI.IN_PLACE, partial, op=MPI.SUM)
         problem = None
+        whole_velocity = optimizer.full_velocity(comm) if strategy == "zero" else None  # every rank takes part
         if rank == 0:
-            velocity = None if optimizer.velocity is None else to_numpy(optimizer.velocity)
+            if strategy == "zero":
+                velocity = whole_velocity
+            else:
+                velocity = None if optimizer.velocity is None else to_numpy(optimizer.velocity)
             record = Checkpoint(
                 params=to_numpy(network.params), velocity=velocity, epoch=epoch, step=steps_done,
                 rng_state=rng_state, partial=partial.tolist(), ranks=size, total_steps=total_steps, settings=settings,
@@ -342,11 +372,14 @@ def _train(comm, network, local_inputs, local_labels, *, num_samples, start, epo
         if resuming_here and rank == 0:  # the steps done before the checkpoint, summed over ranks
             loss_sum, correct_sum = resumed["partial"][0], int(resumed["partial"][1])
         rng_at_epoch_start = None if rng is None else rng.bit_generator.state
-        epoch_batches = batches(num_samples, global_batch, rng)
-        for step, indices in enumerate(epoch_batches):
+        if sampler == "exact" or full_batch:
+            plan = exact_plan(num_samples, global_batch, start, stop, rng)
+        else:
+            plan = per_rank_plan(shard_sizes, global_batch, rank, seed, epoch)
+        for step, (mine, normalizer) in enumerate(plan):
             if resuming_here and step < first_step:
                 continue  # done before the checkpoint
-            rate = schedule(epoch + step / len(epoch_batches))  # the same schedule as nnlib.train
+            rate = schedule(epoch + step / len(plan))  # the same schedule as nnlib.train
             if optimizer is not None:
                 optimizer.learning_rate = rate
             comm.at(epoch=epoch + 1, step=step + 1, phase="data")
@@ -354,7 +387,6 @@ def _train(comm, network, local_inputs, local_labels, *, num_samples, start, epo
             if full_batch:
                 batch_inputs, batch_labels = local_inputs, local_labels
             else:
-                mine = indices[(indices >= start) & (indices < stop)] - start
                 mine = xp.asarray(mine)
                 batch_inputs = xp.take(local_inputs, mine, axis=0)
                 batch_labels = xp.take(local_labels, mine, axis=0)
@@ -362,17 +394,34 @@ def _train(comm, network, local_inputs, local_labels, *, num_samples, start, epo
 
             comm.at(phase="compute")
             if batch_inputs.shape[0]:
-                loss = network.loss_and_gradient(batch_inputs, batch_labels, normalizer=len(indices),
-                                                 check=False, on_device=True)
-                loss_sum += loss * len(indices)
+                loss = network.loss_and_gradient(batch_inputs, batch_labels, normalizer=normalizer,
+                                                 check=False, on_device=True,
+                                                 on_layer_done=None if overlap is None else overlap.layer_done)
+                loss_sum += loss * normalizer
                 correct_sum += network.last_correct
             else:  # none of this batch's samples are on this rank
                 network.grads[...] = 0
+                if overlap is not None:
+                    for layer in range(network.num_layers - 1, -1, -1):
+                        overlap.layer_done(layer)
             began = mark("compute", began)
 
             comm.at(phase="communicate")
-            if strategy == "allreduce":
-                messenger.in_place(network.grads, lambda buffer: comm.Allreduce(MPI.IN_PLACE, buffer, op=MPI.SUM))
+            if strategy == "zero":
+                optimizer.reduce_scatter(comm, messenger)
+                began = mark("communicate", began)
+                comm.at(phase="update")
+                optimizer.step()  # this rank's slice only
+                began = mark("update", began)
+                comm.at(phase="communicate")
+                optimizer.allgather(comm, messenger)
+                mark("communicate", began)
+            elif strategy in ("allreduce", "overlap"):
+                if overlap is not None:
+                    overlap.finish()  # what the backward pass has not already sent
+                else:
+                    messenger.in_place(network.grads,
+                                       lambda buffer: comm.Allreduce(MPI.IN_PLACE, buffer, op=MPI.SUM))
                 began = mark("communicate", began)
                 comm.at(phase="update")
                 optimizer.step()
@@ -395,7 +444,7 @@ def _train(comm, network, local_inputs, local_labels, *, num_samples, start, epo
             total_steps += 1
             if on_step is not None:
                 on_step(epoch, step, total_steps)
-            if checkpoints is not None and step + 1 < len(epoch_batches) and checkpoints.due(total_steps, False):
+            if checkpoints is not None and step + 1 < len(plan) and checkpoints.due(total_steps, False):
                 write_checkpoint(epoch, step + 1, rng_at_epoch_start, loss_sum, correct_sum)
 
         comm.at(phase="end of epoch")

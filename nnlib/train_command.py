@@ -36,7 +36,10 @@ from .files import atomic_write
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from .parallel import STRATEGIES
 
-    parser.add_argument("--strategy", choices=STRATEGIES, default="allreduce", help="how gradients are combined")
+    parser.add_argument("--strategy", choices=STRATEGIES, default="allreduce",
+                        help="how gradients are combined (zero: ZeRO stages 1-2; overlap: sent during backward)")
+    parser.add_argument("--sampler", choices=("exact", "per_rank"), default="exact",
+                        help="exact: the sequential run's batches; per_rank: each rank samples its own shard")
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--batch-size", type=int, default=256, help="global batch (0: full batch)")
     parser.add_argument("--learning-rate", type=float, default=0.1)
@@ -202,7 +205,7 @@ def train_job(args) -> int:
     history = train_parallel(
         comm, network, local_inputs, local_labels, num_samples=args.samples, start=start,
         epochs=args.epochs, learning_rate=args.learning_rate, batch_size=args.batch_size or None,
-        momentum=args.momentum, seed=args.seed, strategy=args.strategy, progress=True,
+        momentum=args.momentum, seed=args.seed, strategy=args.strategy, sampler=args.sampler, progress=True,
         timeout=comm.timeout, checkpoints=checkpoints, resume=args.resume,
         on_step=fault_injector(fault, rank))
 

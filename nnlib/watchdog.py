@@ -239,6 +239,19 @@ class WatchedComm:
     def Allgatherv(self, sendbuf, recvbuf):
         self.wait(self.comm.Iallgatherv(sendbuf, recvbuf), "Allgatherv")
 
+    def Reduce_scatter(self, sendbuf, recvbuf, recvcounts=None, op=MPI.SUM):
+        self.wait(self.comm.Ireduce_scatter(sendbuf, recvbuf, recvcounts, op=op), "Reduce_scatter")
+
+    # -- started now, completed later (to overlap communication with computation) --------------
+    def Iallreduce(self, sendbuf, recvbuf, op=MPI.SUM):
+        """Start an Allreduce and return its request; complete it with :meth:`wait_all`."""
+        return self.comm.Iallreduce(sendbuf, recvbuf, op=op)
+
+    def wait_all(self, requests, what: str = "Iallreduce") -> None:
+        """Complete started collectives, each within the deadline (or raise CollectiveTimeout)."""
+        for request in requests:
+            self.wait(request, what)
+
     # -- small Python objects, as pickled bytes through the buffer methods ----------------------
     def bcast(self, obj=None, root=0):
         data = _pickled(obj) if self.rank == root else None

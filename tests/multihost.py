@@ -109,6 +109,20 @@ class VirtualHosts:
             pids += [int(pid) for pid in listed.stdout.split()]
         return pids
 
+    def describe_processes(self) -> str:
+        """For a failing test: each process in the hosts, its state and the kernel call it waits in."""
+        lines = []
+        for pid in self.processes():
+            try:
+                command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:90]
+                state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+                waits_in = Path(f"/proc/{pid}/wchan").read_text() or "-"
+            except OSError:
+                continue
+            lines.append(f"{pid} state {state} waits in {waits_in}: {command}")
+        neighbours = ip("neigh", "show", namespace=self.names[0], check=False).stdout.strip()
+        return "\n".join(lines) + f"\nneighbours of {self.names[0]}: {neighbours}"
+
     def remove_everything(self):
         """Kill every process in the namespaces, then delete them, their links and files. Never raises."""
         names = [f"{PREFIX}{index + 1}" for index in range(max(self.count, 8))]

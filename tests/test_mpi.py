@@ -6,6 +6,8 @@ on every rank at once. A rank that raises alone before a collective would hang t
 timeout in run_mpi_script turns that into a failure.
 check_watchdog.py (2 and 3 ranks: it makes the last rank fail): a raising, hanging or absent rank
 stops the others at once or at the deadline, named; the ranks recover and train again.
+check_allreduce.py (1 to 7 ranks): the ring, recursive doubling and reduce-then-broadcast equal
+MPI's Allreduce; bad buffers fail on every rank at once.
 """
 
 from pathlib import Path
@@ -17,6 +19,7 @@ from conftest import run_mpi_script
 CHECKERS = Path(__file__).parent / "mpi"
 RUNS = [(checker, ranks) for checker in ("check_collectives.py", "check_parallel.py") for ranks in (1, 2, 3, 4)]
 RUNS += [("check_watchdog.py", ranks) for ranks in (2, 3)]
+RUNS += [("check_allreduce.py", ranks) for ranks in range(1, 8)]
 
 
 @pytest.mark.parametrize("checker, ranks", RUNS)

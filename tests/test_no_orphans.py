@@ -47,6 +47,14 @@ OWNER = textwrap.dedent("""
 """)
 
 
+def command_line(process) -> str:
+    """The process's command line, or '' if it has ended (or is a zombie) since it was listed."""
+    try:
+        return " ".join(process.cmdline())
+    except psutil.Error:
+        return ""
+
+
 def reapers(tag):
     found = []
     for process in psutil.process_iter(["cmdline"]):
@@ -73,7 +81,7 @@ def describe(pids):
     text = []
     for pid in pids:
         try:
-            text.append(f"{pid}: {' '.join(psutil.Process(pid).cmdline())[:120]}")
+            text.append(f"{pid}: {command_line(psutil.Process(pid))[:120]}")
         except psutil.Error:
             pass
     return "\n".join(text)
@@ -95,7 +103,7 @@ def owner(tmp_path):
         tag = line[1]
         assert tag == tag_of(psutil.Process(process.pid))
         running = tagged_processes(tag)
-        names = " ".join(" ".join(process.cmdline()) for process, _ in running)
+        names = " ".join(command_line(process) for process, _ in running)
         assert len(running) >= 4 and "ipyparallel.engine" in names and "mpiexec" in names, names
         assert len(reapers(tag)) == 1
         return process, tag
@@ -126,7 +134,7 @@ def test_a_killed_owner_leaves_nothing(owner, signal_number):
 def test_an_owner_killed_while_a_rank_is_stuck_in_a_collective_leaves_nothing(owner):
     process, tag = owner("stuck")
     assert process.stdout.readline().strip() == "waiting"
-    engines = [proc for proc, _ in tagged_processes(tag) if "ipyparallel.engine" in " ".join(proc.cmdline())]
+    engines = [proc for proc, _ in tagged_processes(tag) if "ipyparallel.engine" in command_line(proc)]
     assert max(proc.cpu_percent(0.5) for proc in engines) > 20  # the waiting rank spins in MPI_Barrier
     process.kill()
     process.wait(10)

@@ -171,3 +171,20 @@ def test_resume_problems_fail_clearly_on_every_rank(tmp_path):
     damaged = run_training(2, *SMALL, "--checkpoint-dir", str(folder), "--resume")
     assert damaged.returncode == 2 and damaged.stderr.count("is truncated") == 1, damaged.stderr
     assert "Traceback" not in other.stderr + damaged.stderr
+
+
+def test_the_batch_jobs_zero_and_overlap_strategies_equal_allreduce_and_per_rank_sampling_learns(tmp_path):
+    settings = ("--samples", "1001", "--epochs", "2", "--batch-size", "64", "--hidden", "16", "8",
+                "--dtype", "float64")
+    results = {}
+    for name, extra in [("allreduce", ()), ("zero", ("--strategy", "zero")), ("overlap", ("--strategy", "overlap")),
+                        ("per_rank", ("--sampler", "per_rank"))]:
+        run = run_training(3, *settings, *extra, "--output", str(tmp_path / f"{name}.npz"))
+        assert run.returncode == 0, run.stderr
+        with np.load(tmp_path / f"{name}.npz") as saved:
+            results[name] = (saved["params"], saved["loss"])
+    reference, _ = results["allreduce"]
+    for name in ("zero", "overlap"):
+        assert np.abs(results[name][0] - reference).max() / np.abs(reference).max() <= 1e-10, name
+    params, loss = results["per_rank"]
+    assert np.abs(params - reference).max() > 1e-6 and loss[1] < loss[0]  # other batches, and it learns

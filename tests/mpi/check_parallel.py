@@ -143,9 +143,59 @@ def check_bad_configurations_fail_on_every_rank():
                                 "the shards do not tile")
     expect_error_everywhere(lambda: train_parallel(comm, network, local_inputs, local_labels,
                                                    strategy="ring", **common), "strategy must be one of")
+    expect_error_everywhere(lambda: train_parallel(comm, network, local_inputs, local_labels,
+                                                   sampler="random", **common), "sampler must be one of")
+
+
+def check_zero_keeps_one_slice_of_the_optimizer_state():
+    """ZeRO: each rank's velocity is its uneven slice; the slices tile the whole vector once."""
+    from nnlib.zero import ShardedSGD, replicated_state_bytes
+
+    network = Network((12, 7, 4), dtype="float64", seed=3)  # 123 parameters: uneven for P = 2 and 4
+    optimizer = ShardedSGD(network, 0.1, 0.9, size, rank)
+    slices = comm.allgather((optimizer.start, optimizer.stop, optimizer.state_bytes))
+    assert [start for start, _, _ in slices] == [0] + [stop for _, stop, _ in slices[:-1]]
+    assert slices[-1][1] == network.num_params
+    assert sum(state for _, _, state in slices) == replicated_state_bytes(network, 0.9)
+    assert max(state for _, _, state in slices) <= -(-network.num_params // size) * 8
+
+
+def check_the_per_rank_sampler():
+    """Each rank samples its own shard: the ranks stay identical, the run repeats, and it learns."""
+    settings = dict(epochs=3, learning_rate=0.5, batch_size=64, momentum=0.9, seed=5, sampler="per_rank")
+    first, history = parallel("float64", "allreduce", **settings)
+    again, _ = parallel("float64", "zero", **settings)
+    np.testing.assert_allclose(again, first, rtol=0, atol=1e-12)
+    assert np.array_equal(first, comm.bcast(first if rank == 0 else None))
+    assert history.steps == 3 * 16 and history.loss[-1] < history.loss[0]
+    if size > 1:  # other batches than the sequential run's
+        assert np.abs(first - sequential("float64", **{k: v for k, v in settings.items() if k != "sampler"})).max() > 1e-6
+
+
+def check_overlapped_buckets_equal_one_allreduce():
+    """Deeper network, any bucket size: the overlapped Iallreduces give the plain Allreduce's sums."""
+    from nnlib.overlap import BucketedAllreduce, bucket_ranges
+
+    local_inputs, local_labels, _ = shard(comm, INPUTS if rank == 0 else None, LABELS if rank == 0 else None)
+    network = Network((12, 9, 8, 7, 4), dtype="float64", seed=3)
+    network.loss_and_gradient(local_inputs, local_labels, normalizer=N)
+    expected = network.grads.copy()
+    comm.Allreduce(MPI.IN_PLACE, expected, op=MPI.SUM)
+    for bucket_bytes in (0, 300, 10**9):
+        overlap = BucketedAllreduce(comm, network, bucket_bytes)
+        done = []
+        network.loss_and_gradient(local_inputs, local_labels, normalizer=N,
+                                  on_layer_done=lambda layer: (done.append(layer), overlap.layer_done(layer)))
+        assert done == [3, 2, 1, 0]
+        assert len(overlap.buckets) == {0: 4, 300: len(bucket_ranges(network, 300)), 10**9: 1}[bucket_bytes]
+        overlap.finish()
+        np.testing.assert_allclose(network.grads, expected, rtol=1e-12, atol=1e-15)
 
 
 for name, function in [("equal to sequential", check_equal_to_sequential),
+                       ("zero keeps one slice", check_zero_keeps_one_slice_of_the_optimizer_state),
+                       ("per-rank sampler", check_the_per_rank_sampler),
+                       ("overlapped buckets", check_overlapped_buckets_equal_one_allreduce),
                        ("staged through host memory", check_staged_through_host_memory),
                        ("GPU paths with a stand-in CuPy", check_gpu_paths_with_a_stand_in_cupy),
                        ("bad configurations", check_bad_configurations_fail_on_every_rank)]:

@@ -1,0 +1,102 @@
+"""ZeRO (stages 1 and 2): each rank updates, and keeps optimizer state for, only 1/P of the parameters.
+
+With the ``allreduce`` strategy every rank receives the whole summed gradient g, then repeats
+the same update on the whole parameter vector p and keeps a whole copy of the optimizer's state
+(the momentum velocity v): P ranks do the same work P times and hold P copies.
+
+ZeRO (Rajbhandari et al., 2020) cuts p, g and v into P slices [s_r, e_r) (uneven when P does not
+divide the number of parameters, as ``collectives.split_counts``) and, per step:
+
+    1. Reduce_scatter the gradients:   g_r = sum over ranks of g[s_r:e_r]        (e_r - s_r,)
+       (stage 2: no rank ever holds the whole summed gradient, only its slice)
+    2. update only that slice:         v_r <- mu v_r - eta g_r;  p[s_r:e_r] += v_r
+       (stage 1: rank r keeps only v_r, 1/P of the optimizer's state)
+    3. Allgatherv the parameter slices: every rank has the whole new p again.
+
+A ring Allreduce *is* a reduce-scatter followed by an allgather (see nnlib.allreduce), so ZeRO
+sends the same bytes as the ``allreduce`` strategy; what it removes is the repeated update and
+the repeated optimizer state. Each slice is updated with exactly the formula of
+``nnlib.training.SGD``, so the result equals the ``allreduce`` strategy up to the order in which
+MPI adds the ranks' gradients (within 1e-10 in float64; tests/mpi/check_parallel.py).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from mpi4py import MPI
+
+from .backend import to_numpy
+from .collectives import offsets, split_counts
+
+
+class ShardedSGD:
+    """SGD with momentum on this rank's slice of the parameters only (ZeRO stages 1 and 2).
+
+    network:   the rank's full network replica; only params[start:stop] is updated here.
+    size/rank: the number of ranks and this rank. Attributes: counts, starts (every rank's
+    slice), start, stop, grad_slice (stop - start,), velocity (stop - start,) or None.
+    """
+
+    def __init__(self, network, learning_rate: float, momentum: float, size: int, rank: int):
+        from .training import check_learning_rate
+
+        check_learning_rate(learning_rate)
+        if not 0.0 <= momentum < 1.0:
+            raise ValueError(f"momentum must be in [0, 1); got {momentum}")
+        self.network = network
+        self.learning_rate, self.momentum = float(learning_rate), float(momentum)
+        self.counts = split_counts(network.num_params, size)
+        self.starts = offsets(self.counts)
+        self.start = int(self.starts[rank])
+        self.stop = self.start + int(self.counts[rank])
+        xp = network.xp
+        self.grad_slice = xp.zeros(self.stop - self.start, dtype=network.params.dtype)
+        self.velocity = xp.zeros_like(self.grad_slice) if momentum else None
+
+    @property
+    def state_bytes(self) -> int:
+        """Bytes of optimizer state on this rank (the velocity slice; 0 without momentum)."""
+        return 0 if self.velocity is None else int(self.velocity.nbytes)
+
+    def reduce_scatter(self, comm, messenger) -> None:
+        """grad_slice <- the sum over ranks of network.grads[start:stop] (one Reduce_scatter)."""
+        grads = messenger.outgoing(self.network.grads)
+        receive = self.grad_slice if grads is self.network.grads else np.empty(self.stop - self.start, grads.dtype)
+        comm.Reduce_scatter(grads, receive, self.counts, op=MPI.SUM)
+        if receive is not self.grad_slice:
+            self.grad_slice[...] = self.network.xp.asarray(receive)
+
+    def step(self) -> None:
+        """Update params[start:stop] from grad_slice (SGD's formula, on the slice)."""
+        params = self.network.params[self.start:self.stop]
+        if self.velocity is None:
+            params -= self.learning_rate * self.grad_slice
+        else:
+            self.velocity *= self.momentum
+            self.velocity -= self.learning_rate * self.grad_slice
+            params += self.velocity
+
+    def allgather(self, comm, messenger) -> None:
+        """Every rank gets every rank's updated slice: network.params is whole again (Allgatherv)."""
+        def gather(buffer):
+            comm.Allgatherv(MPI.IN_PLACE, [buffer, self.counts, self.starts, MPI._typedict[buffer.dtype.char]])
+
+        messenger.in_place(self.network.params, gather)
+
+    def full_velocity(self, comm):
+        """The whole velocity (num_params,) on every rank, gathered from the slices (for checkpoints)."""
+        if self.velocity is None:
+            return None
+        whole = np.empty(self.network.num_params, dtype=to_numpy(self.velocity[:1]).dtype)
+        comm.Allgatherv(to_numpy(self.velocity), [whole, self.counts, self.starts, MPI._typedict[whole.dtype.char]])
+        return whole
+
+    def load_velocity(self, whole) -> None:
+        """Take this rank's slice of a whole velocity vector (from a checkpoint)."""
+        if self.velocity is not None:
+            self.velocity[...] = self.network.xp.asarray(whole[self.start:self.stop])
+
+
+def replicated_state_bytes(network, momentum: float) -> int:
+    """Bytes of optimizer state on every rank without ZeRO: a whole velocity vector (0 without momentum)."""
+    return int(network.params.nbytes) if momentum else 0

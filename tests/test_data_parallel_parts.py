@@ -1,0 +1,96 @@
+"""The pieces of lesson 08 that need no MPI: ZeRO's slices, the overlap's buckets, the samplers."""
+
+import numpy as np
+import pytest
+
+from nnlib import Network
+from nnlib.collectives import row_range
+from nnlib.overlap import bucket_ranges
+from nnlib.sampling import exact_imbalance, exact_plan, per_rank_plan
+from nnlib.training import SGD
+from nnlib.zero import ShardedSGD, replicated_state_bytes
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 3, 4, 7])
+def test_the_slices_updated_one_by_one_equal_one_whole_sgd_step(ranks):
+    rng = np.random.default_rng(1)
+    whole = Network((12, 7, 4), dtype="float64", seed=3)
+    whole.grads[...] = rng.normal(size=whole.num_params)
+    sliced = [Network((12, 7, 4), dtype="float64", seed=3) for _ in range(ranks)]
+    optimizers = [ShardedSGD(network, 0.3, 0.9, ranks, rank) for rank, network in enumerate(sliced)]
+    plain = SGD(whole, 0.3, 0.9)
+    for _ in range(3):  # momentum carries over between steps
+        plain.step()
+        for optimizer in optimizers:
+            optimizer.grad_slice[...] = whole.grads[optimizer.start:optimizer.stop]
+            optimizer.step()
+    result = np.concatenate([network.params[o.start:o.stop] for network, o in zip(sliced, optimizers)])
+    np.testing.assert_array_equal(result, whole.params)
+    assert sum(o.state_bytes for o in optimizers) == replicated_state_bytes(whole, 0.9) == whole.params.nbytes
+    assert max(o.state_bytes for o in optimizers) <= -(-whole.num_params // ranks) * 8
+
+
+def test_sharded_sgd_checks_its_settings_like_sgd():
+    network = Network((4, 3, 2))
+    with pytest.raises(ValueError, match="momentum"):
+        ShardedSGD(network, 0.1, 1.0, 2, 0)
+    with pytest.raises(ValueError, match="learning_rate"):
+        ShardedSGD(network, -1, 0.0, 2, 0)
+
+
+@pytest.mark.parametrize("bucket_bytes", [0, 100, 400, 1000, 10**9])
+def test_buckets_tile_the_gradient_vector_from_the_last_layer_back(bucket_bytes):
+    network = Network((12, 9, 8, 7, 4), dtype="float32")
+    buckets = bucket_ranges(network, bucket_bytes)
+    assert buckets[0][2] == network.num_params and buckets[-1][1] == 0 and buckets[-1][0] == 0
+    for (_, start, _), (_, _, stop) in zip(buckets, buckets[1:]):
+        assert stop == start  # contiguous, no gap, no overlap
+    assert [layer for layer, _, _ in buckets] == sorted((layer for layer, _, _ in buckets), reverse=True)
+    if bucket_bytes == 0:
+        assert len(buckets) == network.num_layers
+    if bucket_bytes == 10**9:
+        assert len(buckets) == 1
+    for layer, start, stop in buckets[:-1]:
+        assert (stop - start) * 4 >= bucket_bytes  # only the first layer's bucket may be small
+
+
+def test_a_negative_bucket_size_is_refused():
+    with pytest.raises(ValueError, match="bucket_bytes"):
+        bucket_ranges(Network((4, 3, 2)), -1)
+
+
+@pytest.mark.parametrize("num_samples, batch, ranks", [(997, 64, 3), (997, 64, 2), (1000, 5, 4), (10, 3, 3)])
+def test_the_per_rank_sampler_sees_every_sample_once_per_epoch(num_samples, batch, ranks):
+    shard_sizes = [row_range(num_samples, ranks, rank)[1] - row_range(num_samples, ranks, rank)[0]
+                   for rank in range(ranks)]
+    plans = [per_rank_plan(shard_sizes, batch, rank, seed=4, epoch=2) for rank in range(ranks)]
+    assert len({len(plan) for plan in plans}) == 1  # every rank takes the same number of steps
+    seen = []
+    for rank, plan in enumerate(plans):
+        start = row_range(num_samples, ranks, rank)[0]
+        seen += [start + int(row) for rows, _ in plan for row in rows]
+    assert sorted(seen) == list(range(num_samples))
+    for step in range(len(plans[0])):
+        normalizers = {plan[step][1] for plan in plans}
+        assert normalizers == {sum(len(plan[step][0]) for plan in plans)}
+    assert np.array_equal(per_rank_plan(shard_sizes, batch, 0, 4, 2)[0][0], plans[0][0][0])  # reproducible
+    assert not np.array_equal(per_rank_plan(shard_sizes, batch, 0, 4, 3)[0][0], plans[0][0][0])  # reshuffled
+
+
+def test_the_exact_plan_is_the_sequential_batches_cut_by_shard():
+    rng_parts = [np.random.default_rng(5) for _ in range(3)]
+    plans = [exact_plan(100, 16, *row_range(100, 3, rank), rng) for rank, rng in enumerate(rng_parts)]
+    order = np.random.default_rng(5).permutation(100)
+    for step in range(len(plans[0])):
+        expected = order[step * 16:(step + 1) * 16]
+        got = [int(row) + row_range(100, 3, rank)[0] for rank, plan in enumerate(plans) for row in plan[step][0]]
+        assert sorted(got) == sorted(expected.tolist())
+        assert {plan[step][1] for plan in plans} == {len(expected)}
+
+
+def test_the_exact_samplers_imbalance_is_what_counting_gives():
+    assert exact_imbalance(1000, 1000, 4) == 0.0  # full batch: every rank has its whole shard
+    imbalance = exact_imbalance(60000, 256, 2, epochs=1)
+    # each rank's share of a batch is about binomial(256, 1/2): sd 8, E[max of two] = 128 + 8 / sqrt(pi)
+    assert 0.02 < imbalance < 0.05
+    assert exact_imbalance(60000, 256, 4) > imbalance  # more ranks, larger maximum
