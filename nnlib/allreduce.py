@@ -17,9 +17,9 @@ recursive doubling (latency-optimal: log2 P rounds)
 
 ring (bandwidth-optimal: every rank sends under 2 n elements, however large P is)
     The buffer is cut into P chunks (uneven when P does not divide n). Reduce-scatter: in step
-    s = 0 .. P-2, rank r sends chunk (r - s) mod P to rank r + 1 and adds the chunk
-    (r - s - 1) mod P that arrives from rank r - 1; afterwards rank r holds the complete sum of
-    chunk (r + 1) mod P. Allgather: P - 1 more steps pass the completed chunks around the ring.
+    s = 0 .. P-2, rank r sends chunk (r - s - 1) mod P to rank r + 1 and adds the chunk
+    (r - s - 2) mod P that arrives from rank r - 1; afterwards rank r holds the complete sum of
+    chunk r (as MPI's Reduce_scatter). Allgather: P - 1 more steps pass the completed chunks on.
     T = 2 (P - 1) alpha + 2 (P - 1) / P n beta
 
 Each function checks its buffer first, on every rank together (:func:`check_buffer`): the same
@@ -35,7 +35,6 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
-from .collectives import offsets, split_counts
 from .watchdog import agreed
 
 REDUCE = {"sum": np.add, "max": np.maximum, "min": np.minimum, "prod": np.multiply}
@@ -98,31 +97,71 @@ def check_buffer(comm, buffer, op: str = "sum", min_elements: int = 1) -> None:
 # -- the three algorithms --------------------------------------------------------------------
 
 def ring_allreduce(comm, buffer, op: str = "sum", check: bool = True):
-    """Ring Allreduce of ``buffer`` (n,) in place: reduce-scatter, then allgather, over P chunks.
+    """Ring Allreduce of ``buffer`` (n,) in place: :func:`ring_reduce_scatter`, then :func:`ring_allgather`.
 
     ``check=False`` skips :func:`check_buffer` (one allgather), e.g. when timing a buffer that
     was checked once already.
     """
     if check:
         check_buffer(comm, buffer, op, min_elements=comm.size)
-    size, rank = comm.size, comm.rank
-    if size == 1:
-        return buffer
-    reduce = REDUCE[op]
-    counts = split_counts(buffer.size, size)
-    starts = offsets(counts)
-    chunk = [buffer[start:start + count] for start, count in zip(starts, counts)]
-    incoming = np.empty(int(counts.max()), dtype=buffer.dtype)
-    right, left = (rank + 1) % size, (rank - 1) % size
-    for step in range(size - 1):  # reduce-scatter
-        send, receive = (rank - step) % size, (rank - step - 1) % size
-        arrived = incoming[:counts[receive]]
-        comm.Sendrecv(chunk[send], dest=right, recvbuf=arrived, source=left)
-        reduce(chunk[receive], arrived, out=chunk[receive])
-    for step in range(size - 1):  # allgather: pass the completed chunks around
-        send, receive = (rank + 1 - step) % size, (rank - step) % size
-        comm.Sendrecv(chunk[send], dest=right, recvbuf=chunk[receive], source=left)
+    ring_reduce_scatter(comm, buffer, op)
+    ring_allgather(comm, buffer)
     return buffer
+
+
+def ring_reduce_scatter(comm, buffer, op: str = "sum"):
+    """The ring's first half, in place: afterwards chunk r of ``buffer`` holds the complete sum on rank r.
+
+    In step s = 0 .. P-2, rank r sends chunk (r - s - 1) mod P to rank r + 1 and adds the chunk
+    (r - s - 2) mod P arriving from rank r - 1 into its own copy. The last chunk to arrive at
+    rank r is chunk r, carrying every other rank's contribution. Other chunks are left holding
+    partial sums. Returns (start, stop) of this rank's complete chunk. (Unchecked: the callers
+    check the buffers.)
+    """
+    size, rank = comm.size, comm.rank
+    counts, starts = chunk_bounds(buffer.size, size)
+    if size > 1:
+        reduce = REDUCE[op]
+        chunk = [buffer[start:start + count] for start, count in zip(starts, counts)]
+        incoming = np.empty(counts[0], dtype=buffer.dtype)  # the first chunk is the longest
+        right, left = (rank + 1) % size, (rank - 1) % size
+        for step in range(size - 1):
+            send, receive = (rank - step - 1) % size, (rank - step - 2) % size
+            arrived = incoming[:counts[receive]]
+            comm.Sendrecv(chunk[send], dest=right, recvbuf=arrived, source=left)
+            reduce(chunk[receive], arrived, out=chunk[receive])
+    return starts[rank], starts[rank] + counts[rank]
+
+
+def ring_allgather(comm, buffer):
+    """The ring's second half, in place: rank r's chunk r travels around, so every rank gets every chunk.
+
+    In step s = 0 .. P-2, rank r sends chunk (r - s) mod P to rank r + 1 and receives chunk
+    (r - s - 1) mod P from rank r - 1 (copied, not added).
+    """
+    size, rank = comm.size, comm.rank
+    if size > 1:
+        counts, starts = chunk_bounds(buffer.size, size)
+        chunk = [buffer[start:start + count] for start, count in zip(starts, counts)]
+        right, left = (rank + 1) % size, (rank - 1) % size
+        for step in range(size - 1):
+            send, receive = (rank - step) % size, (rank - step - 1) % size
+            comm.Sendrecv(chunk[send], dest=right, recvbuf=chunk[receive], source=left)
+    return buffer
+
+
+def chunk_bounds(length: int, parts: int):
+    """(counts, starts) of ``parts`` chunks covering ``length`` elements, as collectives.split_counts.
+
+    Plain Python ints: this runs on every call, and NumPy's small-array overhead (about 10 us for
+    split_counts and offsets) would be most of a small message's time.
+    """
+    base, extra = divmod(int(length), parts)
+    counts = [base + (part < extra) for part in range(parts)]
+    starts = [0] * parts
+    for part in range(1, parts):
+        starts[part] = starts[part - 1] + counts[part - 1]
+    return counts, starts
 
 
 def ring_schedule(size: int):
@@ -134,10 +173,10 @@ def ring_schedule(size: int):
     steps = []
     for step in range(size - 1):
         steps.append({"phase": "reduce-scatter",
-                      "sends": [(rank, (rank + 1) % size, (rank - step) % size) for rank in range(size)]})
+                      "sends": [(rank, (rank + 1) % size, (rank - step - 1) % size) for rank in range(size)]})
     for step in range(size - 1):
         steps.append({"phase": "allgather",
-                      "sends": [(rank, (rank + 1) % size, (rank + 1 - step) % size) for rank in range(size)]})
+                      "sends": [(rank, (rank + 1) % size, (rank - step) % size) for rank in range(size)]})
     return steps
 
 

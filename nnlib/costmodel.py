@@ -45,6 +45,24 @@ def ring_allreduce_time(n_bytes, ranks, alpha: float, beta: float):
     return np.where(ranks > 1, 2 * (ranks - 1) * alpha + 2 * (ranks - 1) / ranks * n_bytes * beta, 0.0)
 
 
+def recursive_doubling_time(n_bytes, ranks, alpha: float, beta: float):
+    """Recursive-doubling Allreduce: log2 P rounds, each swapping the whole n bytes.
+
+    T = log2(P) (alpha + n beta) for P a power of two; otherwise two more whole-buffer messages
+    (the extra ranks fold in first and get the result last): (floor(log2 P) + 2)(alpha + n beta).
+    Fewest messages (best for small n), but every round sends all n bytes.
+    """
+    ranks = np.asarray(ranks, dtype=np.int64)
+    rounds = np.floor(np.log2(np.maximum(ranks, 1))) + np.where(ranks & (ranks - 1), 2, 0)
+    return np.where(ranks > 1, rounds * (alpha + n_bytes * beta), 0.0)
+
+
+def reduce_broadcast_time(n_bytes, ranks, alpha: float, beta: float):
+    """Reduce to rank 0 and send back, one message at a time: T = 2 (P - 1)(alpha + n beta)."""
+    ranks = np.asarray(ranks, dtype=np.float64)
+    return np.where(ranks > 1, 2 * (ranks - 1) * (alpha + n_bytes * beta), 0.0)
+
+
 def parameter_server_time(n_bytes, ranks, alpha: float, beta: float):
     """Gather P-1 gradients into rank 0, then broadcast the parameters back (a binary tree).
 

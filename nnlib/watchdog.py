@@ -242,6 +242,17 @@ class WatchedComm:
     def Reduce_scatter(self, sendbuf, recvbuf, recvcounts=None, op=MPI.SUM):
         self.wait(self.comm.Ireduce_scatter(sendbuf, recvbuf, recvcounts, op=op), "Reduce_scatter")
 
+    # -- point-to-point, for collectives built by hand (nnlib.allreduce's ring) ------------------
+    def Sendrecv(self, sendbuf, dest, sendtag=0, recvbuf=None, source=MPI.ANY_SOURCE, recvtag=0):
+        """Send to ``dest`` and receive from ``source`` at once, within the deadline.
+
+        The receive matches tag 0 by default (never ANY_TAG): the watchdog's own notices use
+        another tag on this communicator and must not be taken for data.
+        """
+        receiving = self.comm.Irecv(recvbuf, source=source, tag=recvtag)
+        sending = self.comm.Isend(sendbuf, dest=dest, tag=sendtag)
+        self.wait_all([receiving, sending], "Sendrecv")
+
     # -- started now, completed later (to overlap communication with computation) --------------
     def Iallreduce(self, sendbuf, recvbuf, op=MPI.SUM):
         """Start an Allreduce and return its request; complete it with :meth:`wait_all`."""

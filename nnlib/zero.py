@@ -7,15 +7,19 @@ the same update on the whole parameter vector p and keeps a whole copy of the op
 ZeRO (Rajbhandari et al., 2020) cuts p, g and v into P slices [s_r, e_r) (uneven when P does not
 divide the number of parameters, as ``collectives.split_counts``) and, per step:
 
-    1. Reduce_scatter the gradients:   g_r = sum over ranks of g[s_r:e_r]        (e_r - s_r,)
+    1. reduce-scatter the gradients:   g_r = sum over ranks of g[s_r:e_r]        (e_r - s_r,)
        (stage 2: no rank ever holds the whole summed gradient, only its slice)
     2. update only that slice:         v_r <- mu v_r - eta g_r;  p[s_r:e_r] += v_r
        (stage 1: rank r keeps only v_r, 1/P of the optimizer's state)
-    3. Allgatherv the parameter slices: every rank has the whole new p again.
+    3. allgather the parameter slices: every rank has the whole new p again.
 
-A ring Allreduce *is* a reduce-scatter followed by an allgather (see nnlib.allreduce), so ZeRO
-sends the same bytes as the ``allreduce`` strategy; what it removes is the repeated update and
-the repeated optimizer state. Each slice is updated with exactly the formula of
+A ring Allreduce *is* a reduce-scatter followed by an allgather, so ZeRO sends the same bytes as
+the ``allreduce`` strategy; what it removes is the repeated update and the repeated optimizer
+state. Steps 1 and 3 are exactly the two halves of nnlib.allreduce's ring
+(:func:`~nnlib.allreduce.ring_reduce_scatter`, :func:`~nnlib.allreduce.ring_allgather`), run
+through the watchdog's deadline. (MPI's own ``Reduce_scatter`` + ``Allgatherv`` compute the same;
+with this MPICH on 2 ranks they took 4.5 times as long as one ``Allreduce`` of a 400 kB
+gradient, the ring's halves about as long: see ``benchmarks/data_parallel.py``.) Each slice is updated with exactly the formula of
 ``nnlib.training.SGD``, so the result equals the ``allreduce`` strategy up to the order in which
 MPI adds the ranks' gradients (within 1e-10 in float64; tests/mpi/check_parallel.py).
 """
@@ -25,8 +29,8 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
+from .allreduce import chunk_bounds, ring_allgather, ring_reduce_scatter
 from .backend import to_numpy
-from .collectives import offsets, split_counts
 
 
 class ShardedSGD:
@@ -45,8 +49,7 @@ class ShardedSGD:
             raise ValueError(f"momentum must be in [0, 1); got {momentum}")
         self.network = network
         self.learning_rate, self.momentum = float(learning_rate), float(momentum)
-        self.counts = split_counts(network.num_params, size)
-        self.starts = offsets(self.counts)
+        self.counts, self.starts = chunk_bounds(network.num_params, size)  # the ring's chunks
         self.start = int(self.starts[rank])
         self.stop = self.start + int(self.counts[rank])
         xp = network.xp
@@ -59,12 +62,15 @@ class ShardedSGD:
         return 0 if self.velocity is None else int(self.velocity.nbytes)
 
     def reduce_scatter(self, comm, messenger) -> None:
-        """grad_slice <- the sum over ranks of network.grads[start:stop] (one Reduce_scatter)."""
-        grads = messenger.outgoing(self.network.grads)
-        receive = self.grad_slice if grads is self.network.grads else np.empty(self.stop - self.start, grads.dtype)
-        comm.Reduce_scatter(grads, receive, self.counts, op=MPI.SUM)
-        if receive is not self.grad_slice:
-            self.grad_slice[...] = self.network.xp.asarray(receive)
+        """grad_slice <- the sum over ranks of network.grads[start:stop] (the ring's first half).
+
+        network.grads is used as the ring's work buffer: afterwards its other slices hold partial sums.
+        """
+        def first_half(buffer):
+            ring_reduce_scatter(comm, buffer)
+            self.grad_slice[...] = self.network.xp.asarray(buffer[self.start:self.stop])
+
+        messenger.in_place(self.network.grads, first_half)
 
     def step(self) -> None:
         """Update params[start:stop] from grad_slice (SGD's formula, on the slice)."""
@@ -77,18 +83,15 @@ class ShardedSGD:
             params += self.velocity
 
     def allgather(self, comm, messenger) -> None:
-        """Every rank gets every rank's updated slice: network.params is whole again (Allgatherv)."""
-        def gather(buffer):
-            comm.Allgatherv(MPI.IN_PLACE, [buffer, self.counts, self.starts, MPI._typedict[buffer.dtype.char]])
-
-        messenger.in_place(self.network.params, gather)
+        """Every rank gets every rank's updated slice: network.params is whole again (the ring's second half)."""
+        messenger.in_place(self.network.params, lambda buffer: ring_allgather(comm, buffer))
 
     def full_velocity(self, comm):
         """The whole velocity (num_params,) on every rank, gathered from the slices (for checkpoints)."""
         if self.velocity is None:
             return None
         whole = np.empty(self.network.num_params, dtype=to_numpy(self.velocity[:1]).dtype)
-        comm.Allgatherv(to_numpy(self.velocity), [whole, self.counts, self.starts, MPI._typedict[whole.dtype.char]])
+        comm.Allgatherv(to_numpy(self.velocity), [whole, (self.counts, self.starts)])
         return whole
 
     def load_velocity(self, whole) -> None:

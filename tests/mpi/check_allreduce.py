@@ -13,7 +13,7 @@ import traceback
 import numpy as np
 from mpi4py import MPI
 
-from nnlib.allreduce import ALGORITHMS, allreduce, ring_schedule
+from nnlib.allreduce import ALGORITHMS, allreduce, ring_allgather, ring_reduce_scatter, ring_schedule
 
 comm = MPI.COMM_WORLD
 rank, size = comm.rank, comm.size
@@ -68,6 +68,24 @@ def test_small_buffers():
         assert got.tolist() == [size * (size + 1) // 2], (algorithm, got)
 
 
+def test_ring_halves_equal_mpis_reduce_scatter_and_allgather():
+    for length in sorted({size, 2 * size + 3, 1001}):
+        mine = values(length, "int64", 7)
+        counts = [length // size + (r < length % size) for r in range(size)]
+        expected = np.empty(counts[rank], dtype=np.int64)
+        comm.Reduce_scatter(mine, expected, counts, op=MPI.SUM)
+        buffer = mine.copy()
+        start, stop = ring_reduce_scatter(comm, buffer)
+        assert stop - start == counts[rank] and start == sum(counts[:rank])
+        assert np.array_equal(buffer[start:stop], expected), length
+        pieces = np.zeros(length, dtype=np.int64)
+        pieces[start:stop] = expected
+        ring_allgather(comm, pieces)
+        whole = mine.copy()
+        comm.Allreduce(MPI.IN_PLACE, whole, op=MPI.SUM)
+        assert np.array_equal(pieces, whole), length
+
+
 def test_ring_schedule():
     steps = ring_schedule(size)
     assert len(steps) == 2 * (size - 1)
@@ -75,10 +93,10 @@ def test_ring_schedule():
         receivers = sorted(receiver for _, receiver, _ in step["sends"])
         assert receivers == list(range(size))  # every rank receives exactly one chunk per step
         assert sorted(chunk for _, _, chunk in step["sends"]) == list(range(size))  # each chunk moves once
-    # after reduce-scatter, rank r last received chunk (r + 1) mod P: the one it completes
+    # after reduce-scatter, rank r last received chunk r: the one it completes
     if size > 1:
         last = steps[size - 2]["sends"]
-        assert {receiver: chunk for _, receiver, chunk in last} == {r: (r + 1) % size for r in range(size)}
+        assert {receiver: chunk for _, receiver, chunk in last} == {r: r for r in range(size)}
 
 
 def expect_error_everywhere(make_buffer, algorithm, words):
