@@ -47,6 +47,7 @@ benchmark: data
 	$(BIN)/python -m pip install --quiet -e '.[benchmark]'
 	$(BIN)/python benchmarks/cpu_throughput.py --threads 1
 	$(BIN)/python benchmarks/data_parallel.py
+	$(BIN)/python benchmarks/allreduce.py
 
 multihost: data
 	$(BIN)/python -m pytest -v -rs tests/test_multihost.py

@@ -1,5 +1,7 @@
 """Data-parallel speed: 1 rank versus 2 ranks (one BLAS thread each), and against PyTorch DDP.
 
+Each strategy (allreduce, zero, overlap) and sampler (exact, per_rank) of lesson 08 gets a row.
+
 Run:   make benchmark-parallel        (or: .venv/bin/python benchmarks/data_parallel.py)
 
 In one run this script starts itself under mpiexec with 1 and with 2 ranks for each case and
@@ -34,6 +36,8 @@ os.environ.update({name: "1" for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREA
 
 import numpy as np  # noqa: E402
 
+MODES = [("allreduce", "exact"), ("zero", "exact"), ("overlap", "exact"), ("allreduce", "per_rank"),
+         ("zero", "per_rank")]  # (strategy, sampler) on 2 ranks
 CASES = {
     "784-128-10, batch 256": dict(sizes=(784, 128, 10), batch=256, epochs=4, crop=False, learning_rate=0.1),
     "400-25-10, full batch": dict(sizes=(400, 25, 10), batch=None, epochs=40, crop=True, learning_rate=2.0),
@@ -48,7 +52,7 @@ def load(crop: bool):
     return data.scale_pixels(np.ascontiguousarray(images)), mnist.train_labels.astype(np.int64)
 
 
-def worker(case_name: str, strategy: str) -> None:
+def worker(case_name: str, strategy: str, sampler: str = "exact") -> None:
     """Runs on every rank under mpiexec; rank 0 prints one JSON line of results."""
     from mpi4py import MPI
 
@@ -63,7 +67,7 @@ def worker(case_name: str, strategy: str) -> None:
     network = Network(case["sizes"], seed=0)
     history = train_parallel(comm, network, local_inputs, local_labels, num_samples=60000, start=start,
                              epochs=case["epochs"], learning_rate=case["learning_rate"], batch_size=case["batch"],
-                             momentum=0.9 if case["batch"] else 0.0, strategy=strategy)
+                             momentum=0.9 if case["batch"] else 0.0, strategy=strategy, sampler=sampler)
     epoch_seconds = float(np.median(history.seconds[1:]))  # the first epoch warms up
     communicate = comm.allreduce(history.phase_seconds["communicate"], op=MPI.MAX) / history.steps
     bare = float(collectives.time_allreduce(comm, [network.grads.nbytes], repeats=200, dtype=np.float32)[0])
@@ -150,10 +154,10 @@ def fault_costs(repeats: int = 7) -> None:
                               steps=int(np.ceil(60000 / 256)), repeats=repeats)))
 
 
-def run_ranks(ranks: int, case_name: str, strategy: str = "allreduce") -> dict:
+def run_ranks(ranks: int, case_name: str, strategy: str = "allreduce", sampler: str = "exact") -> dict:
     from nnlib.environment import mpiexec_path
 
-    command = [mpiexec_path(), "-n", str(ranks), sys.executable, __file__, "--worker", case_name, strategy]
+    command = [mpiexec_path(), "-n", str(ranks), sys.executable, __file__, "--worker", case_name, strategy, sampler]
     run = subprocess.run(command, capture_output=True, text=True, check=True, timeout=900)
     return json.loads(run.stdout.strip().splitlines()[-1])
 
@@ -211,7 +215,8 @@ def _torch_worker(rank, world_size, port, case_name, inputs, labels, queue):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--worker", nargs=2, metavar=("CASE", "STRATEGY"), help=argparse.SUPPRESS)
+    parser.add_argument("--worker", nargs=3, metavar=("CASE", "STRATEGY", "SAMPLER"), help=argparse.SUPPRESS)
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each configuration (medians are quoted)")
     parser.add_argument("--no-torch", action="store_true", help="skip the PyTorch DDP comparison")
     parser.add_argument("--fault-costs", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--only-fault-costs", action="store_true",
@@ -234,26 +239,35 @@ def main() -> None:
 
     machine = describe()
     print(f"machine: {machine['machine']}; {machine['BLAS']}; {machine['MPI library']}; 1 BLAS thread per rank\n")
-    header = (f"{'case':24s} {'1 rank s/epoch':>14s} {'2 ranks s/epoch':>15s} {'speedup':>8s} {'efficiency':>10s} "
-              f"{'comm/step us':>12s} {'bare Allreduce us':>17s} {'comm/bare':>9s}")
+    header = (f"{'case':24s} {'mode':20s} {'1 rank s/epoch':>14s} {'2 ranks s/epoch':>15s} {'speedup':>8s} "
+              f"{'efficiency':>10s} {'comm/step us':>12s} {'bare Allreduce us':>17s} {'comm/bare':>9s}")
     if have_torch:
         header += f" {'DDP s/epoch':>11s} {'DDP/nnlib':>9s}"
     if args.only_fault_costs:
         print_fault_costs()
         return
+    print(f"medians of {args.repeats} runs of each configuration, the runs interleaved\n")
     print(header)
     print("-" * len(header))
     for name in CASES:
-        one, two = run_ranks(1, name), run_ranks(2, name)
-        speedup = one["epoch_seconds"] / two["epoch_seconds"]
-        line = (f"{name:24s} {one['epoch_seconds']:14.3f} {two['epoch_seconds']:15.3f} {speedup:8.2f} "
-                f"{speedup / 2:10.0%} {two['communicate_per_step'] * 1e6:12.1f} {two['bare_allreduce'] * 1e6:17.1f} "
-                f"{two['communicate_per_step'] / two['bare_allreduce']:9.2f}")
-        if have_torch:
-            ddp = torch_ddp_epoch(name)
-            line += f" {ddp:11.3f} {ddp / two['epoch_seconds']:9.2f}"
-        print(line, flush=True)
-    print("\ncomm/step: the slowest rank's Allreduce time per step, waiting included; bare Allreduce: "
+        modes = MODES if CASES[name]["batch"] else [("allreduce", "exact"), ("zero", "exact")]
+        one, two = [], {mode: [] for mode in modes}
+        for _ in range(args.repeats):  # interleaved, so that a slow minute of the machine hits every mode alike
+            one.append(run_ranks(1, name))
+            for mode in modes:
+                two[mode].append(run_ranks(2, name, *mode))
+        one_epoch = float(np.median([run["epoch_seconds"] for run in one]))
+        ddp = torch_ddp_epoch(name) if have_torch else None
+        for mode in modes:
+            epoch, communicate, bare = (float(np.median([run[key] for run in two[mode]]))
+                                        for key in ("epoch_seconds", "communicate_per_step", "bare_allreduce"))
+            speedup = one_epoch / epoch
+            line = (f"{name:24s} {mode[0] + ', ' + mode[1]:20s} {one_epoch:14.3f} {epoch:15.3f} {speedup:8.2f} "
+                    f"{speedup / 2:10.0%} {communicate * 1e6:12.1f} {bare * 1e6:17.1f} {communicate / bare:9.2f}")
+            if ddp is not None:
+                line += f" {ddp:11.3f} {ddp / epoch:9.2f}"
+            print(line, flush=True)
+    print("\ncomm/step: the slowest rank's communication per step (zero: both ring halves), waiting included; bare Allreduce: "
           "the median of 200 Allreduces of the same gradient buffer on the same 2 ranks.")
     print_fault_costs()
 
