@@ -139,3 +139,22 @@ def test_flop_count_by_hand():
     assert flops_per_sample((784, 128, 10)) == 2 * (2 * (784 * 128 + 1280) + 1280)
     shapes = step_matmul_shapes((784, 128, 10), 5)
     assert sum(2 * m * k * n for m, k, n in shapes) == 5 * flops_per_sample((784, 128, 10))
+
+
+def test_the_backward_pass_reports_each_layer_as_soon_as_its_gradient_is_final():
+    """nnlib.overlap starts sending a layer's gradient at on_layer_done(layer): it must be final by then,
+    also when a large batch is processed in chunks (only the last chunk reports)."""
+    rng = np.random.default_rng(0)
+    network = Network((6, 5, 4, 3), dtype="float64", seed=1)
+    network.chunk_size = 7  # 20 samples: 3 chunks
+    inputs, labels = rng.random((20, 6)), rng.integers(0, 3, 20)
+    seen = []
+
+    def on_layer_done(layer):
+        weights, biases = network.grad_weights[layer].copy(), network.grad_biases[layer].copy()
+        seen.append((layer, weights, biases))
+
+    network.loss_and_gradient(inputs, labels, on_layer_done=on_layer_done)
+    assert [layer for layer, _, _ in seen] == [2, 1, 0]
+    for layer, weights, biases in seen:
+        assert np.array_equal(weights, network.grad_weights[layer]) and np.array_equal(biases, network.grad_biases[layer])

@@ -7,24 +7,14 @@ raise the same ValueError on every rank, after which the communicator still work
 Exits 0 when every check passed on every rank; prints the failures and exits 1 otherwise.
 """
 
-import sys
-import traceback
-
 import numpy as np
+from harness import run_checks
 from mpi4py import MPI
 
 from nnlib.allreduce import ALGORITHMS, allreduce, ring_allgather, ring_reduce_scatter, ring_schedule
 
 comm = MPI.COMM_WORLD
 rank, size = comm.rank, comm.size
-failures = []
-
-
-def check(name, function):
-    try:
-        function()
-    except Exception:
-        failures.append(f"rank {rank}: {name}\n{traceback.format_exc()}")
 
 
 def same_on_every_rank(array):
@@ -132,14 +122,4 @@ def test_bad_buffers():
     expect_error_everywhere(lambda: np.ones(size), "ring-of-fire", "algorithm must be")
 
 
-for name, function in list(globals().items()):
-    if name.startswith("test_") and callable(function):
-        check(name, function)
-
-everyone = comm.gather(failures, root=0)
-if rank == 0:
-    problems = [text for rank_failures in everyone for text in rank_failures]
-    if problems:
-        print("\n".join(problems))
-        sys.exit(1)
-    print(f"{size} ranks: all checks passed")
+run_checks(globals())

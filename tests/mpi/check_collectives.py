@@ -4,24 +4,14 @@ Exits 0 when every check passed on every rank; prints the failures and exits 1 o
 Used by tests/test_collectives.py with 1, 2, 3 and 4 ranks.
 """
 
-import sys
-import traceback
-
 import numpy as np
+from harness import run_checks
 from mpi4py import MPI
 
 from nnlib import collectives as c
 
 comm = MPI.COMM_WORLD
 rank, size = comm.rank, comm.size
-failures = []
-
-
-def check(name, function):
-    try:
-        function()
-    except Exception:
-        failures.append(f"rank {rank}: {name}\n{traceback.format_exc()}")
 
 
 def expect_equal(actual, expected):
@@ -98,18 +88,4 @@ def test_barrier_and_timing():
     expect_equal(np.array(comm.allgather(float(times[0]))), np.full(size, times[0]))  # the same on every rank
 
 
-for name, function in list(globals().items()):
-    if name.startswith("test_"):
-        check(name, function)
-
-all_failures = comm.gather(failures, root=0)
-if rank == 0:
-    flat = [f for rank_failures in all_failures for f in rank_failures]
-    for failure in flat:
-        print(failure, file=sys.stderr)
-    print(f"{size} ranks: {'all checks passed' if not flat else f'{len(flat)} failures'}")
-    code = 1 if flat else 0
-else:
-    code = 0
-code = comm.bcast(code, root=0)
-sys.exit(code)
+run_checks(globals())

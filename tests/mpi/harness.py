@@ -1,0 +1,31 @@
+"""What the MPI checker scripts share: run every test_* function, gather the failures, one verdict.
+
+A failing check is recorded on its rank (with its traceback) and the others go on, so that no
+rank leaves a collective early; rank 0 prints everything and every rank exits with the same code.
+"""
+
+import sys
+import traceback
+
+from mpi4py import MPI
+
+
+def run_checks(namespace: dict) -> None:
+    """Call each ``test_*`` function of ``namespace`` (a checker's globals()), then exit 0 or 1 everywhere."""
+    comm = MPI.COMM_WORLD
+    failures = []
+    for name, function in list(namespace.items()):
+        if name.startswith("test_") and callable(function):
+            try:
+                function()
+            except Exception:
+                failures.append(f"rank {comm.rank}: {name}\n{traceback.format_exc()}")
+    everyone = comm.gather(failures, root=0)
+    code = 0
+    if comm.rank == 0:
+        flat = [failure for rank_failures in everyone for failure in rank_failures]
+        for failure in flat:
+            print(failure, file=sys.stderr)
+        print(f"{comm.size} ranks: {'all checks passed' if not flat else f'{len(flat)} failures'}")
+        code = 1 if flat else 0
+    sys.exit(comm.bcast(code, root=0))
