@@ -6,9 +6,9 @@ the parameters after k steps equal the sequential run's to 1e-10 in float64 and 
 """
 
 import sys
-import traceback
 
 import numpy as np
+from harness import run_checks
 from mpi4py import MPI
 
 from nnlib import Network, train
@@ -16,7 +16,6 @@ from nnlib.parallel import STRATEGIES, shard, train_parallel
 
 comm = MPI.COMM_WORLD
 rank, size = comm.rank, comm.size
-failures = []
 rng = np.random.default_rng(0)
 N = 997
 INPUTS, LABELS = rng.random((N, 12)), rng.integers(0, 4, N)
@@ -192,23 +191,4 @@ def check_overlapped_buckets_equal_one_allreduce():
         np.testing.assert_allclose(network.grads, expected, rtol=1e-12, atol=1e-15)
 
 
-for name, function in [("equal to sequential", check_equal_to_sequential),
-                       ("zero keeps one slice", check_zero_keeps_one_slice_of_the_optimizer_state),
-                       ("per-rank sampler", check_the_per_rank_sampler),
-                       ("overlapped buckets", check_overlapped_buckets_equal_one_allreduce),
-                       ("staged through host memory", check_staged_through_host_memory),
-                       ("GPU paths with a stand-in CuPy", check_gpu_paths_with_a_stand_in_cupy),
-                       ("bad configurations", check_bad_configurations_fail_on_every_rank)]:
-    try:
-        function()
-    except Exception:
-        failures.append(f"rank {rank}: {name}\n{traceback.format_exc()}")
-
-everyone = comm.gather(failures, root=0)
-code = 0
-if rank == 0:
-    flat = [failure for rank_failures in everyone for failure in rank_failures]
-    print("\n".join(flat), file=sys.stderr)
-    print(f"{size} ranks: {'all checks passed' if not flat else f'{len(flat)} failures'}")
-    code = 1 if flat else 0
-sys.exit(comm.bcast(code, root=0))
+run_checks(globals(), prefix="check_")

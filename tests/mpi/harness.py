@@ -1,4 +1,4 @@
-"""What the MPI checker scripts share: run every test_* function, gather the failures, one verdict.
+"""What the MPI checker scripts share: run every test_* (or check_*) function, gather the failures, one verdict.
 
 A failing check is recorded on its rank (with its traceback) and the others go on, so that no
 rank leaves a collective early; rank 0 prints everything and every rank exits with the same code.
@@ -10,12 +10,12 @@ import traceback
 from mpi4py import MPI
 
 
-def run_checks(namespace: dict) -> None:
-    """Call each ``test_*`` function of ``namespace`` (a checker's globals()), then exit 0 or 1 everywhere."""
+def run_checks(namespace: dict, prefix: str = "test_") -> None:
+    """Call each function of ``namespace`` (a checker's globals()) named ``prefix``..., then exit 0 or 1 everywhere."""
     comm = MPI.COMM_WORLD
     failures = []
     for name, function in list(namespace.items()):
-        if name.startswith("test_") and callable(function):
+        if name.startswith(prefix) and callable(function):
             try:
                 function()
             except Exception:
