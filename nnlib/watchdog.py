@@ -253,6 +253,14 @@ class WatchedComm:
         sending = self.comm.Isend(sendbuf, dest=dest, tag=sendtag)
         self.wait_all([receiving, sending], "Sendrecv")
 
+    def Recv(self, buffer, source, tag=0):
+        """Receive into ``buffer`` from ``source`` within the deadline (nnlib.pipeline's stages)."""
+        self.wait(self.comm.Irecv(buffer, source=source, tag=tag), f"Recv from rank {source}")
+
+    def Isend(self, buffer, dest, tag=0):
+        """Start sending ``buffer`` to ``dest``; complete it with :meth:`wait_all`."""
+        return self.comm.Isend(buffer, dest=dest, tag=tag)
+
     # -- started now, completed later (to overlap communication with computation) --------------
     def Iallreduce(self, sendbuf, recvbuf, op=MPI.SUM):
         """Start an Allreduce and return its request; complete it with :meth:`wait_all`."""

@@ -8,7 +8,8 @@ check_watchdog.py (2 and 3 ranks: it makes the last rank fail): a raising, hangi
 stops the others at once or at the deadline, named; the ranks recover and train again.
 check_allreduce.py (1 to 7 ranks): the ring, recursive doubling and reduce-then-broadcast equal
 MPI's Allreduce; bad buffers fail on every rank at once.
-check_tensor_parallel.py (1 to 4 ranks): hidden units split over the ranks train exactly as sequential.
+check_tensor_parallel.py, check_pipeline.py (1 to 4 ranks): hidden units split over the ranks, or
+layers over the stages of a pipeline, train exactly as sequential.
 """
 
 from pathlib import Path
@@ -21,7 +22,7 @@ CHECKERS = Path(__file__).parent / "mpi"
 RUNS = [(checker, ranks) for checker in ("check_collectives.py", "check_parallel.py") for ranks in (1, 2, 3, 4)]
 RUNS += [("check_watchdog.py", ranks) for ranks in (2, 3)]
 RUNS += [("check_allreduce.py", ranks) for ranks in range(1, 8)]
-RUNS += [("check_tensor_parallel.py", ranks) for ranks in (1, 2, 3, 4)]
+RUNS += [(checker, ranks) for checker in ("check_tensor_parallel.py", "check_pipeline.py") for ranks in (1, 2, 3, 4)]
 
 
 @pytest.mark.parametrize("checker, ranks", RUNS)

@@ -1,0 +1,265 @@
+"""Pipeline (inter-layer) parallelism: consecutive layers on consecutive ranks, micro-batches flowing through.
+
+Rank s (a *stage*) holds the consecutive weight layers split_counts(L, P) gives it, and only
+those. A batch of N samples is cut into m micro-batches; micro-batch k flows forward
+
+    stage 0 --a--> stage 1 --a--> ... --> stage P-1 (loss, delta_L)
+
+with point-to-point messages (the activations of the stage's last layer), and back
+
+    stage 0 <--g-- stage 1 <--g-- ... <-- stage P-1,    g = delta_first @ W_first.T
+
+(the gradient with respect to the stage's input activation; the receiver multiplies it by
+a (1 - a) to get its own top layer's delta). Each stage adds the weight gradients of the m
+micro-batches, each divided by the whole batch's N, so that one step equals the sequential step
+on the whole batch (up to the order of the additions).
+
+Two schedules of the same work (Huang et al. 2019, GPipe; Narayanan et al. 2019, PipeDream):
+
+``gpipe``  every stage runs all m forwards, then all m backwards. Simple; each stage keeps the
+           activations of all m micro-batches until their backward.
+``1f1b``   stage s runs P - s - 1 forwards to fill the pipe, then alternates one forward, one
+           backward, then drains. The same idle time, but at most P - s micro-batches alive.
+
+While the pipe fills and drains some stages wait: with equal stages the idle ("bubble") fraction
+of a step is (P - 1) / (m + P - 1), so more micro-batches mean less waste.
+
+A :class:`PipelineMLP` has the methods :func:`nnlib.training.train` uses, so the sequential
+trainer drives it: every rank passes the same batch (stage 0 uses the inputs, the last stage the
+labels); the loss is sent from the last stage to all after each step. Its messages run under the
+watchdog's deadline. :meth:`full_params` concatenates the stages' vectors in rank order, which
+is exactly Network's flat layout.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+from .collectives import offsets, split_counts
+from .network import (Network, cross_entropy_from_logits, one_hot_targets, sigmoid, sigmoid_prime_from_activation,
+                      softmax)
+from .parallel import agree
+from .watchdog import agreed, watch
+
+SCHEDULES = ("gpipe", "1f1b")
+FORWARD_TAG, BACKWARD_TAG = 1, 2
+
+
+def stage_layers(num_layers: int, stages: int):
+    """[(first, stop)] weight layers of each stage: consecutive, as even as possible (earlier stages larger)."""
+    counts = split_counts(num_layers, stages)
+    return [(int(start), int(start + count)) for start, count in zip(offsets(counts), counts)]
+
+
+def schedule_order(schedule: str, stage: int, stages: int, micro_batches: int):
+    """The order of work on ``stage``: a list of ("F", k) and ("B", k) for micro-batches k."""
+    if schedule == "gpipe":
+        return [("F", k) for k in range(micro_batches)] + [("B", k) for k in range(micro_batches)]
+    warmup = min(stages - stage - 1, micro_batches)
+    order = [("F", k) for k in range(warmup)]
+    for k in range(micro_batches - warmup):
+        order += [("F", warmup + k), ("B", k)]
+    order += [("B", k) for k in range(micro_batches - warmup, micro_batches)]
+    return order
+
+
+class PipelineMLP:
+    """This rank's stage of a fully connected sigmoid network trained with pipeline parallelism.
+
+    comm: the stages (rank s holds stage s); layer_sizes, output, dtype, seed: as for Network (the
+    same initial weights); micro_batches: m; schedule: "gpipe" or "1f1b"; timeout: the deadline of
+    every message (nnlib.watchdog). After each step: ``timeline`` holds this stage's
+    (kind, micro-batch, start, end) of its computations (waits excluded) in seconds of
+    time.perf_counter, one clock for all processes of a host; ``peak_alive`` the most
+    micro-batches whose activations were kept at once, ``peak_activation_bytes`` their bytes.
+    """
+
+    def __init__(self, comm, layer_sizes=(784, 128, 10), output: str = "sigmoid", dtype="float64",
+                 seed: int = 0, micro_batches: int = 4, schedule: str = "1f1b", timeout=None):
+        self.comm = watch(comm, timeout)
+        reference = Network(layer_sizes, output, dtype, seed=seed)
+        problem = None
+        if schedule not in SCHEDULES:
+            problem = f"schedule must be one of {', '.join(SCHEDULES)}; got {schedule!r}"
+        elif not isinstance(micro_batches, int) or micro_batches < 1:
+            problem = f"micro_batches must be a positive integer; got {micro_batches!r}"
+        elif self.comm.size > reference.num_layers:
+            problem = (f"{self.comm.size} stages but the network has only {reference.num_layers} weight layers: "
+                       "every stage needs at least one. Use fewer ranks or a deeper network")
+        if problem:
+            raise agreed(ValueError(problem))  # the same arguments on every rank give the same verdict
+        agree(self.comm, "the pipeline (layer sizes, output, dtype, seed, micro-batches, schedule)",
+              (reference.layer_sizes, output, str(np.dtype(dtype)), seed, micro_batches, schedule))
+        self.layer_sizes, self.output, self.xp, self.dtype = reference.layer_sizes, output, np, reference.dtype
+        self.micro_batches, self.schedule = micro_batches, schedule
+        self.stage, self.stages = self.comm.rank, self.comm.size
+        self.first, self.stop = stage_layers(reference.num_layers, self.stages)[self.stage]
+        self.is_first, self.is_last = self.stage == 0, self.stage == self.stages - 1
+        self.num_layers = reference.num_layers
+        layer_starts = [0]
+        for n_in, n_out in reference.shapes:
+            layer_starts.append(layer_starts[-1] + n_in * n_out + n_out)
+        begin, end = layer_starts[self.first], layer_starts[self.stop]
+        self.params = reference.params[begin:end].copy()
+        self.grads = np.zeros_like(self.params)
+        self.shapes = reference.shapes[self.first:self.stop]
+        self.weights, self.biases = _views(self.params, self.shapes)
+        self.grad_weights, self.grad_biases = _views(self.grads, self.shapes)
+        self.last_correct, self.timeline, self.peak_alive, self.peak_activation_bytes = 0, [], 0, 0
+        del reference
+
+    check_inputs = Network.check_inputs
+    check_labels = Network.check_labels
+
+    # -- one micro-batch through this stage ----------------------------------------------------
+    def _forward(self, inputs):
+        """This stage's activations [a_in, ..., a_out] for one micro-batch."""
+        activations = [inputs]
+        for local, (weights, biases) in enumerate(zip(self.weights, self.biases)):
+            logits = activations[-1] @ weights + biases
+            if self.first + local < self.num_layers - 1 or self.output == "sigmoid":
+                activations.append(sigmoid(logits, np))
+            else:
+                activations.append(softmax(logits, np))
+        self.output_logits = logits
+        return activations
+
+    def _backward(self, activations, delta, accumulate):
+        """Add this micro-batch's gradients; return the gradient for the stage's input (or None on stage 0)."""
+        for local in range(len(self.shapes) - 1, -1, -1):
+            grad_weights = activations[local].T @ delta
+            grad_biases = np.sum(delta, axis=0)
+            if accumulate:
+                self.grad_weights[local] += grad_weights
+                self.grad_biases[local] += grad_biases
+            else:
+                self.grad_weights[local][...] = grad_weights
+                self.grad_biases[local][...] = grad_biases
+            if local > 0:
+                delta = (delta @ self.weights[local].T) * sigmoid_prime_from_activation(activations[local])
+        return None if self.is_first else delta @ self.weights[0].T
+
+    # -- one step on a whole batch ----------------------------------------------------------
+    def loss_and_gradient(self, inputs, labels, normalizer=None, check: bool = True, on_device: bool = False):
+        """The batch's cost J (the same on every rank) and this stage's gradient, in ``grads``.
+
+        Every rank passes the same batch; min(m, N) micro-batches of it flow through the pipe.
+        """
+        if check:
+            self.check_inputs(inputs)
+            self.check_labels(labels, inputs.shape[0])
+        total = inputs.shape[0]
+        scale = 1.0 / (total if normalizer is None else normalizer)
+        count = min(self.micro_batches, total)
+        bounds = [(int(start), int(start + size)) for start, size in
+                  zip(offsets(split_counts(total, count)), split_counts(total, count))]
+        kept, sends, seen_backward = {}, [], set()
+        totals = np.zeros(2)  # loss and correct answers, on the last stage
+        self.timeline, self.peak_alive, self.peak_activation_bytes = [], 0, 0
+        for kind, k in schedule_order(self.schedule, self.stage, self.stages, count):
+            start, stop = bounds[k]
+            if kind == "F":
+                if self.is_first:
+                    incoming = inputs[start:stop]
+                else:
+                    incoming = np.empty((stop - start, self.shapes[0][0]), dtype=self.dtype)
+                    self.comm.Recv(incoming, source=self.stage - 1, tag=FORWARD_TAG)
+                work_began = time.perf_counter()
+                kept[k] = self._forward(incoming)
+                if self.is_last:
+                    kept[k].append(self.output_logits)
+                else:
+                    sends.append(self.comm.Isend(kept[k][-1], dest=self.stage + 1, tag=FORWARD_TAG))
+                self.peak_alive = max(self.peak_alive, len(kept))
+                self.peak_activation_bytes = max(self.peak_activation_bytes, self._kept_bytes(kept))
+            else:
+                if self.is_last:
+                    work_began = time.perf_counter()
+                    *activations, logits = kept.pop(k)
+                    targets = one_hot_targets(labels[start:stop], self.layer_sizes[-1], self.dtype, np)
+                    totals[0] += float(cross_entropy_from_logits(logits, targets, self.output, np)) * scale
+                    totals[1] += np.count_nonzero(np.argmax(activations[-1], axis=1) == labels[start:stop])
+                    delta = (activations[-1] - targets) * scale
+                else:
+                    gradient = np.empty((stop - start, self.shapes[-1][1]), dtype=self.dtype)
+                    self.comm.Recv(gradient, source=self.stage + 1, tag=BACKWARD_TAG)
+                    work_began = time.perf_counter()
+                    activations = kept.pop(k)
+                    delta = gradient * sigmoid_prime_from_activation(activations[-1])
+                outgoing = self._backward(activations, delta, accumulate=bool(seen_backward))
+                seen_backward.add(k)
+                if outgoing is not None:
+                    sends.append(self.comm.Isend(outgoing, dest=self.stage - 1, tag=BACKWARD_TAG))
+            self.timeline.append((kind, k, work_began, time.perf_counter()))
+        self.comm.wait_all(sends, "Isend (pipeline)")
+        self.comm.Bcast(totals, root=self.stages - 1)  # every rank learns the step's loss
+        self.last_correct = int(totals[1])
+        return float(totals[0])
+
+    def _kept_bytes(self, kept) -> int:
+        """Bytes of the activations kept for backward (stage 0's inputs are the caller's, not counted)."""
+        return sum(array.nbytes for arrays in kept.values()
+                   for array in (arrays[1:] if self.is_first else arrays))
+
+    # -- evaluation and comparison --------------------------------------------------------------
+    def predict_probabilities(self, inputs):
+        """Output activations (N, n_L) on every rank: the whole batch forward through the stages.
+
+        Every rank passes the same inputs (and checks them, so that all agree on bad ones).
+        """
+        inputs = np.asarray(inputs)
+        self.check_inputs(inputs)
+        if self.is_first:
+            activation = inputs
+        else:
+            activation = np.empty((inputs.shape[0], self.shapes[0][0]), dtype=self.dtype)
+            self.comm.Recv(activation, source=self.stage - 1, tag=FORWARD_TAG)
+        output = np.ascontiguousarray(self._forward(activation)[-1])
+        if not self.is_last:
+            self.comm.wait_all([self.comm.Isend(output, dest=self.stage + 1, tag=FORWARD_TAG)])
+            output = np.empty((inputs.shape[0], self.layer_sizes[-1]), dtype=self.dtype)
+        self.comm.Bcast(output, root=self.stages - 1)
+        return output
+
+    def accuracy(self, inputs, labels) -> float:
+        labels = np.asarray(labels)
+        return int(np.count_nonzero(np.argmax(self.predict_probabilities(inputs), axis=1) == labels)) / len(labels)
+
+    def full_params(self) -> np.ndarray:
+        """Every stage's parameters, concatenated in rank (= layer) order: Network's flat layout."""
+        from .collectives import allgather_rows
+
+        return allgather_rows(self.comm, self.params)
+
+    def __repr__(self):
+        return (f"PipelineMLP({'-'.join(map(str, self.layer_sizes))}, stage {self.stage} of {self.stages}: "
+                f"layers {self.first + 1}-{self.stop}, {self.micro_batches} micro-batches, {self.schedule})")
+
+
+def _views(flat, shapes):
+    weights, biases, offset = [], [], 0
+    for n_in, n_out in shapes:
+        weights.append(flat[offset:offset + n_in * n_out].reshape(n_in, n_out))
+        offset += n_in * n_out
+        biases.append(flat[offset:offset + n_out])
+        offset += n_out
+    return weights, biases
+
+
+def bubble_fraction(stages: int, micro_batches: int) -> float:
+    """The idle fraction of a pipeline step with equal stages: (P - 1) / (m + P - 1)."""
+    return (stages - 1) / (micro_batches + stages - 1)
+
+
+def measured_bubble(timelines) -> float:
+    """The idle fraction of a step from every stage's timeline: 1 - busy / (P x the step's span).
+
+    timelines: every stage's PipelineMLP.timeline of the same step (one host's clock).
+    """
+    start = min(begin for timeline in timelines for _, _, begin, _ in timeline)
+    end = max(finish for timeline in timelines for _, _, _, finish in timeline)
+    busy = sum(finish - begin for timeline in timelines for _, _, begin, finish in timeline)
+    return 1.0 - busy / (len(timelines) * (end - start))

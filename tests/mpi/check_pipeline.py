@@ -1,0 +1,83 @@
+"""Run under mpiexec with 1 to 4 ranks: pipeline-parallel training equals sequential training.
+
+Consecutive layers on consecutive ranks (nnlib.pipeline), m micro-batches (1, 3 and 8; batches of
+203 and 32 samples, which do not divide), GPipe and 1F1B, sigmoid and softmax, full batch and
+mini-batch with momentum, float64: the stages' parameters, put together, equal the sequential
+run's to 1e-10. Also: 1F1B keeps at most P - s micro-batches alive on stage s and GPipe all m,
+the schedules' orders, and bad settings fail on every rank at once.
+"""
+
+import numpy as np
+from harness import run_checks
+from mpi4py import MPI
+
+from nnlib import Network, train
+from nnlib.pipeline import PipelineMLP, schedule_order, stage_layers
+
+comm = MPI.COMM_WORLD
+rank, size = comm.rank, comm.size
+rng = np.random.default_rng(0)
+INPUTS, LABELS = rng.random((203, 12)), rng.integers(0, 4, 203)
+SIZES = (12, 9, 8, 7, 4)  # 4 weight layers: one to four per stage
+
+
+def test_equal_to_sequential_training():
+    for output in ("sigmoid", "softmax"):
+        for schedule in ("gpipe", "1f1b"):
+            for micro_batches in (1, 3, 8):
+                for settings in (dict(epochs=3, learning_rate=0.5),
+                                 dict(epochs=2, learning_rate=0.5, batch_size=32, momentum=0.9, seed=5)):
+                    sequential = Network(SIZES, output=output, dtype="float64", seed=3)
+                    expected = train(sequential, INPUTS, LABELS, progress=False, **settings)
+                    pipeline = PipelineMLP(comm, SIZES, output=output, dtype="float64", seed=3,
+                                           micro_batches=micro_batches, schedule=schedule)
+                    history = train(pipeline, INPUTS, LABELS, progress=False, **settings)
+                    full = pipeline.full_params()
+                    error = np.abs(full - sequential.params).max() / np.abs(sequential.params).max()
+                    where = f"{output} {schedule} m={micro_batches} {settings}"
+                    assert error <= 1e-10, f"{where}: relative error {error:.1e}"
+                    assert np.allclose(history.loss, expected.loss, rtol=1e-12), where
+                    assert history.train_accuracy == expected.train_accuracy, where
+                    assert pipeline.accuracy(INPUTS, LABELS) == sequential.accuracy(INPUTS, LABELS), where
+                    alive = comm.allgather(pipeline.peak_alive)
+                    batch = min(micro_batches, 203 % 32 if "batch_size" in settings else 203)  # the last step's m
+                    if schedule == "gpipe":
+                        assert alive == [batch] * size, (where, alive)
+                    else:
+                        assert alive == [min(size - stage, batch) for stage in range(size)], (where, alive)
+
+
+def test_stages_and_schedules():
+    assert stage_layers(4, 3) == [(0, 2), (2, 3), (3, 4)]
+    assert schedule_order("1f1b", 0, 3, 4) == [("F", 0), ("F", 1), ("F", 2), ("B", 0), ("F", 3), ("B", 1),
+                                               ("B", 2), ("B", 3)]
+    assert schedule_order("1f1b", 2, 3, 4) == [("F", 0), ("B", 0), ("F", 1), ("B", 1), ("F", 2), ("B", 2),
+                                               ("F", 3), ("B", 3)]
+    for schedule in ("gpipe", "1f1b"):
+        for stage in range(3):
+            order = schedule_order(schedule, stage, 3, 5)
+            assert sorted(order) == sorted([("F", k) for k in range(5)] + [("B", k) for k in range(5)])
+            assert all(order.index(("F", k)) < order.index(("B", k)) for k in range(5))
+
+
+def expect_error_everywhere(make, words):
+    try:
+        make()
+    except ValueError as error:
+        assert words in str(error), (words, str(error))
+    else:
+        raise AssertionError(f"no error ({words})")
+    comm.Barrier()
+
+
+def test_bad_settings_fail_on_every_rank():
+    expect_error_everywhere(lambda: PipelineMLP(comm, SIZES, schedule="interleaved"), "schedule must be one of")
+    expect_error_everywhere(lambda: PipelineMLP(comm, SIZES, micro_batches=0), "micro_batches must be")
+    expect_error_everywhere(lambda: PipelineMLP(comm, (12,)), "layer_sizes needs at least two")
+    if size > 1:
+        expect_error_everywhere(lambda: PipelineMLP(comm, (12, 4)), "every stage needs at least one")
+        expect_error_everywhere(lambda: PipelineMLP(comm, SIZES, micro_batches=2 + (rank == 0)),
+                                "the ranks disagree on the pipeline")
+
+
+run_checks(globals())
