@@ -300,6 +300,7 @@ def _train(comm, network, local_inputs, local_labels, *, num_samples, start, epo
     else:
         optimizer = SGD(network, schedule(0.0), momentum) if updates_here else None
     overlap = BucketedAllreduce(comm, network) if strategy == "overlap" and messenger.direct else None
+    backward_hook = {} if overlap is None else {"on_layer_done": overlap.layer_done}
     host_dtype = to_numpy(network.params[:1]).dtype
     if resumed is not None and resumed["velocity"] and momentum:  # the optimizer's state, to every updater
         velocity = saved.velocity.astype(host_dtype) if rank == 0 else np.empty(network.num_params, host_dtype)
@@ -395,8 +396,7 @@ def _train(comm, network, local_inputs, local_labels, *, num_samples, start, epo
             comm.at(phase="compute")
             if batch_inputs.shape[0]:
                 loss = network.loss_and_gradient(batch_inputs, batch_labels, normalizer=normalizer,
-                                                 check=False, on_device=True,
-                                                 on_layer_done=None if overlap is None else overlap.layer_done)
+                                                 check=False, on_device=True, **backward_hook)
                 loss_sum += loss * normalizer
                 correct_sum += network.last_correct
             else:  # none of this batch's samples are on this rank

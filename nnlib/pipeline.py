@@ -105,6 +105,7 @@ class PipelineMLP:
         begin, end = layer_starts[self.first], layer_starts[self.stop]
         self.params = reference.params[begin:end].copy()
         self.grads = np.zeros_like(self.params)
+        self.num_params = self.params.size  # this rank's share
         self.shapes = reference.shapes[self.first:self.stop]
         self.weights, self.biases = _views(self.params, self.shapes)
         self.grad_weights, self.grad_biases = _views(self.grads, self.shapes)

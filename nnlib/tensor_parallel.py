@@ -98,6 +98,7 @@ class TensorParallelMLP:
         self.weights, self.biases = self._views(self.params)
         self.grad_weights, self.grad_biases = self._views(self.grads)
         self.num_layers = len(self.shapes)
+        self.num_params = self.params.size  # this rank's share
         self.chunk_size = reference.chunk_size
         self.last_correct = 0
         del reference, full_weights, full_biases  # no rank keeps the whole network

@@ -9,7 +9,8 @@ stops the others at once or at the deadline, named; the ranks recover and train 
 check_allreduce.py (1 to 7 ranks): the ring, recursive doubling and reduce-then-broadcast equal
 MPI's Allreduce; bad buffers fail on every rank at once.
 check_tensor_parallel.py, check_pipeline.py (1 to 4 ranks): hidden units split over the ranks, or
-layers over the stages of a pipeline, train exactly as sequential.
+layers over the stages of a pipeline, train exactly as sequential. check_hybrid.py (2 and 4 ranks):
+every (data x model) grid of both kinds does too.
 """
 
 from pathlib import Path
@@ -23,6 +24,7 @@ RUNS = [(checker, ranks) for checker in ("check_collectives.py", "check_parallel
 RUNS += [("check_watchdog.py", ranks) for ranks in (2, 3)]
 RUNS += [("check_allreduce.py", ranks) for ranks in range(1, 8)]
 RUNS += [(checker, ranks) for checker in ("check_tensor_parallel.py", "check_pipeline.py") for ranks in (1, 2, 3, 4)]
+RUNS += [("check_hybrid.py", ranks) for ranks in (2, 4)]
 
 
 @pytest.mark.parametrize("checker, ranks", RUNS)
