@@ -264,3 +264,71 @@ def measured_bubble(timelines) -> float:
     end = max(finish for timeline in timelines for _, _, _, finish in timeline)
     busy = sum(finish - begin for timeline in timelines for _, _, begin, finish in timeline)
     return 1.0 - busy / (len(timelines) * (end - start))
+
+
+def measure_bubbles(comm, layer_sizes, batch: int, micro_batch_counts=(1, 2, 4, 8, 16), schedule: str = "1f1b",
+                    repeats: int = 5, dtype="float32", seed: int = 0):
+    """The measured idle fraction of a pipeline step for each m, beside (P - 1) / (m + P - 1).
+
+    Every rank runs ``repeats`` steps (after one warm-up) on the same random batch of ``batch``
+    samples; the timelines go to rank 0. Returns, on rank 0, a list of dicts (micro_batches,
+    measured: the median over the steps, formula, simulated: :func:`simulated_bubble` with each
+    stage's median forward and backward times, peak_alive: per stage, peak_bytes: per stage,
+    timelines: the last step's); None elsewhere.
+    """
+    rng = np.random.default_rng(seed)
+    inputs = rng.random((batch, layer_sizes[0])).astype(dtype)
+    labels = rng.integers(0, layer_sizes[-1], batch)
+    rows = []
+    for micro_batches in micro_batch_counts:
+        pipeline = PipelineMLP(comm, layer_sizes, dtype=dtype, seed=seed, micro_batches=micro_batches,
+                               schedule=schedule)
+        measured, simulated = [], []
+        for repeat in range(repeats + 1):
+            pipeline.comm.Barrier()
+            pipeline.loss_and_gradient(inputs, labels, check=False)
+            timelines = pipeline.comm.gather(pipeline.timeline, root=0)
+            if repeat and comm.rank == 0:
+                measured.append(measured_bubble(timelines))
+                durations = [{kind: float(np.median([end - begin for what, _, begin, end in timeline if what == kind]))
+                              for kind in "FB"} for timeline in timelines]
+                simulated.append(simulated_bubble([stage["F"] for stage in durations],
+                                                  [stage["B"] for stage in durations], schedule, micro_batches))
+        alive = pipeline.comm.gather((pipeline.peak_alive, pipeline.peak_activation_bytes), root=0)
+        if comm.rank == 0:
+            rows.append(dict(micro_batches=micro_batches, measured=float(np.median(measured)),
+                             formula=bubble_fraction(comm.size, micro_batches), simulated=float(np.median(simulated)),
+                             peak_alive=[count for count, _ in alive], peak_bytes=[size for _, size in alive],
+                             timelines=timelines))
+    return rows if comm.rank == 0 else None
+
+
+def simulated_bubble(forward_seconds, backward_seconds, schedule: str, micro_batches: int) -> float:
+    """The idle fraction that ``schedule`` must have with these per-stage times (no message cost).
+
+    forward_seconds[s], backward_seconds[s]: stage s's time for one micro-batch. Each stage runs
+    its schedule_order one item at a time; F(s, k) waits for F(s-1, k), B(s, k) for B(s+1, k).
+    With equal stages this gives (P - 1) / (m + P - 1); real stages are not equal (the first has
+    no input gradient to compute, the last computes the loss), and this says what that costs.
+    """
+    stages = len(forward_seconds)
+    orders = [schedule_order(schedule, stage, stages, micro_batches) for stage in range(stages)]
+    done, position, clock = {}, [0] * stages, [0.0] * stages
+    while any(position[stage] < len(orders[stage]) for stage in range(stages)):
+        progressed = False
+        for stage in range(stages):
+            while position[stage] < len(orders[stage]):
+                kind, k = orders[stage][position[stage]]
+                needs = (stage - 1, "F", k) if kind == "F" and stage > 0 else \
+                        (stage + 1, "B", k) if kind == "B" and stage < stages - 1 else None
+                if needs is not None and needs not in done:
+                    break
+                begin = max(clock[stage], done[needs] if needs else 0.0)
+                clock[stage] = begin + (forward_seconds[stage] if kind == "F" else backward_seconds[stage])
+                done[(stage, kind, k)] = clock[stage]
+                position[stage] += 1
+                progressed = True
+        if not progressed:
+            raise RuntimeError("the schedule deadlocks")  # cannot happen with schedule_order's orders
+    busy = micro_batches * (sum(forward_seconds) + sum(backward_seconds))
+    return 1.0 - busy / (stages * max(clock))
