@@ -1,5 +1,6 @@
 """The pieces of lesson 09 that need no MPI: how layers are split and scheduled, and the bubble."""
 
+import numpy as np
 import pytest
 
 from nnlib.pipeline import bubble_fraction, schedule_order, simulated_bubble, stage_layers
@@ -39,3 +40,38 @@ def test_unequal_stages_waste_more_and_1f1b_keeps_fewer_micro_batches_alive():
             alive += 1 if kind == "F" else -1
             peak = max(peak, alive)
         assert peak == (8 if schedule == "gpipe" else 4)
+
+
+def test_the_cost_model_counts_bytes_and_memory_per_rank():
+    from nnlib import tradeoffs
+
+    sizes = (784, 512, 512, 10)
+    weights = 784 * 512 + 512 + 512 * 512 + 512 + 512 * 10 + 10
+    assert tradeoffs.handed_bytes("data", sizes, 256, 4) == {"collective": 4 * weights, "point_to_point": 0}
+    # tensor: the pair's (256, 512) output forward; the replicated output layer needs nothing
+    assert tradeoffs.handed_bytes("tensor", sizes, 256, 4)["collective"] == 4 * 256 * 512
+    # pipeline on 3 stages: the middle stage sends (256, 512) forward and (256, 512) back
+    assert tradeoffs.handed_bytes("pipeline", sizes, 256, 3)["point_to_point"] == 4 * 2 * 256 * 512
+    data, tensor = (tradeoffs.memory_per_rank(kind, sizes, 256, 4)["parameters"] for kind in ("data", "tensor"))
+    assert data == 3 * 4 * weights and tensor < data / 2  # weights, gradients, momentum; split about 4 ways
+    gpipe = tradeoffs.memory_per_rank("pipeline", sizes, 256, 3, micro_batches=8, schedule="gpipe")
+    one_f_one_b = tradeoffs.memory_per_rank("pipeline", sizes, 256, 3, micro_batches=8, schedule="1f1b")
+    assert one_f_one_b["activations"] * 8 == gpipe["activations"] * 3  # stage 0 keeps 3 of 8 micro-batches
+    with pytest.raises(ValueError, match="needs at least 4 weight layers"):
+        tradeoffs.handed_bytes("pipeline", sizes, 256, 4)
+
+
+def test_which_kind_wins_follows_the_bytes():
+    from nnlib import tradeoffs
+
+    def deep(hidden):
+        return (784,) + (hidden,) * 7 + (10,)
+
+    choice, times = tradeoffs.fastest(deep, [128, 8192], [2, 64], 256, alpha=20e-6, beta=1 / 1.25e9,
+                                      flops_per_second=50e9)
+    assert np.isinf(times[:, 1, tradeoffs.KINDS.index("pipeline")]).all()  # 64 stages, 8 layers
+    assert tradeoffs.KINDS[choice[1, 0]] == "tensor"  # wide layers: activations are far fewer bytes than weights
+    assert tradeoffs.KINDS[choice[0, 1]] == "data"  # narrow layers, many ranks: one small gradient message
+    sizes = [tradeoffs.largest_hidden_size("tensor", deep, ranks, 2e9, 256) for ranks in (1, 2, 4)]
+    assert sizes[0] < sizes[1] < sizes[2]
+    assert tradeoffs.largest_hidden_size("pipeline", deep, 16, 2e9, 256) == 0

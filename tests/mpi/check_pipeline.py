@@ -60,6 +60,19 @@ def test_stages_and_schedules():
             assert all(order.index(("F", k)) < order.index(("B", k)) for k in range(5))
 
 
+def test_the_bytes_sent_are_what_the_model_counts():
+    from nnlib.tradeoffs import handed_bytes
+
+    for micro_batches in (1, 3):
+        pipeline = PipelineMLP(comm, SIZES, dtype="float64", micro_batches=micro_batches)
+        sent = []
+        real = pipeline.comm.Isend
+        pipeline.comm.Isend = lambda buffer, *args, **kwargs: (sent.append(buffer.nbytes), real(buffer, *args, **kwargs))[1]
+        pipeline.loss_and_gradient(INPUTS[:50], LABELS[:50])
+        busiest = max(comm.allgather(sum(sent)))
+        assert busiest == handed_bytes("pipeline", SIZES, 50, size, itemsize=8)["point_to_point"], micro_batches
+
+
 def expect_error_everywhere(make, words):
     try:
         make()

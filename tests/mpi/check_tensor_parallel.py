@@ -63,6 +63,18 @@ def test_allreduces_per_step():
         assert calls[0] == (50, sizes[2])  # the first pair's forward: (N, its output width)
 
 
+def test_the_bytes_handed_to_mpi_are_what_the_model_counts():
+    from nnlib.tradeoffs import handed_bytes
+
+    for sizes in SHAPES:
+        parallel = TensorParallelMLP(comm, sizes, dtype="float64")
+        handed = []
+        real = parallel.comm.Allreduce
+        parallel.comm.Allreduce = lambda *args, **kwargs: (handed.append(args[1].nbytes), real(*args, **kwargs))
+        parallel.loss_and_gradient(INPUTS[:50], LABELS[:50])
+        assert sum(handed) == handed_bytes("tensor", sizes, 50, size, itemsize=8)["collective"], sizes
+
+
 def test_a_mismatched_network_fails_on_every_rank():
     sizes = (12, 7, 4) if rank == 0 else (12, 8, 4)
     try:

@@ -1,0 +1,167 @@
+"""When each kind of parallelism wins: bytes, memory and time per rank for one training step.
+
+For a fully connected network with layer widths n_0, ..., n_L (W weights and biases in all), a
+global batch of N samples, P ranks, values of ``itemsize`` bytes (4: float32):
+
+data      every rank holds the whole network and N/P samples. Per step it hands MPI the whole
+          gradient, W values, in one Allreduce.
+tensor    hidden units split (nnlib.tensor_parallel). Per step: for each column/row pair one
+          Allreduce of the pair's (N, n_out) output forward, and one of its (N, n_in) input
+          gradient backward unless the pair comes first. Weights: 1/P of each split layer.
+pipeline  consecutive layers per stage (nnlib.pipeline). Per step a stage sends its output
+          activations (N, n_boundary) forward and receives their gradient back (and likewise
+          with the stage before it). Weights: its own layers only; activations kept: the whole
+          batch (GPipe) or min(P - s, m) of m micro-batches (1F1B).
+
+:func:`handed_bytes` counts exactly what the implementations hand to MPI per step (tests compare
+it with counters on the real calls); :func:`step_time` turns it into seconds with the alpha-beta
+model of lesson 04 (a ring Allreduce of n bytes costs 2(P-1) alpha + 2(P-1)/P n beta; a message
+alpha + n beta) plus compute at a given rate, divided over the ranks, and for pipelines the bubble.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .collectives import split_counts
+from .pipeline import bubble_fraction, stage_layers
+from .tensor_parallel import layer_kinds
+
+KINDS = ("data", "tensor", "pipeline")
+
+
+def num_params(layer_sizes) -> int:
+    return sum(n_in * n_out + n_out for n_in, n_out in zip(layer_sizes[:-1], layer_sizes[1:]))
+
+
+def check_pipeline_depth(kind: str, layer_sizes, ranks: int) -> None:
+    """A pipeline needs a layer per stage: ValueError otherwise (as nnlib.pipeline.PipelineMLP)."""
+    if kind == "pipeline" and ranks > len(layer_sizes) - 1:
+        raise ValueError(f"a pipeline of {ranks} stages needs at least {ranks} weight layers; "
+                         f"this network has {len(layer_sizes) - 1}")
+
+
+def handed_bytes(kind: str, layer_sizes, batch: int, ranks: int, itemsize: int = 4) -> dict:
+    """What one step hands to MPI on the busiest rank: {"collective": bytes, "point_to_point": bytes}.
+
+    (Besides the pipeline's 16-byte broadcast of the loss at the end of each step.)
+
+    collective: buffers given to Allreduce (data: the gradient; tensor: the pairs' activations and
+    gradients); point_to_point: bytes a pipeline stage sends (forward and backward). Both per step.
+    """
+    check_pipeline_depth(kind, layer_sizes, ranks)
+    shapes = list(zip(layer_sizes[:-1], layer_sizes[1:]))
+    if kind == "data":
+        return {"collective": num_params(layer_sizes) * itemsize, "point_to_point": 0}
+    if kind == "tensor":
+        total = 0
+        for layer, split in enumerate(layer_kinds(len(shapes))):
+            if split == "row":
+                total += batch * shapes[layer][1]                      # forward: complete the partial sums
+            if split == "column" and layer > 0:
+                total += batch * shapes[layer][0]                      # backward: the pair's input gradient
+        return {"collective": total * itemsize, "point_to_point": 0}
+    if kind == "pipeline":
+        sent = []
+        for stage, (first, stop) in enumerate(stage_layers(len(shapes), ranks)):
+            forward = batch * shapes[stop - 1][1] if stage < ranks - 1 else 0
+            backward = batch * shapes[first][0] if stage > 0 else 0
+            sent.append(forward + backward)
+        return {"collective": 0, "point_to_point": max(sent) * itemsize}
+    raise ValueError(f"kind must be one of {', '.join(KINDS)}; got {kind!r}")
+
+
+def memory_per_rank(kind: str, layer_sizes, batch: int, ranks: int, itemsize: int = 4, momentum: bool = True,
+                    micro_batches: int = 4, schedule: str = "1f1b") -> dict:
+    """Bytes on the busiest rank: {"parameters": weights + gradients (+ momentum), "activations": kept for backward}."""
+    check_pipeline_depth(kind, layer_sizes, ranks)
+    shapes = list(zip(layer_sizes[:-1], layer_sizes[1:]))
+    copies = 3 if momentum else 2
+    if kind == "data":
+        local_batch = -(-batch // ranks)
+        activations = local_batch * sum(layer_sizes)
+        return {"parameters": copies * num_params(layer_sizes) * itemsize, "activations": activations * itemsize}
+    if kind == "tensor":
+        per_rank = np.zeros(ranks)
+        activations = np.full(ranks, batch * layer_sizes[0], dtype=float)
+        for layer, split in enumerate(layer_kinds(len(shapes))):
+            n_in, n_out = shapes[layer]
+            if split == "column":
+                units = split_counts(n_out, ranks)
+                per_rank += units * (n_in + 1)
+                activations += batch * units
+            elif split == "row":
+                units = split_counts(n_in, ranks)
+                per_rank += units * n_out + n_out
+                activations += batch * n_out
+            else:
+                per_rank += n_in * n_out + n_out
+                activations += batch * n_out
+        busiest = int(np.argmax(per_rank))
+        return {"parameters": int(copies * per_rank[busiest] * itemsize),
+                "activations": int(activations.max() * itemsize)}
+    if kind == "pipeline":
+        parameters, activations = [], []
+        for stage, (first, stop) in enumerate(stage_layers(len(shapes), ranks)):
+            parameters.append(sum(n_in * n_out + n_out for n_in, n_out in shapes[first:stop]))
+            widths = sum(layer_sizes[first:stop + 1])
+            alive = micro_batches if schedule == "gpipe" else min(ranks - stage, micro_batches)
+            activations.append(batch * widths * alive / micro_batches)
+        return {"parameters": int(copies * max(parameters) * itemsize), "activations": int(max(activations) * itemsize)}
+    raise ValueError(f"kind must be one of {', '.join(KINDS)}; got {kind!r}")
+
+
+def step_time(kind: str, layer_sizes, batch: int, ranks: int, alpha: float, beta: float, flops_per_second: float,
+              itemsize: int = 4, micro_batches: int = 4) -> float:
+    """Predicted seconds per step: compute / P (plus the pipeline's bubble) + communication (alpha-beta)."""
+    check_pipeline_depth(kind, layer_sizes, ranks)
+    flops = 6 * batch * sum(n_in * n_out for n_in, n_out in zip(layer_sizes[:-1], layer_sizes[1:]))  # fwd + 2 bwd
+    compute = flops / flops_per_second / ranks
+    if ranks == 1:
+        return compute
+    handed = handed_bytes(kind, layer_sizes, batch, ranks, itemsize)
+    ring = lambda n_bytes, count: count * 2 * (ranks - 1) * alpha + 2 * (ranks - 1) / ranks * n_bytes * beta  # noqa: E731
+    if kind == "data":
+        return compute + ring(handed["collective"], 1)
+    if kind == "tensor":
+        count = sum(1 for split in layer_kinds(len(layer_sizes) - 1) if split == "row")
+        count += sum(1 for layer, split in enumerate(layer_kinds(len(layer_sizes) - 1)) if split == "column" and layer)
+        return compute + ring(handed["collective"], count)
+    bubble = bubble_fraction(ranks, micro_batches)
+    messages = 2 * micro_batches
+    return compute / (1 - bubble) + messages * alpha + handed["point_to_point"] * beta
+
+
+def fastest(layer_sizes_of, hidden_sizes, rank_counts, batch: int, alpha: float, beta: float,
+            flops_per_second: float, micro_batches: int = 8):
+    """For each (hidden size, ranks): the index in KINDS of the fastest predicted step, and all the times.
+
+    Returns (choice (hidden sizes, ranks) ints, times (hidden sizes, ranks, kinds) seconds; inf where
+    a pipeline has more stages than layers).
+    """
+    times = np.full((len(hidden_sizes), len(rank_counts), len(KINDS)), np.inf)
+    for row, hidden in enumerate(hidden_sizes):
+        for column, ranks in enumerate(rank_counts):
+            for index, kind in enumerate(KINDS):
+                if kind == "pipeline" and ranks > len(layer_sizes_of(hidden)) - 1:
+                    continue
+                times[row, column, index] = step_time(kind, layer_sizes_of(hidden), batch, ranks, alpha, beta,
+                                                      flops_per_second, micro_batches=micro_batches)
+    return np.argmin(times, axis=2), times
+
+
+def largest_hidden_size(kind: str, layer_sizes_of, ranks: int, budget_bytes: float, batch: int,
+                        itemsize: int = 4, micro_batches: int = 8) -> int:
+    """The widest hidden size (a multiple of 64) whose parameters and activations fit ``budget_bytes`` per rank.
+
+    0 if none fits (or a pipeline has more stages than the network has layers).
+    """
+    if kind == "pipeline" and ranks > len(layer_sizes_of(64)) - 1:
+        return 0
+    hidden, best = 64, 0
+    while hidden <= 1 << 16:
+        memory = memory_per_rank(kind, layer_sizes_of(hidden), batch, ranks, itemsize, micro_batches=micro_batches)
+        if memory["parameters"] + memory["activations"] > budget_bytes:
+            break
+        best, hidden = hidden, hidden + 64
+    return best
