@@ -65,6 +65,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--resume", action="store_true",
                         help="continue from the newest checkpoint in --checkpoint-dir (same settings; any number "
                              "of ranks)")
+    parser.add_argument("--model-parallel", choices=("none", "tensor", "pipeline"), default="none",
+                        help="split the model too (lesson 09): tensor (hidden units) or pipeline (layers) inside "
+                             "replicas of --model-size ranks; data parallelism across the replicas")
+    parser.add_argument("--model-size", type=int, default=0,
+                        help="ranks per model replica with --model-parallel (default 0: all ranks, one replica)")
+    parser.add_argument("--micro-batches", type=int, default=4, help="micro-batches per step (pipeline)")
+    parser.add_argument("--schedule", choices=("gpipe", "1f1b"), default="1f1b", help="pipeline schedule")
     parser.add_argument("--fault", default=None, metavar="RANK:STEP:KIND",
                         help="for lessons and tests: rank RANK fails after global step STEP; KIND is raise, exit, "
                              "kill (SIGKILL) or hang")
@@ -160,6 +167,8 @@ def train_job(args) -> int:
                              f"got {args.checkpoint_every}")
         checkpoints = CheckpointFolder(args.checkpoint_dir, args.checkpoint_every or None) \
             if args.checkpoint_dir else None
+        if args.model_parallel != "none":
+            check_model_parallel(args)
         comm = watch(MPI.COMM_WORLD, args.timeout)  # the set-up's collectives have a deadline too
     except ValueError as problem:
         raise agreed(problem) from None
@@ -183,6 +192,8 @@ def train_job(args) -> int:
     if error:
         raise agreed(ValueError(error))
 
+    if args.model_parallel != "none":
+        return model_parallel_job(args, comm, inputs, labels, test_inputs, test_labels)
     gpu_index = use_gpu_of_local_rank(MPI.COMM_WORLD) if args.device != "cpu" else None
     try:
         network = Network((784, *args.hidden, 10), output=args.output_layer, dtype=args.dtype, seed=args.seed,
@@ -222,6 +233,55 @@ def train_job(args) -> int:
                      epoch_seconds=np.array(history.seconds), phase_seconds=phases,
                      phases=np.array(PHASES), test_accuracy=np.array(test_accuracy),
                      ranks=np.array(comm.size), strategy=np.array(args.strategy))
+            print(f"wrote {args.output}")
+    return 0
+
+
+def check_model_parallel(args) -> None:
+    """What --model-parallel cannot be combined with (the same verdict on every rank: same arguments)."""
+    if args.device != "cpu":
+        raise ValueError("--model-parallel runs on the CPU only; drop --device")
+    if args.checkpoint_dir:
+        raise ValueError("--model-parallel does not write checkpoints yet (each rank holds a different piece); "
+                         "drop --checkpoint-dir")
+    if args.strategy != "allreduce":
+        raise ValueError(f"--model-parallel uses --strategy allreduce across the replicas; got {args.strategy}")
+    if args.model_size < 0:
+        raise ValueError(f"--model-size must be 0 (all ranks) or a positive number; got {args.model_size}")
+
+
+def model_parallel_job(args, comm, inputs, labels, test_inputs, test_labels) -> int:
+    """--model-parallel tensor|pipeline: nnlib.hybrid's grid; every rank gets the data from rank 0."""
+    from .collectives import broadcast_new
+    from .hybrid import train_hybrid
+    from .parallel import PHASES, gather_phase_seconds
+
+    inputs, labels, test_inputs, test_labels = (broadcast_new(comm, array) for array in
+                                                (inputs, labels, test_inputs, test_labels))
+    model_size = args.model_size or comm.size
+    sizes = (784, *args.hidden, 10)
+    if comm.rank == 0:
+        print(f"{comm.size} ranks: {comm.size // model_size if comm.size % model_size == 0 else '?'} replica(s) of "
+              f"{model_size} ({args.model_parallel} parallelism inside), network {'-'.join(map(str, sizes))}, "
+              f"{args.samples} samples, global batch {args.batch_size or 'full'}", flush=True)
+    network, history = train_hybrid(
+        comm.comm, args.model_parallel, model_size, sizes, inputs, labels, output=args.output_layer, dtype=args.dtype,
+        init_seed=args.seed, micro_batches=args.micro_batches, schedule=args.schedule, epochs=args.epochs,
+        learning_rate=args.learning_rate, batch_size=args.batch_size or None, momentum=args.momentum, seed=args.seed,
+        sampler=args.sampler, progress=True, timeout=comm.timeout)
+    test_accuracy = network.accuracy(test_inputs, test_labels)  # every piece of each replica takes part
+    params = network.full_params()
+    phases = gather_phase_seconds(comm, history)
+    if comm.rank == 0:
+        print(f"test accuracy {test_accuracy:.4f}; seconds per phase (summed over the run):")
+        print("rank " + "".join(f"{phase:>12s}" for phase in PHASES))
+        for rank_number, row in enumerate(phases):
+            print(f"{rank_number:4d} " + "".join(f"{value:12.3f}" for value in row))
+        if args.output:
+            save_npz(args.output, params=params, layer_sizes=np.array(sizes), loss=np.array(history.loss),
+                     train_accuracy=np.array(history.train_accuracy), epoch_seconds=np.array(history.seconds),
+                     phase_seconds=phases, phases=np.array(PHASES), test_accuracy=np.array(test_accuracy),
+                     ranks=np.array(comm.size), strategy=np.array(f"{args.model_parallel} x {model_size}"))
             print(f"wrote {args.output}")
     return 0
 

@@ -203,3 +203,32 @@ def test_zero_with_per_rank_sampling_resumes_bit_identically(tmp_path):
     assert resumed.returncode == 0, resumed.stderr
     assert "30 steps done (epoch 2, step 9), written by 3 ranks" in resumed.stdout
     assert np.array_equal(final_params(tmp_path / "resumed.npz"), final_params(tmp_path / "whole.npz"))
+
+
+@pytest.mark.parametrize("ranks, options", [
+    (2, ("--model-parallel", "tensor")),
+    (2, ("--model-parallel", "pipeline", "--micro-batches", "3", "--schedule", "gpipe")),
+    (4, ("--model-parallel", "tensor", "--model-size", "2")),
+])
+def test_the_batch_job_splits_the_model_and_equals_the_one_rank_run(tmp_path, ranks, options):
+    settings = ("--samples", "1001", "--epochs", "2", "--batch-size", "64", "--hidden", "16", "8", "--dtype", "float64")
+    alone = run_training(1, *settings, "--output", str(tmp_path / "alone.npz"))
+    assert alone.returncode == 0, alone.stderr
+    split = run_training(ranks, *settings, *options, "--output", str(tmp_path / "split.npz"))
+    assert split.returncode == 0, split.stderr
+    assert "parallelism inside" in split.stdout and "test accuracy" in split.stdout
+    expected, got = final_params(tmp_path / "alone.npz"), final_params(tmp_path / "split.npz")
+    assert np.abs(got - expected).max() / np.abs(expected).max() <= 1e-10
+
+
+@pytest.mark.parametrize("options, message", [
+    (("--model-parallel", "tensor", "--model-size", "3"), "model_size must divide the number of ranks (2)"),
+    (("--model-parallel", "pipeline", "--checkpoint-dir", "somewhere"), "does not write checkpoints yet"),
+    (("--model-parallel", "tensor", "--strategy", "zero"), "uses --strategy allreduce"),
+    (("--model-parallel", "pipeline", "--hidden", "16", "--micro-batches", "0"), "micro_batches must be"),
+])
+def test_bad_model_parallel_settings_fail_clearly_on_every_rank(options, message):
+    run = run_training(2, "--epochs", "1", "--samples", "500", *options)
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert run.stderr.count(message) == 1, run.stderr
+    assert "Traceback" not in run.stderr
