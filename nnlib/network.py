@@ -80,6 +80,21 @@ def cross_entropy_from_logits(logits, targets, output: str, xp):
     return xp.sum(log_sum_exp) - xp.sum(targets * logits)
 
 
+def layer_activation(logits, is_output: bool, output: str, xp):
+    """a = sigmoid(z) for hidden layers (and sigmoid outputs); softmax(z) for a softmax output layer."""
+    return softmax(logits, xp) if is_output and output == "softmax" else sigmoid(logits, xp)
+
+
+def store_gradient(weights_gradient, biases_gradient, grad_weights, grad_biases, accumulate: bool) -> None:
+    """Write a layer's gradient into its views in ``grads``, or add it (a later chunk or micro-batch)."""
+    if accumulate:
+        grad_weights += weights_gradient
+        grad_biases += biases_gradient
+    else:
+        grad_weights[...] = weights_gradient
+        grad_biases[...] = biases_gradient
+
+
 def one_hot_targets(labels, num_classes: int, dtype, xp):
     """Integer labels (N,) to one-hot targets (N, num_classes) of ``dtype``."""
     return xp.astype(labels[:, None] == xp.arange(num_classes, dtype=labels.dtype), dtype)
@@ -187,10 +202,7 @@ class Network:
         activations = [inputs]
         for layer, (weights, biases) in enumerate(zip(self.weights, self.biases)):
             logits = activations[-1] @ weights + biases
-            if layer < self.num_layers - 1 or self.output == "sigmoid":
-                activations.append(sigmoid(logits, xp))
-            else:
-                activations.append(softmax(logits, xp))
+            activations.append(layer_activation(logits, layer == self.num_layers - 1, self.output, xp))
         self.output_logits = logits
         return activations
 
@@ -245,12 +257,7 @@ class Network:
         for layer in range(self.num_layers - 1, -1, -1):
             grad_weights = activations[layer].T @ delta                   # (n_in, n_out)
             grad_biases = xp.sum(delta, axis=0)                           # (n_out,)
-            if accumulate:
-                self.grad_weights[layer] += grad_weights
-                self.grad_biases[layer] += grad_biases
-            else:
-                self.grad_weights[layer][...] = grad_weights
-                self.grad_biases[layer][...] = grad_biases
+            store_gradient(grad_weights, grad_biases, self.grad_weights[layer], self.grad_biases[layer], accumulate)
             if on_layer_done is not None:
                 on_layer_done(layer)
             if layer > 0:  # no input gradient is needed for the first layer

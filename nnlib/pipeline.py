@@ -39,8 +39,8 @@ import numpy as np
 from mpi4py import MPI
 
 from .collectives import offsets, split_counts
-from .network import (Network, cross_entropy_from_logits, one_hot_targets, sigmoid, sigmoid_prime_from_activation,
-                      softmax)
+from .network import (Network, cross_entropy_from_logits, layer_activation, one_hot_targets,
+                      sigmoid_prime_from_activation, store_gradient)
 from .parallel import agree
 from .watchdog import agreed, watch
 
@@ -121,24 +121,15 @@ class PipelineMLP:
         activations = [inputs]
         for local, (weights, biases) in enumerate(zip(self.weights, self.biases)):
             logits = activations[-1] @ weights + biases
-            if self.first + local < self.num_layers - 1 or self.output == "sigmoid":
-                activations.append(sigmoid(logits, np))
-            else:
-                activations.append(softmax(logits, np))
+            activations.append(layer_activation(logits, self.first + local == self.num_layers - 1, self.output, np))
         self.output_logits = logits
         return activations
 
     def _backward(self, activations, delta, accumulate):
         """Add this micro-batch's gradients; return the gradient for the stage's input (or None on stage 0)."""
         for local in range(len(self.shapes) - 1, -1, -1):
-            grad_weights = activations[local].T @ delta
-            grad_biases = np.sum(delta, axis=0)
-            if accumulate:
-                self.grad_weights[local] += grad_weights
-                self.grad_biases[local] += grad_biases
-            else:
-                self.grad_weights[local][...] = grad_weights
-                self.grad_biases[local][...] = grad_biases
+            store_gradient(activations[local].T @ delta, np.sum(delta, axis=0), self.grad_weights[local],
+                           self.grad_biases[local], accumulate)
             if local > 0:
                 delta = (delta @ self.weights[local].T) * sigmoid_prime_from_activation(activations[local])
         return None if self.is_first else delta @ self.weights[0].T

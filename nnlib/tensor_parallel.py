@@ -37,8 +37,8 @@ import numpy as np
 from mpi4py import MPI
 
 from .collectives import allgather_rows, offsets, split_counts
-from .network import (Network, cross_entropy_from_logits, one_hot_targets, sigmoid, sigmoid_prime_from_activation,
-                      softmax)
+from .network import (Network, cross_entropy_from_logits, layer_activation, one_hot_targets,
+                      sigmoid_prime_from_activation, store_gradient)
 from .parallel import agree
 from .watchdog import watch
 
@@ -126,10 +126,7 @@ class TensorParallelMLP:
             if kind == "row":
                 self.comm.Allreduce(MPI.IN_PLACE, logits, op=MPI.SUM)  # complete the partial sums
             logits += self.biases[layer]
-            if layer < self.num_layers - 1 or self.output == "sigmoid":
-                activations.append(sigmoid(logits, np))
-            else:
-                activations.append(softmax(logits, np))
+            activations.append(layer_activation(logits, layer == self.num_layers - 1, self.output, np))
         self.output_logits = logits
         return activations
 
@@ -156,14 +153,8 @@ class TensorParallelMLP:
         self.last_correct += np.count_nonzero(np.argmax(activations[-1], axis=1) == labels)
         delta = (activations[-1] - targets) * scale                      # delta_L: whole on every rank
         for layer in range(self.num_layers - 1, -1, -1):
-            grad_weights = activations[layer].T @ delta
-            grad_biases = np.sum(delta, axis=0)
-            if accumulate:
-                self.grad_weights[layer] += grad_weights
-                self.grad_biases[layer] += grad_biases
-            else:
-                self.grad_weights[layer][...] = grad_weights
-                self.grad_biases[layer][...] = grad_biases
+            store_gradient(activations[layer].T @ delta, np.sum(delta, axis=0), self.grad_weights[layer],
+                           self.grad_biases[layer], accumulate)
             if layer > 0:
                 delta = delta @ self.weights[layer].T
                 if self.kinds[layer] == "column":  # partial sums over this rank's hidden units
