@@ -78,6 +78,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 FAULTS = ("raise", "exit", "kill", "hang")
+ABORT_GRACE = 10  # seconds MPI_Abort may take before the rank ends itself (SIGALRM)
 
 
 def parse_fault(text):
@@ -143,6 +144,10 @@ def abort_job(error: BaseException) -> None:
     sys.stdout.flush()
     sys.stderr.write(text + f"rank {rank}: ending the whole job (MPI_Abort)\n")
     sys.stderr.flush()
+    # MPI_Abort asks the process manager to end the job. If that manager is gone (an mpiexec
+    # that died, a host cut off), the call can wait for its answer for ever: the alarm's default
+    # action ends this process after ABORT_GRACE seconds instead, whatever the call is doing.
+    signal.alarm(ABORT_GRACE)
     MPI.COMM_WORLD.Abort(1)
 
 

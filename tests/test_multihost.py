@@ -98,8 +98,10 @@ def pull_the_cable() -> str | None:
             cut = time.monotonic()
             text = lambda: "".join(line for _, _, line in lines)  # noqa: E731
             if not seen.wait(TIMEOUT + 10):
+                state = "still running" if job.poll() is None else f"exited with status {job.returncode}"
                 problem = ("no watchdog error after the cable was pulled:\n" + text()[-3000:]
-                           + "\nthe processes, 14 s after the cut:\n" + hosts.describe_processes())
+                           + f"\nmpiexec, 14 s after the cut: {state}; the processes in the hosts:\n"
+                           + hosts.describe_processes())
             else:
                 told_after = min(when for when, _, line in lines if "did not arrive" in line) - cut
                 if told_after > TIMEOUT + 5:
@@ -120,9 +122,12 @@ def pull_the_cable() -> str | None:
 
 
 def test_a_pulled_cable_gives_the_watchdogs_error_within_the_deadline():
-    """Once in about fifty runs here (and once in CI) rank 0 printed nothing at all after the cut, not even
-    its next epoch: the first failure is reported as a warning with every process's state, and the test
-    fails only if a second run fails too. (An open problem: see the warning's process states.)"""
+    """Now and then (about 1 run in 50 here, more often in CI) nothing at all came out after the cut:
+    14 s later mpiexec and host 2's processes were gone and rank 0 was blocked reading a UNIX socket
+    (a PMI call to its proxy, which could no longer reach mpiexec), so its watchdog error, printed,
+    was never relayed. The first failure is a warning with every process's state; the test fails only
+    if a second run fails too. (An open problem: why mpiexec exits. The rank's MPI_Abort no longer
+    waits for ever: see test_train_command's alarm test.)"""
     first = pull_the_cable()
     if first is None:
         return

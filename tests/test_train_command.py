@@ -1,8 +1,11 @@
 """`mpiexec -n N python -m nnlib train`: the batch job, its output file and its errors; atomic writes."""
 
 import os
+import signal
 import subprocess
 import sys
+import textwrap
+import time
 
 import numpy as np
 import pytest
@@ -232,3 +235,21 @@ def test_bad_model_parallel_settings_fail_clearly_on_every_rank(options, message
     assert run.returncode == 2, run.stdout + run.stderr
     assert run.stderr.count(message) == 1, run.stderr
     assert "Traceback" not in run.stderr
+
+
+def test_a_rank_whose_mpi_abort_never_returns_ends_itself():
+    """If the process manager is gone, MPI_Abort can wait for ever: the rank's alarm ends it anyway."""
+    program = textwrap.dedent("""
+        import sys, time, types
+        from nnlib import train_command, watchdog  # (with the real mpi4py)
+        fake = types.ModuleType("mpi4py")  # an MPI_Abort that never returns, as with its manager gone
+        fake.MPI = types.SimpleNamespace(COMM_WORLD=types.SimpleNamespace(rank=0, Abort=lambda code: time.sleep(600)))
+        sys.modules["mpi4py"] = fake
+        train_command.ABORT_GRACE = 1
+        train_command.abort_job(RuntimeError("the error to report"))
+    """)
+    began = time.monotonic()
+    run = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60)
+    assert run.returncode == -signal.SIGALRM, (run.returncode, run.stderr)
+    assert time.monotonic() - began < 30
+    assert "the error to report" in run.stderr and "ending the whole job (MPI_Abort)" in run.stderr
