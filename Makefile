@@ -48,6 +48,7 @@ benchmark: data
 	$(BIN)/python benchmarks/cpu_throughput.py --threads 1
 	$(BIN)/python benchmarks/data_parallel.py
 	$(BIN)/python benchmarks/allreduce.py
+	$(BIN)/python benchmarks/pipeline.py
 
 multihost: data
 	$(BIN)/python -m pytest -v -rs tests/test_multihost.py

@@ -1,0 +1,54 @@
+"""The pipeline's idle time ("bubble") on 2 stages: measured, simulated from the stages' times, and the formula.
+
+Run:   make benchmark        (or: .venv/bin/python benchmarks/pipeline.py)
+
+Starts itself under ``mpiexec -n 2`` (one BLAS thread per rank) and, for GPipe and 1F1B and
+m = 1, 2, 4, 8, 16 micro-batches, runs pipeline steps on a random float32 batch (after a warm-up
+step; medians of 5), printing the measured idle fraction, the one nnlib.pipeline.simulated_bubble
+predicts from each stage's measured forward and backward times, and (P - 1) / (m + P - 1), which
+assumes equal stages; and the most micro-batches each stage kept alive.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+os.environ.update({name: "1" for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")})
+
+NETWORKS = {"2304-1024-1024 (one layer per stage)": ((2304, 1024, 1024), 1024),
+            "1024 x 9 (four layers per stage)": ((1024,) * 9, 512)}
+
+
+def worker() -> None:
+    from mpi4py import MPI
+
+    from nnlib.pipeline import measure_bubbles
+
+    comm = MPI.COMM_WORLD
+    for name, (sizes, batch) in NETWORKS.items():
+        for schedule in ("gpipe", "1f1b"):
+            rows = measure_bubbles(comm, sizes, batch, schedule=schedule, repeats=5)
+            if comm.rank == 0:
+                for row in rows:
+                    print(f"{name:38s} {schedule:6s} {row['micro_batches']:3d} {row['measured']:9.3f} "
+                          f"{row['simulated']:10.3f} {row['formula']:8.3f}   {row['peak_alive']}", flush=True)
+
+
+def main() -> None:
+    if "--worker" in sys.argv:
+        worker()
+        return
+    from nnlib.environment import describe, mpiexec_path
+
+    machine = describe()
+    print(f"machine: {machine['machine']}; {machine['BLAS']}; {machine['MPI library']}; 2 stages, float32\n")
+    print(f"{'network (batch)':38s} {'sched':6s} {'m':>3s} {'measured':>9s} {'simulated':>10s} {'formula':>8s}   "
+          "micro-batches alive per stage")
+    sys.stdout.flush()
+    subprocess.run([mpiexec_path(), "-n", "2", sys.executable, __file__, "--worker"], check=True, timeout=900)
+
+
+if __name__ == "__main__":
+    main()
