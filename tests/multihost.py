@@ -10,7 +10,7 @@ messages cross the virtual links: the interfaces' byte counters show it.
     with VirtualHosts(3) as hosts:
         run = hosts.mpiexec(["python", "-m", "nnlib", "train", ...])   # one rank per host
         hosts.bytes_sent()                                             # {host: tx bytes on eth0}
-        hosts.cut_link(hosts.names[2])                                 # unplug a host's cable
+        hosts.cut_link(hosts.names[2])                                 # cut a host off the switch
 
 Everything it makes (namespaces, links, the bridge, /etc/netns entries, the launcher script, every
 process in the namespaces) is removed on leaving the ``with`` block, also when the block fails.
@@ -179,8 +179,13 @@ class VirtualHosts:
                           .split(",")[0]) for name in self.names}
 
     def cut_link(self, host: str) -> None:
-        """Unplug ``host``'s cable: its port on the switch goes down."""
-        ip("link", "set", f"port{self.names.index(host) + 1}", "down", namespace=SWITCH)
+        """Cut ``host`` off: its port leaves the switch, so nothing it sends arrives, nor anything sent to it.
+
+        Both ends keep their carrier (as when a switch or a link further on fails): no program is
+        told that anything happened, and MPI waits. (Taking the port down instead drops host's
+        carrier, and its MPI library may then abort that rank by itself, which is another test.)
+        """
+        ip("link", "set", f"port{self.names.index(host) + 1}", "nomaster", namespace=SWITCH)
 
 
 def _mpiexec() -> str:
