@@ -2,6 +2,7 @@
 #   make lab        open the series in JupyterLab
 #   make test       run every test (pytest over tests/ and nbval over every notebook)
 #   make rehearse   execute every notebook headless into build/rehearsal (a classroom rehearsal)
+#   make book       the series as a static HTML book in build/book (offline; the notebooks' saved outputs)
 #   make benchmark  nnlib versus PyTorch on the CPU, and 1 versus 2 MPI ranks against PyTorch DDP
 #                   (installs torch==2.13.0 into .venv)
 #   make multihost  as root: the batch job across 2 and 3 hosts (network namespaces on this machine),
@@ -19,7 +20,7 @@ ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 TEST_IPYTHONDIR := $(CURDIR)/build/ipython
 CUPY ?= cupy-cuda12x
 
-.PHONY: setup data lab test rehearse benchmark multihost gpu clean
+.PHONY: setup data lab test rehearse book benchmark multihost gpu clean
 
 $(VENV)/.installed: pyproject.toml scripts/make-venv.sh
 	sh scripts/make-venv.sh $(PYTHON) $(VENV)
@@ -39,6 +40,9 @@ test: data
 	mkdir -p $(TEST_IPYTHONDIR)
 	IPYTHONDIR=$(TEST_IPYTHONDIR) $(BIN)/python -m pytest tests notebooks \
 	    --nbval --nbval-current-env --nbval-sanitize-with notebooks/nbval_sanitize.cfg
+
+book: setup
+	$(BIN)/python book/build.py build/book
 
 rehearse: data
 	$(BIN)/jupyter nbconvert --to notebook --execute --output-dir build/rehearsal notebooks/*.ipynb

@@ -1,0 +1,76 @@
+"""`make book`: the series as a static HTML site, built offline from the notebooks' saved outputs."""
+
+import json
+import re
+import subprocess
+import sys
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = sorted(path.stem for path in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+
+
+class Links(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.links = []
+
+    def handle_starttag(self, tag, attributes):
+        for name, value in attributes:
+            if name in ("href", "src") and value:
+                self.links.append(value)
+
+
+@pytest.fixture(scope="module")
+def book(tmp_path_factory):
+    output = tmp_path_factory.mktemp("book") / "html"
+    run = subprocess.run([sys.executable, str(ROOT / "book" / "build.py"), str(output)], capture_output=True,
+                         text=True, timeout=600)
+    assert run.returncode == 0, run.stdout + run.stderr  # -W: any Sphinx warning fails the build
+    return output
+
+
+def test_every_lesson_is_a_page_in_the_series_order_after_the_readme_introduction(book):
+    index = (book / "index.html").read_text()
+    assert "how neural-network training is parallelized" in index
+    positions = [index.find(f'href="{name}.html"') for name in NOTEBOOKS]
+    assert -1 not in positions and positions == sorted(positions), positions
+    for name in NOTEBOOKS:
+        assert (book / f"{name}.html").is_file(), name
+
+
+def test_every_internal_link_and_image_resolves(book):
+    broken = []
+    for page in book.rglob("*.html"):
+        parser = Links()
+        parser.feed(page.read_text())
+        for link in parser.links:
+            if re.match(r"^[a-z]+:", link) or link.startswith("#"):
+                continue  # external (http, mailto, data:) or on the same page
+            target = (page.parent / link.split("#")[0].split("?")[0]).resolve()
+            if not target.exists():
+                broken.append(f"{page.relative_to(book)} -> {link}")
+    assert not broken, broken[:20]
+
+
+def test_math_is_rendered_with_a_local_mathjax_and_the_figures_are_there(book):
+    page = (book / "02_network_from_scratch.html").read_text()
+    assert 'src="_static/mathjax/tex-chtml.js"' in page and "cdn" not in page.lower()
+    assert page.count('class="math') >= 10
+    assert (book / "_static" / "mathjax" / "tex-chtml.js").is_file()
+    for name in NOTEBOOKS:
+        notebook = json.loads((ROOT / "notebooks" / f"{name}.ipynb").read_text())
+        figures = sum("image/png" in output.get("data", {}) for cell in notebook["cells"]
+                      for output in cell.get("outputs", []))
+        assert (book / f"{name}.html").read_text().count("<img") >= figures, name
+
+
+def test_the_api_pages_come_from_the_docstrings(book):
+    api = (book / "api.html").read_text()
+    for name in ("nnlib.network.Network", "nnlib.allreduce.ring_allreduce", "nnlib.pipeline.PipelineMLP",
+                 "nnlib.watchdog.watch"):
+        assert f'id="{name}"' in api, name
+    assert "delta_l = (delta_{l+1} @ W_{l+1}.T) * a_l * (1 - a_l)" in api  # the math, as written
