@@ -3,6 +3,8 @@
 #   make test       run every test (pytest over tests/ and nbval over every notebook)
 #   make rehearse   execute every notebook headless into build/rehearsal (a classroom rehearsal)
 #   make book       the series as a static HTML book in build/book (offline; the notebooks' saved outputs)
+#   make browser-test  every notebook run from JupyterLab's menu in headless Chromium (screenshots in
+#                   build/browser; make test runs a few of them)
 #   make benchmark  nnlib versus PyTorch on the CPU, and 1 versus 2 MPI ranks against PyTorch DDP
 #                   (installs torch==2.13.0 into .venv)
 #   make multihost  as root: the batch job across 2 and 3 hosts (network namespaces on this machine),
@@ -20,7 +22,7 @@ ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 TEST_IPYTHONDIR := $(CURDIR)/build/ipython
 CUPY ?= cupy-cuda12x
 
-.PHONY: setup data lab test rehearse book benchmark multihost gpu clean
+.PHONY: setup data browser lab test browser-test rehearse book benchmark multihost gpu clean
 
 $(VENV)/.installed: pyproject.toml scripts/make-venv.sh
 	sh scripts/make-venv.sh $(PYTHON) $(VENV)
@@ -33,13 +35,23 @@ setup: $(VENV)/.installed
 data: setup
 	$(BIN)/python -m nnlib fetch-data
 
+# The browser tests drive Debian's Chromium. As root (CI) it is installed here; a normal user without
+# it gets those tests skipped, with that reason.
+browser:
+	@if [ "$$(id -u)" = 0 ] && ! command -v chromium >/dev/null 2>&1; then \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
+	    || echo "note: could not install chromium; the browser tests will be skipped"; fi
+
 lab: data
 	cd notebooks && ../$(BIN)/jupyter lab $(ROOT_FLAG) 00_start_here.ipynb
 
-test: data
+test: data browser
 	mkdir -p $(TEST_IPYTHONDIR)
 	IPYTHONDIR=$(TEST_IPYTHONDIR) $(BIN)/python -m pytest tests notebooks \
 	    --nbval --nbval-current-env --nbval-sanitize-with notebooks/nbval_sanitize.cfg
+
+browser-test: data browser
+	NNLIB_BROWSER_NOTEBOOKS=all $(BIN)/python -m pytest -v -rs tests/test_browser.py
 
 book: setup
 	$(BIN)/python book/build.py build/book

@@ -1,0 +1,136 @@
+"""The series in a real browser, as students use it: JupyterLab in headless Chromium (tests/browser.py).
+
+For each notebook: open it, *Restart Kernel and Run All Cells* from the Kernel menu, wait until every
+code cell has run and the kernel is idle, then read the page: every code cell executed, in order,
+from 1; error outputs only where the saved notebook expects them (cells tagged raises-exception);
+no more stderr outputs than the saved notebook has; as many figures as it has; its key result
+printed. A screenshot of each is kept in build/browser/. Also: Restart and Run All twice in a row,
+an MPI lesson run twice (the second cluster starts cleanly, none of the first is left), and
+closing a notebook with "Close and Shut Down" ends its kernel.
+
+`make browser-test` runs every notebook; `make test` runs the notebooks in QUICK (the whole set
+would take as long again as nbval does). NNLIB_BROWSER_NOTEBOOKS=all selects every notebook.
+"""
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from browser import ROOT, Lab, chromium_path, menu, open_notebook, playwright_or_why, restart_and_run_all
+from browser import what_the_page_shows
+
+CHROMIUM, NO_CHROMIUM = chromium_path()
+NO_PLAYWRIGHT = playwright_or_why()
+pytestmark = pytest.mark.skipif(CHROMIUM is None or bool(NO_PLAYWRIGHT), reason=NO_CHROMIUM or NO_PLAYWRIGHT)
+
+ALL = sorted(path.name for path in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+QUICK = ["00_start_here.ipynb", "02_network_from_scratch.ipynb"]  # (and lesson 04, twice, below)
+CHOSEN = ALL if os.environ.get("NNLIB_BROWSER_NOTEBOOKS") == "all" else QUICK
+KEY_RESULTS = {
+    "00_start_here.ipynb": "nnlib 0.1.0 ready",
+    "01_mnist.ipynb": "60000",
+    "02_network_from_scratch.ipynb": "nnlib gradient check over all 10285 parameters: relative error below 1e-9",
+    "05_data_parallel_training.ipynb": "allreduce         largest difference from sequential: below 1e-10",
+    "08_inside_allreduce.ipynb": "zero     against allreduce: relative difference below 1e-10",
+    "09_model_and_pipeline_parallelism.ipynb": "equal to sequential training: True",
+}
+SCREENSHOTS = ROOT / "build" / "browser"
+
+
+def saved(name):
+    """What the saved (nbval-tested) notebook shows: code cells, figures, stderr outputs, expected errors."""
+    cells = json.loads((ROOT / "notebooks" / name).read_text())["cells"]
+    code = [cell for cell in cells if cell["cell_type"] == "code"]
+    outputs = [output for cell in code for output in cell.get("outputs", [])]
+    return {"code_cells": len(code),
+            "images": sum("image/png" in output.get("data", {}) for output in outputs),
+            "stderr": sum(output.get("name") == "stderr" for output in outputs),
+            "raises": sum("raises-exception" in cell.get("metadata", {}).get("tags", []) for cell in code)}
+
+
+@pytest.fixture(scope="module")
+def lab():
+    with Lab() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as driver:
+        chromium = driver.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture
+def page(browser):
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    yield page
+    page.close()
+
+
+def close_and_shut_down(page):
+    menu(page, "File", "Close and Shut Down Notebook…")
+    try:
+        page.click(".jp-Dialog .jp-mod-accept", timeout=5_000)
+    except Exception:
+        pass
+
+
+@pytest.mark.parametrize("name", CHOSEN)
+def test_run_all_in_jupyterlab_shows_what_the_saved_notebook_shows(lab, page, name):
+    expected = saved(name)
+    open_notebook(page, lab, name)
+    restart_and_run_all(page)
+    shown = what_the_page_shows(page)
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SCREENSHOTS / f"{Path(name).stem}.png"), full_page=True)
+    assert shown["prompts"] == [f"[{count}]:" for count in range(1, expected["code_cells"] + 1)], shown["prompts"]
+    assert shown["errors"] == expected["raises"], shown["text"][-3000:]
+    assert shown["stderr"] <= expected["stderr"], shown["text"][-3000:]
+    assert shown["images"] == expected["images"], (shown["images"], expected["images"])
+    if name in KEY_RESULTS:
+        assert KEY_RESULTS[name] in shown["text"], shown["text"][-3000:]
+    close_and_shut_down(page)
+
+
+def test_restart_and_run_all_twice_in_a_row(lab, page):
+    open_notebook(page, lab, "00_start_here.ipynb")
+    for _ in range(2):
+        restart_and_run_all(page)
+        shown = what_the_page_shows(page)
+        assert shown["prompts"][0] == "[1]:" and shown["errors"] == 0
+    close_and_shut_down(page)
+
+
+def test_an_mpi_lesson_run_again_starts_a_clean_cluster_and_leaves_nothing(lab, page):
+    from nnlib.reaper import tagged_processes
+
+    open_notebook(page, lab, "04_mpi_collectives.ipynb")
+    restart_and_run_all(page)
+    first = {process.pid for process, _ in tagged_processes()}
+    restart_and_run_all(page)  # the restart ends the kernel with its cluster; the new run starts another
+    shown = what_the_page_shows(page)
+    assert shown["errors"] == saved("04_mpi_collectives.ipynb")["raises"], shown["text"][-3000:]
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and first & {process.pid for process, _ in tagged_processes()}:
+        time.sleep(0.5)
+    assert not first & {process.pid for process, _ in tagged_processes()}, "processes of the first run are left"
+    close_and_shut_down(page)
+
+
+def test_close_and_shut_down_ends_the_kernel(lab, page):
+    before = {kernel["id"] for kernel in lab.kernels()}
+    open_notebook(page, lab, "01_mnist.ipynb")
+    mine = {kernel["id"] for kernel in lab.kernels()} - before
+    assert len(mine) == 1
+    close_and_shut_down(page)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and mine & {kernel["id"] for kernel in lab.kernels()}:
+        time.sleep(0.5)
+    assert not mine & {kernel["id"] for kernel in lab.kernels()}, "the notebook's kernel is still running"
