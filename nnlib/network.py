@@ -127,7 +127,7 @@ class Network:
         self.xp = resolve_backend(device)
         self.dtype = getattr(self.xp, str(np.dtype(dtype)))
         self.shapes = list(zip(layer_sizes[:-1], layer_sizes[1:]))
-        self.num_params = sum(n_in * n_out + n_out for n_in, n_out in self.shapes)
+        self.num_params = parameter_offsets(self.shapes)[-1]
 
         self.params = self.xp.asarray(initial_parameters(self.shapes, seed), dtype=self.dtype)
         self.grads = self.xp.zeros_like(self.params)
@@ -147,13 +147,7 @@ class Network:
 
         The views share memory with ``flat``: writing to them writes to ``flat``.
         """
-        weights, biases, offset = [], [], 0
-        for n_in, n_out in self.shapes:
-            weights.append(self.xp.reshape(flat[offset:offset + n_in * n_out], (n_in, n_out)))
-            offset += n_in * n_out
-            biases.append(flat[offset:offset + n_out])
-            offset += n_out
-        return weights, biases
+        return layer_views(flat, self.shapes, self.xp)
 
     def chunks(self, num_samples: int):
         """(start, end) row ranges of at most ``chunk_size`` rows covering 0..num_samples."""
@@ -314,6 +308,29 @@ class Network:
     def __repr__(self) -> str:
         sizes = "-".join(map(str, self.layer_sizes))
         return f"Network({sizes}, output={self.output}, dtype={self.params.dtype}, params={self.num_params})"
+
+
+def parameter_offsets(shapes) -> list[int]:
+    """Where each layer's [W_l, b_l] begins in the flat vector, then the total: [0, ..., num_params].
+
+    shapes: [(n_in, n_out)] per layer. Layers l..m are flat[offsets[l]:offsets[m + 1]].
+    """
+    offsets = [0]
+    for n_in, n_out in shapes:
+        offsets.append(offsets[-1] + n_in * n_out + n_out)
+    return offsets
+
+
+def layer_views(flat, shapes, xp=np):
+    """Per-layer views into a flat vector laid out [W_1, b_1, W_2, b_2, ...]: ([W_l], [b_l]).
+
+    shapes: [(rows, columns)] of each W_l (b_l has ``columns`` values); the views share memory with ``flat``.
+    """
+    weights, biases = [], []
+    for (rows, columns), offset in zip(shapes, parameter_offsets(shapes)):
+        weights.append(xp.reshape(flat[offset:offset + rows * columns], (rows, columns)))
+        biases.append(flat[offset + rows * columns:offset + rows * columns + columns])
+    return weights, biases
 
 
 def initial_parameters(shapes, seed: int) -> np.ndarray:

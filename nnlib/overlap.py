@@ -25,6 +25,8 @@ from __future__ import annotations
 
 from mpi4py import MPI
 
+from .network import parameter_offsets
+
 BUCKET_BYTES = 1 << 16  # 64 KiB: for 784-128-10 that is one bucket per layer
 
 
@@ -36,11 +38,8 @@ def bucket_ranges(network, bucket_bytes: int = BUCKET_BYTES):
     if bucket_bytes < 0:
         raise ValueError(f"bucket_bytes must be 0 or more; got {bucket_bytes}")
     itemsize = network.params.dtype.itemsize
-    layer_starts, offset = [], 0
-    for n_in, n_out in network.shapes:
-        layer_starts.append(offset)
-        offset += n_in * n_out + n_out
-    buckets, stop = [], offset
+    layer_starts = parameter_offsets(network.shapes)
+    buckets, stop = [], layer_starts[-1]
     for layer in range(network.num_layers - 1, -1, -1):
         start = layer_starts[layer]
         if (stop - start) * itemsize >= bucket_bytes or layer == 0:

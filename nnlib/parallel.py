@@ -13,9 +13,9 @@ One step, on every rank at once:
                          broadcasts the parameters (one seed's variant);
    ``allreduce``         one in-place Allreduce of the flat gradient vector: every rank gets
                          the sum and applies the same update to its own copy (one message);
-   ``zero``              ZeRO stages 1-2 (nnlib.zero): Reduce_scatter the gradients, each rank
+   ``zero``              ZeRO stages 1-2 (nnlib.zero): reduce-scatter the gradients, each rank
                          updates only its 1/P slice (and keeps only that slice's momentum),
-                         Allgatherv the parameters;
+                         allgather the parameters (the two halves of a ring Allreduce);
    ``overlap``           allreduce, but each bucket of layers is sent (Iallreduce) as soon as
                          backpropagation has produced it (nnlib.overlap, PyTorch DDP's design).
 
@@ -305,10 +305,8 @@ def _train(comm, network, local_inputs, local_labels, *, num_samples, start, epo
     if resumed is not None and resumed["velocity"] and momentum:  # the optimizer's state, to every updater
         velocity = saved.velocity.astype(host_dtype) if rank == 0 else np.empty(network.num_params, host_dtype)
         comm.Bcast(velocity, root=0)
-        if strategy == "zero":
+        if optimizer is not None:
             optimizer.load_velocity(velocity)
-        elif optimizer is not None:
-            optimizer.velocity[...] = xp.asarray(velocity)
     gathered = np.empty((size, network.num_params), dtype=host_dtype) \
         if strategy == "parameter_server" and rank == 0 else None
     total_gradient = np.empty(network.num_params, dtype=host_dtype) \
@@ -350,12 +348,9 @@ def _train(comm, network, local_inputs, local_labels, *, num_samples, start, epo
         if steps_done:  # mid-epoch: the totals so far, summed over ranks
             comm.Allreduce(MPI.IN_PLACE, partial, op=MPI.SUM)
         problem = None
-        whole_velocity = optimizer.full_velocity(comm) if strategy == "zero" else None  # every rank takes part
+        # ZeRO's velocity is gathered from every rank's slice (every rank takes part); else rank 0 has it
+        velocity = optimizer.full_velocity(comm) if strategy == "zero" or rank == 0 else None
         if rank == 0:
-            if strategy == "zero":
-                velocity = whole_velocity
-            else:
-                velocity = None if optimizer.velocity is None else to_numpy(optimizer.velocity)
             record = Checkpoint(
                 params=to_numpy(network.params), velocity=velocity, epoch=epoch, step=steps_done,
                 rng_state=rng_state, partial=partial.tolist(), ranks=size, total_steps=total_steps, settings=settings,

@@ -39,8 +39,8 @@ import numpy as np
 from mpi4py import MPI
 
 from .collectives import offsets, split_counts
-from .network import (Network, cross_entropy_from_logits, layer_activation, one_hot_targets,
-                      sigmoid_prime_from_activation, store_gradient)
+from .network import (Network, cross_entropy_from_logits, layer_activation, layer_views, one_hot_targets,
+                      parameter_offsets, sigmoid_prime_from_activation, store_gradient)
 from .parallel import agree
 from .watchdog import agreed, watch
 
@@ -99,21 +99,22 @@ class PipelineMLP:
         self.first, self.stop = stage_layers(reference.num_layers, self.stages)[self.stage]
         self.is_first, self.is_last = self.stage == 0, self.stage == self.stages - 1
         self.num_layers = reference.num_layers
-        layer_starts = [0]
-        for n_in, n_out in reference.shapes:
-            layer_starts.append(layer_starts[-1] + n_in * n_out + n_out)
+        layer_starts = parameter_offsets(reference.shapes)
         begin, end = layer_starts[self.first], layer_starts[self.stop]
         self.params = reference.params[begin:end].copy()
         self.grads = np.zeros_like(self.params)
         self.num_params = self.params.size  # this rank's share
         self.shapes = reference.shapes[self.first:self.stop]
-        self.weights, self.biases = _views(self.params, self.shapes)
-        self.grad_weights, self.grad_biases = _views(self.grads, self.shapes)
+        self.weights, self.biases = layer_views(self.params, self.shapes)
+        self.grad_weights, self.grad_biases = layer_views(self.grads, self.shapes)
         self.last_correct, self.timeline, self.peak_alive, self.peak_activation_bytes = 0, [], 0, 0
         del reference
 
+    # Network's own code where nothing differs (evaluation goes through predict_probabilities below)
     check_inputs = Network.check_inputs
     check_labels = Network.check_labels
+    predict = Network.predict
+    accuracy = Network.accuracy
 
     # -- one micro-batch through this stage ----------------------------------------------------
     def _forward(self, inputs):
@@ -216,10 +217,6 @@ class PipelineMLP:
         self.comm.Bcast(output, root=self.stages - 1)
         return output
 
-    def accuracy(self, inputs, labels) -> float:
-        labels = np.asarray(labels)
-        return int(np.count_nonzero(np.argmax(self.predict_probabilities(inputs), axis=1) == labels)) / len(labels)
-
     def full_params(self) -> np.ndarray:
         """Every stage's parameters, concatenated in rank (= layer) order: Network's flat layout."""
         from .collectives import allgather_rows
@@ -229,16 +226,6 @@ class PipelineMLP:
     def __repr__(self):
         return (f"PipelineMLP({'-'.join(map(str, self.layer_sizes))}, stage {self.stage} of {self.stages}: "
                 f"layers {self.first + 1}-{self.stop}, {self.micro_batches} micro-batches, {self.schedule})")
-
-
-def _views(flat, shapes):
-    weights, biases, offset = [], [], 0
-    for n_in, n_out in shapes:
-        weights.append(flat[offset:offset + n_in * n_out].reshape(n_in, n_out))
-        offset += n_in * n_out
-        biases.append(flat[offset:offset + n_out])
-        offset += n_out
-    return weights, biases
 
 
 def bubble_fraction(stages: int, micro_batches: int) -> float:

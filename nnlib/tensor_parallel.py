@@ -37,7 +37,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .collectives import allgather_rows, offsets, split_counts
-from .network import (Network, cross_entropy_from_logits, layer_activation, one_hot_targets,
+from .network import (Network, cross_entropy_from_logits, layer_activation, layer_views, one_hot_targets,
                       sigmoid_prime_from_activation, store_gradient)
 from .parallel import agree
 from .watchdog import watch
@@ -95,27 +95,23 @@ class TensorParallelMLP:
         self.local_shapes = [piece.shape for piece in pieces[0::2]]
         self.params = np.concatenate([piece.reshape(-1) for piece in pieces]).astype(self.dtype)
         self.grads = np.zeros_like(self.params)
-        self.weights, self.biases = self._views(self.params)
-        self.grad_weights, self.grad_biases = self._views(self.grads)
+        self.weights, self.biases = layer_views(self.params, self.local_shapes)
+        self.grad_weights, self.grad_biases = layer_views(self.grads, self.local_shapes)
         self.num_layers = len(self.shapes)
         self.num_params = self.params.size  # this rank's share
         self.chunk_size = reference.chunk_size
         self.last_correct = 0
         del reference, full_weights, full_biases  # no rank keeps the whole network
 
-    def _views(self, flat):
-        weights, biases, offset = [], [], 0
-        for layer, (rows, cols) in enumerate(self.local_shapes):
-            weights.append(flat[offset:offset + rows * cols].reshape(rows, cols))
-            offset += rows * cols
-            width = cols
-            biases.append(flat[offset:offset + width])
-            offset += width
-        return weights, biases
-
-    # the same input checks as Network (they need only layer_sizes and xp)
+    # Network's own code where nothing differs: the input checks, cutting a large batch into chunks,
+    # adding up the chunks' losses and gradients, and evaluation (all through forward() below)
     check_inputs = Network.check_inputs
     check_labels = Network.check_labels
+    chunks = Network.chunks
+    loss_and_gradient = Network.loss_and_gradient
+    predict_probabilities = Network.predict_probabilities
+    predict = Network.predict
+    accuracy = Network.accuracy
 
     # -- forward and backward -------------------------------------------------------------
     def forward(self, inputs):
@@ -130,23 +126,14 @@ class TensorParallelMLP:
         self.output_logits = logits
         return activations
 
-    def loss_and_gradient(self, inputs, labels, normalizer=None, check: bool = True, on_device: bool = False):
-        """Cost J of the batch (the same on every rank) and this rank's gradient, in ``grads``.
+    def _chunk_loss_and_gradient(self, inputs, labels, scale, accumulate, on_layer_done=None):
+        """Backpropagation on one chunk (every rank passes the same rows): this rank's gradient.
 
-        Every rank passes the same whole batch. Arguments and return as Network.loss_and_gradient.
+        As Network's, with one Allreduce of the input gradient for each column-split layer after the first.
         """
-        if check:
-            self.check_inputs(inputs)
-            self.check_labels(labels, inputs.shape[0])
-        scale = 1.0 / (inputs.shape[0] if normalizer is None else normalizer)
-        loss, self.last_correct = 0.0, 0
-        for start in range(0, inputs.shape[0], self.chunk_size):
-            end = min(start + self.chunk_size, inputs.shape[0])
-            loss += self._chunk(inputs[start:end], labels[start:end], scale, accumulate=start > 0)
-        self.last_correct = int(self.last_correct)
-        return float(loss)
-
-    def _chunk(self, inputs, labels, scale, accumulate):
+        if on_layer_done is not None:
+            raise ValueError("the overlap strategy sends whole layers' gradients; a tensor-parallel rank holds "
+                             "pieces of layers: use strategy 'allreduce' or 'zero'")
         activations = self.forward(inputs)
         targets = one_hot_targets(labels, self.layer_sizes[-1], self.dtype, np)
         loss = cross_entropy_from_logits(self.output_logits, targets, self.output, np) * scale
@@ -162,19 +149,7 @@ class TensorParallelMLP:
                 delta *= sigmoid_prime_from_activation(activations[layer])
         return loss
 
-    # -- evaluation and comparison ------------------------------------------------------------
-    def predict_probabilities(self, inputs):
-        inputs = np.asarray(inputs)
-        self.check_inputs(inputs)
-        return np.concatenate([self.forward(inputs[start:start + self.chunk_size])[-1]
-                               for start in range(0, inputs.shape[0], self.chunk_size)], axis=0)
-
-    def accuracy(self, inputs, labels) -> float:
-        """The fraction of samples classified right (every rank calls it, with the same samples)."""
-        labels = np.asarray(labels)
-        self.check_labels(labels, len(inputs))
-        return int(np.count_nonzero(np.argmax(self.predict_probabilities(inputs), axis=1) == labels)) / len(labels)
-
+    # -- comparison ------------------------------------------------------------------------
     def full_params(self) -> np.ndarray:
         """The whole network's flat parameter vector (Network's layout), on every rank."""
         pieces = []

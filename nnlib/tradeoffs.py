@@ -24,6 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from .collectives import split_counts
+from .network import parameter_offsets
 from .pipeline import bubble_fraction, stage_layers
 from .tensor_parallel import layer_kinds
 
@@ -31,7 +32,8 @@ KINDS = ("data", "tensor", "pipeline")
 
 
 def num_params(layer_sizes) -> int:
-    return sum(n_in * n_out + n_out for n_in, n_out in zip(layer_sizes[:-1], layer_sizes[1:]))
+    """Weights and biases of a network with these layer widths."""
+    return parameter_offsets(list(zip(layer_sizes[:-1], layer_sizes[1:])))[-1]
 
 
 def check_pipeline_depth(kind: str, layer_sizes, ranks: int) -> None:

@@ -159,7 +159,7 @@ def train_job(args) -> int:
     from .checkpoint import CheckpointFolder
     from .network import Network
     from .backend import cuda_aware_mpi, gpu_status, is_numpy, use_gpu_of_local_rank
-    from .parallel import PHASES, agree, fail_together, gather_phase_seconds, shard, train_parallel
+    from .parallel import agree, fail_together, gather_phase_seconds, shard, train_parallel
     from .watchdog import agreed, watch
 
     threadpool_limits(args.threads)  # one BLAS thread per rank unless told otherwise
@@ -227,19 +227,25 @@ def train_job(args) -> int:
 
     phases = gather_phase_seconds(comm, history)
     if rank == 0:
-        test_accuracy = network.accuracy(test_inputs, test_labels)
-        print(f"test accuracy {test_accuracy:.4f}; seconds per phase (summed over the run):")
-        print("rank " + "".join(f"{phase:>12s}" for phase in PHASES))
-        for rank_number, row in enumerate(phases):
-            print(f"{rank_number:4d} " + "".join(f"{value:12.3f}" for value in row))
-        if args.output:
-            save_npz(args.output, params=network.get_params(), layer_sizes=np.array(network.layer_sizes),
-                     loss=np.array(history.loss), train_accuracy=np.array(history.train_accuracy),
-                     epoch_seconds=np.array(history.seconds), phase_seconds=phases,
-                     phases=np.array(PHASES), test_accuracy=np.array(test_accuracy),
-                     ranks=np.array(comm.size), strategy=np.array(args.strategy))
-            print(f"wrote {args.output}")
+        report(args, comm.size, history, phases, network.accuracy(test_inputs, test_labels), network.get_params(),
+               network.layer_sizes, args.strategy)
     return 0
+
+
+def report(args, ranks, history, phases, test_accuracy, params, layer_sizes, strategy) -> None:
+    """On rank 0: print the test accuracy and every rank's seconds per phase; write --output if given."""
+    from .parallel import PHASES
+
+    print(f"test accuracy {test_accuracy:.4f}; seconds per phase (summed over the run):")
+    print("rank " + "".join(f"{phase:>12s}" for phase in PHASES))
+    for rank_number, row in enumerate(phases):
+        print(f"{rank_number:4d} " + "".join(f"{value:12.3f}" for value in row))
+    if args.output:
+        save_npz(args.output, params=params, layer_sizes=np.array(layer_sizes), loss=np.array(history.loss),
+                 train_accuracy=np.array(history.train_accuracy), epoch_seconds=np.array(history.seconds),
+                 phase_seconds=phases, phases=np.array(PHASES), test_accuracy=np.array(test_accuracy),
+                 ranks=np.array(ranks), strategy=np.array(strategy))
+        print(f"wrote {args.output}")
 
 
 def check_model_parallel(args) -> None:
@@ -259,7 +265,7 @@ def model_parallel_job(args, comm, inputs, labels, test_inputs, test_labels) -> 
     """--model-parallel tensor|pipeline: nnlib.hybrid's grid; every rank gets the data from rank 0."""
     from .collectives import broadcast_new
     from .hybrid import train_hybrid
-    from .parallel import PHASES, gather_phase_seconds
+    from .parallel import gather_phase_seconds
 
     inputs, labels, test_inputs, test_labels = (broadcast_new(comm, array) for array in
                                                 (inputs, labels, test_inputs, test_labels))
@@ -278,16 +284,7 @@ def model_parallel_job(args, comm, inputs, labels, test_inputs, test_labels) -> 
     params = network.full_params()
     phases = gather_phase_seconds(comm, history)
     if comm.rank == 0:
-        print(f"test accuracy {test_accuracy:.4f}; seconds per phase (summed over the run):")
-        print("rank " + "".join(f"{phase:>12s}" for phase in PHASES))
-        for rank_number, row in enumerate(phases):
-            print(f"{rank_number:4d} " + "".join(f"{value:12.3f}" for value in row))
-        if args.output:
-            save_npz(args.output, params=params, layer_sizes=np.array(sizes), loss=np.array(history.loss),
-                     train_accuracy=np.array(history.train_accuracy), epoch_seconds=np.array(history.seconds),
-                     phase_seconds=phases, phases=np.array(PHASES), test_accuracy=np.array(test_accuracy),
-                     ranks=np.array(comm.size), strategy=np.array(f"{args.model_parallel} x {model_size}"))
-            print(f"wrote {args.output}")
+        report(args, comm.size, history, phases, test_accuracy, params, sizes, f"{args.model_parallel} x {model_size}")
     return 0
 
 

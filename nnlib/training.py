@@ -25,8 +25,7 @@ class SGD:
 
     def __init__(self, network, learning_rate: float, momentum: float = 0.0):
         check_learning_rate(learning_rate)
-        if not 0.0 <= momentum < 1.0:
-            raise ValueError(f"momentum must be in [0, 1); got {momentum}")
+        check_momentum(momentum)
         self.network = network
         self.learning_rate = float(learning_rate)
         self.momentum = float(momentum)
@@ -34,13 +33,34 @@ class SGD:
 
     def step(self) -> None:
         """Update ``network.params`` in place from ``network.grads``."""
-        params, grads = self.network.params, self.network.grads
-        if self.velocity is None:
-            params -= self.learning_rate * grads
-        else:
-            self.velocity *= self.momentum
-            self.velocity -= self.learning_rate * grads
-            params += self.velocity
+        sgd_update(self.network.params, self.network.grads, self.velocity, self.learning_rate, self.momentum)
+
+    def full_velocity(self, comm=None):
+        """The velocity as a NumPy vector (None without momentum), for a checkpoint."""
+        from .backend import to_numpy
+
+        return None if self.velocity is None else to_numpy(self.velocity)
+
+    def load_velocity(self, whole) -> None:
+        """Take a velocity vector from a checkpoint."""
+        if self.velocity is not None:
+            self.velocity[...] = self.network.xp.asarray(whole)
+
+
+def sgd_update(params, grads, velocity, learning_rate: float, momentum: float) -> None:
+    """In place: velocity <- mu velocity - eta grads, params <- params + velocity (params -= eta grads if no velocity)."""
+    if velocity is None:
+        params -= learning_rate * grads
+    else:
+        velocity *= momentum
+        velocity -= learning_rate * grads
+        params += velocity
+
+
+def check_momentum(momentum) -> None:
+    """Raise ValueError unless 0 <= momentum < 1."""
+    if not 0.0 <= momentum < 1.0:
+        raise ValueError(f"momentum must be in [0, 1); got {momentum}")
 
 
 def diverged(loss, where: str, learning_rate) -> FloatingPointError:

@@ -239,9 +239,6 @@ class WatchedComm:
     def Allgatherv(self, sendbuf, recvbuf):
         self.wait(self.comm.Iallgatherv(sendbuf, recvbuf), "Allgatherv")
 
-    def Reduce_scatter(self, sendbuf, recvbuf, recvcounts=None, op=MPI.SUM):
-        self.wait(self.comm.Ireduce_scatter(sendbuf, recvbuf, recvcounts, op=op), "Reduce_scatter")
-
     # -- point-to-point, for collectives built by hand (nnlib.allreduce's ring) ------------------
     def Sendrecv(self, sendbuf, dest, sendtag=0, recvbuf=None, source=MPI.ANY_SOURCE, recvtag=0):
         """Send to ``dest`` and receive from ``source`` at once, within the deadline.

@@ -27,10 +27,10 @@ MPI adds the ranks' gradients (within 1e-10 in float64; tests/mpi/check_parallel
 from __future__ import annotations
 
 import numpy as np
-from mpi4py import MPI
 
 from .allreduce import chunk_bounds, ring_allgather, ring_reduce_scatter
 from .backend import to_numpy
+from .training import check_learning_rate, check_momentum, sgd_update
 
 
 class ShardedSGD:
@@ -38,23 +38,18 @@ class ShardedSGD:
 
     network:   the rank's full network replica; only params[start:stop] is updated here.
     size/rank: the number of ranks and this rank. Attributes: counts, starts (every rank's
-    slice), start, stop, grad_slice (stop - start,), velocity (stop - start,) or None.
+    slice: the ring's chunks), start, stop, velocity (stop - start,) or None.
     """
 
     def __init__(self, network, learning_rate: float, momentum: float, size: int, rank: int):
-        from .training import check_learning_rate
-
         check_learning_rate(learning_rate)
-        if not 0.0 <= momentum < 1.0:
-            raise ValueError(f"momentum must be in [0, 1); got {momentum}")
+        check_momentum(momentum)
         self.network = network
         self.learning_rate, self.momentum = float(learning_rate), float(momentum)
         self.counts, self.starts = chunk_bounds(network.num_params, size)  # the ring's chunks
-        self.start = int(self.starts[rank])
-        self.stop = self.start + int(self.counts[rank])
-        xp = network.xp
-        self.grad_slice = xp.zeros(self.stop - self.start, dtype=network.params.dtype)
-        self.velocity = xp.zeros_like(self.grad_slice) if momentum else None
+        self.start = self.starts[rank]
+        self.stop = self.start + self.counts[rank]
+        self.velocity = network.xp.zeros(self.stop - self.start, dtype=network.params.dtype) if momentum else None
 
     @property
     def state_bytes(self) -> int:
@@ -62,25 +57,17 @@ class ShardedSGD:
         return 0 if self.velocity is None else int(self.velocity.nbytes)
 
     def reduce_scatter(self, comm, messenger) -> None:
-        """grad_slice <- the sum over ranks of network.grads[start:stop] (the ring's first half).
+        """network.grads[start:stop] <- its sum over ranks (the ring's first half).
 
-        network.grads is used as the ring's work buffer: afterwards its other slices hold partial sums.
+        The rest of network.grads is the ring's work space: it is left holding partial sums.
         """
-        def first_half(buffer):
-            ring_reduce_scatter(comm, buffer)
-            self.grad_slice[...] = self.network.xp.asarray(buffer[self.start:self.stop])
-
-        messenger.in_place(self.network.grads, first_half)
+        messenger.in_place(self.network.grads, lambda buffer: ring_reduce_scatter(comm, buffer))
 
     def step(self) -> None:
-        """Update params[start:stop] from grad_slice (SGD's formula, on the slice)."""
-        params = self.network.params[self.start:self.stop]
-        if self.velocity is None:
-            params -= self.learning_rate * self.grad_slice
-        else:
-            self.velocity *= self.momentum
-            self.velocity -= self.learning_rate * self.grad_slice
-            params += self.velocity
+        """Update params[start:stop] from the summed grads[start:stop] (SGD's formula, on the slice)."""
+        mine = slice(self.start, self.stop)
+        sgd_update(self.network.params[mine], self.network.grads[mine], self.velocity, self.learning_rate,
+                   self.momentum)
 
     def allgather(self, comm, messenger) -> None:
         """Every rank gets every rank's updated slice: network.params is whole again (the ring's second half)."""

@@ -22,7 +22,7 @@ def test_the_slices_updated_one_by_one_equal_one_whole_sgd_step(ranks):
     for _ in range(3):  # momentum carries over between steps
         plain.step()
         for optimizer in optimizers:
-            optimizer.grad_slice[...] = whole.grads[optimizer.start:optimizer.stop]
+            optimizer.network.grads[optimizer.start:optimizer.stop] = whole.grads[optimizer.start:optimizer.stop]
             optimizer.step()
     result = np.concatenate([network.params[o.start:o.stop] for network, o in zip(sliced, optimizers)])
     np.testing.assert_array_equal(result, whole.params)

@@ -8,7 +8,7 @@ Exits 0 when every check passed on every rank; prints the failures and exits 1 o
 """
 
 import numpy as np
-from harness import run_checks
+from harness import expect_error_everywhere, run_checks
 from mpi4py import MPI
 
 from nnlib.allreduce import ALGORITHMS, allreduce, ring_allgather, ring_reduce_scatter, ring_schedule
@@ -89,37 +89,31 @@ def test_ring_schedule():
         assert {receiver: chunk for _, receiver, chunk in last} == {r: r for r in range(size)}
 
 
-def expect_error_everywhere(make_buffer, algorithm, words):
-    """Every rank raises a ValueError containing ``words``; then a Barrier still works."""
-    try:
-        allreduce(comm, make_buffer(), algorithm)
-    except ValueError as error:
-        assert words in str(error), (words, str(error))
-    else:
-        raise AssertionError(f"no error for a bad buffer ({words})")
-    comm.Barrier()  # nobody was left waiting
+def bad_buffer_fails_everywhere(make_buffer, algorithm, words):
+    """Every rank raises a ValueError containing ``words``, and nobody is left waiting."""
+    expect_error_everywhere(lambda: allreduce(comm, make_buffer(), algorithm), words)
 
 
 def test_bad_buffers():
     last = size - 1
     for algorithm in ("mpi", *ALGORITHMS):
         if size > 1:
-            expect_error_everywhere(lambda: np.ones(10 + (rank == last)), algorithm, "different lengths")
-            expect_error_everywhere(lambda: np.ones(10, dtype=np.float32 if rank == last else np.float64),
+            bad_buffer_fails_everywhere(lambda: np.ones(10 + (rank == last)), algorithm, "different lengths")
+            bad_buffer_fails_everywhere(lambda: np.ones(10, dtype=np.float32 if rank == last else np.float64),
                                     algorithm, "different dtypes")
-        expect_error_everywhere(lambda: np.ones(20)[::2] if rank == last else np.ones(10), algorithm, "strided")
+        bad_buffer_fails_everywhere(lambda: np.ones(20)[::2] if rank == last else np.ones(10), algorithm, "strided")
 
         def read_only():
             buffer = np.ones(10)
             buffer.flags.writeable = rank != last
             return buffer
 
-        expect_error_everywhere(read_only, algorithm, "read-only")
-        expect_error_everywhere(lambda: np.ones(0), algorithm, "empty")
-        expect_error_everywhere(lambda: [1.0, 2.0] if rank == last else np.ones(2), algorithm, "NumPy array")
+        bad_buffer_fails_everywhere(read_only, algorithm, "read-only")
+        bad_buffer_fails_everywhere(lambda: np.ones(0), algorithm, "empty")
+        bad_buffer_fails_everywhere(lambda: [1.0, 2.0] if rank == last else np.ones(2), algorithm, "NumPy array")
     if size > 1:
-        expect_error_everywhere(lambda: np.ones(size - 1), "ring", "at least")
-    expect_error_everywhere(lambda: np.ones(size), "ring-of-fire", "algorithm must be")
+        bad_buffer_fails_everywhere(lambda: np.ones(size - 1), "ring", "at least")
+    bad_buffer_fails_everywhere(lambda: np.ones(size), "ring-of-fire", "algorithm must be")
 
 
 run_checks(globals())

@@ -8,7 +8,7 @@ the parameters after k steps equal the sequential run's to 1e-10 in float64 and 
 import sys
 
 import numpy as np
-from harness import run_checks
+from harness import expect_error_everywhere, run_checks
 from mpi4py import MPI
 
 from nnlib import Network, train
@@ -106,15 +106,6 @@ def check_gpu_paths_with_a_stand_in_cupy():
     finally:
         del sys.modules["cupy"]
         backend._gpu_check = None
-
-
-def expect_error_everywhere(function, fragment):
-    try:
-        function()
-    except ValueError as error:
-        assert fragment in str(error), f"expected {fragment!r} in: {error}"
-    else:
-        raise AssertionError(f"no error raised (expected one mentioning {fragment!r})")
 
 
 def check_bad_configurations_fail_on_every_rank():

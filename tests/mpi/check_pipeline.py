@@ -8,7 +8,7 @@ the schedules' orders, and bad settings fail on every rank at once.
 """
 
 import numpy as np
-from harness import run_checks
+from harness import expect_error_everywhere, run_checks
 from mpi4py import MPI
 
 from nnlib import Network, train
@@ -71,16 +71,6 @@ def test_the_bytes_sent_are_what_the_model_counts():
         pipeline.loss_and_gradient(INPUTS[:50], LABELS[:50])
         busiest = max(comm.allgather(sum(sent)))
         assert busiest == handed_bytes("pipeline", SIZES, 50, size, itemsize=8)["point_to_point"], micro_batches
-
-
-def expect_error_everywhere(make, words):
-    try:
-        make()
-    except ValueError as error:
-        assert words in str(error), (words, str(error))
-    else:
-        raise AssertionError(f"no error ({words})")
-    comm.Barrier()
 
 
 def test_bad_settings_fail_on_every_rank():

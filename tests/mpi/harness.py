@@ -29,3 +29,15 @@ def run_checks(namespace: dict, prefix: str = "test_") -> None:
         print(f"{comm.size} ranks: {'all checks passed' if not flat else f'{len(flat)} failures'}")
         code = 1 if flat else 0
     sys.exit(comm.bcast(code, root=0))
+
+
+def expect_error_everywhere(function, words: str) -> None:
+    """``function()`` raises a ValueError mentioning ``words`` on this rank; then a Barrier proves that
+    no rank was left waiting in a collective (every rank calls this together)."""
+    try:
+        function()
+    except ValueError as error:
+        assert words in str(error), f"expected {words!r} in: {error}"
+    else:
+        raise AssertionError(f"no error raised (expected one mentioning {words!r})")
+    MPI.COMM_WORLD.Barrier()
