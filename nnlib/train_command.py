@@ -79,6 +79,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 FAULTS = ("raise", "exit", "kill", "hang")
 ABORT_GRACE = 10  # seconds MPI_Abort may take before the rank ends itself (SIGALRM)
+RELAY_PAUSE = 1.0  # seconds for mpiexec to relay what a rank printed before MPI_Abort ends the job
 
 
 def parse_fault(text):
@@ -144,6 +145,10 @@ def abort_job(error: BaseException) -> None:
     sys.stdout.flush()
     sys.stderr.write(text + f"rank {rank}: ending the whole job (MPI_Abort)\n")
     sys.stderr.flush()
+    # The printed lines travel rank -> proxy -> mpiexec through pipes, the abort through PMI:
+    # without a pause, mpiexec can end every process before it has relayed the message
+    # (seen in about 1 run in 8 with MPICH's Hydra).
+    time.sleep(RELAY_PAUSE)
     # MPI_Abort asks the process manager to end the job. If that manager is gone (an mpiexec
     # that died, a host cut off), the call can wait for its answer for ever: the alarm's default
     # action ends this process after ABORT_GRACE seconds instead, whatever the call is doing.
