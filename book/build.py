@@ -15,7 +15,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 MODULES = ["data", "network", "gradient_check", "training", "collectives", "cluster", "parallel", "allreduce", "zero",
            "overlap", "sampling", "tensor_parallel", "pipeline", "hybrid", "tradeoffs", "costmodel", "scaling",
-           "backend", "gpu", "watchdog", "checkpoint", "reaper", "plots"]
+           "backend", "gpu", "watchdog", "checkpoint", "reaper", "plots", "check", "exercises"]
 
 
 def front_page() -> str:
@@ -24,7 +24,8 @@ def front_page() -> str:
     introduction = readme.split("\n## ", 1)[0]
     notebooks = sorted(path.stem for path in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
     toc = "\n".join(["```{toctree}", ":maxdepth: 1", ":caption: The lessons", "", *notebooks, "```", "",
-                     "```{toctree}", ":maxdepth: 1", ":caption: The package", "", "api", "```"])
+                     "```{toctree}", ":maxdepth: 1", ":caption: The package", "", "api", "```", "",
+                     "```{toctree}", ":maxdepth: 1", ":caption: For teachers", "", "teaching", "```"])
     return introduction + "\n\n" + toc + "\n"
 
 
@@ -46,6 +47,7 @@ def build(output: Path) -> Path:
         shutil.copy(notebook, source / notebook.name)
     (source / "index.md").write_text(front_page())
     (source / "api.md").write_text(api_page())
+    shutil.copy(ROOT / "TEACHING.md", source / "teaching.md")
     shutil.rmtree(output, ignore_errors=True)
     command = [sys.executable, "-m", "sphinx", "-b", "html", "-q", "-W", "--keep-going", str(source), str(output)]
     environment = {"NNLIB_SOURCE": str(ROOT)}

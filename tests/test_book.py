@@ -74,3 +74,39 @@ def test_the_api_pages_come_from_the_docstrings(book):
                  "nnlib.watchdog.watch"):
         assert f'id="{name}"' in api, name
     assert "delta_l = (delta_{l+1} @ W_{l+1}.T) * a_l * (1 - a_l)" in api  # the math, as written
+
+
+def test_the_teacher_notes_are_a_page_of_the_book(book):
+    index = (book / "index.html").read_text()
+    assert 'href="teaching.html"' in index
+    notes = (book / "teaching.html").read_text()
+    assert "When the cluster misbehaves in class" in notes and "<table" in notes
+
+
+def test_a_page_opened_in_the_browser_shows_its_math_and_a_figure(book):
+    """The book in headless Chromium (as in tests/test_browser.py): MathJax typesets the formulas of
+    lesson 02 (from the local copy: the page is opened from disk, offline) and its figures load."""
+    from browser import chromium_path, playwright_or_why
+
+    chromium, why = chromium_path()
+    if chromium is None or playwright_or_why():
+        pytest.skip(why or playwright_or_why())
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as driver:
+        browser = driver.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
+        try:
+            page = browser.new_page(viewport={"width": 1200, "height": 900})
+            page.goto((book / "02_network_from_scratch.html").as_uri())
+            page.wait_for_function("() => document.querySelectorAll('mjx-container').length >= 10", timeout=60_000)
+            assert page.locator("mjx-container merror").count() == 0  # no formula MathJax could not parse
+            figures = page.eval_on_selector_all("img", "images => images.filter(i => i.complete && i.naturalWidth > 100)"
+                                                       ".length")
+            assert figures >= 1
+            figure = page.locator("img").first
+            figure.scroll_into_view_if_needed()
+            assert figure.is_visible() and figure.bounding_box()["width"] > 100
+            (ROOT / "build" / "browser").mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(ROOT / "build" / "browser" / "book-02.png"))
+        finally:
+            browser.close()

@@ -5,7 +5,8 @@ code cell has run and the kernel is idle, then read the page: every code cell ex
 from 1; error outputs only where the saved notebook expects them (cells tagged raises-exception);
 no more stderr outputs than the saved notebook has (plus those deliberate errors); as many figures as it has; its key result
 printed. A screenshot of each is kept in build/browser/. Also: Restart and Run All twice in a row,
-an MPI lesson run twice (the second cluster starts cleanly, none of the first is left), and
+an MPI lesson restarted in the middle of its run (the second cluster starts cleanly, none of the first
+is left), and
 closing a notebook with "Close and Shut Down" ends its kernel.
 
 `make browser-test` runs every notebook; `make test` runs the notebooks in QUICK (the whole set
@@ -20,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from browser import ROOT, Lab, chromium_path, menu, open_notebook, playwright_or_why, restart_and_run_all
-from browser import what_the_page_shows
+from browser import IDLE, VISIBLE, what_the_page_shows
 
 CHROMIUM, NO_CHROMIUM = chromium_path()
 NO_PLAYWRIGHT = playwright_or_why()
@@ -109,14 +110,22 @@ def test_restart_and_run_all_twice_in_a_row(lab, page):
     close_and_shut_down(page)
 
 
-def test_an_mpi_lesson_run_again_starts_a_clean_cluster_and_leaves_nothing(lab, page):
+def test_an_mpi_lesson_restarted_mid_run_starts_a_clean_cluster_and_leaves_nothing(lab, page):
+    """Restart Kernel and Run All while lesson 04 is still running on its cluster: the restart ends the
+    kernel with its cluster's processes; the second run starts a new cluster and runs to the end."""
     from nnlib.reaper import tagged_processes
 
     open_notebook(page, lab, "04_mpi_collectives.ipynb")
-    restart_and_run_all(page)
+    menu(page, "Kernel", "Restart Kernel and Run All Cells…")
+    page.click(".jp-Dialog .jp-mod-accept", timeout=10_000)
+    page.wait_for_function(f"() => [...document.querySelectorAll('{VISIBLE} .jp-CodeCell .jp-InputArea-prompt')]"
+                           ".some(p => p.textContent.trim() === '[6]:')", timeout=120_000)  # the cluster is up
     first = {process.pid for process, _ in tagged_processes()}
-    restart_and_run_all(page)  # the restart ends the kernel with its cluster; the new run starts another
+    assert len(first) >= 4, "lesson 04's cluster did not start"  # controller, mpiexec, proxy, engines
+    assert not page.evaluate(IDLE), "the lesson finished before the restart: restart earlier"
+    restart_and_run_all(page)  # in the middle of the first run
     shown = what_the_page_shows(page)
+    assert shown["prompts"] == [f"[{count}]:" for count in range(1, saved("04_mpi_collectives.ipynb")["code_cells"] + 1)]
     assert shown["errors"] == saved("04_mpi_collectives.ipynb")["raises"], shown["text"][-3000:]
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and first & {process.pid for process, _ in tagged_processes()}:
