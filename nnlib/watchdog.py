@@ -263,6 +263,12 @@ class WatchedComm:
         """Start an Allreduce and return its request; complete it with :meth:`wait_all`."""
         return self.comm.Iallreduce(sendbuf, recvbuf, op=op)
 
+    def wait_any(self, requests, what: str) -> int:
+        """The index of one completed request of ``requests`` (as MPI's Waitany), within the deadline."""
+        any_of = _AnyOf(requests)
+        self._wait_for(None, any_of, what)
+        return any_of.index
+
     def wait_all(self, requests, what: str = "Iallreduce") -> None:
         """Complete started collectives, each within the deadline (or raise CollectiveTimeout)."""
         for request in requests:
@@ -301,6 +307,20 @@ class WatchedComm:
 
     def __repr__(self):
         return f"<WatchedComm rank {self.rank} of {self.size}, timeout {self.timeout:g} s>"
+
+
+class _AnyOf:
+    """Something with a ``Test()`` that is true once any of ``requests`` has completed (its ``index``)."""
+
+    def __init__(self, requests):
+        self.requests, self.index = requests, None
+
+    def Test(self) -> bool:
+        index, done = MPI.Request.Testany(self.requests)
+        if done and index != MPI.UNDEFINED:
+            self.index = index
+            return True
+        return False
 
 
 class _Guard:

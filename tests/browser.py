@@ -1,7 +1,7 @@
 """JupyterLab in headless Chromium, driven by Playwright, as a student uses the series.
 
 The server runs on 127.0.0.1 with a random token and throw-away configuration, data, runtime,
-settings and IPython folders; Chromium is the system's (Debian's package), which Playwright drives
+settings and IPython folders, over a throw-away copy of notebooks/ (what it runs, it saves); Chromium is the system's (Debian's package), which Playwright drives
 through its ``executable_path`` (``playwright install`` is never run: it would download a browser).
 """
 
@@ -42,10 +42,12 @@ def playwright_or_why():
 class Lab:
     """A JupyterLab server over notebooks/ (in a with block), and a page driver for it."""
 
-    def __init__(self, root_dir: Path = ROOT / "notebooks"):
-        self.root_dir = root_dir
+    def __init__(self, notebooks: Path = ROOT / "notebooks"):
         self.token = secrets.token_hex(16)
         self.folder = Path(tempfile.mkdtemp(prefix="nnlib-lab-"))
+        # JupyterLab saves a notebook it has run (autosave): it serves a copy, never the saved lessons
+        self.root_dir = self.folder / "notebooks"
+        shutil.copytree(notebooks, self.root_dir, ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
 
     def __enter__(self):
         probe = socket.socket()

@@ -86,6 +86,7 @@ def close_and_shut_down(page):
 @pytest.mark.parametrize("name", CHOSEN)
 def test_run_all_in_jupyterlab_shows_what_the_saved_notebook_shows(lab, page, name):
     expected = saved(name)
+    lesson = (ROOT / "notebooks" / name).read_bytes()
     open_notebook(page, lab, name)
     restart_and_run_all(page)
     shown = what_the_page_shows(page)
@@ -99,6 +100,7 @@ def test_run_all_in_jupyterlab_shows_what_the_saved_notebook_shows(lab, page, na
     if name in KEY_RESULTS:
         assert KEY_RESULTS[name] in shown["text"], shown["text"][-3000:]
     close_and_shut_down(page)
+    assert (ROOT / "notebooks" / name).read_bytes() == lesson  # the lab ran (and saved) a copy
 
 
 def test_restart_and_run_all_twice_in_a_row(lab, page):

@@ -1,0 +1,210 @@
+"""Asynchronous SGD with a parameter server, and its bounded-staleness (stale-synchronous) variant.
+
+Rank 0 is the server and holds the parameters w; ranks 1..P-1 are the workers, each with its own
+shard of the training set (split as evenly as possible). A worker repeatedly
+
+    receives w (at the server's version v), computes the gradient g of its next batch, sends g
+
+and the server applies every gradient the moment it arrives (Downpour SGD's server)::
+
+    w <- w - eta g,   v <- v + 1,   staleness of g = v_applied - v_computed
+
+so no worker waits for another: a fast worker makes many updates while a slow one makes few, but
+its gradients may have been computed from parameters several updates old (*stale*).
+
+Bounded staleness (stale-synchronous parallel, Ho et al. 2013): every worker counts its updates
+(its clock c_w); the server answers a worker only while c_w - min_u c_u <= s, so no worker runs more
+than s steps ahead of the slowest. s = 0 is synchronous training: every worker computes its step-c
+gradient from the parameters after all step c-1 gradients, and the server's updates add up to the
+synchronous step w <- w - eta sum_w g_w (each g_w normalized by the global batch), in another order
+of addition only. So ``staleness=0`` equals synchronous data parallelism with the per-rank sampler
+(nnlib.sampling.per_rank_plan) on the P-1 workers, to rounding; ``staleness=None`` is fully asynchronous.
+
+Messages are point-to-point with the buffer API: the server keeps one ``Irecv`` open per worker
+and waits for any of them (MPI's Waitany), under the watchdog's deadline; a gradient travels with
+its batch's summed loss, correct predictions and row count (3 more float64 numbers). Plain SGD
+(no momentum): Downpour's server applied each gradient alone, and momentum across stale updates
+is a different algorithm.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .collectives import offsets, split_counts
+from .sampling import per_rank_plan
+from .training import sgd_update
+from .watchdog import agreed, watch
+
+GRADIENT, PARAMETERS = 21, 22
+EXTRA = 3  # loss summed over the batch, correct predictions, rows
+
+
+@dataclass
+class AsyncHistory:
+    """What the server saw (on rank 0; the workers get None from train_async).
+
+    Per update, in the order applied: ``worker`` (its rank), ``staleness`` (updates applied since
+    the gradient's parameters were sent) and ``seconds`` (since the start). Per epoch (every
+    ``steps x workers`` updates): ``epoch_seconds`` (time at its end), ``loss`` and
+    ``train_accuracy`` (over the samples of its updates), ``params`` (a copy, to score later).
+    ``largest_lead``: the most any worker was let run ahead of the slowest (at most s).
+    """
+
+    worker: list = field(default_factory=list)
+    staleness: list = field(default_factory=list)
+    seconds: list = field(default_factory=list)
+    epoch_seconds: list = field(default_factory=list)
+    loss: list = field(default_factory=list)
+    train_accuracy: list = field(default_factory=list)
+    params: list = field(default_factory=list)
+    largest_lead: int = 0
+
+
+def check_settings(size: int, epochs, learning_rate, batch_size, staleness, slow) -> None:
+    """Raise the same ValueError on every rank (the checks use only arguments every rank has)."""
+    problems = []
+    if size < 2:
+        problems.append(f"asynchronous training needs a server and at least one worker: 2 or more ranks, got {size}")
+    if not isinstance(epochs, (int, np.integer)) or epochs < 1:
+        problems.append(f"epochs must be a whole number of at least 1; got {epochs!r}")
+    if not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
+        problems.append(f"batch_size must be a whole number of at least 1; got {batch_size!r}")
+    if not (isinstance(learning_rate, (int, float)) and 0 < learning_rate < float("inf")):
+        problems.append(f"learning_rate must be a number above 0; got {learning_rate!r}")
+    if staleness is not None and (not isinstance(staleness, (int, np.integer)) or isinstance(staleness, bool)
+                                  or staleness < 0):
+        problems.append(f"the staleness bound must be a whole number of steps, 0 or more (or None: unbounded); "
+                        f"got {staleness!r}")
+    for rank, seconds in (slow or {}).items():
+        if not (isinstance(rank, (int, np.integer)) and 1 <= rank < max(size, 2)):
+            problems.append(f"a slowed rank must be a worker, 1 to {size - 1}; got {rank!r}")
+        if not (isinstance(seconds, (int, float)) and 0 <= seconds < 60):
+            problems.append(f"the delay of slowed rank {rank} must be 0 to 60 seconds per step; got {seconds!r}")
+    if problems:
+        raise agreed(ValueError("; ".join(problems)))
+
+
+def train_async(comm, network, inputs, labels, *, epochs: int, learning_rate: float, batch_size: int,
+                staleness: int | None = None, seed: int = 0, slow=None, timeout=None):
+    """Train ``network`` with a parameter server on rank 0 and workers on ranks 1..P-1.
+
+    inputs (N, n_0), labels (N,): the whole training set on every rank (each worker takes its
+    shard, rows split as collectives.split_counts splits them over the P-1 workers; the server
+    uses none). Each worker makes ``epochs`` passes over its shard in batches of its share of
+    ``batch_size`` (nnlib.sampling.per_rank_plan, seeded by ``seed``). ``staleness``: the bound s
+    (None: fully asynchronous). ``slow``: {rank: seconds} added to every step of those workers
+    (a straggler). Every rank ends with the server's final parameters; rank 0 returns the
+    :class:`AsyncHistory`, the workers None.
+    """
+    check_settings(comm.size, epochs, learning_rate, batch_size, staleness, slow)
+    comm = watch(comm, timeout)  # the run's own communicator; every message below has a deadline
+    with comm.guard():
+        workers = comm.size - 1
+        shard_sizes = split_counts(len(inputs), workers)
+        steps = len(per_rank_plan(shard_sizes, batch_size, 0, seed, 0))  # the same for every worker
+        comm.at(phase="sending the first parameters")
+        comm.Bcast(network.params, root=0)
+        history = None
+        if comm.rank == 0:
+            history = serve(comm, network, workers, steps, epochs, learning_rate, staleness, len(inputs))
+        else:
+            worker = comm.rank - 1
+            start = int(offsets(shard_sizes)[worker])
+            stop = start + int(shard_sizes[worker])
+            work(comm, network, inputs[start:stop], labels[start:stop], shard_sizes, worker, epochs, batch_size, seed,
+                 (slow or {}).get(comm.rank, 0.0))
+        comm.at(phase="sending the final parameters")
+        comm.Bcast(network.params, root=0)
+    return history
+
+
+def serve(comm, network, workers: int, steps: int, epochs: int, learning_rate: float, staleness, num_samples: int):
+    """The server's loop: apply each gradient as it arrives; answer a worker when the bound allows."""
+    size = network.num_params
+    inbox = np.zeros((workers, size + EXTRA))
+    receives = [comm.comm.Irecv(inbox[w], source=w + 1, tag=GRADIENT) for w in range(workers)]
+    clock = [0] * workers  # gradients applied from each worker
+    sent_version = [0] * workers  # the version of the parameters each worker is computing from
+    waiting: list[int] = []
+    version, per_epoch, last = 0, steps * workers, steps * epochs
+    history = AsyncHistory()
+    totals = np.zeros(EXTRA)  # this epoch's summed loss, correct predictions, rows
+    began = time.perf_counter()
+    while version < last * workers:
+        comm.at(phase="waiting for a gradient", update=version + 1)
+        w = comm.wait_any(receives, "a gradient from any worker")
+        message = inbox[w]
+        sgd_update(network.params, message[:size], None, learning_rate, 0.0)
+        totals += message[size:]
+        history.staleness.append(version - sent_version[w])
+        history.worker.append(w + 1)
+        version += 1
+        clock[w] += 1
+        history.seconds.append(time.perf_counter() - began)
+        if clock[w] < last:
+            receives[w] = comm.comm.Irecv(inbox[w], source=w + 1, tag=GRADIENT)  # its next gradient
+            waiting.append(w)
+        if version % per_epoch == 0:
+            history.epoch_seconds.append(history.seconds[-1])
+            history.loss.append(float(totals[0] / totals[2]))
+            history.train_accuracy.append(float(totals[1] / totals[2]))
+            history.params.append(network.params.copy())
+            totals[:] = 0
+        slowest = min(clock)
+        for w in [w for w in waiting if staleness is None or clock[w] - slowest <= staleness]:
+            waiting.remove(w)
+            history.largest_lead = max(history.largest_lead, clock[w] - slowest)
+            comm.at(phase=f"sending the parameters to rank {w + 1}")
+            comm.wait(comm.comm.Isend(network.params, dest=w + 1, tag=PARAMETERS), f"Send to rank {w + 1}")
+            sent_version[w] = version
+    return history
+
+
+def work(comm, network, inputs, labels, shard_sizes, worker: int, epochs: int, batch_size: int, seed: int,
+         delay: float) -> None:
+    """A worker's loop: compute a gradient from the last parameters received, send it, wait for new ones."""
+    size = network.num_params
+    message = np.zeros(size + EXTRA)
+    for epoch in range(epochs):
+        plan = per_rank_plan(shard_sizes, batch_size, worker, seed, epoch)
+        for step, (rows, normalizer) in enumerate(plan):
+            comm.at(epoch=epoch + 1, step=step + 1, phase="compute")
+            if delay:
+                time.sleep(delay)  # the straggler's extra time
+            if len(rows):
+                loss = network.loss_and_gradient(inputs[rows], labels[rows], normalizer=normalizer, check=False)
+                message[:size] = network.grads
+                message[size:] = (loss * normalizer, network.last_correct, len(rows))
+            else:  # this worker's shard is used up for this epoch: a zero gradient keeps the clocks in step
+                message[:] = 0
+            comm.at(phase="sending a gradient")
+            comm.wait(comm.comm.Isend(message, dest=0, tag=GRADIENT), "Send of a gradient to the server")
+            if not (epoch == epochs - 1 and step == len(plan) - 1):
+                comm.at(phase="waiting for parameters")
+                comm.Recv(network.params, source=0, tag=PARAMETERS)
+
+
+def synchronous_reference(network, inputs, labels, *, workers: int, epochs: int, learning_rate: float,
+                          batch_size: int, seed: int = 0) -> np.ndarray:
+    """What synchronous data parallelism on ``workers`` ranks with the per-rank sampler computes, in one
+    process: every step, the sum over workers of their batches' gradients (normalized by the global
+    batch), then one SGD step. Returns the final parameters (``network`` is trained in place)."""
+    shard_sizes = split_counts(len(inputs), workers)
+    starts = offsets(shard_sizes)
+    total = np.zeros(network.num_params)
+    for epoch in range(epochs):
+        plans = [per_rank_plan(shard_sizes, batch_size, w, seed, epoch) for w in range(workers)]
+        for step in range(len(plans[0])):
+            total[:] = 0
+            for w in range(workers):
+                rows, normalizer = plans[w][step]
+                if len(rows):
+                    network.loss_and_gradient(inputs[starts[w] + rows], labels[starts[w] + rows],
+                                              normalizer=normalizer, check=False)
+                    total += network.grads
+            sgd_update(network.params, total, None, learning_rate, 0.0)
+    return network.params.copy()
