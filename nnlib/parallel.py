@@ -39,6 +39,7 @@ from mpi4py import MPI
 from . import collectives
 from .backend import cuda_aware_mpi, is_numpy, synchronizer, to_numpy
 from .checkpoint import Checkpoint, CheckpointError, CheckpointFolder, mismatches
+from .compression import Compressor, check_method
 from .overlap import BucketedAllreduce
 from .sampling import SAMPLERS, exact_plan, per_rank_plan
 from .training import SGD, History, as_schedule
@@ -150,7 +151,8 @@ def train_parallel(comm, network, local_inputs, local_labels, *, num_samples: in
                    epochs: int, learning_rate, batch_size=None, momentum: float = 0.0, seed: int = 0,
                    strategy: str = "allreduce", validation=None, progress: bool = False,
                    timeline_steps: int = 0, cuda_aware=None, timeout=None, checkpoints=None,
-                   resume: bool = False, on_step=None, sampler: str = "exact") -> ParallelHistory:
+                   resume: bool = False, on_step=None, sampler: str = "exact", compression: str = "none",
+                   k: int | None = None) -> ParallelHistory:
     """Data-parallel training of ``network`` (a full copy on every rank) on sharded data.
 
     local_inputs, local_labels: this rank's rows [start, start + len) of the N = num_samples
@@ -175,6 +177,10 @@ def train_parallel(comm, network, local_inputs, local_labels, *, num_samples: in
     draws its share of every batch from its own shard, like PyTorch's DistributedSampler): see
     nnlib.sampling.
 
+    ``compression`` (strategy "allreduce" only): "float16", "bfloat16" or "topk" (with ``k``, and
+    error feedback) gradients, summed through Allgather; "none" (the default) is the plain Allreduce.
+    See nnlib.compression.
+
     With a GPU network the shards move to the GPU once and stay there; gradients and parameters
     go through host memory for MPI unless the MPI is CUDA-aware (``cuda_aware=None``: detect,
     see nnlib.backend.cuda_aware_mpi; True or False: decide).
@@ -185,7 +191,7 @@ def train_parallel(comm, network, local_inputs, local_labels, *, num_samples: in
                       epochs=epochs, learning_rate=learning_rate, batch_size=batch_size, momentum=momentum,
                       seed=seed, strategy=strategy, validation=validation, progress=progress,
                       timeline_steps=timeline_steps, cuda_aware=cuda_aware, checkpoints=checkpoints,
-                      resume=resume, on_step=on_step, sampler=sampler)
+                      resume=resume, on_step=on_step, sampler=sampler, compression=compression, k=k)
 
 
 def run_settings(network, num_samples, batch_size, momentum, seed, learning_rate) -> dict:
@@ -197,7 +203,7 @@ def run_settings(network, num_samples, batch_size, momentum, seed, learning_rate
 
 
 def _check(comm, network, local_inputs, local_labels, num_samples, start, epochs, learning_rate, batch_size,
-           momentum, seed, strategy, sampler):
+           momentum, seed, strategy, sampler, compression="none", k=None, checkpoints=None):
     """Every check of train_parallel's arguments, with one verdict on every rank.
 
     Returns the learning-rate schedule and every rank's shard size.
@@ -209,6 +215,11 @@ def _check(comm, network, local_inputs, local_labels, num_samples, start, epochs
         problems.append(f"strategy must be one of {', '.join(STRATEGIES)}; got {strategy!r}")
     if sampler not in SAMPLERS:
         problems.append(f"sampler must be one of {', '.join(SAMPLERS)}; got {sampler!r}")
+    problems += check_method(compression, k, network.num_params)
+    if compression != "none" and strategy != "allreduce":
+        problems.append(f"compressed gradients go with the allreduce strategy; got strategy {strategy!r}")
+    if compression == "topk" and checkpoints is not None:
+        problems.append("checkpoints do not keep top-k compression's residuals: run top-k without checkpoints")
     if num_samples < size:
         problems.append(f"{size} ranks but only {num_samples} samples: every rank needs at least one")
     if batch_size is not None and batch_size < size:
@@ -224,8 +235,8 @@ def _check(comm, network, local_inputs, local_labels, num_samples, start, epochs
     fail_together(comm, "; ".join(problems) or None)
     agree(comm, "the network (layer sizes, output, dtype)",
           (network.layer_sizes, network.output, str(network.params.dtype)))
-    agree(comm, "the training settings (samples, epochs, batch, momentum, seed, strategy, sampler)",
-          (num_samples, epochs, batch_size, momentum, seed, strategy, sampler))
+    agree(comm, "the training settings (samples, epochs, batch, momentum, seed, strategy, sampler, compression, k)",
+          (num_samples, epochs, batch_size, momentum, seed, strategy, sampler, compression, k))
     shard_sizes, starts = comm.allgather(local_inputs.shape[0]), comm.allgather(int(start))
     expected_starts = [int(offset) for offset in collectives.offsets(shard_sizes)]
     if sum(shard_sizes) != num_samples or starts != expected_starts:  # the same verdict on every rank
@@ -272,14 +283,17 @@ def _resume_point(comm, checkpoints, resume, settings, epochs):
 
 def _train(comm, network, local_inputs, local_labels, *, num_samples, start, epochs, learning_rate, batch_size,
            momentum, seed, strategy, validation, progress, timeline_steps, cuda_aware, checkpoints, resume,
-           on_step, sampler) -> ParallelHistory:
+           on_step, sampler, compression="none", k=None) -> ParallelHistory:
     size, rank = comm.size, comm.rank
     comm.at(phase="checking the settings")
     schedule, shard_sizes = _check(comm, network, local_inputs, local_labels, num_samples, start, epochs,
-                                   learning_rate, batch_size, momentum, seed, strategy, sampler)
+                                   learning_rate, batch_size, momentum, seed, strategy, sampler, compression, k,
+                                   checkpoints)
     settings = run_settings(network, num_samples, batch_size, momentum, seed, learning_rate)
     if sampler != "exact":  # (checkpoints of exact runs, the default, keep their earlier settings)
         settings["sampler"] = sampler
+    if compression != "none":
+        settings["compression"] = compression
     comm.at(phase="loading the checkpoint" if resume else "preparing")
     saved, resumed = _resume_point(comm, checkpoints, resume, settings, epochs)
 
@@ -302,6 +316,7 @@ def _train(comm, network, local_inputs, local_labels, *, num_samples, start, epo
     overlap = BucketedAllreduce(comm, network) if strategy == "overlap" and messenger.direct else None
     backward_hook = {} if overlap is None else {"on_layer_done": overlap.layer_done}
     host_dtype = to_numpy(network.params[:1]).dtype
+    compressor = None if compression == "none" else Compressor(compression, network.num_params, host_dtype, k)
     if resumed is not None and resumed["velocity"] and momentum:  # the optimizer's state, to every updater
         velocity = saved.velocity.astype(host_dtype) if rank == 0 else np.empty(network.num_params, host_dtype)
         comm.Bcast(velocity, root=0)
@@ -414,6 +429,8 @@ def _train(comm, network, local_inputs, local_labels, *, num_samples, start, epo
             elif strategy in ("allreduce", "overlap"):
                 if overlap is not None:
                     overlap.finish()  # what the backward pass has not already sent
+                elif compressor is not None:
+                    messenger.in_place(network.grads, lambda buffer: compressor.allreduce(comm, buffer))
                 else:
                     messenger.in_place(network.grads,
                                        lambda buffer: comm.Allreduce(MPI.IN_PLACE, buffer, op=MPI.SUM))
