@@ -9,8 +9,9 @@ and the server applies every gradient the moment it arrives (Downpour SGD's serv
 
     w <- w - eta g,   v <- v + 1,   staleness of g = v_applied - v_computed
 
-so no worker waits for another: a fast worker makes many updates while a slow one makes few, but
-its gradients may have been computed from parameters several updates old (*stale*).
+so no worker waits for another: a fast worker makes many updates while a slow one makes few (the
+run is a number of updates, as many as the synchronous run makes, whoever computes them), but its
+gradients may have been computed from parameters several updates old (*stale*).
 
 Bounded staleness (stale-synchronous parallel, Ho et al. 2013): every worker counts its updates
 (its clock c_w); the server answers a worker only while c_w - min_u c_u <= s, so no worker runs more
@@ -94,10 +95,12 @@ def train_async(comm, network, inputs, labels, *, epochs: int, learning_rate: fl
 
     inputs (N, n_0), labels (N,): the whole training set on every rank (each worker takes its
     shard, rows split as collectives.split_counts splits them over the P-1 workers; the server
-    uses none). Each worker makes ``epochs`` passes over its shard in batches of its share of
-    ``batch_size`` (nnlib.sampling.per_rank_plan, seeded by ``seed``). ``staleness``: the bound s
-    (None: fully asynchronous). ``slow``: {rank: seconds} added to every step of those workers
-    (a straggler). Every rank ends with the server's final parameters; rank 0 returns the
+    uses none). A worker's batches are its share of ``batch_size``, epoch after epoch through its
+    shard (nnlib.sampling.per_rank_plan, seeded by ``seed``). The run is as many updates as
+    synchronous training makes in ``epochs`` epochs; the server tells the workers to stop when that
+    many gradients are applied or on their way. ``staleness``: the bound s (None: fully
+    asynchronous). ``slow``: {rank: seconds} added to every step of those workers (a straggler).
+    Every rank ends with the server's final parameters; rank 0 returns the
     :class:`AsyncHistory`, the workers None.
     """
     check_settings(comm.size, epochs, learning_rate, batch_size, staleness, slow)
@@ -115,7 +118,7 @@ def train_async(comm, network, inputs, labels, *, epochs: int, learning_rate: fl
             worker = comm.rank - 1
             start = int(offsets(shard_sizes)[worker])
             stop = start + int(shard_sizes[worker])
-            work(comm, network, inputs[start:stop], labels[start:stop], shard_sizes, worker, epochs, batch_size, seed,
+            work(comm, network, inputs[start:stop], labels[start:stop], shard_sizes, worker, steps, batch_size, seed,
                  (slow or {}).get(comm.rank, 0.0))
         comm.at(phase="sending the final parameters")
         comm.Bcast(network.params, root=0)
@@ -123,18 +126,25 @@ def train_async(comm, network, inputs, labels, *, epochs: int, learning_rate: fl
 
 
 def serve(comm, network, workers: int, steps: int, epochs: int, learning_rate: float, staleness, num_samples: int):
-    """The server's loop: apply each gradient as it arrives; answer a worker when the bound allows."""
+    """The server's loop: apply each gradient as it arrives; answer a worker with the parameters while
+    updates are still needed and the bound allows, else with "stop".
+
+    The run is ``epochs x steps x workers`` updates (as many gradients as the synchronous run has);
+    who computes them is up to the workers' speed: a fast worker makes more of them than a slow one.
+    """
     size = network.num_params
     inbox = np.zeros((workers, size + EXTRA))
+    reply = np.zeros(size + 1)  # the parameters, then 1 (go on) or 0 (stop)
     receives = [comm.comm.Irecv(inbox[w], source=w + 1, tag=GRADIENT) for w in range(workers)]
     clock = [0] * workers  # gradients applied from each worker
     sent_version = [0] * workers  # the version of the parameters each worker is computing from
+    active = set(range(workers))  # not yet told to stop
     waiting: list[int] = []
-    version, per_epoch, last = 0, steps * workers, steps * epochs
+    version, outstanding, target, per_epoch = 0, workers, steps * epochs * workers, steps * workers
     history = AsyncHistory()
     totals = np.zeros(EXTRA)  # this epoch's summed loss, correct predictions, rows
     began = time.perf_counter()
-    while version < last * workers:
+    while active:
         comm.at(phase="waiting for a gradient", update=version + 1)
         w = comm.wait_any(receives, "a gradient from any worker")
         message = inbox[w]
@@ -142,50 +152,67 @@ def serve(comm, network, workers: int, steps: int, epochs: int, learning_rate: f
         totals += message[size:]
         history.staleness.append(version - sent_version[w])
         history.worker.append(w + 1)
-        version += 1
+        version, outstanding = version + 1, outstanding - 1
         clock[w] += 1
         history.seconds.append(time.perf_counter() - began)
-        if clock[w] < last:
-            receives[w] = comm.comm.Irecv(inbox[w], source=w + 1, tag=GRADIENT)  # its next gradient
-            waiting.append(w)
+        receives[w] = comm.comm.Irecv(inbox[w], source=w + 1, tag=GRADIENT)  # its next gradient, if any
+        waiting.append(w)
         if version % per_epoch == 0:
             history.epoch_seconds.append(history.seconds[-1])
-            history.loss.append(float(totals[0] / totals[2]))
-            history.train_accuracy.append(float(totals[1] / totals[2]))
+            history.loss.append(float(totals[0] / max(totals[2], 1)))
+            history.train_accuracy.append(float(totals[1] / max(totals[2], 1)))
             history.params.append(network.params.copy())
             totals[:] = 0
-        slowest = min(clock)
-        for w in [w for w in waiting if staleness is None or clock[w] - slowest <= staleness]:
+        for w in list(waiting):
+            slowest = min(clock[u] for u in active)
+            if version + outstanding >= target:  # enough gradients are applied or on their way
+                reply[size] = 0
+                active.discard(w)
+            elif staleness is None or clock[w] - slowest <= staleness:
+                reply[:size], reply[size] = network.params, 1
+                outstanding += 1
+                sent_version[w] = version
+                history.largest_lead = max(history.largest_lead, clock[w] - slowest)
+            else:
+                continue  # too far ahead: it waits for the slowest
             waiting.remove(w)
-            history.largest_lead = max(history.largest_lead, clock[w] - slowest)
-            comm.at(phase=f"sending the parameters to rank {w + 1}")
-            comm.wait(comm.comm.Isend(network.params, dest=w + 1, tag=PARAMETERS), f"Send to rank {w + 1}")
-            sent_version[w] = version
+            comm.at(phase=f"answering rank {w + 1}")
+            comm.wait(comm.comm.Isend(reply, dest=w + 1, tag=PARAMETERS), f"Send to rank {w + 1}")
+    for request in receives:
+        request.Cancel()  # the last Irecv of every worker: nothing more will come
+        request.Wait()
     return history
 
 
-def work(comm, network, inputs, labels, shard_sizes, worker: int, epochs: int, batch_size: int, seed: int,
+def work(comm, network, inputs, labels, shard_sizes, worker: int, steps: int, batch_size: int, seed: int,
          delay: float) -> None:
-    """A worker's loop: compute a gradient from the last parameters received, send it, wait for new ones."""
+    """A worker's loop: compute a gradient from the last parameters received, send it, wait for the answer
+    (new parameters, or stop). Its batches go through its shard epoch after epoch (per_rank_plan)."""
     size = network.num_params
-    message = np.zeros(size + EXTRA)
-    for epoch in range(epochs):
-        plan = per_rank_plan(shard_sizes, batch_size, worker, seed, epoch)
-        for step, (rows, normalizer) in enumerate(plan):
-            comm.at(epoch=epoch + 1, step=step + 1, phase="compute")
-            if delay:
-                time.sleep(delay)  # the straggler's extra time
-            if len(rows):
-                loss = network.loss_and_gradient(inputs[rows], labels[rows], normalizer=normalizer, check=False)
-                message[:size] = network.grads
-                message[size:] = (loss * normalizer, network.last_correct, len(rows))
-            else:  # this worker's shard is used up for this epoch: a zero gradient keeps the clocks in step
-                message[:] = 0
-            comm.at(phase="sending a gradient")
-            comm.wait(comm.comm.Isend(message, dest=0, tag=GRADIENT), "Send of a gradient to the server")
-            if not (epoch == epochs - 1 and step == len(plan) - 1):
-                comm.at(phase="waiting for parameters")
-                comm.Recv(network.params, source=0, tag=PARAMETERS)
+    message, reply = np.zeros(size + EXTRA), np.zeros(size + 1)
+    plan, plan_epoch, clock = None, -1, 0
+    while True:
+        epoch, step = divmod(clock, steps)
+        if epoch != plan_epoch:
+            plan, plan_epoch = per_rank_plan(shard_sizes, batch_size, worker, seed, epoch), epoch
+        rows, normalizer = plan[step]
+        comm.at(epoch=epoch + 1, step=step + 1, phase="compute")
+        if delay:
+            time.sleep(delay)  # the straggler's extra time
+        if len(rows):
+            loss = network.loss_and_gradient(inputs[rows], labels[rows], normalizer=normalizer, check=False)
+            message[:size] = network.grads
+            message[size:] = (loss * normalizer, network.last_correct, len(rows))
+        else:  # this worker's shard is used up for this epoch: a zero gradient keeps the clocks in step
+            message[:] = 0
+        comm.at(phase="sending a gradient")
+        comm.wait(comm.comm.Isend(message, dest=0, tag=GRADIENT), "Send of a gradient to the server")
+        comm.at(phase="waiting for parameters")
+        comm.Recv(reply, source=0, tag=PARAMETERS)
+        if reply[size] == 0:
+            return
+        network.params[...] = reply[:size]
+        clock += 1
 
 
 def synchronous_reference(network, inputs, labels, *, workers: int, epochs: int, learning_rate: float,

@@ -16,6 +16,11 @@ When things go wrong:
   once per epoch); ``--resume`` continues from the newest one, exactly (nnlib.checkpoint);
 * ``--fault RANK:STEP:KIND`` makes one rank fail after global step STEP (raise, exit, kill
   with SIGKILL, or hang), for lessons and tests.
+
+Beyond synchronous SGD (lesson 11): ``--compression float16|bfloat16|topk`` (``--topk K``) sends
+compressed gradients (nnlib.compression); ``--asynchronous`` makes rank 0 a parameter server
+applying each worker's gradient as it arrives, ``--staleness S`` bounds how far a worker may run
+ahead (nnlib.asynchronous); ``--slow RANK:SECONDS`` makes one rank a straggler, in either mode.
 """
 
 from __future__ import annotations
@@ -72,6 +77,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="ranks per model replica with --model-parallel (default 0: all ranks, one replica)")
     parser.add_argument("--micro-batches", type=int, default=4, help="micro-batches per step (pipeline)")
     parser.add_argument("--schedule", choices=("gpipe", "1f1b"), default="1f1b", help="pipeline schedule")
+    parser.add_argument("--compression", default="none",
+                        help="gradients sent as none (float64/32), float16, bfloat16 or topk (with --topk K and "
+                             "error feedback); with --strategy allreduce (lesson 11)")
+    parser.add_argument("--topk", type=int, default=None, help="K, the gradient entries each rank sends (topk)")
+    parser.add_argument("--asynchronous", action="store_true",
+                        help="rank 0 is a parameter server applying each worker's gradient as it arrives; the "
+                             "workers (ranks 1..N-1) sample their own shards; plain SGD (no momentum)")
+    parser.add_argument("--staleness", type=int, default=None,
+                        help="with --asynchronous: no worker more than S steps ahead of the slowest (0: synchronous; "
+                             "default: unbounded)")
+    parser.add_argument("--slow", default=None, metavar="RANK:SECONDS",
+                        help="make rank RANK a straggler: SECONDS more per step")
     parser.add_argument("--fault", default=None, metavar="RANK:STEP:KIND",
                         help="for lessons and tests: rank RANK fails after global step STEP; KIND is raise, exit, "
                              "kill (SIGKILL) or hang")
@@ -91,6 +108,77 @@ def parse_fault(text):
         raise ValueError(f"--fault must be RANK:STEP:KIND with KIND one of {', '.join(FAULTS)} (e.g. 1:40:kill); "
                          f"got {text!r}")
     return int(parts[0]), int(parts[1]), parts[2]
+
+
+def parse_slow(text):
+    """'1:0.05' -> {1: 0.05}; None -> {}; ValueError saying the format otherwise."""
+    if text is None:
+        return {}
+    parts = text.split(":")
+    try:
+        rank, seconds = int(parts[0]), float(parts[1])
+        if len(parts) != 2 or rank < 0 or not 0 <= seconds < 60:
+            raise ValueError
+    except (ValueError, IndexError):
+        raise ValueError(f"--slow must be RANK:SECONDS with SECONDS from 0 to 60 (e.g. 1:0.05); got {text!r}") from None
+    return {rank: seconds}
+
+
+def check_lesson_11(args, ranks: int) -> None:
+    """--compression, --topk, --asynchronous, --staleness, --slow: what each needs (same verdict on every rank)."""
+    from .compression import check_method
+
+    sizes = (784, *args.hidden, 10)
+    num_params = sum(n_in * n_out + n_out for n_in, n_out in zip(sizes[:-1], sizes[1:]))
+    problems = check_method(args.compression, args.topk, num_params)
+    if problems:
+        raise ValueError(problems[0].replace("compression=", "--compression ").replace("k=", "--topk ")
+                         .replace("needs k", "needs --topk K"))
+    slow = parse_slow(args.slow)
+    if any(rank >= ranks for rank in slow):
+        raise ValueError(f"--slow names rank {next(iter(slow))}, but the job has ranks 0 to {ranks - 1}")
+    if args.staleness is not None and not args.asynchronous:
+        raise ValueError("--staleness bounds the asynchronous parameter server: add --asynchronous")
+    if args.staleness is not None and args.staleness < 0:
+        raise ValueError(f"--staleness must be a whole number of steps, 0 or more; got {args.staleness}")
+    if args.compression != "none" and args.strategy != "allreduce":
+        raise ValueError(f"--compression goes with --strategy allreduce; got {args.strategy}")
+    if not args.asynchronous:
+        return
+    if ranks < 2:
+        raise ValueError("--asynchronous needs a server and at least one worker: run with mpiexec -n 2 or more")
+    if 0 in slow:
+        raise ValueError("--slow with --asynchronous must name a worker (rank 1 or more): rank 0 is the server")
+    for given, name in [(args.compression != "none", "--compression"), (args.checkpoint_dir, "--checkpoint-dir"),
+                        (args.model_parallel != "none", "--model-parallel"), (args.device != "cpu", "--device"),
+                        (args.strategy != "allreduce", "--strategy"), (args.fault, "--fault")]:
+        if given:
+            raise ValueError(f"--asynchronous does not go with {name} (yet): drop one of them")
+    if not args.batch_size:
+        raise ValueError("--asynchronous needs mini-batches: give --batch-size (the global batch, shared by the workers)")
+
+
+def straggler(slow: dict, rank: int):
+    """An on_step hook making this rank ``slow[rank]`` seconds slower per step (None if it is not slowed)."""
+    if rank not in slow:
+        return None
+
+    def wait(epoch, step, total_steps):
+        time.sleep(slow[rank])
+
+    return wait
+
+
+def both(first, second):
+    """Two on_step hooks (either may be None) as one."""
+    if first is None or second is None:
+        return first or second
+
+    def hook(*where):
+        first(*where)
+        second(*where)
+
+    return hook
 
 
 def fault_injector(fault, rank):
@@ -179,6 +267,7 @@ def train_job(args) -> int:
             if args.checkpoint_dir else None
         if args.model_parallel != "none":
             check_model_parallel(args)
+        check_lesson_11(args, MPI.COMM_WORLD.size)
         comm = watch(MPI.COMM_WORLD, args.timeout)  # the set-up's collectives have a deadline too
     except ValueError as problem:
         raise agreed(problem) from None
@@ -204,6 +293,8 @@ def train_job(args) -> int:
 
     if args.model_parallel != "none":
         return model_parallel_job(args, comm, inputs, labels, test_inputs, test_labels)
+    if args.asynchronous:
+        return asynchronous_job(args, comm, inputs, labels, test_inputs, test_labels)
     gpu_index = use_gpu_of_local_rank(MPI.COMM_WORLD) if args.device != "cpu" else None
     try:
         network = Network((784, *args.hidden, 10), output=args.output_layer, dtype=args.dtype, seed=args.seed,
@@ -218,6 +309,12 @@ def train_job(args) -> int:
     if rank == 0:
         print(f"{comm.size} ranks, strategy {args.strategy}, network {'-'.join(map(str, network.layer_sizes))}, "
               f"{args.samples} samples, global batch {args.batch_size or 'full'}", flush=True)
+        if args.compression != "none":
+            from .compression import message_bytes
+
+            print(f"gradients compressed: {args.compression}{f' (k = {args.topk})' if args.topk else ''}, "
+                  f"{message_bytes(args.compression, network.num_params, args.topk, network.params.dtype.itemsize):,} "
+                  f"bytes per rank per step instead of {network.params.nbytes:,}", flush=True)
     gpus = comm.gather(gpu_index if on_gpu else None, root=0)
     if rank == 0 and on_gpu:
         print(f"on the GPU ({gpu_status()[1]}); GPU of each rank: {gpus}; gradients "
@@ -228,7 +325,8 @@ def train_job(args) -> int:
         epochs=args.epochs, learning_rate=args.learning_rate, batch_size=args.batch_size or None,
         momentum=args.momentum, seed=args.seed, strategy=args.strategy, sampler=args.sampler, progress=True,
         timeout=comm.timeout, checkpoints=checkpoints, resume=args.resume,
-        on_step=fault_injector(fault, rank))
+        on_step=both(fault_injector(fault, rank), straggler(parse_slow(args.slow), rank)),
+        compression=args.compression, k=args.topk)
 
     phases = gather_phase_seconds(comm, history)
     if rank == 0:
@@ -290,6 +388,43 @@ def model_parallel_job(args, comm, inputs, labels, test_inputs, test_labels) -> 
     phases = gather_phase_seconds(comm, history)
     if comm.rank == 0:
         report(args, comm.size, history, phases, test_accuracy, params, sizes, f"{args.model_parallel} x {model_size}")
+    return 0
+
+
+def asynchronous_job(args, comm, inputs, labels, test_inputs, test_labels) -> int:
+    """--asynchronous: nnlib.asynchronous's parameter server on rank 0; every rank gets the data from rank 0."""
+    from .asynchronous import train_async
+    from .collectives import broadcast_new
+    from .network import Network
+
+    inputs, labels = broadcast_new(comm, inputs), broadcast_new(comm, labels)
+    network = Network((784, *args.hidden, 10), output=args.output_layer, dtype=args.dtype, seed=args.seed)
+    bound = "unbounded" if args.staleness is None else f"at most {args.staleness} steps ahead"
+    if comm.rank == 0:
+        print(f"{comm.size} ranks: a parameter server and {comm.size - 1} workers (staleness {bound}), network "
+              f"{'-'.join(map(str, network.layer_sizes))}, {args.samples} samples, global batch {args.batch_size}"
+              + ("; plain SGD, --momentum is not used" if args.momentum else ""), flush=True)
+    history = train_async(comm, network, inputs, labels, epochs=args.epochs, learning_rate=args.learning_rate,
+                          batch_size=args.batch_size, staleness=args.staleness, seed=args.seed,
+                          slow=parse_slow(args.slow), timeout=comm.timeout)
+    if comm.rank != 0:
+        return 0
+    for epoch, (loss, accuracy, seconds) in enumerate(zip(history.loss, history.train_accuracy,
+                                                          history.epoch_seconds)):
+        print(f"epoch {epoch + 1}/{args.epochs}: loss {loss:.4f}, training accuracy {accuracy:.4f}, "
+              f"{seconds:.2f} s from the start")
+    staleness = np.array(history.staleness)
+    test_accuracy = network.accuracy(test_inputs, test_labels)
+    print(f"test accuracy {test_accuracy:.4f}; staleness: mean {staleness.mean():.2f}, largest {staleness.max()} "
+          f"updates; updates per worker: {np.bincount(history.worker, minlength=comm.size)[1:].tolist()}")
+    if args.output:
+        save_npz(args.output, params=network.get_params(), layer_sizes=np.array(network.layer_sizes),
+                 loss=np.array(history.loss), train_accuracy=np.array(history.train_accuracy),
+                 epoch_seconds=np.array(history.epoch_seconds), staleness=staleness, worker=np.array(history.worker),
+                 update_seconds=np.array(history.seconds), test_accuracy=np.array(test_accuracy),
+                 epoch_params=np.array(history.params),
+                 ranks=np.array(comm.size), strategy=np.array("asynchronous"))
+        print(f"wrote {args.output}")
     return 0
 
 

@@ -253,3 +253,57 @@ def test_a_rank_whose_mpi_abort_never_returns_ends_itself():
     assert run.returncode == -signal.SIGALRM, (run.returncode, run.stderr)
     assert time.monotonic() - began < 30
     assert "the error to report" in run.stderr and "ending the whole job (MPI_Abort)" in run.stderr
+
+
+@pytest.mark.parametrize("ranks, arguments, message", [
+    (2, ["--compression", "topk", "--topk", "0"], "top-k compression needs --topk K, a whole number from 1"),
+    (3, ["--compression", "topk", "--topk", "999999"], "from 1 to the number of parameters (12730)"),
+    (2, ["--compression", "topk"], "needs --topk K"),
+    (2, ["--compression", "int8"], "compression must be one of none, float16, bfloat16, topk; got 'int8'"),
+    (2, ["--compression", "float16", "--topk", "5"], "k is only for top-k compression"),
+    (4, ["--compression", "float16", "--strategy", "zero"], "--compression goes with --strategy allreduce"),
+    (2, ["--staleness", "2"], "--staleness bounds the asynchronous parameter server: add --asynchronous"),
+    (3, ["--asynchronous", "--staleness", "-1"], "--staleness must be a whole number of steps, 0 or more; got -1"),
+    (1, ["--asynchronous"], "--asynchronous needs a server and at least one worker"),
+    (2, ["--asynchronous", "--slow", "0:0.1"], "rank 0 is the server"),
+    (2, ["--slow", "5:0.1"], "--slow names rank 5, but the job has ranks 0 to 1"),
+    (2, ["--slow", "1:fast"], "--slow must be RANK:SECONDS"),
+    (3, ["--asynchronous", "--compression", "float16"], "--asynchronous does not go with --compression"),
+    (2, ["--asynchronous", "--batch-size", "0"], "--asynchronous needs mini-batches"),
+])
+def test_lesson_11_settings_are_refused_on_every_rank_at_once(ranks, arguments, message):
+    run = run_training(ranks, *SMALL, *arguments, timeout=60)
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert run.stderr.count(message) == 1, run.stderr
+    assert "Traceback" not in run.stderr
+
+
+@pytest.mark.parametrize("ranks", [2, 3, 4])
+def test_asynchronous_job_with_bound_0_equals_synchronous_per_rank_training_on_the_workers(tmp_path, ranks):
+    """The batch job's --asynchronous --staleness 0 on N ranks against the synchronous job (per-rank
+    sampler, no momentum) on the N - 1 workers: the same parameters to 1e-10 (float64)."""
+    settings = ("--samples", "1001", "--epochs", "2", "--batch-size", "50", "--hidden", "16", "--dtype", "float64",
+                "--momentum", "0", "--learning-rate", "0.5")
+    server = run_training(ranks, *settings, "--asynchronous", "--staleness", "0", "--output", str(tmp_path / "a.npz"))
+    assert server.returncode == 0, server.stderr
+    assert "staleness: mean" in server.stdout and "updates per worker" in server.stdout
+    synchronous = run_training(ranks - 1, *settings, "--sampler", "per_rank", "--output", str(tmp_path / "s.npz"))
+    assert synchronous.returncode == 0, synchronous.stderr
+    expected, got = final_params(tmp_path / "s.npz"), final_params(tmp_path / "a.npz")
+    assert np.abs(got - expected).max() / np.abs(expected).max() <= 1e-10
+    with np.load(tmp_path / "a.npz") as saved:
+        assert saved["staleness"].max() <= ranks - 2 and len(saved["worker"]) == 2 * 21 * (ranks - 1)
+
+
+def test_compressed_job_reports_its_bytes_and_top_k_of_everything_equals_the_plain_job(tmp_path):
+    settings = ("--samples", "1001", "--epochs", "2", "--batch-size", "64", "--hidden", "16", "--dtype", "float64")
+    plain = run_training(3, *settings, "--output", str(tmp_path / "plain.npz"))
+    everything = run_training(3, *settings, "--compression", "topk", "--topk", "12730",
+                              "--output", str(tmp_path / "all.npz"))
+    half = run_training(3, *settings, "--compression", "bfloat16", "--slow", "1:0.001")
+    assert plain.returncode == everything.returncode == half.returncode == 0, plain.stderr + everything.stderr
+    assert "gradients compressed: topk (k = 12730), 152,760 bytes per rank per step instead of 101,840" \
+        in everything.stdout
+    assert "gradients compressed: bfloat16, 25,460 bytes per rank per step instead of 101,840" in half.stdout
+    expected, got = final_params(tmp_path / "plain.npz"), final_params(tmp_path / "all.npz")
+    assert np.abs(got - expected).max() / np.abs(expected).max() <= 1e-10

@@ -83,6 +83,9 @@ def test_a_bound_is_kept_and_staleness_recorded_with_a_straggler():
             first_half = history.worker[: len(history.worker) // 2]
             if bound is None and not first_half.count(1) < len(first_half) / (size - 1):
                 problems.append(f"s=None: the fast workers waited for the straggler: {first_half}")
+            per_worker = np.bincount(history.worker, minlength=size)[1:]
+            if bound is None and not per_worker[0] < per_worker[1:].min():
+                problems.append(f"s=None: the straggler made as many updates as the others: {per_worker}")
     assert not problems, problems
 
 
