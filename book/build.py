@@ -15,7 +15,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 MODULES = ["data", "network", "gradient_check", "training", "collectives", "cluster", "parallel", "allreduce", "zero",
            "overlap", "sampling", "tensor_parallel", "pipeline", "hybrid", "tradeoffs", "costmodel", "scaling",
-           "backend", "gpu", "watchdog", "checkpoint", "reaper", "plots", "check", "exercises"]
+           "backend", "gpu", "watchdog", "checkpoint", "reaper", "plots", "asynchronous", "compression", "check", "exercises"]
 
 
 def front_page() -> str:

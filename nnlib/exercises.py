@@ -19,7 +19,7 @@ from typing import Callable
 
 import numpy as np
 
-from . import allreduce, collectives, costmodel, data, pipeline, scaling, training
+from . import allreduce, collectives, compression, costmodel, data, pipeline, scaling, training
 from .network import Network, cross_entropy_from_logits, sigmoid, sigmoid_prime_from_activation
 
 
@@ -165,6 +165,29 @@ def reference_missing_ranks(arrived, size):
 
 def reference_young_interval(write_seconds, node_mtbf_seconds, nodes):
     return float(np.sqrt(2 * write_seconds * node_mtbf_seconds / nodes))
+
+
+# --- 11 · Beyond synchronous SGD --------------------------------------------------------------
+
+
+def reference_top_k_step(gradient, residual, k):
+    corrected = gradient + residual
+    sent = np.zeros_like(corrected)
+    chosen = compression.top_k(corrected, k)
+    sent[chosen] = corrected[chosen]
+    return sent, corrected - sent
+
+
+def bfloat16_cases():
+    generator = rng("11.1")
+    halfway = np.array([0x3F808000, 0x3F818000, 0x3F808001, 0xBF807FFF], dtype=np.uint32).view(np.float32)
+    return [(halfway,), (generator.normal(size=20).astype(np.float32),),
+            ((generator.normal(size=(3, 4)) * 1e20).astype(np.float32),)]
+
+
+def top_k_cases():
+    generator = rng("11.2")
+    return [(generator.normal(size=n), generator.normal(size=n) * 0.1, k) for n, k in [(10, 3), (7, 7), (25, 1)]]
 
 
 # --- case makers -------------------------------------------------------------------------------
@@ -372,6 +395,19 @@ EXERCISES: dict[str, Exercise] = {exercise.key: exercise for exercise in [
              '    """The idle fraction of a pipeline step with equal stages and this many micro-batches."""',
              lambda: [(1, 1), (2, 1), (4, 8), (3, 5)], pipeline.bubble_fraction,
              "draw the timeline: how many slots does each stage have, and in how many is it busy?"),
+    Exercise("11.1", "bfloat16_bits", 'def bfloat16_bits(values):\n'
+             '    """float32 values (any shape) -> their bfloat16 bit patterns as uint16, rounded to nearest even\n'
+             '    (the top 16 of the 32 bits, after rounding away the low 16). NaN need not be handled."""',
+             bfloat16_cases, compression.to_bfloat16,
+             "view the float32 array as uint32 to reach the bits; adding 0x7FFF rounds up whatever is above "
+             "halfway, and the lowest kept bit decides the exact halfway case."),
+    Exercise("11.2", "top_k_step", 'def top_k_step(gradient, residual, k):\n'
+             '    """Top-k compression with error feedback, for one rank and one step. gradient, residual (n,)\n'
+             '    -> (sent (n,): the k entries of largest magnitude of gradient + residual, zeros elsewhere;\n'
+             '    new_residual (n,): what was not sent)."""',
+             top_k_cases, reference_top_k_step,
+             "add the residual first; np.argsort or np.argpartition of the magnitudes finds the k largest; "
+             "what is sent plus the new residual must be the corrected gradient."),
     Exercise("10.1", "missing_ranks", 'def missing_ranks(arrived, size):\n'
              '    """The ranks of 0..size-1 that are not in `arrived` (a list, any order), as a sorted list."""',
              lambda: [([0, 2], 3), ([3, 1, 0], 4), ([], 2), ([1, 0], 2)], reference_missing_ranks,
