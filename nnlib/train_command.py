@@ -51,7 +51,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--momentum", type=float, default=0.9)
     parser.add_argument("--hidden", type=int, nargs="+", default=[128], help="hidden layer sizes")
     parser.add_argument("--output-layer", choices=("sigmoid", "softmax"), default="sigmoid")
-    parser.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+    parser.add_argument("--dtype", default="float32",
+                        help="float32 or float64 (checked by every rank together, said once)")
     parser.add_argument("--samples", type=int, default=60000, help="use the first N training samples")
     parser.add_argument("--data-dir", default=None, help="MNIST folder (default: $NNLIB_DATA, then the cache)")
     parser.add_argument("--seed", type=int, default=0)
@@ -128,6 +129,9 @@ def check_lesson_11(args, ranks: int) -> None:
     """--compression, --topk, --asynchronous, --staleness, --slow: what each needs (same verdict on every rank)."""
     from .compression import check_method
 
+    if args.dtype not in ("float32", "float64"):
+        raise ValueError(f"--dtype must be float32 or float64 (the network's numbers; 16-bit formats are "
+                         f"--compression float16 or bfloat16); got {args.dtype!r}")
     sizes = (784, *args.hidden, 10)
     num_params = sum(n_in * n_out + n_out for n_in, n_out in zip(sizes[:-1], sizes[1:]))
     problems = check_method(args.compression, args.topk, num_params)

@@ -270,6 +270,7 @@ def test_a_rank_whose_mpi_abort_never_returns_ends_itself():
     (2, ["--slow", "1:fast"], "--slow must be RANK:SECONDS"),
     (3, ["--asynchronous", "--compression", "float16"], "--asynchronous does not go with --compression"),
     (2, ["--asynchronous", "--batch-size", "0"], "--asynchronous needs mini-batches"),
+    (3, ["--dtype", "float16"], "--dtype must be float32 or float64"),
 ])
 def test_lesson_11_settings_are_refused_on_every_rank_at_once(ranks, arguments, message):
     run = run_training(ranks, *SMALL, *arguments, timeout=60)
