@@ -6,7 +6,8 @@ Starts itself under ``mpiexec -n 2`` (one BLAS thread per rank) and, for GPipe a
 m = 1, 2, 4, 8, 16 micro-batches, runs pipeline steps on a random float32 batch (after a warm-up
 step; medians of 5), printing the measured idle fraction, the one nnlib.pipeline.simulated_bubble
 predicts from each stage's measured forward and backward times, and (P - 1) / (m + P - 1), which
-assumes equal stages; and the most micro-batches each stage kept alive.
+assumes equal stages; and the most micro-batches each stage kept alive. The third network balances
+the stages' forward-plus-backward work, which is what the formula assumes for 1F1B.
 """
 
 from __future__ import annotations
@@ -18,7 +19,10 @@ import sys
 os.environ.update({name: "1" for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")})
 
 NETWORKS = {"2304-1024-1024 (one layer per stage)": ((2304, 1024, 1024), 1024),
-            "1024 x 9 (four layers per stage)": ((1024,) * 9, 512)}
+            "1024 x 9 (four layers per stage)": ((1024,) * 9, 512),
+            # balanced: stage 0's wider first layer (1.5 units of 1024^2 forward, its weight gradient backward)
+            # makes up for the input gradient it need not compute: forward + backward = 12 units on each stage
+            "1536-1024 x 8 (balanced stages)": ((1536,) + (1024,) * 8, 512)}
 
 
 def worker() -> None:
