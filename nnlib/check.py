@@ -110,7 +110,7 @@ def call(answer, name: str, arguments):
     """answer(*arguments), turning any exception into Wrong with the line of the student's code."""
     try:
         return answer(*copies(arguments))
-    except Exception as error:  # a half-finished function may raise anything
+    except (Exception, SystemExit) as error:  # a half-finished function may raise anything (even exit())
         frames = traceback.extract_tb(error.__traceback__)[1:]  # drop this function's own frame
         where = ""
         if frames:

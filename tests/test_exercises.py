@@ -100,6 +100,8 @@ HALF_FINISHED = [
     ("02.1", 3.0, "not a function", "it is a float (3.0)"),
     ("02.1", lambda x, w, b: ..., "not written", "it returns `...`"),
     ("02.1", lambda x, w: x @ w, "raised", "raised TypeError"),
+    ("02.1", lambda x, w, b: exit(), "raised", "raised SystemExit"),
+    ("02.1", lambda x, w, b: (row for row in x), "kind", "not a number or an array of numbers"),
     ("02.1", lambda x, w, b: forward_right(x, w, b).T, "shape", "expected shape (5, 3): transposed?"),
     ("02.1", lambda x, w, b: forward_right(x, w, b)[:, 0], "shape", "returned shape (5,); expected shape (5, 3)."),
     ("02.1", lambda x, w, b: forward_right(x, w, b).astype(np.float32), "dtype", "keep the precision"),
