@@ -113,7 +113,7 @@ def train_async(comm, network, inputs, labels, *, epochs: int, learning_rate: fl
         comm.Bcast(network.params, root=0)
         history = None
         if comm.rank == 0:
-            history = serve(comm, network, workers, steps, epochs, learning_rate, staleness, len(inputs))
+            history = serve(comm, network, workers, steps, epochs, learning_rate, staleness)
         else:
             worker = comm.rank - 1
             start = int(offsets(shard_sizes)[worker])
@@ -125,7 +125,7 @@ def train_async(comm, network, inputs, labels, *, epochs: int, learning_rate: fl
     return history
 
 
-def serve(comm, network, workers: int, steps: int, epochs: int, learning_rate: float, staleness, num_samples: int):
+def serve(comm, network, workers: int, steps: int, epochs: int, learning_rate: float, staleness):
     """The server's loop: apply each gradient as it arrives; answer a worker with the parameters while
     updates are still needed and the bound allows, else with "stop".
 

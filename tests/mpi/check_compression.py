@@ -22,6 +22,7 @@ rng = np.random.default_rng(0)
 INPUTS, LABELS = rng.random((203, 12)), rng.integers(0, 4, 203)
 SIZES = (12, 9, 4)
 SETTINGS = dict(epochs=3, learning_rate=0.5, batch_size=32, momentum=0.9, seed=7)
+NEVER_WRITTEN = "/nonexistent/nnlib-checkpoints"  # refused before anything is written
 
 
 def run(**extra):
@@ -78,7 +79,7 @@ def test_every_method_learns():
         assert history.loss[-1] < history.loss[0], (extra, history.loss)
 
 
-def test_bad_settings_fail_on_every_rank_at_once(tmp_path_root="/tmp"):
+def test_bad_settings_fail_on_every_rank_at_once():
     network = Network(SIZES, dtype="float64", seed=3)
     local_inputs, local_labels, start = shard(comm, INPUTS, LABELS)
 
@@ -93,7 +94,7 @@ def test_bad_settings_fail_on_every_rank_at_once(tmp_path_root="/tmp"):
                          (dict(compression="int8"), "compression must be one of none, float16, bfloat16, topk"),
                          (dict(compression="float16", k=5), "k is only for top-k compression"),
                          (dict(compression="float16", strategy="parameter_server"), "go with the allreduce strategy"),
-                         (dict(compression="topk", k=5, checkpoints=CheckpointFolder(f"{tmp_path_root}/never-written")),
+                         (dict(compression="topk", k=5, checkpoints=CheckpointFolder(NEVER_WRITTEN)),
                           "checkpoints do not keep top-k")]:
         expect_error_everywhere(attempt(**extra), words)
 
