@@ -214,24 +214,3 @@ def work(comm, network, inputs, labels, shard_sizes, worker: int, steps: int, ba
         network.params[...] = reply[:size]
         clock += 1
 
-
-def synchronous_reference(network, inputs, labels, *, workers: int, epochs: int, learning_rate: float,
-                          batch_size: int, seed: int = 0) -> np.ndarray:
-    """What synchronous data parallelism on ``workers`` ranks with the per-rank sampler computes, in one
-    process: every step, the sum over workers of their batches' gradients (normalized by the global
-    batch), then one SGD step. Returns the final parameters (``network`` is trained in place)."""
-    shard_sizes = split_counts(len(inputs), workers)
-    starts = offsets(shard_sizes)
-    total = np.zeros(network.num_params)
-    for epoch in range(epochs):
-        plans = [per_rank_plan(shard_sizes, batch_size, w, seed, epoch) for w in range(workers)]
-        for step in range(len(plans[0])):
-            total[:] = 0
-            for w in range(workers):
-                rows, normalizer = plans[w][step]
-                if len(rows):
-                    network.loss_and_gradient(inputs[starts[w] + rows], labels[starts[w] + rows],
-                                              normalizer=normalizer, check=False)
-                    total += network.grads
-            sgd_update(network.params, total, None, learning_rate, 0.0)
-    return network.params.copy()

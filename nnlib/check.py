@@ -63,18 +63,17 @@ def verdict(key: str, answer) -> Verdict:
     exercise = EXERCISES[key]
     heading = f"{key} {exercise.function}"
     try:
-        worst = run_cases(exercise, answer)
+        worst, cases = run_cases(exercise, answer)
     except Wrong as problem:
         return Verdict(False, problem.reason, f"{FAIL} {heading}: {problem}\n  Hint: {exercise.hint}")
-    cases = len(exercise.cases())
     if worst == 0:
         return Verdict(True, "right", f"{PASS} {heading}: right, exactly, on all {cases} cases")
     return Verdict(True, "right", f"{PASS} {heading}: right on all {cases} cases "
                                   f"(largest relative error {worst:.0e}, allowed {exercise.tolerance:.0e})")
 
 
-def run_cases(exercise, answer) -> float:
-    """Call ``answer`` on every case of ``exercise``; the largest relative error, or raise Wrong."""
+def run_cases(exercise, answer) -> tuple[float, int]:
+    """Call ``answer`` on every case of ``exercise``: (the largest relative error, the cases), or raise Wrong."""
     name = exercise.function
     if answer is Ellipsis or answer is None:
         raise Wrong("not written", f"not written yet: `{name}` is still {answer!r}. Define it with "
@@ -82,8 +81,8 @@ def run_cases(exercise, answer) -> float:
     if not callable(answer):
         raise Wrong("not a function", f"`{name}` should be a function, but it is a {type(answer).__name__} "
                                       f"({short(answer)}). Define it with `def {name}(...)`.")
-    worst = 0.0
-    for arguments in exercise.cases():
+    worst, cases = 0.0, exercise.cases()
+    for arguments in cases:
         expected = exercise.reference(*copies(arguments))
         got = call(answer, name, arguments)
         if got is None:
@@ -92,7 +91,7 @@ def run_cases(exercise, answer) -> float:
         if got is Ellipsis:
             raise Wrong("not written", "not written yet: it returns `...`. Replace the `...` with your code.")
         worst = max(worst, compare(got, expected, exercise.tolerance, f"{name}({describe_arguments(arguments)})"))
-    return worst
+    return worst, len(cases)
 
 
 def copies(arguments):

@@ -77,14 +77,12 @@ class Compressor:
             raise ValueError(problems[0])
         self.method, self.k, self.dtype = method, k, np.dtype(dtype)
         self.residual = np.zeros(num_params, dtype=self.dtype) if method == "topk" else None
-        self.bytes_sent = 0  # this rank's message bytes, summed over steps
 
     def allreduce(self, comm, grads) -> None:
         """grads (n,) on every rank -> in place, the sum over ranks of the decoded messages."""
         size = comm.size
         if self.method == "none":
             comm.Allreduce(MPI.IN_PLACE, grads, op=MPI.SUM)
-            self.bytes_sent += grads.nbytes
             return
         if self.method in ("float16", "bfloat16"):
             message = grads.astype(np.float16) if self.method == "float16" else to_bfloat16(grads)
@@ -92,7 +90,6 @@ class Compressor:
             comm.Allgather(message, everyone)
             decoded = everyone if self.method == "float16" else from_bfloat16(everyone)
             grads[...] = decoded.astype(grads.dtype).sum(axis=0)
-            self.bytes_sent += message.nbytes
             return
         corrected = grads + self.residual                           # c = g + e
         chosen = top_k(corrected, self.k)                           # S
@@ -106,7 +103,6 @@ class Compressor:
         grads[...] = 0
         for rank in range(size):  # in rank order: the same sum on every rank
             grads[indices[rank]] += sent[rank]  # (no index repeats within one rank's message)
-        self.bytes_sent += chosen.nbytes + values.nbytes
 
 
 def message_bytes(method: str, num_params: int, k: int | None = None, itemsize: int = 8) -> int:

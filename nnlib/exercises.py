@@ -20,7 +20,7 @@ from typing import Callable
 import numpy as np
 
 from . import allreduce, collectives, compression, costmodel, data, pipeline, scaling, training
-from .network import Network, cross_entropy_from_logits, sigmoid, sigmoid_prime_from_activation
+from .network import count_parameters, cross_entropy_from_logits, sigmoid, sigmoid_prime_from_activation
 
 
 @dataclass(frozen=True)
@@ -50,12 +50,8 @@ def uniform(generator, *shape):
 # --- 00 · Start here ---------------------------------------------------------------------------
 
 
-def reference_count_parameters(layer_sizes):
-    return int(Network(layer_sizes, dtype="float64").get_params().size)
-
-
 def reference_gradient_bytes(layer_sizes, itemsize):
-    return reference_count_parameters(layer_sizes) * itemsize
+    return count_parameters(layer_sizes) * itemsize
 
 
 # --- 02 · The network from scratch -------------------------------------------------------------
@@ -265,7 +261,7 @@ SIZES = [(784, 30, 10), (784, 128, 64, 10), (3, 2)]
 EXERCISES: dict[str, Exercise] = {exercise.key: exercise for exercise in [
     Exercise("00.1", "count_parameters", 'def count_parameters(layer_sizes):\n'
              '    """How many weights and biases a network with these layer sizes has, e.g. (784, 30, 10) -> an int."""',
-             lambda: [(sizes,) for sizes in SIZES], reference_count_parameters,
+             lambda: [(sizes,) for sizes in SIZES], count_parameters,
              "every layer but the first has a weight for each of its inputs and a bias, for each of its units."),
     Exercise("00.2", "gradient_bytes", 'def gradient_bytes(layer_sizes, itemsize):\n'
              '    """The bytes of one gradient (what each step sends), with numbers of `itemsize` bytes each."""',

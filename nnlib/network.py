@@ -310,6 +310,11 @@ class Network:
         return f"Network({sizes}, output={self.output}, dtype={self.params.dtype}, params={self.num_params})"
 
 
+def count_parameters(layer_sizes) -> int:
+    """Weights and biases of a network with these layer sizes: sum over layers of n_in n_out + n_out."""
+    return parameter_offsets(list(zip(layer_sizes[:-1], layer_sizes[1:])))[-1]
+
+
 def parameter_offsets(shapes) -> list[int]:
     """Where each layer's [W_l, b_l] begins in the flat vector, then the total: [0, ..., num_params].
 

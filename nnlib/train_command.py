@@ -128,13 +128,12 @@ def parse_slow(text):
 def check_lesson_11(args, ranks: int) -> None:
     """--compression, --topk, --asynchronous, --staleness, --slow: what each needs (same verdict on every rank)."""
     from .compression import check_method
+    from .network import count_parameters
 
     if args.dtype not in ("float32", "float64"):
         raise ValueError(f"--dtype must be float32 or float64 (the network's numbers; 16-bit formats are "
                          f"--compression float16 or bfloat16); got {args.dtype!r}")
-    sizes = (784, *args.hidden, 10)
-    num_params = sum(n_in * n_out + n_out for n_in, n_out in zip(sizes[:-1], sizes[1:]))
-    problems = check_method(args.compression, args.topk, num_params)
+    problems = check_method(args.compression, args.topk, count_parameters((784, *args.hidden, 10)))
     if problems:
         raise ValueError(problems[0].replace("compression=", "--compression ").replace("k=", "--topk ")
                          .replace("needs k", "needs --topk K"))

@@ -13,9 +13,11 @@ from harness import expect_error_everywhere, run_checks
 from mpi4py import MPI
 
 from nnlib import Network
-from nnlib.asynchronous import synchronous_reference, train_async
+from nnlib.asynchronous import train_async
 from nnlib.collectives import offsets, split_counts
 from nnlib.parallel import train_parallel
+from nnlib.sampling import per_rank_plan
+from nnlib.training import sgd_update
 
 comm = MPI.COMM_WORLD
 rank, size = comm.rank, comm.size
@@ -27,6 +29,28 @@ SETTINGS = dict(epochs=3, learning_rate=0.5, batch_size=32, seed=7)
 
 def network():
     return Network(SIZES, dtype="float64", seed=3)
+
+
+def synchronous_reference(network, inputs, labels, *, workers: int, epochs: int, learning_rate: float,
+                          batch_size: int, seed: int = 0) -> np.ndarray:
+    """What synchronous data parallelism on ``workers`` ranks with the per-rank sampler computes, in one
+    process: every step, the sum over workers of their batches' gradients (normalized by the global
+    batch), then one SGD step. Returns the final parameters (``network`` is trained in place)."""
+    shard_sizes = split_counts(len(inputs), workers)
+    starts = offsets(shard_sizes)
+    total = np.zeros(network.num_params)
+    for epoch in range(epochs):
+        plans = [per_rank_plan(shard_sizes, batch_size, w, seed, epoch) for w in range(workers)]
+        for step in range(len(plans[0])):
+            total[:] = 0
+            for w in range(workers):
+                rows, normalizer = plans[w][step]
+                if len(rows):
+                    network.loss_and_gradient(inputs[starts[w] + rows], labels[starts[w] + rows],
+                                              normalizer=normalizer, check=False)
+                    total += network.grads
+            sgd_update(network.params, total, None, learning_rate, 0.0)
+    return network.params.copy()
 
 
 def relative(a, b):
