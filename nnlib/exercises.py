@@ -19,7 +19,8 @@ from typing import Callable
 
 import numpy as np
 
-from . import allreduce, collectives, compression, costmodel, data, pipeline, scaling, training
+from . import allreduce, collectives, compression, costmodel, data, scaling, training
+from .parallel import pipeline
 from .network import count_parameters, cross_entropy_from_logits, sigmoid, sigmoid_prime_from_activation
 
 

@@ -218,7 +218,7 @@ class Network:
         that the caller can add them up there and bring them back once per epoch; otherwise
         they are a Python float and int (which, on a GPU, waits for the GPU).
         ``on_layer_done(layer)``, if given, is called as soon as layer ``layer``'s gradient is
-        final (layers L-1 down to 0, in the order backpropagation produces them): nnlib.overlap
+        final (layers L-1 down to 0, in the order backpropagation produces them): nnlib.parallel.overlap
         starts sending it there while the earlier layers' backward pass still runs.
         """
         if check:

@@ -5,10 +5,10 @@ global batch of N samples, P ranks, values of ``itemsize`` bytes (4: float32):
 
 data      every rank holds the whole network and N/P samples. Per step it hands MPI the whole
           gradient, W values, in one Allreduce.
-tensor    hidden units split (nnlib.tensor_parallel). Per step: for each column/row pair one
+tensor    hidden units split (nnlib.parallel.tensor). Per step: for each column/row pair one
           Allreduce of the pair's (N, n_out) output forward, and one of its (N, n_in) input
           gradient backward unless the pair comes first. Weights: 1/P of each split layer.
-pipeline  consecutive layers per stage (nnlib.pipeline). Per step a stage sends its output
+pipeline  consecutive layers per stage (nnlib.parallel.pipeline). Per step a stage sends its output
           activations (N, n_boundary) forward and receives their gradient back (and likewise
           with the stage before it). Weights: its own layers only; activations kept: the whole
           batch (GPipe) or min(P - s, m) of m micro-batches (1F1B).
@@ -25,8 +25,8 @@ import numpy as np
 
 from .collectives import split_counts
 from .network import parameter_offsets
-from .pipeline import bubble_fraction, stage_layers
-from .tensor_parallel import layer_kinds
+from .parallel.pipeline import bubble_fraction, stage_layers
+from .parallel.tensor import layer_kinds
 
 KINDS = ("data", "tensor", "pipeline")
 
@@ -37,7 +37,7 @@ def num_params(layer_sizes) -> int:
 
 
 def check_pipeline_depth(kind: str, layer_sizes, ranks: int) -> None:
-    """A pipeline needs a layer per stage: ValueError otherwise (as nnlib.pipeline.PipelineMLP)."""
+    """A pipeline needs a layer per stage: ValueError otherwise (as nnlib.parallel.pipeline.PipelineMLP)."""
     if kind == "pipeline" and ranks > len(layer_sizes) - 1:
         raise ValueError(f"a pipeline of {ranks} stages needs at least {ranks} weight layers; "
                          f"this network has {len(layer_sizes) - 1}")

@@ -20,7 +20,7 @@ When things go wrong:
 Beyond synchronous SGD (lesson 11): ``--compression float16|bfloat16|topk`` (``--topk K``) sends
 compressed gradients (nnlib.compression); ``--asynchronous`` makes rank 0 a parameter server
 applying each worker's gradient as it arrives, ``--staleness S`` bounds how far a worker may run
-ahead (nnlib.asynchronous); ``--slow RANK:SECONDS`` makes one rank a straggler, in either mode.
+ahead (nnlib.parallel.asynchronous); ``--slow RANK:SECONDS`` makes one rank a straggler, in either mode.
 """
 
 from __future__ import annotations
@@ -255,8 +255,8 @@ def train_job(args) -> int:
     from .checkpoint import CheckpointFolder
     from .network import Network
     from .backend import cuda_aware_mpi, gpu_status, is_numpy, use_gpu_of_local_rank
-    from .parallel import agree, fail_together, gather_phase_seconds, shard, train_parallel
-    from .watchdog import agreed, watch
+    from .parallel import gather_phase_seconds, shard, train_parallel
+    from .watchdog import agree, agreed, fail_together, watch
 
     threadpool_limits(args.threads)  # one BLAS thread per rank unless told otherwise
     try:  # every rank parses the same arguments: the same verdict everywhere, before any collective
@@ -368,9 +368,9 @@ def check_model_parallel(args) -> None:
 
 
 def model_parallel_job(args, comm, inputs, labels, test_inputs, test_labels) -> int:
-    """--model-parallel tensor|pipeline: nnlib.hybrid's grid; every rank gets the data from rank 0."""
+    """--model-parallel tensor|pipeline: nnlib.parallel.grid's grid; every rank gets the data from rank 0."""
     from .collectives import broadcast_new
-    from .hybrid import train_hybrid
+    from .parallel.grid import train_hybrid
     from .parallel import gather_phase_seconds
 
     inputs, labels, test_inputs, test_labels = (broadcast_new(comm, array) for array in
@@ -395,8 +395,8 @@ def model_parallel_job(args, comm, inputs, labels, test_inputs, test_labels) -> 
 
 
 def asynchronous_job(args, comm, inputs, labels, test_inputs, test_labels) -> int:
-    """--asynchronous: nnlib.asynchronous's parameter server on rank 0; every rank gets the data from rank 0."""
-    from .asynchronous import train_async
+    """--asynchronous: nnlib.parallel.asynchronous's parameter server on rank 0; every rank gets the data from rank 0."""
+    from .parallel.asynchronous import train_async
     from .collectives import broadcast_new
     from .network import Network
 

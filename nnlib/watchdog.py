@@ -251,7 +251,7 @@ class WatchedComm:
         self.wait_all([receiving, sending], "Sendrecv")
 
     def Recv(self, buffer, source, tag=0):
-        """Receive into ``buffer`` from ``source`` within the deadline (nnlib.pipeline's stages)."""
+        """Receive into ``buffer`` from ``source`` within the deadline (nnlib.parallel.pipeline's stages)."""
         self.wait(self.comm.Irecv(buffer, source=source, tag=tag), f"Recv from rank {source}")
 
     def Isend(self, buffer, dest, tag=0):
@@ -356,6 +356,30 @@ def agreed(error: BaseException) -> BaseException:
     """Mark ``error`` as raised by every rank together (so no 'failed' notice is sent); return it."""
     error.agreed = True
     return error
+
+
+def agree(comm, what: str, value) -> None:
+    """Raise the same ValueError on every rank unless all ranks passed an equal ``value``.
+
+    One small allgather: cheap, and every rank learns the outcome together, so no
+    rank raises alone and leaves the others waiting in a collective.
+    """
+    values = comm.allgather(value)
+    differing = [rank for rank, other in enumerate(values) if other != values[0]]
+    if differing:
+        raise agreed(ValueError(
+            f"the ranks disagree on {what}: rank 0 has {values[0]!r}, "
+            + ", ".join(f"rank {rank} has {values[rank]!r}" for rank in differing)
+            + ". Every rank must run the same configuration on the same data."
+        ))
+
+
+def fail_together(comm, message: str | None) -> None:
+    """If any rank has a message, raise ValueError with the first one on every rank."""
+    messages = comm.allgather(message)
+    for rank, text in enumerate(messages):
+        if text is not None:
+            raise agreed(ValueError(text if rank == comm.rank or len(set(messages)) == 1 else f"rank {rank}: {text}"))
 
 
 def _pickled(obj) -> np.ndarray:

@@ -5,10 +5,10 @@ import pytest
 
 from nnlib import Network
 from nnlib.collectives import row_range
-from nnlib.overlap import bucket_ranges
-from nnlib.sampling import exact_imbalance, exact_plan, per_rank_plan
+from nnlib.parallel.overlap import bucket_ranges
+from nnlib.parallel.sampling import exact_imbalance, exact_plan, per_rank_plan
 from nnlib.training import SGD
-from nnlib.zero import ShardedSGD, replicated_state_bytes
+from nnlib.parallel.zero import ShardedSGD, replicated_state_bytes
 
 
 @pytest.mark.parametrize("ranks", [1, 2, 3, 4, 7])

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from nnlib.pipeline import bubble_fraction, schedule_order, simulated_bubble, stage_layers
-from nnlib.tensor_parallel import layer_kinds
+from nnlib.parallel.pipeline import bubble_fraction, schedule_order, simulated_bubble, stage_layers
+from nnlib.parallel.tensor import layer_kinds
 
 
 def test_layers_pair_up_column_then_row_and_an_odd_last_layer_stays_whole():

@@ -1,11 +1,14 @@
 """`mpiexec -n N python -m nnlib train`: the batch job, its output file and its errors; atomic writes."""
 
 import os
+import re
+import shlex
 import signal
 import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,6 +18,8 @@ from stand_in_cupy import write_cupy_shim
 from nnlib import backend
 from nnlib.environment import mpiexec_path
 from nnlib.files import atomic_write
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "cluster"
 
 
 def run_training(ranks, *arguments, timeout=180, pythonpath=None):
@@ -308,3 +313,23 @@ def test_compressed_job_reports_its_bytes_and_top_k_of_everything_equals_the_pla
     assert "gradients compressed: bfloat16, 25,460 bytes per rank per step instead of 101,840" in half.stdout
     expected, got = final_params(tmp_path / "plain.npz"), final_params(tmp_path / "all.npz")
     assert np.abs(got - expected).max() / np.abs(expected).max() <= 1e-10
+
+
+@pytest.mark.parametrize("script", sorted(path.name for path in EXAMPLES.glob("*.sbatch")))
+def test_the_slurm_examples_give_settings_the_batch_job_accepts(script):
+    """Each example's `python -m nnlib train ...` parses, passes the job's own checks for its number of ranks,
+    and a model-parallel grid divides those ranks into whole replicas."""
+    from nnlib.__main__ import build_parser
+    from nnlib.train_command import check_lesson_11
+
+    text = (EXAMPLES / script).read_text()
+    settings = dict(re.findall(r"^#SBATCH --([a-z-]+)=(\S+)", text, flags=re.M))
+    ranks = int(settings["nodes"]) * int(settings["ntasks-per-node"])
+    command = re.search(r"^srun .*? -m nnlib (train .*?)(?<!\\)$", text, flags=re.M | re.S).group(1)
+    command = command.replace("\\\n", " ").replace("$SLURM_JOB_ID", "1")
+    args = build_parser().parse_args(shlex.split(command))
+    check_lesson_11(args, ranks)
+    if args.model_parallel != "none":
+        assert ranks % args.model_size == 0, f"{script}: {ranks} ranks do not split into replicas of {args.model_size}"
+        if args.model_parallel == "pipeline":
+            assert args.model_size <= len(args.hidden) + 1, f"{script}: more stages than weight layers"

@@ -1,4 +1,4 @@
-"""Run under mpiexec with 1 to 4 ranks: asynchronous and bounded-staleness SGD (nnlib.asynchronous).
+"""Run under mpiexec with 1 to 4 ranks: asynchronous and bounded-staleness SGD (nnlib.parallel.asynchronous).
 
 With s = 0 the server's run equals synchronous data parallelism with the per-rank sampler on the
 P - 1 workers, both computed in one process (synchronous_reference) and by train_parallel on the
@@ -13,10 +13,10 @@ from harness import expect_error_everywhere, run_checks
 from mpi4py import MPI
 
 from nnlib import Network
-from nnlib.asynchronous import train_async
+from nnlib.parallel.asynchronous import train_async
 from nnlib.collectives import offsets, split_counts
 from nnlib.parallel import train_parallel
-from nnlib.sampling import per_rank_plan
+from nnlib.parallel.sampling import per_rank_plan
 from nnlib.training import sgd_update
 
 comm = MPI.COMM_WORLD

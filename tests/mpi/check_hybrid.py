@@ -1,7 +1,7 @@
 """Run under mpiexec with 2 and 4 ranks: every (data x model) grid trains exactly as sequential.
 
 For each model size M that divides P (so 2 x 1, 1 x 2; 4 x 1, 2 x 2, 1 x 4), tensor and pipeline
-parallelism inside each replica, data parallelism across the replicas (nnlib.hybrid), full batch
+parallelism inside each replica, data parallelism across the replicas (nnlib.parallel.grid), full batch
 and mini-batch with momentum, float64: the gathered parameters equal sequential training's to
 1e-10 on every rank. A model size that does not divide P fails on every rank at once.
 """
@@ -11,7 +11,7 @@ from harness import run_checks
 from mpi4py import MPI
 
 from nnlib import Network, train
-from nnlib.hybrid import grid, train_hybrid
+from nnlib.parallel.grid import grid, train_hybrid
 
 comm = MPI.COMM_WORLD
 rank, size = comm.rank, comm.size

@@ -139,7 +139,7 @@ def check_bad_configurations_fail_on_every_rank():
 
 def check_zero_keeps_one_slice_of_the_optimizer_state():
     """ZeRO: each rank's velocity is its uneven slice; the slices tile the whole vector once."""
-    from nnlib.zero import ShardedSGD, replicated_state_bytes
+    from nnlib.parallel.zero import ShardedSGD, replicated_state_bytes
 
     network = Network((12, 7, 4), dtype="float64", seed=3)  # 123 parameters: uneven for P = 2 and 4
     optimizer = ShardedSGD(network, 0.1, 0.9, size, rank)
@@ -164,7 +164,7 @@ def check_the_per_rank_sampler():
 
 def check_overlapped_buckets_equal_one_allreduce():
     """Deeper network, any bucket size: the overlapped Iallreduces give the plain Allreduce's sums."""
-    from nnlib.overlap import BucketedAllreduce, bucket_ranges
+    from nnlib.parallel.overlap import BucketedAllreduce, bucket_ranges
 
     local_inputs, local_labels, _ = shard(comm, INPUTS if rank == 0 else None, LABELS if rank == 0 else None)
     network = Network((12, 9, 8, 7, 4), dtype="float64", seed=3)

@@ -1,6 +1,6 @@
 """Run under mpiexec with 1 to 4 ranks: pipeline-parallel training equals sequential training.
 
-Consecutive layers on consecutive ranks (nnlib.pipeline), m micro-batches (1, 3 and 8; batches of
+Consecutive layers on consecutive ranks (nnlib.parallel.pipeline), m micro-batches (1, 3 and 8; batches of
 203 and 32 samples, which do not divide), GPipe and 1F1B, sigmoid and softmax, full batch and
 mini-batch with momentum, float64: the stages' parameters, put together, equal the sequential
 run's to 1e-10. Also: 1F1B keeps at most P - s micro-batches alive on stage s and GPipe all m,
@@ -12,7 +12,7 @@ from harness import expect_error_everywhere, run_checks
 from mpi4py import MPI
 
 from nnlib import Network, train
-from nnlib.pipeline import PipelineMLP, schedule_order, stage_layers
+from nnlib.parallel.pipeline import PipelineMLP, schedule_order, stage_layers
 
 comm = MPI.COMM_WORLD
 rank, size = comm.rank, comm.size

@@ -1,6 +1,6 @@
 """Run under mpiexec with 1 to 4 ranks: tensor-parallel training equals sequential training.
 
-Hidden units split over the ranks (nnlib.tensor_parallel), trained by the sequential trainer:
+Hidden units split over the ranks (nnlib.parallel.tensor), trained by the sequential trainer:
 one and several hidden layers (column/row pairs, a replicated last layer when the count is odd),
 hidden sizes that the ranks do not divide (down to ranks holding no unit), sigmoid and softmax
 outputs, full batch and mini-batch with momentum, float64: the gathered parameters equal the
@@ -13,7 +13,7 @@ from harness import run_checks
 from mpi4py import MPI
 
 from nnlib import Network, train
-from nnlib.tensor_parallel import TensorParallelMLP, layer_kinds
+from nnlib.parallel.tensor import TensorParallelMLP, layer_kinds
 
 comm = MPI.COMM_WORLD
 rank, size = comm.rank, comm.size

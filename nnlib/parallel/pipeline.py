@@ -38,11 +38,10 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from .collectives import offsets, split_counts
-from .network import (Network, cross_entropy_from_logits, layer_activation, layer_views, one_hot_targets,
-                      parameter_offsets, sigmoid_prime_from_activation, store_gradient)
-from .parallel import agree
-from .watchdog import agreed, watch
+from ..collectives import offsets, split_counts
+from ..network import (Network, cross_entropy_from_logits, layer_activation, layer_views, one_hot_targets,
+                       parameter_offsets, sigmoid_prime_from_activation, store_gradient)
+from ..watchdog import agree, agreed, watch
 
 SCHEDULES = ("gpipe", "1f1b")
 FORWARD_TAG, BACKWARD_TAG = 1, 2
@@ -219,7 +218,7 @@ class PipelineMLP:
 
     def full_params(self) -> np.ndarray:
         """Every stage's parameters, concatenated in rank (= layer) order: Network's flat layout."""
-        from .collectives import allgather_rows
+        from ..collectives import allgather_rows
 
         return allgather_rows(self.comm, self.params)
 
@@ -251,8 +250,9 @@ def measure_bubbles(comm, layer_sizes, batch: int, micro_batch_counts=(1, 2, 4, 
     Every rank runs ``repeats`` steps (after one warm-up) on the same random batch of ``batch``
     samples; the timelines go to rank 0. Returns, on rank 0, a list of dicts (micro_batches,
     measured: the median over the steps, formula, simulated: :func:`simulated_bubble` with each
-    stage's median forward and backward times, peak_alive: per stage, peak_bytes: per stage,
-    timelines: the last step's); None elsewhere.
+    stage's median forward and backward times, step_seconds: the median span of a step from the
+    first stage's first computation to the last one's end, peak_alive: per stage, peak_bytes: per
+    stage, timelines: the last step's); None elsewhere.
     """
     rng = np.random.default_rng(seed)
     inputs = rng.random((batch, layer_sizes[0])).astype(dtype)
@@ -261,13 +261,15 @@ def measure_bubbles(comm, layer_sizes, batch: int, micro_batch_counts=(1, 2, 4, 
     for micro_batches in micro_batch_counts:
         pipeline = PipelineMLP(comm, layer_sizes, dtype=dtype, seed=seed, micro_batches=micro_batches,
                                schedule=schedule)
-        measured, simulated = [], []
+        measured, simulated, spans = [], [], []
         for repeat in range(repeats + 1):
             pipeline.comm.Barrier()
             pipeline.loss_and_gradient(inputs, labels, check=False)
             timelines = pipeline.comm.gather(pipeline.timeline, root=0)
             if repeat and comm.rank == 0:
                 measured.append(measured_bubble(timelines))
+                spans.append(max(end for timeline in timelines for *_, end in timeline)
+                             - min(begin for timeline in timelines for _, _, begin, _ in timeline))
                 durations = [{kind: float(np.median([end - begin for what, _, begin, end in timeline if what == kind]))
                               for kind in "FB"} for timeline in timelines]
                 simulated.append(simulated_bubble([stage["F"] for stage in durations],
@@ -276,6 +278,7 @@ def measure_bubbles(comm, layer_sizes, batch: int, micro_batch_counts=(1, 2, 4, 
         if comm.rank == 0:
             rows.append(dict(micro_batches=micro_batches, measured=float(np.median(measured)),
                              formula=bubble_fraction(comm.size, micro_batches), simulated=float(np.median(simulated)),
+                             step_seconds=float(np.median(spans)),
                              peak_alive=[count for count, _ in alive], peak_bytes=[size for _, size in alive],
                              timelines=timelines))
     return rows if comm.rank == 0 else None

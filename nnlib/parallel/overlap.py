@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from mpi4py import MPI
 
-from .network import parameter_offsets
+from ..network import parameter_offsets
 
 BUCKET_BYTES = 1 << 16  # 64 KiB: for 784-128-10 that is one bucket per layer
 

@@ -19,7 +19,7 @@ than s steps ahead of the slowest. s = 0 is synchronous training: every worker c
 gradient from the parameters after all step c-1 gradients, and the server's updates add up to the
 synchronous step w <- w - eta sum_w g_w (each g_w normalized by the global batch), in another order
 of addition only. So ``staleness=0`` equals synchronous data parallelism with the per-rank sampler
-(nnlib.sampling.per_rank_plan) on the P-1 workers, to rounding; ``staleness=None`` is fully asynchronous.
+(nnlib.parallel.sampling.per_rank_plan) on the P-1 workers, to rounding; ``staleness=None`` is fully asynchronous.
 
 Messages are point-to-point with the buffer API: the server keeps one ``Irecv`` open per worker
 and waits for any of them (MPI's Waitany), under the watchdog's deadline; a gradient travels with
@@ -35,10 +35,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .collectives import offsets, split_counts
+from ..collectives import offsets, split_counts
+from ..training import sgd_update
+from ..watchdog import agreed, watch
 from .sampling import per_rank_plan
-from .training import sgd_update
-from .watchdog import agreed, watch
 
 GRADIENT, PARAMETERS = 21, 22
 EXTRA = 3  # loss summed over the batch, correct predictions, rows
@@ -96,7 +96,7 @@ def train_async(comm, network, inputs, labels, *, epochs: int, learning_rate: fl
     inputs (N, n_0), labels (N,): the whole training set on every rank (each worker takes its
     shard, rows split as collectives.split_counts splits them over the P-1 workers; the server
     uses none). A worker's batches are its share of ``batch_size``, epoch after epoch through its
-    shard (nnlib.sampling.per_rank_plan, seeded by ``seed``). The run is as many updates as
+    shard (nnlib.parallel.sampling.per_rank_plan, seeded by ``seed``). The run is as many updates as
     synchronous training makes in ``epochs`` epochs; the server tells the workers to stop when that
     many gradients are applied or on their way. ``staleness``: the bound s (None: fully
     asynchronous). ``slow``: {rank: seconds} added to every step of those workers (a straggler).

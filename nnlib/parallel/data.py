@@ -13,11 +13,11 @@ One step, on every rank at once:
                          broadcasts the parameters (one seed's variant);
    ``allreduce``         one in-place Allreduce of the flat gradient vector: every rank gets
                          the sum and applies the same update to its own copy (one message);
-   ``zero``              ZeRO stages 1-2 (nnlib.zero): reduce-scatter the gradients, each rank
+   ``zero``              ZeRO stages 1-2 (nnlib.parallel.zero): reduce-scatter the gradients, each rank
                          updates only its 1/P slice (and keeps only that slice's momentum),
                          allgather the parameters (the two halves of a ring Allreduce);
    ``overlap``           allreduce, but each bucket of layers is sent (Iallreduce) as soon as
-                         backpropagation has produced it (nnlib.overlap, PyTorch DDP's design).
+                         backpropagation has produced it (nnlib.parallel.overlap, PyTorch DDP's design).
 
 Same steps as the sequential run: every rank draws the same seeded permutation of all N
 samples that :func:`nnlib.training.train` draws, so global batch k holds the same samples
@@ -36,18 +36,18 @@ from dataclasses import dataclass, field
 import numpy as np
 from mpi4py import MPI
 
-from . import collectives
-from .backend import cuda_aware_mpi, is_numpy, synchronizer, to_numpy
-from .checkpoint import Checkpoint, CheckpointError, CheckpointFolder, mismatches
-from .compression import Compressor, check_method
+from .. import collectives
+from ..backend import cuda_aware_mpi, is_numpy, synchronizer, to_numpy
+from ..checkpoint import Checkpoint, CheckpointError, CheckpointFolder, mismatches
+from ..compression import Compressor, check_method
+from ..training import SGD, History, as_schedule
+from ..watchdog import agree, agreed, fail_together, watch
 from .overlap import BucketedAllreduce
 from .sampling import SAMPLERS, exact_plan, per_rank_plan
-from .training import SGD, History, as_schedule
-from .watchdog import agreed, watch
 from .zero import ShardedSGD
 
 STRATEGIES = ("parameter_server", "reduce_broadcast", "allreduce", "zero", "overlap")
-# lesson 05's three; lesson 08 adds "zero" (nnlib.zero) and "overlap" (nnlib.overlap)
+# lesson 05's three; lesson 08 adds "zero" (nnlib.parallel.zero) and "overlap" (nnlib.parallel.overlap)
 PHASES = ("data", "compute", "communicate", "update")
 HISTORY_FIELDS = ("loss", "train_accuracy", "validation_accuracy", "seconds")  # what a checkpoint keeps
 
@@ -65,30 +65,6 @@ class ParallelHistory(History):
     phase_seconds: dict = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
     timeline: list = field(default_factory=list)
     steps: int = 0
-
-
-def agree(comm, what: str, value) -> None:
-    """Raise the same ValueError on every rank unless all ranks passed an equal ``value``.
-
-    One small allgather: cheap, and every rank learns the outcome together, so no
-    rank raises alone and leaves the others waiting in a collective.
-    """
-    values = comm.allgather(value)
-    differing = [rank for rank, other in enumerate(values) if other != values[0]]
-    if differing:
-        raise agreed(ValueError(
-            f"the ranks disagree on {what}: rank 0 has {values[0]!r}, "
-            + ", ".join(f"rank {rank} has {values[rank]!r}" for rank in differing)
-            + ". Every rank must run the same configuration on the same data."
-        ))
-
-
-def fail_together(comm, message: str | None) -> None:
-    """If any rank has a message, raise ValueError with the first one on every rank."""
-    messages = comm.allgather(message)
-    for rank, text in enumerate(messages):
-        if text is not None:
-            raise agreed(ValueError(text if rank == comm.rank or len(set(messages)) == 1 else f"rank {rank}: {text}"))
 
 
 class Messenger:
@@ -175,7 +151,7 @@ def train_parallel(comm, network, local_inputs, local_labels, *, num_samples: in
 
     ``sampler``: "exact" (the sequential run's batches; the default) or "per_rank" (each rank
     draws its share of every batch from its own shard, like PyTorch's DistributedSampler): see
-    nnlib.sampling.
+    nnlib.parallel.sampling.
 
     ``compression`` (strategy "allreduce" only): "float16", "bfloat16" or "topk" (with ``k``, and
     error feedback) gradients, summed through Allgather; "none" (the default) is the plain Allreduce.

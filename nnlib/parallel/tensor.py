@@ -36,11 +36,10 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
-from .collectives import allgather_rows, offsets, split_counts
-from .network import (Network, cross_entropy_from_logits, layer_activation, layer_views, one_hot_targets,
-                      sigmoid_prime_from_activation, store_gradient)
-from .parallel import agree
-from .watchdog import watch
+from ..collectives import allgather_rows, offsets, split_counts
+from ..network import (Network, cross_entropy_from_logits, layer_activation, layer_views, one_hot_targets,
+                       sigmoid_prime_from_activation, store_gradient)
+from ..watchdog import agree, watch
 
 
 def layer_kinds(num_layers: int) -> list[str]:

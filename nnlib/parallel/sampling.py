@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .collectives import split_counts
-from .training import batches
+from ..collectives import split_counts
+from ..training import batches
 
 SAMPLERS = ("exact", "per_rank")
 
@@ -64,7 +64,7 @@ def exact_imbalance(num_samples: int, global_batch: int, size: int, seed: int = 
 
     0.05 means that each step waits, on average, for a rank with 5% more samples than an even share.
     """
-    from .collectives import row_range
+    from ..collectives import row_range
 
     rng = np.random.default_rng(seed)
     bounds = [row_range(num_samples, size, rank) for rank in range(size)]

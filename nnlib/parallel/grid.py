@@ -1,7 +1,7 @@
 """Hybrid parallelism: a 2-D grid of ranks, data parallelism across model replicas.
 
 P = D x M ranks. Each group of M consecutive ranks holds one *replica* of the model, split over
-them by tensor parallelism (nnlib.tensor_parallel) or pipeline parallelism (nnlib.pipeline); the
+them by tensor parallelism (nnlib.parallel.tensor) or pipeline parallelism (nnlib.parallel.pipeline); the
 D replicas each train on their own shard of the data, as in nnlib.parallel:
 
     rank = d * M + m          d = rank // M: which replica (and data shard)
@@ -19,7 +19,7 @@ sequential training (tests/mpi/check_hybrid.py).
 
 from __future__ import annotations
 
-from .watchdog import agreed
+from ..watchdog import agreed
 
 
 def grid(comm, model_size: int):
@@ -44,9 +44,9 @@ def train_hybrid(comm, kind: str, model_size: int, layer_sizes, inputs, labels, 
     ``training``: train_parallel's arguments (epochs, learning_rate, batch_size, momentum, the
     shuffling's seed, ...).
     """
-    from .parallel import shard, train_parallel
+    from .data import shard, train_parallel
     from .pipeline import PipelineMLP
-    from .tensor_parallel import TensorParallelMLP
+    from .tensor import TensorParallelMLP
 
     if kind not in ("tensor", "pipeline"):
         raise ValueError(f"kind must be 'tensor' or 'pipeline'; got {kind!r}")
