@@ -24,16 +24,11 @@ from __future__ import annotations
 import numpy as np
 
 from .collectives import split_counts
-from .network import parameter_offsets
+from .network import count_parameters
 from .parallel.pipeline import bubble_fraction, stage_layers
 from .parallel.tensor import layer_kinds
 
 KINDS = ("data", "tensor", "pipeline")
-
-
-def num_params(layer_sizes) -> int:
-    """Weights and biases of a network with these layer widths."""
-    return parameter_offsets(list(zip(layer_sizes[:-1], layer_sizes[1:])))[-1]
 
 
 def check_pipeline_depth(kind: str, layer_sizes, ranks: int) -> None:
@@ -54,7 +49,7 @@ def handed_bytes(kind: str, layer_sizes, batch: int, ranks: int, itemsize: int =
     check_pipeline_depth(kind, layer_sizes, ranks)
     shapes = list(zip(layer_sizes[:-1], layer_sizes[1:]))
     if kind == "data":
-        return {"collective": num_params(layer_sizes) * itemsize, "point_to_point": 0}
+        return {"collective": count_parameters(layer_sizes) * itemsize, "point_to_point": 0}
     if kind == "tensor":
         total = 0
         for layer, split in enumerate(layer_kinds(len(shapes))):
@@ -82,7 +77,7 @@ def memory_per_rank(kind: str, layer_sizes, batch: int, ranks: int, itemsize: in
     if kind == "data":
         local_batch = -(-batch // ranks)
         activations = local_batch * sum(layer_sizes)
-        return {"parameters": copies * num_params(layer_sizes) * itemsize, "activations": activations * itemsize}
+        return {"parameters": copies * count_parameters(layer_sizes) * itemsize, "activations": activations * itemsize}
     if kind == "tensor":
         per_rank = np.zeros(ranks)
         activations = np.full(ranks, batch * layer_sizes[0], dtype=float)
