@@ -1,22 +1,26 @@
 """The pipeline's idle time ("bubble") on 2 stages: measured, simulated from the stages' times, and the formula.
 
-Run:   make benchmark        (or: .venv/bin/python benchmarks/pipeline.py)
+Run:   make benchmark        (or: .venv/bin/python benchmarks/pipeline.py [--rounds R])
 
 Starts itself under ``mpiexec -n 2`` (one BLAS thread per rank) and, for GPipe and 1F1B and
-m = 1, 2, 4, 8, 16 micro-batches, runs pipeline steps on a random float32 batch (after a warm-up
-step; medians of 5), printing the measured idle fraction, the one nnlib.parallel.pipeline.simulated_bubble
-predicts from each stage's measured forward and backward times, and (P - 1) / (m + P - 1), which
-assumes equal stages; the step's time (its median span, first computation to last), and the
-most micro-batches each stage kept alive. Then, per network and m, 1F1B's step time over GPipe's
-(1F1B keeps fewer micro-batches alive; it should not be slower). The third network balances
-the stages' forward-plus-backward work, which is what the formula assumes for 1F1B.
+m = 1, 2, 4, 8, 16 micro-batches, runs pipeline steps on a random float32 batch (a warm-up step,
+then the median of 5 steps), in R rounds (default 3) that interleave every case. It prints the
+medians over the rounds of: the measured idle fraction (with its range), the one
+nnlib.parallel.pipeline.simulated_bubble predicts from each stage's measured forward and backward
+times, and the step's time (first computation to last); beside them (P - 1) / (m + P - 1), which
+assumes equal stages, and the most micro-batches each stage kept alive. Then, per network and m,
+1F1B's step time over GPipe's (1F1B keeps fewer micro-batches alive; it should not be slower).
+The third network balances the stages' forward-plus-backward work, which is what the formula
+assumes for 1F1B.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import sys
+from statistics import median
 
 os.environ.update({name: "1" for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")})
 
@@ -28,41 +32,54 @@ NETWORKS = {"2304-1024-1024 (one layer per stage)": ((2304, 1024, 1024), 1024),
 COUNTS = (1, 2, 4, 8, 16)  # micro-batches per step (measure_bubbles' default)
 
 
-def worker() -> None:
+def worker(rounds: int) -> None:
     from mpi4py import MPI
 
     from nnlib.parallel.pipeline import measure_bubbles
 
     comm = MPI.COMM_WORLD
-    step_seconds = {}
-    for name, (sizes, batch) in NETWORKS.items():
-        for schedule in ("gpipe", "1f1b"):
-            rows = measure_bubbles(comm, sizes, batch, COUNTS, schedule=schedule, repeats=5)
-            if comm.rank == 0:
-                for row in rows:
-                    step_seconds[name, schedule, row["micro_batches"]] = row["step_seconds"]
-                    print(f"{name:38s} {schedule:6s} {row['micro_batches']:3d} {row['measured']:9.3f} "
-                          f"{row['simulated']:10.3f} {row['formula']:8.3f} {row['step_seconds'] * 1e3:8.1f}   "
-                          f"{row['peak_alive']}", flush=True)
+    results = {}  # (network, schedule, m) -> that case's row from each round
+    for _ in range(rounds):  # rounds interleaved, so that a slow spell of the machine hits every case alike
+        for name, (sizes, batch) in NETWORKS.items():
+            for schedule in ("gpipe", "1f1b"):
+                rows = measure_bubbles(comm, sizes, batch, COUNTS, schedule=schedule, repeats=5)
+                for row in rows or []:
+                    results.setdefault((name, schedule, row["micro_batches"]), []).append(row)
     if comm.rank == 0:
-        print("\nstep time, 1F1B / GPipe, for m = " + ", ".join(map(str, COUNTS)))
-        for name in NETWORKS:
-            ratios = [step_seconds[name, "1f1b", m] / step_seconds[name, "gpipe", m] for m in COUNTS]
-            print(f"{name:38s} " + "  ".join(f"{ratio:5.2f}" for ratio in ratios))
+        report(results, rounds)
+
+
+def report(results: dict, rounds: int) -> None:
+    """Medians over the rounds (the measured bubble's range beside it), then 1F1B's step time over GPipe's."""
+    print(f"{'network (batch)':38s} {'sched':6s} {'m':>3s} {'measured (range)':>22s} {'simulated':>10s} "
+          f"{'formula':>8s} {'step ms':>8s}   micro-batches alive per stage")
+    for (name, schedule, m), rows in results.items():
+        measured = [row["measured"] for row in rows]
+        print(f"{name:38s} {schedule:6s} {m:3d} {median(measured):9.3f} ({min(measured):.3f}-{max(measured):.3f}) "
+              f"{median(row['simulated'] for row in rows):10.3f} {rows[0]['formula']:8.3f} "
+              f"{median(row['step_seconds'] for row in rows) * 1e3:8.1f}   {rows[0]['peak_alive']}")
+    print(f"\nstep time, 1F1B / GPipe (median of the {rounds} rounds' ratios), for m = " + ", ".join(map(str, COUNTS)))
+    for name in NETWORKS:
+        ratios = [median(one["step_seconds"] / other["step_seconds"]
+                         for one, other in zip(results[name, "1f1b", m], results[name, "gpipe", m])) for m in COUNTS]
+        print(f"{name:38s} " + "  ".join(f"{ratio:5.2f}" for ratio in ratios))
 
 
 def main() -> None:
-    if "--worker" in sys.argv:
-        worker()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3, help="times every case is measured (medians reported)")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        worker(args.rounds)
         return
     from nnlib.environment import describe, mpiexec_path
 
     machine = describe()
-    print(f"machine: {machine['machine']}; {machine['BLAS']}; {machine['MPI library']}; 2 stages, float32\n")
-    print(f"{'network (batch)':38s} {'sched':6s} {'m':>3s} {'measured':>9s} {'simulated':>10s} {'formula':>8s}   "
-          f"{'step ms':>8s}   micro-batches alive per stage")
-    sys.stdout.flush()
-    subprocess.run([mpiexec_path(), "-n", "2", sys.executable, __file__, "--worker"], check=True, timeout=900)
+    print(f"machine: {machine['machine']}; {machine['BLAS']}; {machine['MPI library']}; 2 stages, float32; "
+          f"medians of {args.rounds} rounds\n", flush=True)
+    subprocess.run([mpiexec_path(), "-n", "2", sys.executable, __file__, "--worker", "--rounds", str(args.rounds)],
+                   check=True, timeout=900 * args.rounds)
 
 
 if __name__ == "__main__":
