@@ -2,7 +2,7 @@
 
 Each strategy (allreduce, zero, overlap) and sampler (exact, per_rank) of lesson 08 gets a row.
 
-Run:   make benchmark-parallel        (or: .venv/bin/python benchmarks/data_parallel.py)
+Run:   make benchmark        (or: .venv/bin/python benchmarks/data_parallel.py)
 
 In one run this script starts itself under mpiexec with 1 and with 2 ranks for each case and
 prints epoch time, speedup and efficiency, and the communication per step against a bare
@@ -101,7 +101,8 @@ def fault_costs(repeats: int = 7) -> None:
 
     from mpi4py import MPI
 
-    from nnlib import collectives, parallel
+    from nnlib import collectives
+    from nnlib.parallel import data as parallel  # the module whose watch() the blocking variant replaces
     from nnlib.checkpoint import CheckpointFolder
     from nnlib.network import Network
     from nnlib.watchdog import watch
