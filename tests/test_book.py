@@ -74,6 +74,8 @@ def test_the_api_pages_come_from_the_docstrings(book):
                  "nnlib.watchdog.watch"):
         assert f'id="{name}"' in api, name
     assert "delta_l = (delta_{l+1} @ W_{l+1}.T) * a_l * (1 - a_l)" in api  # the math, as written
+    for module in sorted((ROOT / "nnlib" / "parallel").glob("[a-z]*.py")):  # one module per kind of parallelism
+        assert f'id="nnlib.parallel.{module.stem}.' in api, f"nnlib.parallel.{module.stem} has no members on the API page"
 
 
 def test_the_teacher_notes_are_a_page_of_the_book(book):
