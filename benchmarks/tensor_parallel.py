@@ -75,7 +75,7 @@ def run(ranks: int) -> dict:
     from nnlib.environment import mpiexec_path
 
     lines = subprocess.run([mpiexec_path(), "-n", str(ranks), sys.executable, __file__, "--worker"], check=True,
-                           capture_output=True, text=True, timeout=600).stdout.splitlines()
+                           stdout=subprocess.PIPE, text=True, timeout=600).stdout.splitlines()  # errors show
     results = {}
     for line in lines:
         name, *pairs = line.split()

@@ -370,8 +370,8 @@ def check_model_parallel(args) -> None:
 def model_parallel_job(args, comm, inputs, labels, test_inputs, test_labels) -> int:
     """--model-parallel tensor|pipeline: nnlib.parallel.grid's grid; every rank gets the data from rank 0."""
     from .collectives import broadcast_new
-    from .parallel.grid import train_hybrid
     from .parallel import gather_phase_seconds
+    from .parallel.grid import train_hybrid
 
     inputs, labels, test_inputs, test_labels = (broadcast_new(comm, array) for array in
                                                 (inputs, labels, test_inputs, test_labels))
@@ -395,7 +395,8 @@ def model_parallel_job(args, comm, inputs, labels, test_inputs, test_labels) -> 
 
 
 def asynchronous_job(args, comm, inputs, labels, test_inputs, test_labels) -> int:
-    """--asynchronous: nnlib.parallel.asynchronous's parameter server on rank 0; every rank gets the data from rank 0."""
+    """--asynchronous: nnlib.parallel.asynchronous's parameter server on rank 0; every rank gets the data
+    from rank 0."""
     from .parallel.asynchronous import train_async
     from .collectives import broadcast_new
     from .network import Network

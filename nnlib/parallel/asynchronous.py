@@ -19,7 +19,8 @@ than s steps ahead of the slowest. s = 0 is synchronous training: every worker c
 gradient from the parameters after all step c-1 gradients, and the server's updates add up to the
 synchronous step w <- w - eta sum_w g_w (each g_w normalized by the global batch), in another order
 of addition only. So ``staleness=0`` equals synchronous data parallelism with the per-rank sampler
-(nnlib.parallel.sampling.per_rank_plan) on the P-1 workers, to rounding; ``staleness=None`` is fully asynchronous.
+(nnlib.parallel.sampling.per_rank_plan) on the P-1 workers, to rounding; ``staleness=None`` is fully
+asynchronous.
 
 Messages are point-to-point with the buffer API: the server keeps one ``Irecv`` open per worker
 and waits for any of them (MPI's Waitany), under the watchdog's deadline; a gradient travels with

@@ -1,8 +1,9 @@
 """Hybrid parallelism: a 2-D grid of ranks, data parallelism across model replicas.
 
 P = D x M ranks. Each group of M consecutive ranks holds one *replica* of the model, split over
-them by tensor parallelism (nnlib.parallel.tensor) or pipeline parallelism (nnlib.parallel.pipeline); the
-D replicas each train on their own shard of the data, as in nnlib.parallel:
+them by tensor parallelism (nnlib.parallel.tensor) or pipeline parallelism
+(nnlib.parallel.pipeline); the D replicas each train on their own shard of the data, as in
+nnlib.parallel.data:
 
     rank = d * M + m          d = rank // M: which replica (and data shard)
                               m = rank %  M: which piece of the model (hidden units, or stage)

@@ -13,9 +13,9 @@ from harness import expect_error_everywhere, run_checks
 from mpi4py import MPI
 
 from nnlib import Network
-from nnlib.parallel.asynchronous import train_async
 from nnlib.collectives import offsets, split_counts
 from nnlib.parallel import train_parallel
+from nnlib.parallel.asynchronous import train_async
 from nnlib.parallel.sampling import per_rank_plan
 from nnlib.training import sgd_update
 
