@@ -10,8 +10,8 @@ nnlib.parallel.pipeline.simulated_bubble predicts from each stage's measured for
 times, and the step's time (first computation to last); beside them (P - 1) / (m + P - 1), which
 assumes equal stages, and the most micro-batches each stage kept alive. Then, per network and m,
 1F1B's step time over GPipe's (1F1B keeps fewer micro-batches alive; it should not be slower).
-The third network balances the stages' forward-plus-backward work, which is what the formula
-assumes for 1F1B.
+The third network gives both stages the same forward work and the same backward work, which is
+what the formula assumes (1F1B needs only their sums equal; GPipe needs each).
 """
 
 from __future__ import annotations
@@ -22,13 +22,12 @@ import subprocess
 import sys
 from statistics import median
 
-os.environ.update({name: "1" for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")})
-
 NETWORKS = {"2304-1024-1024 (one layer per stage)": ((2304, 1024, 1024), 1024),
             "1024 x 9 (four layers per stage)": ((1024,) * 9, 512),
-            # balanced: stage 0's wider first layer (1.5 units of 1024^2 forward, its weight gradient backward)
-            # makes up for the input gradient it need not compute: forward + backward = 12 units on each stage
-            "1536-1024 x 8 (balanced stages)": ((1536,) + (1024,) * 8, 512)}
+            # balanced: 10 layers, 5 per stage, each stage with 4 layers of 1024 x 1024 (1 unit forward, 2
+            # backward) and one narrow layer: stage 0's first (64 -> 1024, whose input gradient nobody computes),
+            # stage 1's last (1024 -> 10, so the loss is cheap). Forward 4 units and backward 8 on each stage.
+            "64-1024 x 9-10 (balanced stages)": ((64,) + (1024,) * 9 + (10,), 1024)}
 COUNTS = (1, 2, 4, 8, 16)  # micro-batches per step (measure_bubbles' default)
 
 
@@ -73,6 +72,8 @@ def main() -> None:
     if args.worker:
         worker(args.rounds)
         return
+    # one BLAS thread per rank; the ranks started below inherit it (set before they import NumPy)
+    os.environ.update({name: "1" for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")})
     from nnlib.environment import describe, mpiexec_path
 
     machine = describe()

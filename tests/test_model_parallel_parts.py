@@ -1,5 +1,8 @@
 """The pieces of lesson 09 that need no MPI: how layers are split and scheduled, and the bubble."""
 
+import importlib.util
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -40,6 +43,25 @@ def test_unequal_stages_waste_more_and_1f1b_keeps_fewer_micro_batches_alive():
             alive += 1 if kind == "F" else -1
             peak = max(peak, alive)
         assert peak == (8 if schedule == "gpipe" else 4)
+
+
+def test_the_pipeline_benchmarks_balanced_network_gives_each_stage_the_same_work():
+    # the benchmark compares its measured bubble with the formula on this network, which assumes equal stages
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "pipeline.py"
+    spec = importlib.util.spec_from_file_location("pipeline_benchmark", path)
+    benchmark = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(benchmark)
+    (sizes, _), = [network for name, network in benchmark.NETWORKS.items() if "balanced" in name]
+    products = [sizes[layer] * sizes[layer + 1] for layer in range(len(sizes) - 1)]  # multiply-adds per sample
+    forward = [sum(products[first:stop]) for first, stop in stage_layers(len(products), 2)]
+    # backward: the weight gradient of every layer, the input gradient of every layer but the first
+    backward = [sum(products[first:stop]) * 2 - (products[0] if first == 0 else 0)
+                for first, stop in stage_layers(len(products), 2)]
+    assert max(forward) / min(forward) < 1.02 and max(backward) / min(backward) < 1.02
+    for schedule in ("gpipe", "1f1b"):
+        for micro_batches in benchmark.COUNTS:
+            simulated = simulated_bubble(forward, backward, schedule, micro_batches)
+            assert simulated == pytest.approx(bubble_fraction(2, micro_batches), abs=0.005)
 
 
 def test_the_cost_model_counts_bytes_and_memory_per_rank():
