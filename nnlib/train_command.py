@@ -247,6 +247,19 @@ def abort_job(error: BaseException) -> None:
     MPI.COMM_WORLD.Abort(1)
 
 
+def check_settings(args, ranks: int) -> None:
+    """ValueError for options that cannot go together on ``ranks`` ranks (no I/O, no MPI: every rank
+    reaches the same verdict from the same arguments, before any collective)."""
+    if args.resume and not args.checkpoint_dir:
+        raise ValueError("--resume needs --checkpoint-dir (the folder of the run to continue)")
+    if args.checkpoint_every < 0:
+        raise ValueError(f"--checkpoint-every must be 0 (once per epoch) or a number of steps; "
+                         f"got {args.checkpoint_every}")
+    if args.model_parallel != "none":
+        check_model_parallel(args)
+    check_lesson_11(args, ranks)
+
+
 def train_job(args) -> int:
     from mpi4py import MPI
     from threadpoolctl import threadpool_limits
@@ -261,16 +274,9 @@ def train_job(args) -> int:
     threadpool_limits(args.threads)  # one BLAS thread per rank unless told otherwise
     try:  # every rank parses the same arguments: the same verdict everywhere, before any collective
         fault = parse_fault(args.fault)
-        if args.resume and not args.checkpoint_dir:
-            raise ValueError("--resume needs --checkpoint-dir (the folder of the run to continue)")
-        if args.checkpoint_every < 0:
-            raise ValueError(f"--checkpoint-every must be 0 (once per epoch) or a number of steps; "
-                             f"got {args.checkpoint_every}")
+        check_settings(args, MPI.COMM_WORLD.size)
         checkpoints = CheckpointFolder(args.checkpoint_dir, args.checkpoint_every or None) \
             if args.checkpoint_dir else None
-        if args.model_parallel != "none":
-            check_model_parallel(args)
-        check_lesson_11(args, MPI.COMM_WORLD.size)
         comm = watch(MPI.COMM_WORLD, args.timeout)  # the set-up's collectives have a deadline too
     except ValueError as problem:
         raise agreed(problem) from None

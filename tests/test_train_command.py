@@ -320,7 +320,8 @@ def test_the_slurm_examples_give_settings_the_batch_job_accepts(script):
     """Each example's `python -m nnlib train ...` parses, passes the job's own checks for its number of ranks,
     and a model-parallel grid divides those ranks into whole replicas."""
     from nnlib.__main__ import build_parser
-    from nnlib.train_command import check_lesson_11
+    from nnlib.tradeoffs import check_pipeline_depth
+    from nnlib.train_command import check_settings
 
     text = (EXAMPLES / script).read_text()
     settings = dict(re.findall(r"^#SBATCH --([a-z-]+)=(\S+)", text, flags=re.M))
@@ -328,8 +329,7 @@ def test_the_slurm_examples_give_settings_the_batch_job_accepts(script):
     command = re.search(r"^srun .*? -m nnlib (train .*?)(?<!\\)$", text, flags=re.M | re.S).group(1)
     command = command.replace("\\\n", " ").replace("$SLURM_JOB_ID", "1")
     args = build_parser().parse_args(shlex.split(command))
-    check_lesson_11(args, ranks)
+    check_settings(args, ranks)  # what the job checks on every rank before it starts
     if args.model_parallel != "none":
         assert ranks % args.model_size == 0, f"{script}: {ranks} ranks do not split into replicas of {args.model_size}"
-        if args.model_parallel == "pipeline":
-            assert args.model_size <= len(args.hidden) + 1, f"{script}: more stages than weight layers"
+        check_pipeline_depth(args.model_parallel, (784, *args.hidden, 10), args.model_size)

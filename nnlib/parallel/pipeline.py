@@ -232,15 +232,20 @@ def bubble_fraction(stages: int, micro_batches: int) -> float:
     return (stages - 1) / (micro_batches + stages - 1)
 
 
-def measured_bubble(timelines) -> float:
-    """The idle fraction of a step from every stage's timeline: 1 - busy / (P x the step's span).
+def step_span(timelines) -> float:
+    """Seconds from the first computation of a step, on any stage, to the end of its last one.
 
     timelines: every stage's PipelineMLP.timeline of the same step (one host's clock).
     """
     start = min(begin for timeline in timelines for _, _, begin, _ in timeline)
     end = max(finish for timeline in timelines for _, _, _, finish in timeline)
+    return end - start
+
+
+def measured_bubble(timelines) -> float:
+    """The idle fraction of a step from every stage's timeline: 1 - busy / (P x step_span)."""
     busy = sum(finish - begin for timeline in timelines for _, _, begin, finish in timeline)
-    return 1.0 - busy / (len(timelines) * (end - start))
+    return 1.0 - busy / (len(timelines) * step_span(timelines))
 
 
 def measure_bubbles(comm, layer_sizes, batch: int, micro_batch_counts=(1, 2, 4, 8, 16), schedule: str = "1f1b",
@@ -250,9 +255,8 @@ def measure_bubbles(comm, layer_sizes, batch: int, micro_batch_counts=(1, 2, 4, 
     Every rank runs ``repeats`` steps (after one warm-up) on the same random batch of ``batch``
     samples; the timelines go to rank 0. Returns, on rank 0, a list of dicts (micro_batches,
     measured: the median over the steps, formula, simulated: :func:`simulated_bubble` with each
-    stage's median forward and backward times, step_seconds: the median span of a step from the
-    first stage's first computation to the last one's end, peak_alive: per stage, peak_bytes: per
-    stage, timelines: the last step's); None elsewhere.
+    stage's median forward and backward times, step_seconds: the median :func:`step_span`,
+    peak_alive: per stage, peak_bytes: per stage, timelines: the last step's); None elsewhere.
     """
     rng = np.random.default_rng(seed)
     inputs = rng.random((batch, layer_sizes[0])).astype(dtype)
@@ -268,8 +272,7 @@ def measure_bubbles(comm, layer_sizes, batch: int, micro_batch_counts=(1, 2, 4, 
             timelines = pipeline.comm.gather(pipeline.timeline, root=0)
             if repeat and comm.rank == 0:
                 measured.append(measured_bubble(timelines))
-                spans.append(max(end for timeline in timelines for *_, end in timeline)
-                             - min(begin for timeline in timelines for _, _, begin, _ in timeline))
+                spans.append(step_span(timelines))
                 durations = [{kind: float(np.median([end - begin for what, _, begin, end in timeline if what == kind]))
                               for kind in "FB"} for timeline in timelines]
                 simulated.append(simulated_bubble([stage["F"] for stage in durations],
