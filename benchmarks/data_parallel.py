@@ -5,8 +5,9 @@ Each strategy (allreduce, zero, overlap) and sampler (exact, per_rank) of lesson
 Run:   make benchmark        (or: .venv/bin/python benchmarks/data_parallel.py)
 
 In one run this script starts itself under mpiexec with 1 and with 2 ranks for each case and
-prints epoch time, speedup and efficiency, and the communication per step against a bare
-Allreduce of the same buffer on the same ranks. With PyTorch installed (make benchmark installs
+prints epoch time, speedup and efficiency, and the communication per step, split into waiting
+for the other rank and the transfer itself, against a bare Allreduce of the same buffer on the
+same ranks in the same run. With PyTorch installed (make benchmark installs
 torch==2.13.0) it also trains the same network with DistributedDataParallel (gloo backend,
 2 processes, the same global batch) and prints both epoch times and their ratio.
 
@@ -59,20 +60,30 @@ def worker(case_name: str, strategy: str, sampler: str = "exact") -> None:
     from nnlib import collectives
     from nnlib.network import Network
     from nnlib.parallel import shard, train_parallel
+    from nnlib.parallel.data import communication_split
 
     comm = MPI.COMM_WORLD
     case = CASES[case_name]
     inputs, labels = load(case["crop"]) if comm.rank == 0 else (None, None)
     local_inputs, local_labels, start = shard(comm, inputs, labels)
     network = Network(case["sizes"], seed=0)
+    steps = case["epochs"] * -(-60000 // (case["batch"] or 60000))
+
+    def bare_allreduces():  # 100 Allreduces of the gradient buffer (the machine's speed drifts: before and after)
+        return collectives.time_allreduce(comm, [network.grads.nbytes], repeats=100, dtype=np.float32)[0]
+
+    before = bare_allreduces()
     history = train_parallel(comm, network, local_inputs, local_labels, num_samples=60000, start=start,
                              epochs=case["epochs"], learning_rate=case["learning_rate"], batch_size=case["batch"],
-                             momentum=0.9 if case["batch"] else 0.0, strategy=strategy, sampler=sampler)
+                             momentum=0.9 if case["batch"] else 0.0, strategy=strategy, sampler=sampler,
+                             timeline_steps=steps)
+    bare = float(np.mean([before, bare_allreduces()]))
     epoch_seconds = float(np.median(history.seconds[1:]))  # the first epoch warms up
     communicate = comm.allreduce(history.phase_seconds["communicate"], op=MPI.MAX) / history.steps
-    bare = float(collectives.time_allreduce(comm, [network.grads.nbytes], repeats=200, dtype=np.float32)[0])
+    transfer, waiting = communication_split(comm, history)
     if comm.rank == 0:
         print(json.dumps(dict(epoch_seconds=epoch_seconds, communicate_per_step=communicate,
+                              transfer_per_step=transfer, waiting_per_step=float(waiting.max()),
                               bare_allreduce=bare, steps_per_epoch=history.steps // case["epochs"],
                               buffer_bytes=int(network.grads.nbytes))))
 
@@ -241,7 +252,8 @@ def main() -> None:
     machine = describe()
     print(f"machine: {machine['machine']}; {machine['BLAS']}; {machine['MPI library']}; 1 BLAS thread per rank\n")
     header = (f"{'case':24s} {'mode':20s} {'1 rank s/epoch':>14s} {'2 ranks s/epoch':>15s} {'speedup':>8s} "
-              f"{'efficiency':>10s} {'comm/step us':>12s} {'bare Allreduce us':>17s} {'comm/bare':>9s}")
+              f"{'efficiency':>10s} {'comm/step us':>12s} {'waiting us':>10s} {'transfer us':>11s} "
+              f"{'bare Allreduce us':>17s} {'comm/bare':>9s} {'transfer/bare':>13s}")
     if have_torch:
         header += f" {'DDP s/epoch':>11s} {'DDP/nnlib':>9s}"
     if args.only_fault_costs:
@@ -260,16 +272,25 @@ def main() -> None:
         one_epoch = float(np.median([run["epoch_seconds"] for run in one]))
         ddp = torch_ddp_epoch(name) if have_torch else None
         for mode in modes:
-            epoch, communicate, bare = (float(np.median([run[key] for run in two[mode]]))
-                                        for key in ("epoch_seconds", "communicate_per_step", "bare_allreduce"))
+            epoch, communicate, waiting, transfer, bare = (
+                float(np.median([run[key] for run in two[mode]]))
+                for key in ("epoch_seconds", "communicate_per_step", "waiting_per_step", "transfer_per_step",
+                            "bare_allreduce"))
+            # Ratios run by run (each against its own bare Allreduce), then their median.
+            comm_ratio, transfer_ratio = (float(np.median([run[key] / run["bare_allreduce"] for run in two[mode]]))
+                                          for key in ("communicate_per_step", "transfer_per_step"))
             speedup = one_epoch / epoch
             line = (f"{name:24s} {mode[0] + ', ' + mode[1]:20s} {one_epoch:14.3f} {epoch:15.3f} {speedup:8.2f} "
-                    f"{speedup / 2:10.0%} {communicate * 1e6:12.1f} {bare * 1e6:17.1f} {communicate / bare:9.2f}")
+                    f"{speedup / 2:10.0%} {communicate * 1e6:12.1f} {waiting * 1e6:10.1f} {transfer * 1e6:11.1f} "
+                    f"{bare * 1e6:17.1f} {comm_ratio:9.2f} {transfer_ratio:13.2f}")
             if ddp is not None:
                 line += f" {ddp:11.3f} {ddp / epoch:9.2f}"
             print(line, flush=True)
-    print("\ncomm/step: the slowest rank's communication per step (zero: both ring halves), waiting included; bare Allreduce: "
-          "the median of 200 Allreduces of the same gradient buffer on the same 2 ranks.")
+    print("\ncomm/step: the communicate phase per step of the rank with the most (zero: both ring halves), "
+          "waiting included; waiting: that rank's time waiting for the other to arrive; transfer: the rest, "
+          "what the rank that arrived last spent (nnlib.parallel.data.communication_split); bare Allreduce: "
+          "100 Allreduces of the same gradient buffer on the same 2 ranks before training and 100 after, the mean "
+          "of the two medians. The ratios are taken run by run, then their median.")
     print_fault_costs()
 
 

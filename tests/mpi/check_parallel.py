@@ -182,4 +182,30 @@ def check_overlapped_buckets_equal_one_allreduce():
         np.testing.assert_allclose(network.grads, expected, rtol=1e-12, atol=1e-15)
 
 
+def check_communication_split_into_waiting_and_transfer():
+    """A rank that is late to every step: the others' communication is waiting, not transfer."""
+    import time
+
+    from nnlib.parallel.data import communication_split
+
+    delay, steps = 0.02, 8
+    late = size - 1
+    local_inputs, local_labels, start = shard(comm, INPUTS if rank == 0 else None, LABELS if rank == 0 else None)
+    network = Network((12, 7, 4), dtype="float64", seed=3)
+    history = train_parallel(comm, network, local_inputs, local_labels, num_samples=N, start=start, epochs=1,
+                             learning_rate=0.5, batch_size=-(-N // steps), momentum=0.9, timeline_steps=steps,
+                             on_step=lambda *_: time.sleep(delay) if rank == late else None)
+    assert history.steps == steps
+    transfer, waiting = communication_split(comm, history)
+    communicate = history.phase_seconds["communicate"] / steps
+    assert waiting.shape == (size,) and abs(transfer + waiting[rank] - communicate) < 1e-9
+    assert waiting[late] < delay / 4 and transfer < delay / 4
+    if size > 1:  # every other rank waits for the late one at every step but the first
+        assert all(waiting[r] > delay * (steps - 1) / steps * 0.8 for r in range(size) if r != late), waiting
+    short = train_parallel(comm, Network((12, 7, 4), dtype="float64", seed=3), local_inputs, local_labels,
+                           num_samples=N, start=start, epochs=1, learning_rate=0.5, batch_size=-(-N // steps),
+                           timeline_steps=steps - 1)
+    expect_error_everywhere(lambda: communication_split(comm, short), "timeline_steps=8")
+
+
 run_checks(globals(), prefix="check_")
