@@ -38,6 +38,20 @@ def test_numerical_gradient_of_a_known_function():
     assert relative_error([1, 0], [1, 0]) == 0.0 and relative_error([1, 0], [-1, 0]) == 1.0
 
 
+def test_sigmoid_written_with_tanh_equals_the_plain_formula():
+    """nnlib computes sigma(z) as 0.5 + 0.5 tanh(z / 2); it must equal 1 / (1 + exp(-z)), and never overflow."""
+    from nnlib.network import sigmoid
+
+    z = np.linspace(-40, 40, 20001)
+    plain = 1 / (1 + np.exp(-z))
+    np.testing.assert_allclose(sigmoid(z), plain, rtol=1e-14, atol=1e-15)
+    wide = np.linspace(-500, 500, 2001, dtype=np.float32)
+    with np.errstate(all="raise"):  # exp(-z) would overflow in float32 below z = -89
+        fast32 = sigmoid(wide)
+    assert fast32.dtype == np.float32
+    np.testing.assert_allclose(fast32, 1 / (1 + np.exp(-wide.astype(np.float64))), rtol=0, atol=1e-7)
+
+
 def test_chunked_batch_gives_the_same_gradient():
     network = Network((6, 5, 3), dtype="float64", seed=0)
     inputs, labels = batch((6, 5, 3), n=23)
