@@ -70,22 +70,44 @@ def worker(case_name: str, strategy: str, sampler: str = "exact") -> None:
     steps = case["epochs"] * -(-60000 // (case["batch"] or 60000))
 
     def bare_allreduces():  # 100 Allreduces of the gradient buffer (the machine's speed drifts: before and after)
-        return collectives.time_allreduce(comm, [network.grads.nbytes], repeats=100, dtype=np.float32)[0]
+        hot = collectives.time_allreduce(comm, [network.grads.nbytes], repeats=100, dtype=np.float32)[0]
+        return hot, cold_allreduce(comm, network.grads.size)
 
     before = bare_allreduces()
     history = train_parallel(comm, network, local_inputs, local_labels, num_samples=60000, start=start,
                              epochs=case["epochs"], learning_rate=case["learning_rate"], batch_size=case["batch"],
                              momentum=0.9 if case["batch"] else 0.0, strategy=strategy, sampler=sampler,
                              timeline_steps=steps)
-    bare = float(np.mean([before, bare_allreduces()]))
+    bare, cold = (float(value) for value in np.mean([before, bare_allreduces()], axis=0))
     epoch_seconds = float(np.median(history.seconds[1:]))  # the first epoch warms up
     communicate = comm.allreduce(history.phase_seconds["communicate"], op=MPI.MAX) / history.steps
     transfer, waiting = communication_split(comm, history)
     if comm.rank == 0:
         print(json.dumps(dict(epoch_seconds=epoch_seconds, communicate_per_step=communicate,
                               transfer_per_step=transfer, waiting_per_step=float(waiting.max()),
-                              bare_allreduce=bare, steps_per_epoch=history.steps // case["epochs"],
+                              bare_allreduce=bare, cold_allreduce=cold, steps_per_epoch=history.steps // case["epochs"],
                               buffer_bytes=int(network.grads.nbytes))))
+
+
+def cold_allreduce(comm, count: int, repeats: int = 100) -> float:
+    """Median seconds of an in-place Allreduce of ``count`` float32 numbers after the caches are emptied.
+
+    Before each call every rank reads 64 MB (evicting the caches, as a training step's data does) and
+    then writes the buffer (as the backward pass writes the gradient); each call counts at the slowest rank.
+    """
+    from mpi4py import MPI
+
+    buffer, evict = np.ones(count, dtype=np.float32), np.ones(16 * 2**20, dtype=np.float32)
+    samples = np.empty(repeats)
+    for repeat in range(repeats):
+        evict.sum()
+        buffer += 0
+        comm.Barrier()
+        began = time.perf_counter()
+        comm.Allreduce(MPI.IN_PLACE, buffer)
+        samples[repeat] = time.perf_counter() - began
+    comm.Allreduce(MPI.IN_PLACE, samples, op=MPI.MAX)
+    return float(np.median(samples))
 
 
 class Blocking:
@@ -253,7 +275,7 @@ def main() -> None:
     print(f"machine: {machine['machine']}; {machine['BLAS']}; {machine['MPI library']}; 1 BLAS thread per rank\n")
     header = (f"{'case':24s} {'mode':20s} {'1 rank s/epoch':>14s} {'2 ranks s/epoch':>15s} {'speedup':>8s} "
               f"{'efficiency':>10s} {'comm/step us':>12s} {'waiting us':>10s} {'transfer us':>11s} "
-              f"{'bare Allreduce us':>17s} {'comm/bare':>9s} {'transfer/bare':>13s}")
+              f"{'bare Allreduce us':>17s} {'cold us':>7s} {'comm/bare':>9s} {'transfer/bare':>13s} {'transfer/cold':>13s}")
     if have_torch:
         header += f" {'DDP s/epoch':>11s} {'DDP/nnlib':>9s}"
     if args.only_fault_costs:
@@ -272,17 +294,19 @@ def main() -> None:
         one_epoch = float(np.median([run["epoch_seconds"] for run in one]))
         ddp = torch_ddp_epoch(name) if have_torch else None
         for mode in modes:
-            epoch, communicate, waiting, transfer, bare = (
+            epoch, communicate, waiting, transfer, bare, cold = (
                 float(np.median([run[key] for run in two[mode]]))
                 for key in ("epoch_seconds", "communicate_per_step", "waiting_per_step", "transfer_per_step",
-                            "bare_allreduce"))
+                            "bare_allreduce", "cold_allreduce"))
             # Ratios run by run (each against its own bare Allreduce), then their median.
-            comm_ratio, transfer_ratio = (float(np.median([run[key] / run["bare_allreduce"] for run in two[mode]]))
-                                          for key in ("communicate_per_step", "transfer_per_step"))
+            comm_ratio, transfer_ratio, transfer_cold = (
+                float(np.median([run[key] / run[reference] for run in two[mode]]))
+                for key, reference in (("communicate_per_step", "bare_allreduce"), ("transfer_per_step", "bare_allreduce"),
+                                       ("transfer_per_step", "cold_allreduce")))
             speedup = one_epoch / epoch
             line = (f"{name:24s} {mode[0] + ', ' + mode[1]:20s} {one_epoch:14.3f} {epoch:15.3f} {speedup:8.2f} "
                     f"{speedup / 2:10.0%} {communicate * 1e6:12.1f} {waiting * 1e6:10.1f} {transfer * 1e6:11.1f} "
-                    f"{bare * 1e6:17.1f} {comm_ratio:9.2f} {transfer_ratio:13.2f}")
+                    f"{bare * 1e6:17.1f} {cold * 1e6:7.1f} {comm_ratio:9.2f} {transfer_ratio:13.2f} {transfer_cold:13.2f}")
             if ddp is not None:
                 line += f" {ddp:11.3f} {ddp / epoch:9.2f}"
             print(line, flush=True)
@@ -290,7 +314,8 @@ def main() -> None:
           "waiting included; waiting: that rank's time waiting for the other to arrive; transfer: the rest, "
           "what the rank that arrived last spent (nnlib.parallel.data.communication_split); bare Allreduce: "
           "100 Allreduces of the same gradient buffer on the same 2 ranks before training and 100 after, the mean "
-          "of the two medians. The ratios are taken run by run, then their median.")
+          "of the two medians; cold: the same after reading 64 MB and writing the buffer before each call, as a "
+          "training step leaves the caches. The ratios are taken run by run, then their median.")
     print_fault_costs()
 
 
