@@ -69,9 +69,9 @@ def worker(case_name: str, strategy: str, sampler: str = "exact") -> None:
     network = Network(case["sizes"], seed=0)
     steps = case["epochs"] * -(-60000 // (case["batch"] or 60000))
 
-    def bare_allreduces():  # 100 Allreduces of the gradient buffer (the machine's speed drifts: before and after)
-        hot = collectives.time_allreduce(comm, [network.grads.nbytes], repeats=100, dtype=np.float32)[0]
-        return hot, cold_allreduce(comm, network.grads.size)
+    def bare_allreduces():  # 100 Allreduces of the gradient buffer, hot and cold (the machine drifts: before and after)
+        return [collectives.time_allreduce(comm, [network.grads.nbytes], repeats=100, dtype=np.float32, cold=cold)[0]
+                for cold in (False, True)]
 
     before = bare_allreduces()
     history = train_parallel(comm, network, local_inputs, local_labels, num_samples=60000, start=start,
@@ -87,27 +87,6 @@ def worker(case_name: str, strategy: str, sampler: str = "exact") -> None:
                               transfer_per_step=transfer, waiting_per_step=float(waiting.max()),
                               bare_allreduce=bare, cold_allreduce=cold, steps_per_epoch=history.steps // case["epochs"],
                               buffer_bytes=int(network.grads.nbytes))))
-
-
-def cold_allreduce(comm, count: int, repeats: int = 100) -> float:
-    """Median seconds of an in-place Allreduce of ``count`` float32 numbers after the caches are emptied.
-
-    Before each call every rank reads 64 MB (evicting the caches, as a training step's data does) and
-    then writes the buffer (as the backward pass writes the gradient); each call counts at the slowest rank.
-    """
-    from mpi4py import MPI
-
-    buffer, evict = np.ones(count, dtype=np.float32), np.ones(16 * 2**20, dtype=np.float32)
-    samples = np.empty(repeats)
-    for repeat in range(repeats):
-        evict.sum()
-        buffer += 0
-        comm.Barrier()
-        began = time.perf_counter()
-        comm.Allreduce(MPI.IN_PLACE, buffer)
-        samples[repeat] = time.perf_counter() - began
-    comm.Allreduce(MPI.IN_PLACE, samples, op=MPI.MAX)
-    return float(np.median(samples))
 
 
 class Blocking:

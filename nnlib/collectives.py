@@ -129,16 +129,19 @@ def reduce_sum(comm, array, root: int = 0):
     return total
 
 
-def time_collective(comm, operation, repeats: int = 20, warmup: int = 1) -> float:
+def time_collective(comm, operation, repeats: int = 20, warmup: int = 1, before=None) -> float:
     """Median seconds of ``operation()`` (a collective every rank calls), the same on every rank.
 
     Ranks line up with a Barrier before each call, and each call counts at the slowest rank's
-    time (a collective has finished only when the last rank has finished it).
+    time (a collective has finished only when the last rank has finished it). ``before()``, if
+    given, runs before each timed call, untimed (e.g. :func:`empty_caches`).
     """
     for _ in range(warmup):
         operation()
     samples = np.empty(repeats)
     for repeat in range(repeats):
+        if before is not None:
+            before()
         comm.Barrier()
         start = time.perf_counter()
         operation()
@@ -147,8 +150,27 @@ def time_collective(comm, operation, repeats: int = 20, warmup: int = 1) -> floa
     return float(np.median(samples))
 
 
-def time_allreduce(comm, sizes_in_bytes, repeats: int = 20, dtype=np.float64) -> np.ndarray:
-    """Median seconds of one in-place Allreduce for each message size (see time_collective)."""
+def time_allreduce(comm, sizes_in_bytes, repeats: int = 20, dtype=np.float64, cold: bool = False) -> np.ndarray:
+    """Median seconds of one in-place Allreduce for each message size (see time_collective).
+
+    Back to back, the buffers stay in the caches: a best case. With ``cold``, each call comes after
+    :func:`empty_caches`, as in training, where a step's data and products evict the buffers.
+    """
     itemsize = np.dtype(dtype).itemsize
     buffers = [np.ones(max(1, int(size) // itemsize), dtype=dtype) for size in sizes_in_bytes]
-    return np.array([time_collective(comm, lambda: allreduce_sum(comm, buffer), repeats) for buffer in buffers])
+    eviction = np.ones(EVICTION_BYTES // 4, dtype=np.float32) if cold else None  # freed on return
+    return np.array([time_collective(comm, lambda: allreduce_sum(comm, buffer), repeats,
+                                     before=(lambda: empty_caches(buffer, eviction)) if cold else None)
+                     for buffer in buffers])
+
+
+EVICTION_BYTES = 64 * 2**20  # more than the caches of the machines this series runs on
+
+
+def empty_caches(buffer, eviction) -> None:
+    """Read ``eviction`` (an array bigger than the caches), then write ``buffer`` (adding 0: values unchanged).
+
+    The buffer ends as backpropagation leaves a gradient: just written by this core, the rest evicted.
+    """
+    eviction.sum()
+    buffer += 0

@@ -88,4 +88,18 @@ def test_barrier_and_timing():
     expect_equal(np.array(comm.allgather(float(times[0]))), np.full(size, times[0]))  # the same on every rank
 
 
+def test_what_runs_before_a_timed_call_is_not_timed():
+    import time
+
+    calls = []
+    seconds = c.time_collective(comm, comm.Barrier, repeats=4, before=lambda: (calls.append(1), time.sleep(0.05)))
+    assert len(calls) == 4 and 0 < seconds < 0.05, (calls, seconds)  # 4 sleeps of 50 ms, none in the median
+    values = np.arange(5, dtype=np.float32)
+    c.empty_caches(values, np.ones(1000, dtype=np.float32))
+    expect_equal(values, np.arange(5, dtype=np.float32))  # written, unchanged
+    cold = c.time_allreduce(comm, [4096], repeats=3, dtype=np.float32, cold=True)
+    assert cold.shape == (1,) and cold[0] > 0
+    expect_equal(np.array(comm.allgather(float(cold[0]))), np.full(size, cold[0]))
+
+
 run_checks(globals())
