@@ -7,7 +7,7 @@ Run:   make benchmark        (or: .venv/bin/python benchmarks/data_parallel.py)
 In one run this script starts itself under mpiexec with 1 and with 2 ranks for each case and
 prints epoch time, speedup and efficiency, and the communication per step, split into waiting
 for the other rank and the transfer itself, against a bare Allreduce of the same buffer on the
-same ranks in the same run. With PyTorch installed (make benchmark installs
+same ranks in the same run, back to back (hot caches) and with the caches emptied first (cold). With PyTorch installed (make benchmark installs
 torch==2.13.0) it also trains the same network with DistributedDataParallel (gloo backend,
 2 processes, the same global batch) and prints both epoch times and their ratio.
 
@@ -70,8 +70,9 @@ def worker(case_name: str, strategy: str, sampler: str = "exact") -> None:
     steps = case["epochs"] * -(-60000 // (case["batch"] or 60000))
 
     def bare_allreduces():  # 100 Allreduces of the gradient buffer, hot and cold (the machine drifts: before and after)
-        return [collectives.time_allreduce(comm, [network.grads.nbytes], repeats=100, dtype=np.float32, cold=cold)[0]
-                for cold in (False, True)]
+        hot = collectives.time_allreduce(comm, [network.grads.nbytes], repeats=100, dtype=np.float32)[0]
+        cold = collectives.time_allreduce(comm, [network.grads.nbytes], repeats=100, dtype=np.float32, cold=True)[0]
+        return hot, cold
 
     before = bare_allreduces()
     history = train_parallel(comm, network, local_inputs, local_labels, num_samples=60000, start=start,

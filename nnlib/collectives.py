@@ -150,6 +150,9 @@ def time_collective(comm, operation, repeats: int = 20, warmup: int = 1, before=
     return float(np.median(samples))
 
 
+EVICTION_BYTES = 64 * 2**20  # more than the caches of the machines this series runs on
+
+
 def time_allreduce(comm, sizes_in_bytes, repeats: int = 20, dtype=np.float64, cold: bool = False) -> np.ndarray:
     """Median seconds of one in-place Allreduce for each message size (see time_collective).
 
@@ -162,9 +165,6 @@ def time_allreduce(comm, sizes_in_bytes, repeats: int = 20, dtype=np.float64, co
     return np.array([time_collective(comm, lambda: allreduce_sum(comm, buffer), repeats,
                                      before=(lambda: empty_caches(buffer, eviction)) if cold else None)
                      for buffer in buffers])
-
-
-EVICTION_BYTES = 64 * 2**20  # more than the caches of the machines this series runs on
 
 
 def empty_caches(buffer, eviction) -> None:
