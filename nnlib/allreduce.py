@@ -35,7 +35,10 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
-from .watchdog import agreed
+from .collectives import raised_on_every_rank
+
+LESSON = 8
+
 
 REDUCE = {"sum": np.add, "max": np.maximum, "min": np.minimum, "prod": np.multiply}
 ALGORITHMS = ("ring", "recursive_doubling", "reduce_broadcast")
@@ -76,19 +79,19 @@ def check_buffer(comm, buffer, op: str = "sum", min_elements: int = 1) -> None:
     reports = comm.allgather((problem, length, dtype))
     for rank, (problem, _, _) in enumerate(reports):
         if problem is not None:
-            raise agreed(ValueError(f"rank {rank}: {problem}."))
+            raise raised_on_every_rank(ValueError(f"rank {rank}: {problem}."))
     lengths = [length for _, length, _ in reports]
     if len(set(lengths)) > 1:
         listing = ", ".join(f"rank {rank}: {length}" for rank, length in enumerate(lengths))
-        raise agreed(ValueError(f"the buffers have different lengths on different ranks ({listing}); "
+        raise raised_on_every_rank(ValueError(f"the buffers have different lengths on different ranks ({listing}); "
                                 "every rank must pass a buffer of the same length"))
     dtypes = [np.dtype(dtype).name for _, _, dtype in reports]
     if len(set(dtypes)) > 1:
         listing = ", ".join(f"rank {rank}: {dtype}" for rank, dtype in enumerate(dtypes))
-        raise agreed(ValueError(f"the buffers have different dtypes on different ranks ({listing}); "
+        raise raised_on_every_rank(ValueError(f"the buffers have different dtypes on different ranks ({listing}); "
                                 "convert them to one dtype first (e.g. buffer.astype(np.float64))"))
     if lengths[0] < min_elements:
-        raise agreed(ValueError(
+        raise raised_on_every_rank(ValueError(
             f"{comm.size} ranks but only {lengths[0]} elements: the ring cuts the buffer into one chunk per "
             f"rank, so it needs at least {min_elements}. Use recursive doubling (or MPI's Allreduce) "
             "for a buffer this small"))

@@ -1,8 +1,7 @@
 """Which array library does the math: NumPy on the CPU or CuPy on an NVIDIA GPU.
 
-The network code never imports numpy for its math; it asks the arrays for their
-namespace (the Python array API's ``x.__array_namespace__()``), so the same lines
-run on NumPy and on CuPy arrays.
+The network computes in whatever array namespace it is given (nnlib.arrays, lesson 02):
+``Network(sizes, device=resolve_backend("gpu"))`` puts it on the GPU.
 
 ``resolve_backend("auto")`` picks CuPy only when it is installed *and* a small
 matrix product on the device works (``cupy.cuda.is_available()`` alone can be true
@@ -10,62 +9,24 @@ while cuBLAS is missing); otherwise NumPy. It says which, and why, in one line.
 
 CuPy 14 or newer is needed: its main namespace follows NumPy 2 and the array API
 (``cupy.astype``, ``cupy.concat``, ``cupy.isdtype``); CuPy 13 lacks those. CuPy's arrays
-have no ``__array_namespace__`` method (as of 14.2), so :func:`array_namespace`
+have no ``__array_namespace__`` method (as of 14.2), so nnlib.arrays.array_namespace
 recognises them by their type.
 """
 
 from __future__ import annotations
 
-import re
-
 import numpy as np
 
-_gpu_check = None  # (usable: bool, reason: str), computed once per process
-MINIMUM_CUPY = 14  # the first CuPy whose main namespace has every array API function nnlib uses
+from .arrays import namespace_of_device
+from .environment import gpu_status
+
+LESSON = 7
 
 
-def array_namespace(*arrays):
-    """The array API namespace of the arrays (numpy for NumPy arrays, cupy for CuPy ones)."""
-    for array in arrays:
-        if hasattr(array, "__array_namespace__"):
-            return array.__array_namespace__()
-        if type(array).__module__.split(".")[0] == "cupy":  # CuPy's ndarray lacks __array_namespace__
-            import cupy
-            return cupy
-    return np
 
 
-def gpu_status(refresh: bool = False):
-    """(usable, reason): whether CuPy is installed and a matrix product runs on the GPU."""
-    global _gpu_check
-    if _gpu_check is not None and not refresh:
-        return _gpu_check
-    try:
-        import cupy
-    except ImportError:
-        _gpu_check = (False, "CuPy is not installed (pip install 'nnlib[gpu]')")
-        return _gpu_check
-    version = str(getattr(cupy, "__version__", "0"))
-    major = re.match(r"\d*", version).group()
-    if int(major or 0) < MINIMUM_CUPY:
-        _gpu_check = (False, f"CuPy {version} is installed, but nnlib needs CuPy "
-                             f"{MINIMUM_CUPY} or newer (pip install -U 'cupy-cuda12x>={MINIMUM_CUPY}')")
-        return _gpu_check
-    try:
-        if not cupy.cuda.is_available():
-            _gpu_check = (False, "CuPy is installed but finds no CUDA GPU")
-            return _gpu_check
-        a = cupy.ones((8, 8), dtype=cupy.float32)
-        total = float((a @ a).sum())
-        cupy.cuda.get_current_stream().synchronize()
-        if total != 512.0:
-            raise RuntimeError(f"8x8 ones @ ones summed to {total}, expected 512")
-        name = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"]
-        name = name.decode() if isinstance(name, bytes) else name
-        _gpu_check = (True, f"GPU {name} passed a smoke test")
-    except Exception as error:  # any CUDA failure means: not usable
-        _gpu_check = (False, f"CuPy is installed but the GPU smoke test failed ({type(error).__name__}: {error})")
-    return _gpu_check
+
+
 
 
 def resolve_backend(device: str = "cpu", verbose: bool = False):
@@ -73,12 +34,8 @@ def resolve_backend(device: str = "cpu", verbose: bool = False):
 
     An array API namespace (a module with ``asarray``, such as array_api_strict) is returned as it is.
     """
-    if not isinstance(device, str) and hasattr(device, "asarray"):
-        return device
-    if device not in ("cpu", "gpu", "auto"):
-        raise ValueError(f"device must be 'cpu', 'gpu' or 'auto'; got {device!r}")
-    if device == "cpu":
-        return np
+    if device not in ("gpu", "auto"):
+        return namespace_of_device(device)  # "cpu" -> numpy; a namespace as it is; anything else: an error
     usable, reason = gpu_status()
     if device == "gpu" and not usable:
         raise RuntimeError(f"device='gpu' was asked for, but {reason}. Use device='cpu' or 'auto'.")
@@ -115,15 +72,6 @@ def use_gpu_of_local_rank(comm):
     return index
 
 
-def to_numpy(array) -> np.ndarray:
-    """A NumPy array with the values of ``array`` (copied from the GPU if needed)."""
-    if isinstance(array, (np.ndarray, np.generic)):
-        return np.asarray(array)
-    if hasattr(array, "get"):  # CuPy: copies to the host, after the GPU has finished
-        return array.get()
-    if hasattr(array, "__dlpack__"):  # any other CPU array library (e.g. array_api_strict)
-        return np.from_dlpack(array)
-    return np.asarray(array)
 
 
 def synchronizer(xp):
@@ -136,9 +84,6 @@ def synchronizer(xp):
     return lambda: None
 
 
-def is_numpy(xp) -> bool:
-    """Whether the namespace is NumPy itself (host memory, free conversions to Python numbers)."""
-    return xp is np
 
 
 def cuda_aware_mpi() -> bool:

@@ -16,6 +16,9 @@ import time
 
 import numpy as np
 
+LESSON = 6
+
+
 
 def flops_per_sample(layer_sizes) -> int:
     """Matrix-product FLOPs of one training step, per sample (see module docstring)."""

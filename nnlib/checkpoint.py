@@ -39,6 +39,9 @@ import numpy as np
 
 from .files import atomic_write
 
+LESSON = 10
+
+
 MAGIC = b"NNLIBCKP"
 FORMAT_VERSION = 1
 HEADER = struct.Struct("<8sIQ32s")  # magic, version, payload length, SHA-256 of the payload

@@ -16,7 +16,7 @@ What it takes care of:
 * a start-up failure raises :class:`ClusterStartError` within ``timeout`` seconds, with the
   ``mpiexec`` command, the engines' own log lines and the likely fix;
 * every collective of nnlib on the engines has a classroom deadline ($NNLIB_TIMEOUT =
-  nnlib.watchdog.CLASSROOM_TIMEOUT seconds), so a failing rank stops a cell instead of hanging it;
+  CLASSROOM_TIMEOUT seconds; lesson 10's nnlib.watchdog), so a failing rank stops a cell instead of hanging it;
 * stopping is quiet (no engine log in the notebook) and leaves no process behind, and no process
   outlives the kernel however it ends (killed, restarted, out of memory): see nnlib.reaper.
 """
@@ -28,6 +28,11 @@ import os
 import subprocess
 import time
 
+LESSON = 4
+
+
+#: Seconds a collective of nnlib waits in the notebook cluster ($NNLIB_TIMEOUT of its engines; nnlib.watchdog).
+CLASSROOM_TIMEOUT = 20.0
 ENGINE_SETUP = "from mpi4py import MPI\ncomm = MPI.COMM_WORLD\nrank, size = comm.rank, comm.size\n"
 
 
@@ -221,7 +226,6 @@ def start(n: int = 4, timeout: float = 30.0, mpiexec: str | None = None, environ
 
     from . import reaper
     from .environment import mpiexec_path
-    from .watchdog import CLASSROOM_TIMEOUT
 
     mpiexec = mpiexec or mpiexec_path()
     if not mpiexec or not (os.path.isfile(mpiexec) and os.access(mpiexec, os.X_OK)):

@@ -17,6 +17,9 @@ import time
 import numpy as np
 from mpi4py import MPI
 
+LESSON = 4
+
+
 
 def require_contiguous(array, name: str = "array") -> np.ndarray:
     """Return ``array`` if it is a C-contiguous NumPy array, else raise a ValueError saying what to do."""
@@ -174,3 +177,35 @@ def empty_caches(buffer, eviction) -> None:
     """
     eviction.sum()
     buffer += 0
+
+
+# -- every rank reaches the same verdict ------------------------------------------
+
+def raised_on_every_rank(error: BaseException) -> BaseException:
+    """Mark ``error`` as raised by every rank together (so no 'failed' notice is sent); return it."""
+    error.on_every_rank = True
+    return error
+
+
+def require_same_on_every_rank(comm, what: str, value) -> None:
+    """Raise the same ValueError on every rank unless all ranks passed an equal ``value``.
+
+    One small allgather: cheap, and every rank learns the outcome together, so no
+    rank raises alone and leaves the others waiting in a collective.
+    """
+    values = comm.allgather(value)
+    differing = [rank for rank, other in enumerate(values) if other != values[0]]
+    if differing:
+        raise raised_on_every_rank(ValueError(
+            f"the ranks disagree on {what}: rank 0 has {values[0]!r}, "
+            + ", ".join(f"rank {rank} has {values[rank]!r}" for rank in differing)
+            + ". Every rank must run the same configuration on the same data."
+        ))
+
+
+def fail_together(comm, message: str | None) -> None:
+    """If any rank has a message, raise ValueError with the first one on every rank."""
+    messages = comm.allgather(message)
+    for rank, text in enumerate(messages):
+        if text is not None:
+            raise raised_on_every_rank(ValueError(text if rank == comm.rank or len(set(messages)) == 1 else f"rank {rank}: {text}"))

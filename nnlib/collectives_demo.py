@@ -14,6 +14,10 @@ from mpi4py import MPI
 
 from . import collectives
 
+LESSON = 4
+NOTEBOOKS_ONLY = True  # used only by lesson 04: the collectives as a plain MPI script
+
+
 
 def bcast(comm):
     values = np.array([1.0, 2.0, 3.0, 4.0]) if comm.rank == 0 else np.zeros(4)

@@ -13,6 +13,9 @@ from __future__ import annotations
 
 import numpy as np
 
+LESSON = 4
+
+
 
 def fit_latency_bandwidth(sizes_in_bytes, seconds):
     """Least-squares fit of T(n) = alpha + beta n, weighted so that every size counts alike.

@@ -35,6 +35,9 @@ import numpy as np
 
 from .files import atomic_write
 
+LESSON = 1
+
+
 # The decompressed files' SHA-256 (identical to the official distribution's).
 SHA256 = {
     "train-images-idx3-ubyte": "ba891046e6505d7aadcbbe25680a0738ad16aec93bde7f9b65e87a2fc25776db",

@@ -7,12 +7,18 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import sys
+
+LESSON = 0  # notebook 00's environment check
+
 
 
 # Environment variables that give each process one BLAS thread: with several MPI ranks on one
 # machine, more threads per rank only make the ranks fight over the cores.
 ONE_BLAS_THREAD = {name: "1" for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
+MINIMUM_CUPY = 14  # the first CuPy whose main namespace has every array API function nnlib uses
+_gpu_check = None  # (usable: bool, reason: str), computed once per process
 
 
 def mpi_library() -> str:
@@ -39,7 +45,6 @@ def describe() -> dict:
     """A dictionary describing the machine and the packages the series uses."""
     import numpy
 
-    from .backend import gpu_status
 
     versions = {"python": platform.python_version(), "numpy": numpy.__version__}
     for name in ("mpi4py", "ipyparallel", "matplotlib", "tqdm"):
@@ -72,3 +77,35 @@ def print_report() -> None:
     """Print :func:`describe` as aligned lines."""
     for key, value in describe().items():
         print(f"{key:12s} {value}")
+
+def gpu_status(refresh: bool = False):
+    """(usable, reason): whether CuPy is installed and a matrix product runs on the GPU."""
+    global _gpu_check
+    if _gpu_check is not None and not refresh:
+        return _gpu_check
+    try:
+        import cupy
+    except ImportError:
+        _gpu_check = (False, "CuPy is not installed (pip install 'nnlib[gpu]')")
+        return _gpu_check
+    version = str(getattr(cupy, "__version__", "0"))
+    major = re.match(r"\d*", version).group()
+    if int(major or 0) < MINIMUM_CUPY:
+        _gpu_check = (False, f"CuPy {version} is installed, but nnlib needs CuPy "
+                             f"{MINIMUM_CUPY} or newer (pip install -U 'cupy-cuda12x>={MINIMUM_CUPY}')")
+        return _gpu_check
+    try:
+        if not cupy.cuda.is_available():
+            _gpu_check = (False, "CuPy is installed but finds no CUDA GPU")
+            return _gpu_check
+        a = cupy.ones((8, 8), dtype=cupy.float32)
+        total = float((a @ a).sum())
+        cupy.cuda.get_current_stream().synchronize()
+        if total != 512.0:
+            raise RuntimeError(f"8x8 ones @ ones summed to {total}, expected 512")
+        name = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"]
+        name = name.decode() if isinstance(name, bytes) else name
+        _gpu_check = (True, f"GPU {name} passed a smoke test")
+    except Exception as error:  # any CUDA failure means: not usable
+        _gpu_check = (False, f"CuPy is installed but the GPU smoke test failed ({type(error).__name__}: {error})")
+    return _gpu_check

@@ -23,6 +23,9 @@ from . import allreduce, collectives, compression, costmodel, data, scaling, tra
 from .parallel import pipeline
 from .network import count_parameters, cross_entropy_from_logits, sigmoid, sigmoid_prime_from_activation
 
+LESSON = 11  # every lesson's exercises
+
+
 
 @dataclass(frozen=True)
 class Exercise:

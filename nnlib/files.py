@@ -7,6 +7,9 @@ import os
 import tempfile
 from pathlib import Path
 
+LESSON = 1
+
+
 
 @contextlib.contextmanager
 def atomic_write(destination):

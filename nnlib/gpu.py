@@ -18,9 +18,13 @@ import time
 
 import numpy as np
 
-from .backend import synchronizer, to_numpy
+from .arrays import to_numpy
+from .backend import resolve_backend, synchronizer
 from .files import read_csv, write_csv
 from .network import Network, sigmoid
+
+LESSON = 7
+
 
 # Matrix shapes (m, k, n) for A (m x k) @ B (k x n), tiny to large. The first is the seed's
 # per-layer product (a batch of 120 samples through a 30 -> 20 layer).
@@ -108,7 +112,7 @@ def forward_comparison(inputs, hidden: int = 1024, gpu=None, repeats: int = 3) -
     """Forward passes of 784-hidden-10 over ``inputs``: one sample at a time versus batched, CPU and GPU."""
     records = []
     cpu_network = Network((inputs.shape[1], hidden, 10), seed=0)
-    gpu_network = Network((inputs.shape[1], hidden, 10), seed=0, device="gpu") if gpu is not None else None
+    gpu_network = Network((inputs.shape[1], hidden, 10), seed=0, device=gpu) if gpu is not None else None
     for variant, forward in (("per_sample", forward_one_sample_at_a_time), ("batched", forward_batched)):
         records.append({
             "kind": "forward", "variant": variant, "hidden": hidden, "samples": inputs.shape[0],
@@ -125,7 +129,7 @@ def epoch_seconds(hidden: int, inputs, labels, device: str = "cpu", batch_size: 
     """
     from .training import train
 
-    network = Network((inputs.shape[1], hidden, 10), seed=seed, device=device)
+    network = Network((inputs.shape[1], hidden, 10), seed=seed, device=resolve_backend(device))
     history = train(network, network.xp.asarray(inputs), network.xp.asarray(labels), epochs=2,
                     learning_rate=0.1, batch_size=batch_size, momentum=0.9, seed=seed, progress=False)
     return history.seconds[1]

@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .backend import to_numpy
+from .arrays import to_numpy
+
+LESSON = 2
+
 
 
 def relative_error(expected, actual) -> float:

@@ -33,7 +33,10 @@ import math
 
 import numpy as np
 
-from .backend import array_namespace, resolve_backend, to_numpy
+from .arrays import array_namespace, namespace_of_device, to_numpy
+
+LESSON = 2
+
 
 
 def sigmoid(z, xp=None):
@@ -124,7 +127,7 @@ class Network:
             raise ValueError(f"dtype must be float32 or float64; got {dtype}")
         self.layer_sizes = layer_sizes
         self.output = output
-        self.xp = resolve_backend(device)
+        self.xp = namespace_of_device(device)
         self.dtype = getattr(self.xp, str(np.dtype(dtype)))
         self.shapes = list(zip(layer_sizes[:-1], layer_sizes[1:]))
         self.num_params = parameter_offsets(self.shapes)[-1]

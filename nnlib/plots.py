@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
+LESSON = 1
+NOTEBOOKS_ONLY = True  # used only by the notebooks: their pictures
+
+
 
 def digit_grid(images, titles=None, columns: int = 10, size: float = 1.0, cmap="gray_r"):
     """Show images (N, H, W) in a grid, with an optional title above each. Returns the figure."""

@@ -27,6 +27,9 @@ import numpy as np
 
 from .files import read_csv, write_csv
 
+LESSON = 6
+
+
 RECORD_FIELDS = ["kind", "ranks", "samples", "strategy", "repeat", "epoch_seconds", "load_seconds",
                  "data_seconds", "compute_seconds", "communicate_seconds", "update_seconds", "accuracy",
                  "oversubscribed", "physical_cores", "blas", "mpi_library", "machine", "where"]

@@ -28,6 +28,9 @@ from .network import count_parameters
 from .parallel.pipeline import bubble_fraction, stage_layers
 from .parallel.tensor import layer_kinds
 
+LESSON = 9
+
+
 KINDS = ("data", "tensor", "pipeline")
 
 

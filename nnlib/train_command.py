@@ -37,6 +37,9 @@ import numpy as np
 
 from .files import atomic_write
 
+LESSON = 11  # the batch job: it offers every lesson's options
+
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from .parallel import STRATEGIES
@@ -213,7 +216,7 @@ def run(args) -> int:
     try:
         return train_job(args)
     except Exception as error:
-        if getattr(error, "agreed", False):  # every rank has it: rank 0 says it once
+        if getattr(error, "on_every_rank", False):  # every rank has it: rank 0 says it once
             if MPI.COMM_WORLD.rank == 0:
                 print(f"error: {error}", file=sys.stderr, flush=True)
             return 2
@@ -267,9 +270,11 @@ def train_job(args) -> int:
     from . import data
     from .checkpoint import CheckpointFolder
     from .network import Network
-    from .backend import cuda_aware_mpi, gpu_status, is_numpy, use_gpu_of_local_rank
+    from .arrays import is_numpy
+    from .backend import cuda_aware_mpi, gpu_status, resolve_backend, use_gpu_of_local_rank
     from .parallel import gather_phase_seconds, shard, train_parallel
-    from .watchdog import agree, agreed, fail_together, watch
+    from .watchdog import watch
+    from .collectives import fail_together, raised_on_every_rank, require_same_on_every_rank
 
     threadpool_limits(args.threads)  # one BLAS thread per rank unless told otherwise
     try:  # every rank parses the same arguments: the same verdict everywhere, before any collective
@@ -279,7 +284,7 @@ def train_job(args) -> int:
             if args.checkpoint_dir else None
         comm = watch(MPI.COMM_WORLD, args.timeout)  # the set-up's collectives have a deadline too
     except ValueError as problem:
-        raise agreed(problem) from None
+        raise raised_on_every_rank(problem) from None
     rank = comm.rank
     error = None
     inputs = labels = test_inputs = test_labels = None
@@ -298,7 +303,7 @@ def train_job(args) -> int:
             error = str(problem)
     error = comm.bcast(error, root=0)
     if error:
-        raise agreed(ValueError(error))
+        raise raised_on_every_rank(ValueError(error))
 
     if args.model_parallel != "none":
         return model_parallel_job(args, comm, inputs, labels, test_inputs, test_labels)
@@ -307,13 +312,13 @@ def train_job(args) -> int:
     gpu_index = use_gpu_of_local_rank(MPI.COMM_WORLD) if args.device != "cpu" else None
     try:
         network = Network((784, *args.hidden, 10), output=args.output_layer, dtype=args.dtype, seed=args.seed,
-                          device=args.device)
+                          device=resolve_backend(args.device))
         problem = None
     except RuntimeError as no_gpu:  # --device gpu without a usable GPU on this rank
         network, problem = None, str(no_gpu)
     fail_together(comm, problem)
     on_gpu = not is_numpy(network.xp)
-    agree(comm, "the device (--device auto found a GPU on some ranks only)", on_gpu)
+    require_same_on_every_rank(comm, "the device (--device auto found a GPU on some ranks only)", on_gpu)
     local_inputs, local_labels, start = shard(comm, inputs, labels)
     if rank == 0:
         print(f"{comm.size} ranks, strategy {args.strategy}, network {'-'.join(map(str, network.layer_sizes))}, "

@@ -17,7 +17,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .backend import is_numpy
+from .arrays import is_numpy, to_numpy
+
+LESSON = 3
+
 
 
 class SGD:
@@ -37,8 +40,6 @@ class SGD:
 
     def full_velocity(self, comm=None):
         """The velocity as a NumPy vector (None without momentum), for a checkpoint."""
-        from .backend import to_numpy
-
         return None if self.velocity is None else to_numpy(self.velocity)
 
     def load_velocity(self, whole) -> None:

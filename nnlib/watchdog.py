@@ -37,10 +37,14 @@ import traceback
 import numpy as np
 from mpi4py import MPI
 
+from .cluster import CLASSROOM_TIMEOUT
+
+LESSON = 10
+
+
 #: Seconds a collective may wait when no timeout is given and $NNLIB_TIMEOUT is not set. The
 #: notebook cluster (nnlib.cluster.start) sets $NNLIB_TIMEOUT to CLASSROOM_TIMEOUT for its engines.
 DEFAULT_TIMEOUT = 120.0
-CLASSROOM_TIMEOUT = 20.0
 LONGEST_TIMEOUT = 24 * 3600.0
 NOTICE_TAG = 31_415  # point-to-point tag of the notices, on the run's own duplicate communicator
 LOOK_EVERY = 0.005  # seconds between looks for other ranks' notices while waiting
@@ -331,7 +335,7 @@ class _Guard:
         return self.watched
 
     def __exit__(self, kind, error, trace):
-        if error is not None and not isinstance(error, CollectiveTimeout) and not getattr(error, "agreed", False):
+        if error is not None and not isinstance(error, CollectiveTimeout) and not getattr(error, "on_every_rank", False):
             self.watched.tell_others(error)
         return False
 
@@ -352,34 +356,10 @@ def raw(comm):
     return comm.comm if isinstance(comm, WatchedComm) else comm
 
 
-def agreed(error: BaseException) -> BaseException:
-    """Mark ``error`` as raised by every rank together (so no 'failed' notice is sent); return it."""
-    error.agreed = True
-    return error
 
 
-def agree(comm, what: str, value) -> None:
-    """Raise the same ValueError on every rank unless all ranks passed an equal ``value``.
-
-    One small allgather: cheap, and every rank learns the outcome together, so no
-    rank raises alone and leaves the others waiting in a collective.
-    """
-    values = comm.allgather(value)
-    differing = [rank for rank, other in enumerate(values) if other != values[0]]
-    if differing:
-        raise agreed(ValueError(
-            f"the ranks disagree on {what}: rank 0 has {values[0]!r}, "
-            + ", ".join(f"rank {rank} has {values[rank]!r}" for rank in differing)
-            + ". Every rank must run the same configuration on the same data."
-        ))
 
 
-def fail_together(comm, message: str | None) -> None:
-    """If any rank has a message, raise ValueError with the first one on every rank."""
-    messages = comm.allgather(message)
-    for rank, text in enumerate(messages):
-        if text is not None:
-            raise agreed(ValueError(text if rank == comm.rank or len(set(messages)) == 1 else f"rank {rank}: {text}"))
 
 
 def _pickled(obj) -> np.ndarray:

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from stand_in_cupy import StandInCuPy
 
-from nnlib import Network, backend, gradient_check, train
-from nnlib.backend import to_numpy
+from nnlib import Network, arrays, backend, environment, gradient_check, train
+from nnlib.arrays import to_numpy
 
 xps = pytest.importorskip("array_api_strict", reason="array-api-strict is part of the test extra")
 StrictArray = type(xps.asarray(0))
@@ -130,7 +130,7 @@ def test_every_namespace_function_nnlib_calls_is_in_the_array_api():
 def test_every_namespace_function_nnlib_calls_is_in_cupy():
     """Runs wherever CuPy is installed, GPU or not (import cupy needs no GPU)."""
     cupy = pytest.importorskip("cupy", reason="CuPy is not installed (pip install 'nnlib[gpu]')")
-    if int(cupy.__version__.split(".")[0]) < backend.MINIMUM_CUPY:
+    if int(cupy.__version__.split(".")[0]) < environment.MINIMUM_CUPY:
         pytest.skip(f"CuPy {cupy.__version__} is older than nnlib supports; gpu_status refuses it")
     assert [name for name in namespace_functions_nnlib_calls() if not hasattr(cupy, name)] == []
 
@@ -139,7 +139,7 @@ def test_every_namespace_function_nnlib_calls_is_in_cupy():
 
 @pytest.fixture
 def fresh_gpu_check(monkeypatch):
-    monkeypatch.setattr(backend, "_gpu_check", None)
+    monkeypatch.setattr(environment, "_gpu_check", None)
 
 
 def test_cupy_absent(monkeypatch, fresh_gpu_check, capsys):
@@ -189,10 +189,10 @@ def test_array_namespace_recognises_cupy_arrays_by_their_type(monkeypatch):
     cupy = StandInCuPy()
     monkeypatch.setitem(sys.modules, "cupy", cupy)
     cupy_like_array = type("ndarray", (), {"__module__": "cupy._core.core"})()
-    assert backend.array_namespace(cupy_like_array) is cupy
-    assert backend.array_namespace(np.zeros(2)) is np
-    assert backend.array_namespace(xps.asarray([1.0])) is xps
-    assert backend.array_namespace(1.5) is np
+    assert arrays.array_namespace(cupy_like_array) is cupy
+    assert arrays.array_namespace(np.zeros(2)) is np
+    assert arrays.array_namespace(xps.asarray([1.0])) is xps
+    assert arrays.array_namespace(1.5) is np
 
 
 def test_cuda_aware_mpi_detection(monkeypatch):
@@ -218,8 +218,8 @@ def test_gpu_network_matches_the_cpu_network():
     settings = dict(epochs=2, learning_rate=0.5, batch_size=32, momentum=0.9, seed=3, progress=False)
     cpu = Network((20, 16, 10), dtype="float64", seed=0)
     expected = train(cpu, inputs, labels, **settings)
-    gpu = Network((20, 16, 10), dtype="float64", seed=0, device="gpu")
-    assert isinstance(gpu.params, cupy.ndarray) and backend.array_namespace(gpu.params) is cupy
+    gpu = Network((20, 16, 10), dtype="float64", seed=0, device=backend.resolve_backend("gpu"))
+    assert isinstance(gpu.params, cupy.ndarray) and arrays.array_namespace(gpu.params) is cupy
     np.testing.assert_array_equal(to_numpy(gpu.params), Network((20, 16, 10), dtype="float64", seed=0).params)
     history = train(gpu, inputs, labels, **settings)
     np.testing.assert_allclose(history.loss, expected.loss, rtol=1e-9)

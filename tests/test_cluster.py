@@ -143,7 +143,7 @@ def errors_by_rank(running, failed_result):
 
 def test_engines_have_the_classroom_deadline():
     with cluster.start(n=2, activate=False) as running:
-        from nnlib.watchdog import CLASSROOM_TIMEOUT
+        from nnlib.cluster import CLASSROOM_TIMEOUT
 
         assert on_engines(running.view, "__import__('nnlib.watchdog').watchdog.default_timeout()") == \
             [CLASSROOM_TIMEOUT] * 2

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from stand_in_cupy import StandInCuPy
 
-from nnlib import Network, backend, gpu
+from nnlib import Network, backend, environment, gpu
 
 gpu_usable, gpu_reason = backend.gpu_status()
 
@@ -78,7 +78,7 @@ def stand_in_gpu(monkeypatch):
     """NumPy posing as CuPy on a usable GPU (see tests/stand_in_cupy.py)."""
     cupy = StandInCuPy()
     monkeypatch.setitem(sys.modules, "cupy", cupy)
-    monkeypatch.setattr(backend, "_gpu_check", None)  # restored afterwards, like sys.modules["cupy"]
+    monkeypatch.setattr(environment, "_gpu_check", None)  # restored afterwards, like sys.modules["cupy"]
     return cupy
 
 
@@ -112,7 +112,7 @@ def test_epoch_seconds_on_the_stand_in_gpu_trains_on_the_device(stand_in_gpu, mn
     assert gpu.epoch_seconds(16, inputs, labels, "gpu", batch_size=64) > 0
     with pytest.raises(RuntimeError, match="device='gpu' was asked for, but CuPy 13.0.0 is installed"):
         sys.modules["cupy"] = StandInCuPy(version="13.0.0")
-        backend._gpu_check = None
+        environment._gpu_check = None
         gpu.epoch_seconds(16, inputs, labels, "gpu")
 
 
@@ -176,7 +176,7 @@ def test_gpu_sweep_and_forward_on_a_real_gpu():
 
     records = gpu.matmul_sweep([(120, 30, 20), (1024, 1024, 1024)], gpu=cupy, repeats=3)
     assert all(r["gpu_seconds"] > 0 and r["gpu_with_copies_seconds"] >= r["gpu_seconds"] * 0.5 for r in records)
-    network = Network((12, 8, 5), dtype="float64", seed=0, device="gpu")
+    network = Network((12, 8, 5), dtype="float64", seed=0, device=backend.resolve_backend("gpu"))
     inputs = np.random.default_rng(0).random((7, 12))
     np.testing.assert_allclose(gpu.forward_one_sample_at_a_time(network, inputs),
                                gpu.forward_batched(network, inputs), rtol=1e-10)

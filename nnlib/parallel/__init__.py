@@ -24,4 +24,7 @@ here: ``from nnlib.parallel import shard, train_parallel``.
 
 from .data import PHASES, STRATEGIES, gather_phase_seconds, gather_timeline, shard, train_parallel
 
+LESSON = 5
+
+
 __all__ = ["PHASES", "STRATEGIES", "gather_phase_seconds", "gather_timeline", "shard", "train_parallel"]

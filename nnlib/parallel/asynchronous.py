@@ -38,8 +38,12 @@ import numpy as np
 
 from ..collectives import offsets, split_counts
 from ..training import sgd_update
-from ..watchdog import agreed, watch
+from ..watchdog import watch
+from ..collectives import raised_on_every_rank
 from .sampling import per_rank_plan
+
+LESSON = 11
+
 
 GRADIENT, PARAMETERS = 21, 22
 EXTRA = 3  # loss summed over the batch, correct predictions, rows
@@ -87,7 +91,7 @@ def check_settings(size: int, epochs, learning_rate, batch_size, staleness, slow
         if not (isinstance(seconds, (int, float)) and 0 <= seconds < 60):
             problems.append(f"the delay of slowed rank {rank} must be 0 to 60 seconds per step; got {seconds!r}")
     if problems:
-        raise agreed(ValueError("; ".join(problems)))
+        raise raised_on_every_rank(ValueError("; ".join(problems)))
 
 
 def train_async(comm, network, inputs, labels, *, epochs: int, learning_rate: float, batch_size: int,

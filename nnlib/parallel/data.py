@@ -37,14 +37,19 @@ import numpy as np
 from mpi4py import MPI
 
 from .. import collectives
-from ..backend import cuda_aware_mpi, is_numpy, synchronizer, to_numpy
+from ..arrays import is_numpy, to_numpy
+from ..backend import cuda_aware_mpi, synchronizer
 from ..checkpoint import Checkpoint, CheckpointError, CheckpointFolder, mismatches
 from ..compression import Compressor, check_method
 from ..training import SGD, History, as_schedule
-from ..watchdog import agree, agreed, fail_together, watch
+from ..watchdog import watch
+from ..collectives import fail_together, raised_on_every_rank, require_same_on_every_rank
 from .overlap import BucketedAllreduce
 from .sampling import SAMPLERS, exact_plan, per_rank_plan
 from .zero import ShardedSGD
+
+LESSON = 5
+
 
 STRATEGIES = ("parameter_server", "reduce_broadcast", "allreduce", "zero", "overlap")
 # lesson 05's three; lesson 08 adds "zero" (nnlib.parallel.zero) and "overlap" (nnlib.parallel.overlap)
@@ -209,14 +214,14 @@ def _check(comm, network, local_inputs, local_labels, num_samples, start, epochs
     except ValueError as error:
         problems.append(str(error))
     fail_together(comm, "; ".join(problems) or None)
-    agree(comm, "the network (layer sizes, output, dtype)",
+    require_same_on_every_rank(comm, "the network (layer sizes, output, dtype)",
           (network.layer_sizes, network.output, str(network.params.dtype)))
-    agree(comm, "the training settings (samples, epochs, batch, momentum, seed, strategy, sampler, compression, k)",
+    require_same_on_every_rank(comm, "the training settings (samples, epochs, batch, momentum, seed, strategy, sampler, compression, k)",
           (num_samples, epochs, batch_size, momentum, seed, strategy, sampler, compression, k))
     shard_sizes, starts = comm.allgather(local_inputs.shape[0]), comm.allgather(int(start))
     expected_starts = [int(offset) for offset in collectives.offsets(shard_sizes)]
     if sum(shard_sizes) != num_samples or starts != expected_starts:  # the same verdict on every rank
-        raise agreed(ValueError(
+        raise raised_on_every_rank(ValueError(
             f"the shards do not tile the {num_samples} samples: rows per rank {shard_sizes}, "
             f"starts {starts} (expected {expected_starts}); shard the data with nnlib.parallel.shard"
         ))
@@ -441,7 +446,7 @@ def _train(comm, network, local_inputs, local_labels, *, num_samples, start, epo
         comm.Allreduce(MPI.IN_PLACE, epoch_totals, op=MPI.SUM)
         epoch_loss = float(epoch_totals[0]) / num_samples
         if not math.isfinite(epoch_loss):
-            raise agreed(FloatingPointError(
+            raise raised_on_every_rank(FloatingPointError(
                 f"the loss became {epoch_loss} in epoch {epoch + 1} (learning rate {rate}); training diverged. "
                 f"Try a smaller learning rate, e.g. {rate / 10:g}."
             ))

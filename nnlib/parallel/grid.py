@@ -20,13 +20,16 @@ sequential training (tests/mpi/check_hybrid.py).
 
 from __future__ import annotations
 
-from ..watchdog import agreed
+from ..collectives import raised_on_every_rank
+
+LESSON = 9
+
 
 
 def grid(comm, model_size: int):
     """Split ``comm`` into (data_comm, model_comm): D = size / model_size replicas of model_size ranks."""
     if not isinstance(model_size, int) or model_size < 1 or comm.size % model_size:
-        raise agreed(ValueError(
+        raise raised_on_every_rank(ValueError(
             f"model_size must divide the number of ranks ({comm.size}) into whole replicas; got {model_size!r}. "
             f"Choose one of {[m for m in range(1, comm.size + 1) if comm.size % m == 0]}"))
     replica, piece = divmod(comm.rank, model_size)

@@ -27,6 +27,9 @@ from mpi4py import MPI
 
 from ..network import parameter_offsets
 
+LESSON = 8
+
+
 BUCKET_BYTES = 1 << 16  # 64 KiB: for 784-128-10 that is one bucket per layer
 
 

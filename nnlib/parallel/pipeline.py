@@ -41,7 +41,11 @@ from mpi4py import MPI
 from ..collectives import offsets, split_counts
 from ..network import (Network, cross_entropy_from_logits, layer_activation, layer_views, one_hot_targets,
                        parameter_offsets, sigmoid_prime_from_activation, store_gradient)
-from ..watchdog import agree, agreed, watch
+from ..watchdog import watch
+from ..collectives import raised_on_every_rank, require_same_on_every_rank
+
+LESSON = 9
+
 
 SCHEDULES = ("gpipe", "1f1b")
 FORWARD_TAG, BACKWARD_TAG = 1, 2
@@ -89,8 +93,8 @@ class PipelineMLP:
             problem = (f"{self.comm.size} stages but the network has only {reference.num_layers} weight layers: "
                        "every stage needs at least one. Use fewer ranks or a deeper network")
         if problem:
-            raise agreed(ValueError(problem))  # the same arguments on every rank give the same verdict
-        agree(self.comm, "the pipeline (layer sizes, output, dtype, seed, micro-batches, schedule)",
+            raise raised_on_every_rank(ValueError(problem))  # the same arguments on every rank give the same verdict
+        require_same_on_every_rank(self.comm, "the pipeline (layer sizes, output, dtype, seed, micro-batches, schedule)",
               (reference.layer_sizes, output, str(np.dtype(dtype)), seed, micro_batches, schedule))
         self.layer_sizes, self.output, self.xp, self.dtype = reference.layer_sizes, output, np, reference.dtype
         self.micro_batches, self.schedule = micro_batches, schedule

@@ -30,6 +30,9 @@ import numpy as np
 from ..collectives import split_counts
 from ..training import batches
 
+LESSON = 8
+
+
 SAMPLERS = ("exact", "per_rank")
 
 

@@ -39,7 +39,11 @@ from mpi4py import MPI
 from ..collectives import allgather_rows, offsets, split_counts
 from ..network import (Network, cross_entropy_from_logits, layer_activation, layer_views, one_hot_targets,
                        sigmoid_prime_from_activation, store_gradient)
-from ..watchdog import agree, watch
+from ..watchdog import watch
+from ..collectives import require_same_on_every_rank
+
+LESSON = 9
+
 
 
 def layer_kinds(num_layers: int) -> list[str]:
@@ -67,7 +71,7 @@ class TensorParallelMLP:
                  seed: int = 0, timeout=None):
         reference = Network(layer_sizes, output, dtype, seed=seed)  # checks the settings, gives the start
         self.comm = watch(comm, timeout)
-        agree(self.comm, "the network (layer sizes, output, dtype, seed)",
+        require_same_on_every_rank(self.comm, "the network (layer sizes, output, dtype, seed)",
               (reference.layer_sizes, output, str(np.dtype(dtype)), seed))
         self.layer_sizes, self.output = reference.layer_sizes, output
         self.xp, self.dtype = np, reference.dtype

@@ -60,7 +60,7 @@ def check_staged_through_host_memory():
     shards move to its device, gradients and parameters are staged through host copies for MPI."""
     import array_api_strict as xps
 
-    from nnlib.backend import to_numpy
+    from nnlib.arrays import to_numpy
 
     settings = dict(epochs=2, learning_rate=0.5, batch_size=64, momentum=0.9, seed=5)
     expected = sequential("float64", **settings)
@@ -84,17 +84,18 @@ def check_gpu_paths_with_a_stand_in_cupy():
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
     from stand_in_cupy import StandInCuPy
 
-    from nnlib import backend
+    from nnlib import backend, environment
 
     stand_in = sys.modules["cupy"] = StandInCuPy()
-    backend._gpu_check = None
+    environment._gpu_check = None
     try:
         settings = dict(epochs=2, learning_rate=0.5, batch_size=64, momentum=0.9, seed=5)
         expected = sequential("float64", **settings)
         local_inputs, local_labels, start = shard(comm, INPUTS if rank == 0 else None, LABELS if rank == 0 else None)
         for cuda_aware in (True, False):
             for strategy in STRATEGIES:
-                network = Network((12, 7, 4), dtype="float64", seed=3 if rank == 0 else 50, device="gpu")
+                network = Network((12, 7, 4), dtype="float64", seed=3 if rank == 0 else 50,
+                                  device=backend.resolve_backend("gpu"))
                 assert network.xp is stand_in
                 waits_before = stand_in.synchronizations
                 history = train_parallel(comm, network, local_inputs, local_labels, num_samples=N, start=start,
@@ -105,7 +106,7 @@ def check_gpu_paths_with_a_stand_in_cupy():
                 assert stand_in.synchronizations - waits_before >= 3 * history.steps
     finally:
         del sys.modules["cupy"]
-        backend._gpu_check = None
+        environment._gpu_check = None
 
 
 def check_bad_configurations_fail_on_every_rank():
