@@ -60,7 +60,7 @@ def worker(case_name: str, strategy: str, sampler: str = "exact") -> None:
     from nnlib import collectives
     from nnlib.network import Network
     from nnlib.parallel import shard, train_parallel
-    from nnlib.parallel.data import communication_split
+    from nnlib.parallel.waiting import communication_split
 
     comm = MPI.COMM_WORLD
     case = CASES[case_name]

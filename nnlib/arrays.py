@@ -55,3 +55,15 @@ def to_numpy(array) -> np.ndarray:
 def is_numpy(xp) -> bool:
     """Whether the namespace is NumPy itself (host memory, free conversions to Python numbers)."""
     return xp is np
+
+
+def through_host(array, operation) -> None:
+    """``operation(host)`` on ``array``'s values in host memory, written back into ``array``.
+
+    For a NumPy array ``host`` is the array itself (no copy); for another device's array, a copy.
+    For code written for NumPy arrays (lesson 08's ring, lesson 11's compression) on any device.
+    """
+    host = to_numpy(array)
+    operation(host)
+    if host is not array:
+        array[...] = array_namespace(array).asarray(host)

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .arrays import namespace_of_device
+from .arrays import is_numpy, namespace_of_device, to_numpy
 from .environment import gpu_status
+from .training import Hook
 
 LESSON = 7
 
@@ -117,3 +118,81 @@ def cuda_aware_mpi() -> bool:
         if query is not None:
             return query() == 1
     return False
+
+
+class HostStaging:
+    """A communicator that hands MPI the network's buffers wherever they live.
+
+    NumPy arrays go to MPI as they are; so do GPU arrays with a CUDA-aware MPI, once the GPU has
+    finished writing them (its work is queued; MPI must not read a half-written buffer). With an
+    ordinary MPI, GPU arrays are *staged*: copied to host memory, communicated, copied back. It wraps
+    any communicator (MPI's, or a nnlib.watchdog.WatchedComm); everything else is the wrapped one's::
+
+        train_parallel(HostStaging(comm, network.xp), network, ...)
+
+    Staged, a non-blocking Iallreduce cannot overlap anything: it runs at once (lesson 08's overlap
+    then behaves as the plain Allreduce). ``cuda_aware``: None asks MPI (:func:`cuda_aware_mpi`).
+    """
+
+    BUFFER_METHODS = ("Allgather", "Allgatherv", "Allreduce", "Bcast", "Gather", "Gatherv", "Recv", "Reduce",
+                      "Scatter", "Scatterv", "Send", "Sendrecv")
+
+    def __init__(self, comm, xp, cuda_aware=None):
+        self.comm, self.xp = comm, xp
+        on_gpu = hasattr(xp, "cuda")
+        self.direct = is_numpy(xp) or (on_gpu and (cuda_aware_mpi() if cuda_aware is None else cuda_aware))
+        self.synchronize = synchronizer(xp)
+
+    def __getattr__(self, name):
+        if name in HostStaging.BUFFER_METHODS:
+            return lambda *args, **keywords: self.call(getattr(self.comm, name), args, keywords)
+        return getattr(self.comm, name)  # rank, size, bcast, guard, at, wait_all, ...
+
+    def call(self, method, args, keywords):
+        """``method(*args, **keywords)`` with every GPU array among them staged (or, if direct, synchronised)."""
+        if self.direct:
+            self.synchronize()
+            return method(*args, **keywords)
+        staged = []
+        args = [self.stage(value, staged) for value in args]
+        keywords = {key: self.stage(value, staged) for key, value in keywords.items()}
+        result = method(*args, **keywords)
+        for array, host in staged:  # what MPI wrote into the host copies (unchanged where it only read)
+            array[...] = self.xp.asarray(host)
+        return result
+
+    def stage(self, value, staged: list):
+        """The host copy of a GPU array (remembered in ``staged``); anything else as it is."""
+        if isinstance(value, list) and value and self.on_device(value[0]):  # [buffer, (counts, displacements)]
+            return [self.stage(value[0], staged), *value[1:]]
+        if not self.on_device(value):
+            return value
+        host = to_numpy(value)
+        staged.append((value, host))
+        return host
+
+    def on_device(self, value) -> bool:
+        return hasattr(value, "shape") and not isinstance(value, np.ndarray)
+
+    def Iallreduce(self, sendbuf, recvbuf, op=None):
+        """Staged: a blocking Allreduce now, and a request already complete; direct: MPI's Iallreduce."""
+        from mpi4py import MPI
+
+        if self.direct:
+            self.synchronize()
+            return self.comm.Iallreduce(sendbuf, recvbuf, op=op or MPI.SUM)
+        self.call(self.comm.Allreduce, (sendbuf, recvbuf), {"op": op or MPI.SUM})
+        return MPI.REQUEST_NULL
+
+
+class WaitForDevice(Hook):
+    """Waits for the GPU's queued work at every phase of a step, so the phase timer charges it where it ran.
+
+    Pass it before the timer: ``train_parallel(..., hooks=[WaitForDevice(network.xp)])``.
+    """
+
+    def __init__(self, xp):
+        self.synchronize = synchronizer(xp)
+
+    def phase(self, run, name) -> None:
+        self.synchronize()

@@ -22,7 +22,10 @@ to a temporary file, flushed to disk, then renamed (nnlib.files.atomic_write), s
 write leaves the previous checkpoint as it was. A damaged, truncated, foreign or other-version file
 raises :class:`CheckpointError` before anything is used.
 
-:class:`CheckpointFolder` keeps the newest ``keep`` checkpoints of a run in one folder.
+:class:`CheckpointFolder` keeps the newest ``keep`` checkpoints of a run in one folder;
+:class:`Checkpointing` is the hook that writes them from a training run and resumes it::
+
+    train_parallel(comm, ..., hooks=[Checkpointing(comm, CheckpointFolder(folder, every=50), resume=True)])
 """
 
 from __future__ import annotations
@@ -37,7 +40,12 @@ from pathlib import Path
 
 import numpy as np
 
+from mpi4py import MPI
+
+from .arrays import to_numpy
+from .collectives import fail_together
 from .files import atomic_write
+from .training import Hook
 
 LESSON = 10
 
@@ -205,3 +213,129 @@ class CheckpointFolder:
         for old in self.files()[:-self.keep]:
             old.unlink(missing_ok=True)
         return path
+
+
+HISTORY_FIELDS = ("loss", "train_accuracy", "validation_accuracy", "seconds")  # what a checkpoint keeps
+
+
+def run_settings(run) -> dict:
+    """What a checkpoint must match to be resumed: the network and the training settings."""
+    network, settings = run.network, run.settings
+    found = dict(layer_sizes=list(network.layer_sizes), output=network.output, dtype=str(network.params.dtype),
+                 num_samples=int(run.plan.num_samples),
+                 batch_size=None if settings.batch_size is None else int(settings.batch_size),
+                 momentum=float(settings.momentum), seed=int(settings.seed),
+                 learning_rate="a schedule" if callable(settings.learning_rate) else float(settings.learning_rate))
+    if run.plan.name != "exact":  # (checkpoints of exact runs, the default, keep their earlier settings)
+        found["sampler"] = run.plan.name
+    if getattr(run.sync, "compression", "none") != "none":
+        found["compression"] = run.sync.compression
+    return found
+
+
+class Checkpointing(Hook):
+    """Writes checkpoints of a (data-parallel) training run, and resumes one, as a hook of its loop.
+
+    comm: the run's communicator (rank 0 writes; every rank learns together whether that worked);
+    folder: a :class:`CheckpointFolder`; resume: continue from the newest checkpoint there, exactly
+    (with the same number of ranks, bit-identical to an uninterrupted run).
+    """
+
+    def __init__(self, comm, folder: CheckpointFolder, resume: bool = False, progress: bool = False):
+        self.comm, self.folder, self.resume, self.progress = comm, folder, resume, progress
+
+    def begin(self, run) -> None:
+        problem, saved = None, None
+        if not isinstance(self.folder, CheckpointFolder):
+            problem = f"checkpoints need a nnlib.checkpoint.CheckpointFolder; got {type(self.folder).__name__}"
+        elif getattr(run.sync, "compression", None) == "topk":
+            problem = "checkpoints do not keep top-k compression's residuals: run top-k without checkpoints"
+        elif self.comm.rank == 0:
+            try:
+                saved = self.newest(run) if self.resume else None
+                self.folder.prepare()
+            except CheckpointError as error:
+                problem = str(error)
+        fail_together(self.comm, problem)
+        if self.resume:
+            self.restore(run, saved)
+
+    def newest(self, run) -> Checkpoint:
+        """Rank 0: the newest checkpoint, checked against this run (CheckpointError if it does not fit)."""
+        saved = self.folder.latest()
+        differences = mismatches(saved.settings, run_settings(run))
+        if differences:
+            raise CheckpointError(f"{saved.path} was written by another run; " + "; ".join(differences)
+                                  + ". Resume with the same settings, or use another checkpoint folder.")
+        if saved.epoch > run.settings.epochs or (saved.epoch == run.settings.epochs and saved.step > 0):
+            raise CheckpointError(f"{saved.path} is at epoch {saved.epoch + 1}, beyond this run's "
+                                  f"{run.settings.epochs} epochs; ask for more epochs to continue it.")
+        return saved
+
+    def restore(self, run, saved) -> None:
+        """Put the run where the checkpoint was: parameters (rank 0; the run's start broadcasts them),
+        velocity, position, the shuffling's state, the history and the epoch's partial sums."""
+        rank = self.comm.rank
+        small = None if saved is None else dict(epoch=saved.epoch, step=saved.step, rng_state=saved.rng_state,
+                                                partial=saved.partial, history=saved.history, ranks=saved.ranks,
+                                                total_steps=saved.total_steps, velocity=saved.velocity is not None)
+        small = self.comm.bcast(small, root=0)
+        if rank == 0:
+            run.network.params[...] = run.network.xp.asarray(saved.params)
+        if small["velocity"] and run.settings.momentum:
+            dtype = to_numpy(run.network.params[:1]).dtype
+            velocity = saved.velocity.astype(dtype) if rank == 0 else np.empty(run.network.num_params, dtype)
+            self.comm.Bcast(velocity, root=0)
+            load_velocity(run.optimizer, velocity)
+        run.epoch, run.step, run.total_steps = small["epoch"], small["step"], small["total_steps"]
+        if run.plan.rng is not None:
+            run.plan.rng.bit_generator.state = small["rng_state"]
+        for name in HISTORY_FIELDS:
+            getattr(run.history, name).extend(small["history"][name])
+        if run.step > 0 and rank == 0:  # the steps done before the checkpoint, summed over ranks
+            run.loss_sum, run.correct_sum = small["partial"][0], int(small["partial"][1])
+        if self.progress and rank == 0:
+            print(f"resuming from {saved.path}: {run.total_steps} steps done (epoch {run.epoch + 1}, step "
+                  f"{run.step}), written by {small['ranks']} rank{'s' if small['ranks'] > 1 else ''}", flush=True)
+
+    def after_step(self, run) -> None:
+        if run.step + 1 < run.steps_in_epoch and self.folder.due(run.total_steps, False):
+            self.write(run, run.epoch, run.step + 1, run.epoch_rng_state)
+
+    def after_epoch(self, run) -> None:
+        if self.folder.due(run.total_steps, True):
+            self.write(run, run.epoch + 1, 0, None if run.plan.rng is None else run.plan.rng.bit_generator.state)
+
+    def write(self, run, epoch: int, steps_done: int, rng_state) -> None:
+        """Rank 0 writes where the run is; every rank learns together whether that worked."""
+        partial = np.array([float(run.loss_sum), float(run.correct_sum)]) if steps_done else np.zeros(2)
+        if steps_done:  # mid-epoch: the totals so far, summed over ranks
+            self.comm.Allreduce(MPI.IN_PLACE, partial, op=MPI.SUM)
+        velocity = self.velocity(run)
+        problem = None
+        if self.comm.rank == 0:
+            history = {name: list(getattr(run.history, name)) for name in HISTORY_FIELDS}
+            record = Checkpoint(params=to_numpy(run.network.params), velocity=velocity, epoch=epoch, step=steps_done,
+                                rng_state=rng_state, partial=partial.tolist(), ranks=self.comm.size,
+                                total_steps=run.total_steps, settings=run_settings(run), history=history)
+            try:
+                self.folder.write(record)
+            except CheckpointError as error:
+                problem = str(error)
+        fail_together(self.comm, problem)
+
+    def velocity(self, run):
+        """The whole momentum vector on rank 0 (None without momentum): ZeRO's gathered from every rank."""
+        if getattr(run.optimizer, "sharded", False):
+            return run.optimizer.full_velocity(self.comm)
+        if self.comm.rank != 0 or run.optimizer.velocity is None:
+            return None
+        return to_numpy(run.optimizer.velocity)
+
+
+def load_velocity(optimizer, whole) -> None:
+    """Give ``optimizer`` (SGD, ZeRO's ShardedSGD, or None on a rank that does not update) a whole velocity."""
+    if getattr(optimizer, "sharded", False):
+        optimizer.load_velocity(whole)  # its own slice
+    elif optimizer is not None and optimizer.velocity is not None:
+        optimizer.velocity[...] = optimizer.network.xp.asarray(whole)

@@ -28,7 +28,9 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
+from .arrays import through_host, to_numpy
 from .costmodel import ring_allreduce_time
+from .parallel.data import DataParallel
 
 LESSON = 11
 
@@ -106,6 +108,33 @@ class Compressor:
         grads[...] = 0
         for rank in range(size):  # in rank order: the same sum on every rank
             grads[indices[rank]] += sent[rank]  # (no index repeats within one rank's message)
+
+
+class CompressedAllreduce(DataParallel):
+    """Data parallelism whose step sends compressed gradients (a :class:`Compressor`), then updates.
+
+    ``train_parallel(..., strategy=compressed("topk", k=1000))`` trains this way.
+    """
+
+    def __init__(self, comm, network, method: str, k: int | None = None):
+        super().__init__(comm, network)
+        self.compression = self.name = method
+        self.compressor = Compressor(method, network.num_params, to_numpy(network.params[:1]).dtype, k)
+
+    def step(self, run) -> None:
+        run.phase("communicate")
+        through_host(self.network.grads, lambda grads: self.compressor.allreduce(self.comm, grads))
+        run.phase("update")
+        run.optimizer.step()
+
+
+def compressed(method: str, k: int | None = None):
+    """The strategy ``train_parallel`` takes for compressed gradients: a function of (comm, network)."""
+    def make(comm, network):
+        return CompressedAllreduce(comm, network, method, k)
+
+    make.__name__ = method
+    return make
 
 
 def message_bytes(method: str, num_params: int, k: int | None = None, itemsize: int = 8) -> int:

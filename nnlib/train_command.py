@@ -42,9 +42,7 @@ LESSON = 11  # the batch job: it offers every lesson's options
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from .parallel import STRATEGIES
-
-    parser.add_argument("--strategy", choices=STRATEGIES, default="allreduce",
+    parser.add_argument("--strategy", choices=JOB_STRATEGIES, default="allreduce",
                         help="how gradients are combined (zero: ZeRO stages 1-2; overlap: sent during backward)")
     parser.add_argument("--sampler", choices=("exact", "per_rank"), default="exact",
                         help="exact: the sequential run's batches; per_rank: each rank samples its own shard")
@@ -98,6 +96,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "kill (SIGKILL) or hang")
 
 
+JOB_STRATEGIES = ("parameter_server", "reduce_broadcast", "allreduce", "zero", "overlap")  # lessons 05 and 08
 FAULTS = ("raise", "exit", "kill", "hang")
 ABORT_GRACE = 10  # seconds MPI_Abort may take before the rank ends itself (SIGALRM)
 RELAY_PAUSE = 1.0  # seconds for mpiexec to relay what a rank printed before MPI_Abort ends the job
@@ -128,7 +127,7 @@ def parse_slow(text):
     return {rank: seconds}
 
 
-def check_lesson_11(args, ranks: int) -> None:
+def check_compression_and_asynchrony(args, ranks: int) -> None:
     """--compression, --topk, --asynchronous, --staleness, --slow: what each needs (same verdict on every rank)."""
     from .compression import check_method
     from .network import count_parameters
@@ -165,7 +164,7 @@ def check_lesson_11(args, ranks: int) -> None:
 
 
 def straggler(slow: dict, rank: int):
-    """An on_step hook making this rank ``slow[rank]`` seconds slower per step (None if it is not slowed)."""
+    """A function (epoch, step, total_steps) making this rank ``slow[rank]`` seconds slower per step (None: not slowed)."""
     if rank not in slow:
         return None
 
@@ -175,20 +174,8 @@ def straggler(slow: dict, rank: int):
     return wait
 
 
-def both(first, second):
-    """Two on_step hooks (either may be None) as one."""
-    if first is None or second is None:
-        return first or second
-
-    def hook(*where):
-        first(*where)
-        second(*where)
-
-    return hook
-
-
 def fault_injector(fault, rank):
-    """An on_step hook for train_parallel making this rank fail as ``fault`` says (None: no hook)."""
+    """A function (epoch, step, total_steps) making this rank fail as ``fault`` says after that step (None: none)."""
     if fault is None or fault[0] != rank:
         return None
     _, at_step, kind = fault
@@ -253,6 +240,9 @@ def abort_job(error: BaseException) -> None:
 def check_settings(args, ranks: int) -> None:
     """ValueError for options that cannot go together on ``ranks`` ranks (no I/O, no MPI: every rank
     reaches the same verdict from the same arguments, before any collective)."""
+    problems = job_settings(args).problems()  # epochs, rate, batch, momentum, seed: nnlib.training.Settings
+    if problems:
+        raise ValueError("; ".join(problems))
     if args.resume and not args.checkpoint_dir:
         raise ValueError("--resume needs --checkpoint-dir (the folder of the run to continue)")
     if args.checkpoint_every < 0:
@@ -260,55 +250,72 @@ def check_settings(args, ranks: int) -> None:
                          f"got {args.checkpoint_every}")
     if args.model_parallel != "none":
         check_model_parallel(args)
-    check_lesson_11(args, ranks)
+    check_compression_and_asynchrony(args, ranks)
 
 
 def train_job(args) -> int:
     from mpi4py import MPI
     from threadpoolctl import threadpool_limits
 
-    from . import data
-    from .checkpoint import CheckpointFolder
-    from .network import Network
-    from .arrays import is_numpy
-    from .backend import cuda_aware_mpi, gpu_status, resolve_backend, use_gpu_of_local_rank
-    from .parallel import gather_phase_seconds, shard, train_parallel
+    from .collectives import raised_on_every_rank
     from .watchdog import watch
-    from .collectives import fail_together, raised_on_every_rank, require_same_on_every_rank
 
     threadpool_limits(args.threads)  # one BLAS thread per rank unless told otherwise
     try:  # every rank parses the same arguments: the same verdict everywhere, before any collective
-        fault = parse_fault(args.fault)
+        settings = job_settings(args)
         check_settings(args, MPI.COMM_WORLD.size)
-        checkpoints = CheckpointFolder(args.checkpoint_dir, args.checkpoint_every or None) \
-            if args.checkpoint_dir else None
-        comm = watch(MPI.COMM_WORLD, args.timeout)  # the set-up's collectives have a deadline too
+        comm = watch(MPI.COMM_WORLD, args.timeout)  # every collective of the job has a deadline
     except ValueError as problem:
         raise raised_on_every_rank(problem) from None
-    rank = comm.rank
-    error = None
-    inputs = labels = test_inputs = test_labels = None
-    if rank == 0:
+    data, test = load_data(args, comm)
+    if args.model_parallel != "none":
+        return model_parallel_job(args, comm, settings, data, test)
+    if args.asynchronous:
+        return asynchronous_job(args, comm, settings, data, test)
+    return data_parallel_job(args, comm, settings, data, test)
+
+
+def job_settings(args):
+    """The training settings of the job (nnlib.training.Settings), checked with its other options."""
+    from .training import Settings
+
+    return Settings(epochs=args.epochs, learning_rate=args.learning_rate, batch_size=args.batch_size or None,
+                    momentum=args.momentum, seed=args.seed)
+
+
+def load_data(args, comm):
+    """Rank 0 loads and checks MNIST: ((inputs, labels), (test inputs, test labels)), None elsewhere."""
+    from . import data
+    from .collectives import raised_on_every_rank
+
+    error, loaded = None, ((None, None), (None, None))
+    if comm.rank == 0:
         try:
             if args.output and not Path(args.output).expanduser().resolve().parent.is_dir():
                 raise ValueError(f"--output {args.output}: its folder does not exist")
             mnist = data.load_mnist(args.data_dir, progress=False)
             if not 1 <= args.samples <= len(mnist.train_images):
                 raise ValueError(f"--samples must be between 1 and {len(mnist.train_images)}; got {args.samples}")
-            inputs = data.scale_pixels(mnist.train_images[:args.samples], args.dtype)
-            labels = mnist.train_labels[:args.samples].astype(np.int64)
-            test_inputs = data.scale_pixels(mnist.test_images, args.dtype)
-            test_labels = mnist.test_labels.astype(np.int64)
+            loaded = ((data.scale_pixels(mnist.train_images[:args.samples], args.dtype),
+                       mnist.train_labels[:args.samples].astype(np.int64)),
+                      (data.scale_pixels(mnist.test_images, args.dtype), mnist.test_labels.astype(np.int64)))
         except (data.MNISTError, ValueError) as problem:
             error = str(problem)
     error = comm.bcast(error, root=0)
     if error:
         raise raised_on_every_rank(ValueError(error))
+    return loaded
 
-    if args.model_parallel != "none":
-        return model_parallel_job(args, comm, inputs, labels, test_inputs, test_labels)
-    if args.asynchronous:
-        return asynchronous_job(args, comm, inputs, labels, test_inputs, test_labels)
+
+def job_network(args, comm):
+    """This rank's network, on its GPU with --device gpu or auto (one GPU per rank of a node); (network, GPU index)."""
+    from mpi4py import MPI
+
+    from .arrays import is_numpy
+    from .backend import resolve_backend, use_gpu_of_local_rank
+    from .collectives import fail_together, require_same_on_every_rank
+    from .network import Network
+
     gpu_index = use_gpu_of_local_rank(MPI.COMM_WORLD) if args.device != "cpu" else None
     try:
         network = Network((784, *args.hidden, 10), output=args.output_layer, dtype=args.dtype, seed=args.seed,
@@ -317,36 +324,89 @@ def train_job(args) -> int:
     except RuntimeError as no_gpu:  # --device gpu without a usable GPU on this rank
         network, problem = None, str(no_gpu)
     fail_together(comm, problem)
-    on_gpu = not is_numpy(network.xp)
-    require_same_on_every_rank(comm, "the device (--device auto found a GPU on some ranks only)", on_gpu)
-    local_inputs, local_labels, start = shard(comm, inputs, labels)
-    if rank == 0:
-        print(f"{comm.size} ranks, strategy {args.strategy}, network {'-'.join(map(str, network.layer_sizes))}, "
-              f"{args.samples} samples, global batch {args.batch_size or 'full'}", flush=True)
-        if args.compression != "none":
-            from .compression import message_bytes
+    require_same_on_every_rank(comm, "the device (--device auto found a GPU on some ranks only)",
+                               not is_numpy(network.xp))
+    return network, gpu_index
 
-            print(f"gradients compressed: {args.compression}{f' (k = {args.topk})' if args.topk else ''}, "
-                  f"{message_bytes(args.compression, network.num_params, args.topk, network.params.dtype.itemsize):,} "
-                  f"bytes per rank per step instead of {network.params.nbytes:,}", flush=True)
-    gpus = comm.gather(gpu_index if on_gpu else None, root=0)
-    if rank == 0 and on_gpu:
+
+def job_strategy(args):
+    """What train_parallel takes for --strategy and --compression."""
+    if args.compression != "none":
+        from .compression import compressed
+
+        return compressed(args.compression, args.topk)
+    if args.strategy == "zero":
+        from .parallel.zero import ZeRO
+
+        return ZeRO
+    if args.strategy == "overlap":
+        from .parallel.overlap import Overlap
+
+        return Overlap
+    return args.strategy
+
+
+def job_hooks(args, comm, network) -> list:
+    """The training loop's hooks for the job's options: deadlines' notes, the GPU's waits, checkpoints, faults."""
+    from .arrays import is_numpy
+    from .backend import WaitForDevice
+    from .checkpoint import Checkpointing, CheckpointFolder
+    from .parallel.data import EveryStep
+    from .watchdog import RunNotes
+
+    hooks = [RunNotes(comm)]
+    if not is_numpy(network.xp):
+        hooks.append(WaitForDevice(network.xp))  # so each phase's time is its own
+    if args.checkpoint_dir:
+        folder = CheckpointFolder(args.checkpoint_dir, args.checkpoint_every or None)
+        hooks.append(Checkpointing(comm, folder, args.resume, progress=True))
+    for action in (fault_injector(parse_fault(args.fault), comm.rank), straggler(parse_slow(args.slow), comm.rank)):
+        if action is not None:
+            hooks.append(EveryStep(action))
+    return hooks
+
+
+def data_parallel_job(args, comm, settings, data, test) -> int:
+    """The data-parallel job: shard, train (nnlib.parallel.train_parallel), report."""
+    from .arrays import is_numpy
+    from .backend import HostStaging
+    from .parallel import gather_phase_seconds, shard, train_parallel
+    from .parallel.sampling import PerRankBatches
+
+    network, gpu_index = job_network(args, comm)
+    on_gpu = not is_numpy(network.xp)
+    local_inputs, local_labels, start = shard(comm, *data)
+    announce(args, comm, network, comm.gather(gpu_index if on_gpu else None, root=0))
+    with comm.guard():  # a rank that raises tells the others, which stop at once
+        history = train_parallel(HostStaging(comm, network.xp) if on_gpu else comm, network, local_inputs,
+                                 local_labels, num_samples=args.samples, start=start, settings=settings,
+                                 strategy=job_strategy(args), progress=True, hooks=job_hooks(args, comm, network),
+                                 batches=PerRankBatches if args.sampler == "per_rank" else None)
+    phases = gather_phase_seconds(comm, history)
+    if comm.rank == 0:
+        report(args, comm.size, history, phases, network.accuracy(*test), network.get_params(),
+               network.layer_sizes, args.strategy)
+    return 0
+
+
+def announce(args, comm, network, gpus) -> None:
+    """Rank 0 says what the job runs: ranks, strategy, network, samples, batch; compression and GPUs."""
+    from .backend import cuda_aware_mpi, gpu_status
+
+    if comm.rank != 0:
+        return
+    print(f"{comm.size} ranks, strategy {args.strategy}, network {'-'.join(map(str, network.layer_sizes))}, "
+          f"{args.samples} samples, global batch {args.batch_size or 'full'}", flush=True)
+    if args.compression != "none":
+        from .compression import message_bytes
+
+        print(f"gradients compressed: {args.compression}{f' (k = {args.topk})' if args.topk else ''}, "
+              f"{message_bytes(args.compression, network.num_params, args.topk, network.params.dtype.itemsize):,} "
+              f"bytes per rank per step instead of {network.params.nbytes:,}", flush=True)
+    if any(gpu is not None for gpu in gpus):
         print(f"on the GPU ({gpu_status()[1]}); GPU of each rank: {gpus}; gradients "
               f"{'passed directly (CUDA-aware MPI)' if cuda_aware_mpi() else 'staged through host memory'}",
               flush=True)
-    history = train_parallel(
-        comm, network, local_inputs, local_labels, num_samples=args.samples, start=start,
-        epochs=args.epochs, learning_rate=args.learning_rate, batch_size=args.batch_size or None,
-        momentum=args.momentum, seed=args.seed, strategy=args.strategy, sampler=args.sampler, progress=True,
-        timeout=comm.timeout, checkpoints=checkpoints, resume=args.resume,
-        on_step=both(fault_injector(fault, rank), straggler(parse_slow(args.slow), rank)),
-        compression=args.compression, k=args.topk)
-
-    phases = gather_phase_seconds(comm, history)
-    if rank == 0:
-        report(args, comm.size, history, phases, network.accuracy(test_inputs, test_labels), network.get_params(),
-               network.layer_sizes, args.strategy)
-    return 0
 
 
 def report(args, ranks, history, phases, test_accuracy, params, layer_sizes, strategy) -> None:
@@ -378,25 +438,26 @@ def check_model_parallel(args) -> None:
         raise ValueError(f"--model-size must be 0 (all ranks) or a positive number; got {args.model_size}")
 
 
-def model_parallel_job(args, comm, inputs, labels, test_inputs, test_labels) -> int:
+def model_parallel_job(args, comm, settings, data, test) -> int:
     """--model-parallel tensor|pipeline: nnlib.parallel.grid's grid; every rank gets the data from rank 0."""
     from .collectives import broadcast_new
     from .parallel import gather_phase_seconds
     from .parallel.grid import train_hybrid
+    from .parallel.sampling import PerRankBatches
 
-    inputs, labels, test_inputs, test_labels = (broadcast_new(comm, array) for array in
-                                                (inputs, labels, test_inputs, test_labels))
+    (inputs, labels), (test_inputs, test_labels) = [(broadcast_new(comm, first), broadcast_new(comm, second))
+                                                    for first, second in (data, test)]
     model_size = args.model_size or comm.size
     sizes = (784, *args.hidden, 10)
     if comm.rank == 0:
         print(f"{comm.size} ranks: {comm.size // model_size if comm.size % model_size == 0 else '?'} replica(s) of "
               f"{model_size} ({args.model_parallel} parallelism inside), network {'-'.join(map(str, sizes))}, "
               f"{args.samples} samples, global batch {args.batch_size or 'full'}", flush=True)
-    network, history = train_hybrid(
-        comm.comm, args.model_parallel, model_size, sizes, inputs, labels, output=args.output_layer, dtype=args.dtype,
-        init_seed=args.seed, micro_batches=args.micro_batches, schedule=args.schedule, epochs=args.epochs,
-        learning_rate=args.learning_rate, batch_size=args.batch_size or None, momentum=args.momentum, seed=args.seed,
-        sampler=args.sampler, progress=True, timeout=comm.timeout)
+    with comm.guard():
+        network, history = train_hybrid(
+            comm.comm, args.model_parallel, model_size, sizes, inputs, labels, output=args.output_layer,
+            dtype=args.dtype, init_seed=args.seed, micro_batches=args.micro_batches, schedule=args.schedule,
+            settings=settings, batches=PerRankBatches if args.sampler == "per_rank" else None, progress=True)
     test_accuracy = network.accuracy(test_inputs, test_labels)  # every piece of each replica takes part
     params = network.full_params()
     phases = gather_phase_seconds(comm, history)
@@ -405,42 +466,43 @@ def model_parallel_job(args, comm, inputs, labels, test_inputs, test_labels) -> 
     return 0
 
 
-def asynchronous_job(args, comm, inputs, labels, test_inputs, test_labels) -> int:
+def asynchronous_job(args, comm, settings, data, test) -> int:
     """--asynchronous: nnlib.parallel.asynchronous's parameter server on rank 0; every rank gets the data
     from rank 0."""
-    from .parallel.asynchronous import train_async
     from .collectives import broadcast_new
     from .network import Network
+    from .parallel.asynchronous import train_async
 
-    inputs, labels = broadcast_new(comm, inputs), broadcast_new(comm, labels)
+    inputs, labels = broadcast_new(comm, data[0]), broadcast_new(comm, data[1])
     network = Network((784, *args.hidden, 10), output=args.output_layer, dtype=args.dtype, seed=args.seed)
     bound = "unbounded" if args.staleness is None else f"at most {args.staleness} steps ahead"
     if comm.rank == 0:
         print(f"{comm.size} ranks: a parameter server and {comm.size - 1} workers (staleness {bound}), network "
               f"{'-'.join(map(str, network.layer_sizes))}, {args.samples} samples, global batch {args.batch_size}"
               + ("; plain SGD, --momentum is not used" if args.momentum else ""), flush=True)
-    history = train_async(comm, network, inputs, labels, epochs=args.epochs, learning_rate=args.learning_rate,
-                          batch_size=args.batch_size, staleness=args.staleness, seed=args.seed,
-                          slow=parse_slow(args.slow), timeout=comm.timeout)
-    if comm.rank != 0:
-        return 0
+    history = train_async(comm, network, inputs, labels, settings, staleness=args.staleness, slow=parse_slow(args.slow))
+    if comm.rank == 0:
+        report_asynchronous(args, comm.size, history, network, test)
+    return 0
+
+
+def report_asynchronous(args, ranks: int, history, network, test) -> None:
+    """On rank 0: every epoch's loss and accuracy, the test accuracy, the staleness; write --output if given."""
     for epoch, (loss, accuracy, seconds) in enumerate(zip(history.loss, history.train_accuracy,
                                                           history.epoch_seconds)):
         print(f"epoch {epoch + 1}/{args.epochs}: loss {loss:.4f}, training accuracy {accuracy:.4f}, "
               f"{seconds:.2f} s from the start")
     staleness = np.array(history.staleness)
-    test_accuracy = network.accuracy(test_inputs, test_labels)
+    test_accuracy = network.accuracy(*test)
     print(f"test accuracy {test_accuracy:.4f}; staleness: mean {staleness.mean():.2f}, largest {staleness.max()} "
-          f"updates; updates per worker: {np.bincount(history.worker, minlength=comm.size)[1:].tolist()}")
+          f"updates; updates per worker: {np.bincount(history.worker, minlength=ranks)[1:].tolist()}")
     if args.output:
         save_npz(args.output, params=network.get_params(), layer_sizes=np.array(network.layer_sizes),
                  loss=np.array(history.loss), train_accuracy=np.array(history.train_accuracy),
                  epoch_seconds=np.array(history.epoch_seconds), staleness=staleness, worker=np.array(history.worker),
                  update_seconds=np.array(history.seconds), test_accuracy=np.array(test_accuracy),
-                 epoch_params=np.array(history.params),
-                 ranks=np.array(comm.size), strategy=np.array("asynchronous"))
+                 epoch_params=np.array(history.params), ranks=np.array(ranks), strategy=np.array("asynchronous"))
         print(f"wrote {args.output}")
-    return 0
 
 
 def save_npz(path, **arrays) -> None:

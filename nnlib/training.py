@@ -1,4 +1,4 @@
-"""Training: full-batch gradient descent and mini-batch SGD with optional momentum.
+"""Training: full-batch gradient descent and mini-batch SGD with momentum, in one loop.
 
 One step with learning rate eta and momentum mu, on the flat vectors:
 
@@ -7,17 +7,31 @@ One step with learning rate eta and momentum mu, on the flat vectors:
 
 Full-batch gradient descent is SGD whose batch is the whole training set: one
 step per epoch.
+
+:func:`train_loop` is the one training loop of the series. Sequential training (:func:`train`) runs it
+with one process; lesson 05's data-parallel training runs the very same loop on every rank, with a
+different way of combining the gradients (its ``sync``) and a different plan of batches::
+
+    for every epoch:
+        for every step of the plan (which rows, and the batch size to divide by):
+            data      take this step's rows
+            compute   the loss and its gradient (backpropagation)
+            sync      combine the gradients and update (here: just the update)
+        the epoch's loss and accuracy, summed over the ranks (here: one rank)
+
+Hooks watch or extend the loop without changing it (:class:`Hook`): a progress bar here; phase
+timing (lesson 05), checkpoints and deadlines (lesson 10) in their own lessons' modules.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from typing import Callable
 
 import numpy as np
 
-from .arrays import is_numpy, to_numpy
 
 LESSON = 3
 
@@ -37,15 +51,6 @@ class SGD:
     def step(self) -> None:
         """Update ``network.params`` in place from ``network.grads``."""
         sgd_update(self.network.params, self.network.grads, self.velocity, self.learning_rate, self.momentum)
-
-    def full_velocity(self, comm=None):
-        """The velocity as a NumPy vector (None without momentum), for a checkpoint."""
-        return None if self.velocity is None else to_numpy(self.velocity)
-
-    def load_velocity(self, whole) -> None:
-        """Take a velocity vector from a checkpoint."""
-        if self.velocity is not None:
-            self.velocity[...] = self.network.xp.asarray(whole)
 
 
 def sgd_update(params, grads, velocity, learning_rate: float, momentum: float) -> None:
@@ -103,13 +108,14 @@ class History:
     loss: mean training cost over the epoch's batches; train_accuracy: the fraction
     of training samples classified right as the batches went by; validation_accuracy:
     on the validation set after the epoch (empty if none); seconds: training time of
-    each epoch (evaluation excluded).
+    each epoch (evaluation excluded); steps: the steps this run took.
     """
 
     loss: list = field(default_factory=list)
     train_accuracy: list = field(default_factory=list)
     validation_accuracy: list = field(default_factory=list)
     seconds: list = field(default_factory=list)
+    steps: int = 0
 
     @property
     def epochs(self) -> int:
@@ -137,22 +143,310 @@ def batches(num_samples: int, batch_size: int, rng):
     return [order[start:stop] for start, stop in batch_ranges(num_samples, batch_size)]
 
 
-def train(network, inputs, labels, *, epochs: int, learning_rate, batch_size=None,
-          momentum: float = 0.0, seed: int = 0, validation=None, progress: bool = True) -> History:
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How to train: the same object for one process, for many ranks and for the batch job.
+
+    epochs:        passes over the training data.
+    learning_rate: a number, or a function of the progress in epochs (0.0, 0.25, ..., 1.0, ...)
+                   giving the rate before every step (a schedule: step decay, or a warm-up).
+    batch_size:    None for full-batch gradient descent, else the (global) batch of mini-batch SGD.
+    momentum:      mu, in [0, 1).
+    seed:          numpy.random.default_rng(seed) shuffles the samples every epoch.
+    """
+
+    epochs: int
+    learning_rate: float | Callable
+    batch_size: int | None = None
+    momentum: float = 0.0
+    seed: int = 0
+
+    def problems(self) -> list[str]:
+        """Everything wrong with these settings (empty if nothing): the one place they are checked."""
+        found = []
+        if not is_whole(self.epochs) or self.epochs < 1:
+            found.append(f"epochs must be a positive integer; got {self.epochs!r}")
+        if self.batch_size is not None and (not is_whole(self.batch_size) or self.batch_size < 1):
+            found.append(f"batch_size must be at least 1 (or None: the full batch); got {self.batch_size!r}")
+        if not callable(self.learning_rate):
+            found += problem_of(check_learning_rate, self.learning_rate)
+        found += problem_of(check_momentum, self.momentum)
+        if not is_whole(self.seed):
+            found.append(f"seed must be a whole number; got {self.seed!r}")
+        return found
+
+    def check(self) -> Settings:
+        """Raise ValueError naming every problem (see :meth:`problems`); return the settings."""
+        if self.problems():
+            raise ValueError("; ".join(self.problems()))
+        return self
+
+    def schedule(self):
+        """The learning rate as a checked function of the progress in epochs (see :func:`as_schedule`)."""
+        return as_schedule(self.learning_rate)
+
+    @classmethod
+    def from_keywords(cls, settings: Settings | None, keywords: dict) -> Settings:
+        """``settings`` itself, or Settings(**keywords): train(..., epochs=3, learning_rate=0.1) works too."""
+        if settings is not None and keywords:
+            raise TypeError(f"give the settings as one Settings or as keywords, not both (got {sorted(keywords)})")
+        if settings is not None:
+            return settings
+        unknown = sorted(set(keywords) - {field.name for field in fields(cls)})
+        if unknown:
+            raise TypeError(f"unknown settings {unknown}; the settings are epochs, learning_rate, batch_size, "
+                            "momentum and seed")
+        return cls(**keywords)
+
+
+def is_whole(value) -> bool:
+    """Whether ``value`` is an integer (not a bool)."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+def problem_of(check, value) -> list[str]:
+    """[the ValueError's message] if ``check(value)`` raises one, else []."""
+    try:
+        check(value)
+    except ValueError as error:
+        return [str(error)]
+    return []
+
+
+class Batches:
+    """Which rows each step of an epoch trains on: ``epoch(e)`` -> [(rows, divide_by)].
+
+    Every epoch, all N rows in an order shuffled by numpy.random.default_rng(seed), cut into batches
+    of b (the last may be smaller); rows is an index array (host memory) and divide_by its length.
+    Full-batch gradient descent (b None, or b >= N): one step, rows None (all of them), divide_by N.
+    """
+
+    name = "exact"
+
+    def __init__(self, num_samples: int, batch_size: int | None, seed: int):
+        self.num_samples = int(num_samples)
+        self.batch_size = self.num_samples if batch_size is None else min(int(batch_size), self.num_samples)
+        self.full_batch = self.batch_size >= self.num_samples
+        self.rng = None if self.full_batch else np.random.default_rng(seed)
+
+    def epoch(self, epoch: int) -> list:
+        if self.full_batch:
+            return [(None, self.num_samples)]
+        return [(indices, len(indices)) for indices in batches(self.num_samples, self.batch_size, self.rng)]
+
+
+class Hook:
+    """Watches or extends the training loop; :func:`train_loop` calls each method at its moment.
+
+    A hook overrides the methods it needs; the others do nothing.
+    """
+
+    def begin(self, run) -> None:
+        """Before the first step."""
+
+    def phase(self, run, name) -> None:
+        """A phase of the step begins: "data", "compute", "communicate", "update"; None: the step ended."""
+
+    def after_step(self, run) -> None:
+        """After step ``run.step`` of epoch ``run.epoch`` (0-based); ``run.total_steps`` counts it."""
+
+    def after_epoch(self, run) -> None:
+        """After epoch ``run.epoch``, once its loss and accuracy are in ``run.history``."""
+
+    def end(self, run) -> None:
+        """After the last epoch, or when the run stops with an error."""
+
+
+class ProgressBar(Hook):
+    """A tqdm bar over the epochs, with the loss (and the validation accuracy) of the last one."""
+
+    def __init__(self, show: bool = True):
+        self.show, self.bar = show, None
+
+    def begin(self, run) -> None:
+        from tqdm import tqdm
+
+        self.bar = tqdm(total=run.settings.epochs, initial=run.epoch, disable=not self.show, unit="epoch")
+
+    def after_epoch(self, run) -> None:
+        postfix = {"loss": f"{run.history.loss[-1]:.4f}"}
+        if run.history.validation_accuracy:
+            postfix["val"] = f"{run.history.validation_accuracy[-1]:.4f}"
+        self.bar.set_postfix(postfix, refresh=False)
+        self.bar.update(1)
+
+    def end(self, run) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+class LocalUpdate:
+    """How one process combines its gradients: there is nothing to combine; a step is the update.
+
+    Lesson 05's ways of combining the ranks' gradients have the same methods (nnlib.parallel.data).
+    """
+
+    size = 1
+    layer_done = None  # nothing to start while backpropagation runs
+
+    def optimizer(self, network, learning_rate: float, momentum: float):
+        return SGD(network, learning_rate, momentum)
+
+    def begin(self, run) -> None:
+        """Nothing to agree on before the first step."""
+
+    def step(self, run) -> None:
+        run.phase("update")
+        run.optimizer.step()
+
+    def sum_over_ranks(self, values: np.ndarray) -> np.ndarray:
+        return values
+
+    def score(self, network, validation) -> float:
+        return network.accuracy(*validation)
+
+    def everywhere(self, error: BaseException) -> BaseException:
+        return error
+
+
+@dataclass
+class Run:
+    """Where a training run is: what :func:`train_loop` and its hooks share.
+
+    plan: the batches (:class:`Batches`); sync: how gradients are combined (:class:`LocalUpdate`);
+    step: the next step of ``epoch`` to run (a resumed run starts later); loss_sum, correct_sum:
+    this epoch's so far, on this rank; epoch_rng_state: the plan's random state when the epoch began.
+    """
+
+    network: object
+    settings: Settings
+    plan: Batches
+    sync: object = field(default_factory=LocalUpdate)
+    hooks: list = field(default_factory=list)
+    history: History = field(default_factory=History)
+    validation: tuple | None = None
+    optimizer: object = None
+    epoch: int = 0
+    step: int = 0
+    steps_in_epoch: int = 0
+    total_steps: int = 0
+    loss_sum: object = 0.0
+    correct_sum: object = 0
+    rate: float = 0.0
+    epoch_rng_state: object = None
+
+    def phase(self, name) -> None:
+        """Tell every hook that phase ``name`` begins (None: the step ended)."""
+        for hook in self.hooks:
+            hook.phase(self, name)
+
+
+def train_loop(run: Run, inputs, labels) -> History:
+    """Train ``run.network`` on this process's rows (inputs (N, n_0), labels (N,)); return the history.
+
+    The data moves to the network's device once. Each epoch: the plan's steps, then the epoch's
+    totals (see the module docstring). On the host with one process the loss is checked after every
+    step; otherwise once per epoch, after the sum over ranks, so every rank stops together.
+    """
+    network, sync, settings, xp = run.network, run.sync, run.settings, run.network.xp
+    inputs, labels = xp.asarray(inputs), xp.asarray(labels)
+    schedule = settings.schedule()
+    run.optimizer = sync.optimizer(network, schedule(0.0), settings.momentum)
+    try:
+        for hook in run.hooks:
+            hook.begin(run)
+        sync.begin(run)
+        while run.epoch < settings.epochs:
+            began = time.perf_counter()
+            run.epoch_rng_state = None if run.plan.rng is None else run.plan.rng.bit_generator.state
+            steps = rows_on_device(run.plan.epoch(run.epoch), xp)
+            run.steps_in_epoch = len(steps)
+            if run.step == 0:
+                run.loss_sum, run.correct_sum = 0.0, 0
+            for step in range(run.step, len(steps)):
+                run.step, run.rate = step, schedule(run.epoch + step / len(steps))
+                train_step(run, inputs, labels, *steps[step])
+            end_epoch(run, time.perf_counter() - began)
+    finally:
+        for hook in run.hooks:
+            hook.end(run)
+    return run.history
+
+
+def train_step(run: Run, inputs, labels, rows, divide_by: int) -> None:
+    """One step: data, compute, then the sync's communicate and update; hooks hear of each phase."""
+    network, xp = run.network, run.network.xp
+    if run.optimizer is not None:
+        run.optimizer.learning_rate = run.rate
+    run.phase("data")
+    if rows is not None:
+        inputs, labels = xp.take(inputs, rows, axis=0), xp.take(labels, rows, axis=0)
+    run.phase("compute")
+    if inputs.shape[0]:
+        loss = network.loss_and_gradient(inputs, labels, normalizer=divide_by, check=False,
+                                         on_device=xp is not np, on_layer_done=run.sync.layer_done)
+    else:  # none of this batch's rows are on this rank: its share of the gradient is zero
+        loss, network.last_correct = 0.0, 0
+        network.grads[...] = 0
+        for layer in range(network.num_layers - 1, -1, -1):
+            if run.sync.layer_done is not None:
+                run.sync.layer_done(layer)
+    if run.sync.size == 1 and xp is np and not math.isfinite(loss):
+        raise diverged(loss, f"at epoch {run.epoch + 1}, step {run.step + 1}", run.rate)
+    run.loss_sum += loss * divide_by
+    run.correct_sum += network.last_correct
+    run.sync.step(run)
+    run.phase(None)
+    run.total_steps += 1
+    run.history.steps += 1
+    for hook in run.hooks:
+        hook.after_step(run)
+
+
+def end_epoch(run: Run, seconds: float) -> None:
+    """Sum the epoch's loss and correct answers over the ranks, check the loss, record the epoch."""
+    history, num_samples = run.history, run.plan.num_samples
+    totals = run.sync.sum_over_ranks(np.array([float(run.loss_sum), float(run.correct_sum)]))  # one trip back
+    history.seconds.append(seconds)
+    loss = float(totals[0]) / num_samples
+    if not math.isfinite(loss):
+        on_host = run.network.xp is np
+        where = f"in epoch {run.epoch + 1}" + ("" if on_host else " (checked once per epoch on the GPU)")
+        raise run.sync.everywhere(diverged(loss, where, run.rate))
+    history.loss.append(loss)
+    history.train_accuracy.append(float(totals[1]) / num_samples)
+    if run.validation is not None:
+        history.validation_accuracy.append(run.sync.score(run.network, run.validation))
+    for hook in run.hooks:
+        hook.after_epoch(run)
+    run.epoch, run.step = run.epoch + 1, 0
+
+
+def rows_on_device(steps: list, xp) -> list:
+    """The steps with their row indices on the arrays' device, in one copy for the epoch (none for NumPy).
+
+    A copy per step would make the CPU wait for the GPU at every step.
+    """
+    if xp is np or all(rows is None for rows, _ in steps):
+        return steps
+    order = xp.asarray(np.concatenate([rows for rows, _ in steps]))
+    ends = np.cumsum([len(rows) for rows, _ in steps])
+    return [(order[end - len(rows):end], divide_by) for (rows, divide_by), end in zip(steps, ends)]
+
+
+def train(network, inputs, labels, settings: Settings | None = None, *, validation=None, progress: bool = True,
+          **keywords) -> History:
     """Train ``network`` in place and return its :class:`History`.
 
-    inputs (N, n_0) floats, labels (N,) integers. ``batch_size=None`` means full-batch
-    gradient descent (one step per epoch); otherwise mini-batch SGD, reshuffled each
-    epoch with numpy.random.default_rng(seed). ``learning_rate`` is a number, or a
-    function of the training progress in epochs (0.0, 0.25, ..., 1.0, ...) evaluated before
-    every step (a schedule: step decay, or a gradual warm-up). ``validation=(inputs, labels)`` is
-    scored after each epoch. ``progress`` shows a tqdm bar over epochs.
+    inputs (N, n_0) floats, labels (N,) integers; ``settings`` a :class:`Settings`, or its fields as
+    keywords (``train(network, inputs, labels, epochs=3, learning_rate=0.1, batch_size=32)``).
+    ``validation=(inputs, labels)`` is scored after each epoch; ``progress`` shows a tqdm bar.
     Raises FloatingPointError as soon as the loss is NaN or infinite.
     """
-    from tqdm import tqdm
-
+    settings = Settings.from_keywords(settings, keywords)
     xp = network.xp
-    # The data moves to the network's device once (no copy for NumPy) and stays there.
     inputs, labels = xp.asarray(inputs), xp.asarray(labels)
     network.check_inputs(inputs)
     network.check_labels(labels, inputs.shape[0])
@@ -160,51 +454,7 @@ def train(network, inputs, labels, *, epochs: int, learning_rate, batch_size=Non
         validation = (xp.asarray(validation[0]), xp.asarray(validation[1]))
         network.check_inputs(validation[0])
         network.check_labels(validation[1], validation[0].shape[0])
-    if not isinstance(epochs, int) or epochs < 1:
-        raise ValueError(f"epochs must be a positive integer; got {epochs!r}")
-    num_samples = inputs.shape[0]
-    batch_size = num_samples if batch_size is None else int(batch_size)
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be at least 1; got {batch_size}")
-    schedule = as_schedule(learning_rate)
-    optimizer = SGD(network, schedule(0.0), momentum)
-    on_host = is_numpy(xp)  # elsewhere (a GPU) the loss stays on the device until the epoch ends
-    full_batch = batch_size >= num_samples
-    rng = None if full_batch else np.random.default_rng(seed)
-    history = History()
-
-    bar = tqdm(range(epochs), disable=not progress, unit="epoch")
-    for epoch in bar:
-        start = time.perf_counter()
-        total_loss, correct = 0.0, 0
-        # The epoch's shuffled order goes to the device in one copy; each batch is a slice of it.
-        # (A copy per step would make the CPU wait for the GPU at every step.)
-        order = None if full_batch else xp.asarray(epoch_order(num_samples, rng))
-        epoch_batches = batch_ranges(num_samples, batch_size)
-        for step, (begin, end) in enumerate(epoch_batches):
-            optimizer.learning_rate = rate = schedule(epoch + step / len(epoch_batches))
-            if full_batch:
-                batch_inputs, batch_labels = inputs, labels
-            else:
-                indices = order[begin:end]
-                batch_inputs, batch_labels = xp.take(inputs, indices, axis=0), xp.take(labels, indices, axis=0)
-            loss = network.loss_and_gradient(batch_inputs, batch_labels, check=False, on_device=not on_host)
-            if on_host and not math.isfinite(loss):
-                raise diverged(loss, f"at epoch {epoch + 1}, step {step + 1}", rate)
-            optimizer.step()
-            total_loss += loss * batch_inputs.shape[0]
-            correct += network.last_correct
-        total_loss, correct = float(total_loss), int(correct)  # the epoch's one trip back from a GPU
-        history.seconds.append(time.perf_counter() - start)
-        if not math.isfinite(total_loss):  # only reached on a GPU: the host checked every step
-            raise diverged(total_loss, f"in epoch {epoch + 1} (checked once per epoch on the GPU)", rate)
-        history.loss.append(total_loss / num_samples)
-        history.train_accuracy.append(correct / num_samples)
-        if validation is not None:
-            history.validation_accuracy.append(network.accuracy(*validation))
-        if progress:
-            postfix = {"loss": f"{history.loss[-1]:.4f}"}
-            if validation is not None:
-                postfix["val"] = f"{history.validation_accuracy[-1]:.4f}"
-            bar.set_postfix(postfix)
-    return history
+    settings.check()
+    run = Run(network, settings, Batches(inputs.shape[0], settings.batch_size, settings.seed),
+              hooks=[ProgressBar(progress)], validation=validation)
+    return train_loop(run, inputs, labels)

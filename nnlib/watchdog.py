@@ -38,6 +38,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .cluster import CLASSROOM_TIMEOUT
+from .training import Hook
 
 LESSON = 10
 
@@ -94,7 +95,7 @@ class WatchedComm:
     bytes with the buffer methods, so they are watched too). ``rank`` and ``size`` as usual.
 
     where:  what the run is doing, e.g. {'epoch': 1, 'step': 3, 'phase': 'communicate'}; the
-            training loop keeps it current (:meth:`at`), and every error quotes it.
+            :class:`RunNotes` keeps it current in a training run (:meth:`at`), and every error quotes it.
     """
 
     def __init__(self, comm, timeout=None, grace=None):
@@ -349,6 +350,31 @@ def watch(comm, timeout=None) -> WatchedComm:
     if isinstance(comm, WatchedComm):
         return WatchedComm(comm.comm, comm.timeout if timeout is None else timeout)
     return WatchedComm(comm, timeout)
+
+
+class RunNotes(Hook):
+    """Keeps a WatchedComm told where the training run is (epoch, step, phase), for its errors' messages."""
+
+    def __init__(self, watched: WatchedComm):
+        self.watched = watched
+
+    def begin(self, run) -> None:
+        self.watched.at(phase="preparing")
+
+    def phase(self, run, name) -> None:
+        self.watched.at(epoch=run.epoch + 1, step=run.step + 1, phase=name or "between steps")
+
+
+def train_watched(train, comm, *args, timeout=None, hooks=(), **keywords):
+    """``train(watched, *args, hooks=[RunNotes(watched), *hooks], **keywords)`` under a deadline.
+
+    ``watched`` is :func:`watch` (comm, timeout): every collective of the run has a deadline, and inside
+    its guard a rank that raises tells the others, which stop at once. ``train`` is e.g.
+    nnlib.parallel.train_parallel.
+    """
+    watched = watch(comm, timeout)
+    with watched.guard():
+        return train(watched, *args, hooks=(RunNotes(watched), *hooks), **keywords)
 
 
 def raw(comm):

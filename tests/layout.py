@@ -43,7 +43,7 @@ def imports(name: str, path: Path, known) -> set[str]:
                 parts = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join(parts + ([base] if base else []))
             for alias in node.names:  # "from . import x" imports module x; "from .x import f" imports x
-                found.update(m for m in (f"{base}.{alias.name}", base) if m in known)
+                found.update([m for m in (f"{base}.{alias.name}", base) if m in known][:1])
         elif isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names if alias.name in known)
     found.discard(name)

@@ -1,4 +1,5 @@
-"""The pieces of lesson 08 that need no MPI: ZeRO's slices, the overlap's buckets, the samplers."""
+"""The pieces of lessons 05 and 08 that need no MPI: the shard's batches, ZeRO's slices, the overlap's buckets,
+the samplers."""
 
 import numpy as np
 import pytest
@@ -6,7 +7,8 @@ import pytest
 from nnlib import Network
 from nnlib.collectives import row_range
 from nnlib.parallel.overlap import bucket_ranges
-from nnlib.parallel.sampling import exact_imbalance, exact_plan, per_rank_plan
+from nnlib.parallel.data import ShardBatches
+from nnlib.parallel.sampling import exact_imbalance, per_rank_plan
 from nnlib.training import SGD
 from nnlib.parallel.zero import ShardedSGD, replicated_state_bytes
 
@@ -78,8 +80,7 @@ def test_the_per_rank_sampler_sees_every_sample_once_per_epoch(num_samples, batc
 
 
 def test_the_exact_plan_is_the_sequential_batches_cut_by_shard():
-    rng_parts = [np.random.default_rng(5) for _ in range(3)]
-    plans = [exact_plan(100, 16, *row_range(100, 3, rank), rng) for rank, rng in enumerate(rng_parts)]
+    plans = [ShardBatches(100, 16, 5, *row_range(100, 3, rank)).epoch(0) for rank in range(3)]
     order = np.random.default_rng(5).permutation(100)
     for step in range(len(plans[0])):
         expected = order[step * 16:(step + 1) * 16]

@@ -2,11 +2,12 @@
 
 Data parallelism: every rank holds the whole network and a shard of the data (lessons 05, 08, 11).
 
-    data          train_parallel: a step's gradient summed over the ranks, five strategies
-    zero          ZeRO: each rank updates and keeps the optimizer state of one slice only
-    overlap       gradients sent by layer buckets while backpropagation goes on (PyTorch DDP)
-    sampling      which samples each rank computes: the exact sequential batch, or its own
-    asynchronous  a parameter server applying each worker's gradient as it arrives
+    data          lesson 05: train_parallel, the training loop on every rank; the gradients combined
+                  by ParameterServer, ReduceBroadcast or Allreduce
+    zero          lesson 08: ZeRO, each rank updates and keeps the optimizer state of one slice only
+    overlap       lesson 08: gradients sent by layer buckets while backpropagation goes on (PyTorch DDP)
+    sampling      lesson 08: which samples each rank computes: the exact sequential batch, or its own
+    asynchronous  lesson 11: a parameter server applying each worker's gradient as it arrives
 
 Model parallelism: the network itself is split over the ranks (lesson 09).
 
@@ -18,13 +19,15 @@ Both at once (lesson 09):
     grid          a data x tensor or data x pipeline grid of ranks made with Comm.Split
 
 Every mode takes exactly the steps of sequential training (nnlib.training.train); the checkers
-in tests/mpi/ compare each one with it. The names lessons 05, 06 and 10 use are importable from
-here: ``from nnlib.parallel import shard, train_parallel``.
+in tests/mpi/ compare each one with it. Lesson 05's names are importable from here:
+``from nnlib.parallel import shard, train_parallel``.
 """
 
-from .data import PHASES, STRATEGIES, gather_phase_seconds, gather_timeline, shard, train_parallel
+from .data import (PHASES, STRATEGIES, Allreduce, ParameterServer, ReduceBroadcast, gather_phase_seconds,
+                   gather_timeline, shard, train_parallel)
 
 LESSON = 5
 
 
-__all__ = ["PHASES", "STRATEGIES", "gather_phase_seconds", "gather_timeline", "shard", "train_parallel"]
+__all__ = ["PHASES", "STRATEGIES", "Allreduce", "ParameterServer", "ReduceBroadcast", "gather_phase_seconds",
+           "gather_timeline", "shard", "train_parallel"]

@@ -36,11 +36,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..collectives import offsets, split_counts
-from ..training import sgd_update
+from ..collectives import offsets, raised_on_every_rank, split_counts
+from ..training import Settings, sgd_update
 from ..watchdog import watch
-from ..collectives import raised_on_every_rank
-from .sampling import per_rank_plan
+from .sampling import PerRankBatches
 
 LESSON = 11
 
@@ -70,17 +69,15 @@ class AsyncHistory:
     largest_lead: int = 0
 
 
-def check_settings(size: int, epochs, learning_rate, batch_size, staleness, slow) -> None:
+def check_settings(size: int, settings: Settings, staleness, slow) -> None:
     """Raise the same ValueError on every rank (the checks use only arguments every rank has)."""
-    problems = []
+    problems = settings.problems()
     if size < 2:
         problems.append(f"asynchronous training needs a server and at least one worker: 2 or more ranks, got {size}")
-    if not isinstance(epochs, (int, np.integer)) or epochs < 1:
-        problems.append(f"epochs must be a whole number of at least 1; got {epochs!r}")
-    if not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
-        problems.append(f"batch_size must be a whole number of at least 1; got {batch_size!r}")
-    if not (isinstance(learning_rate, (int, float)) and 0 < learning_rate < float("inf")):
-        problems.append(f"learning_rate must be a number above 0; got {learning_rate!r}")
+    if settings.batch_size is None:
+        problems.append("asynchronous training needs mini-batches: give batch_size (the global batch)")
+    if callable(settings.learning_rate):
+        problems.append("asynchronous training takes a constant learning_rate, not a schedule")
     if staleness is not None and (not isinstance(staleness, (int, np.integer)) or isinstance(staleness, bool)
                                   or staleness < 0):
         problems.append(f"the staleness bound must be a whole number of steps, 0 or more (or None: unbounded); "
@@ -94,50 +91,53 @@ def check_settings(size: int, epochs, learning_rate, batch_size, staleness, slow
         raise raised_on_every_rank(ValueError("; ".join(problems)))
 
 
-def train_async(comm, network, inputs, labels, *, epochs: int, learning_rate: float, batch_size: int,
-                staleness: int | None = None, seed: int = 0, slow=None, timeout=None):
+def train_async(comm, network, inputs, labels, settings: Settings | None = None, *, staleness: int | None = None,
+                slow=None, **keywords):
     """Train ``network`` with a parameter server on rank 0 and workers on ranks 1..P-1.
 
     inputs (N, n_0), labels (N,): the whole training set on every rank (each worker takes its
     shard, rows split as collectives.split_counts splits them over the P-1 workers; the server
-    uses none). A worker's batches are its share of ``batch_size``, epoch after epoch through its
-    shard (nnlib.parallel.sampling.per_rank_plan, seeded by ``seed``). The run is as many updates as
+    uses none). ``settings`` (nnlib.training.Settings, or its fields as keywords; plain SGD: the
+    momentum is not used): a worker's batches are its share of the batch size, epoch after epoch
+    through its shard (nnlib.parallel.sampling.PerRankBatches). The run is as many updates as
     synchronous training makes in ``epochs`` epochs; the server tells the workers to stop when that
     many gradients are applied or on their way. ``staleness``: the bound s (None: fully
     asynchronous). ``slow``: {rank: seconds} added to every step of those workers (a straggler).
+    Every message has the deadline of ``comm`` (a nnlib.watchdog.WatchedComm's, or the default).
     Every rank ends with the server's final parameters; rank 0 returns the
     :class:`AsyncHistory`, the workers None.
     """
-    check_settings(comm.size, epochs, learning_rate, batch_size, staleness, slow)
-    comm = watch(comm, timeout)  # the run's own communicator; every message below has a deadline
+    settings = Settings.from_keywords(settings, keywords)
+    check_settings(comm.size, settings, staleness, slow)
+    comm = watch(comm)  # the run's own communicator; every message below has a deadline
     with comm.guard():
         workers = comm.size - 1
         shard_sizes = split_counts(len(inputs), workers)
-        steps = len(per_rank_plan(shard_sizes, batch_size, 0, seed, 0))  # the same for every worker
+        steps = len(PerRankBatches(shard_sizes, 0, settings).epoch(0))  # the same for every worker
         comm.at(phase="sending the first parameters")
         comm.Bcast(network.params, root=0)
         history = None
         if comm.rank == 0:
-            history = serve(comm, network, workers, steps, epochs, learning_rate, staleness)
+            history = serve(comm, network, steps, settings, staleness)
         else:
             worker = comm.rank - 1
             start = int(offsets(shard_sizes)[worker])
             stop = start + int(shard_sizes[worker])
-            work(comm, network, inputs[start:stop], labels[start:stop], shard_sizes, worker, steps, batch_size, seed,
-                 (slow or {}).get(comm.rank, 0.0))
+            work(comm, network, (inputs[start:stop], labels[start:stop]), PerRankBatches(shard_sizes, worker, settings),
+                 steps, (slow or {}).get(comm.rank, 0.0))
         comm.at(phase="sending the final parameters")
         comm.Bcast(network.params, root=0)
     return history
 
 
-def serve(comm, network, workers: int, steps: int, epochs: int, learning_rate: float, staleness):
+def serve(comm, network, steps: int, settings: Settings, staleness):
     """The server's loop: apply each gradient as it arrives; answer a worker with the parameters while
     updates are still needed and the bound allows, else with "stop".
 
     The run is ``epochs x steps x workers`` updates (as many gradients as the synchronous run has);
     who computes them is up to the workers' speed: a fast worker makes more of them than a slow one.
     """
-    size = network.num_params
+    size, workers, learning_rate = network.num_params, comm.size - 1, settings.learning_rate
     inbox = np.zeros((workers, size + EXTRA))
     reply = np.zeros(size + 1)  # the parameters, then 1 (go on) or 0 (stop)
     receives = [comm.comm.Irecv(inbox[w], source=w + 1, tag=GRADIENT) for w in range(workers)]
@@ -145,7 +145,7 @@ def serve(comm, network, workers: int, steps: int, epochs: int, learning_rate: f
     sent_version = [0] * workers  # the version of the parameters each worker is computing from
     active = set(range(workers))  # not yet told to stop
     waiting: list[int] = []
-    version, outstanding, target, per_epoch = 0, workers, steps * epochs * workers, steps * workers
+    version, outstanding, target, per_epoch = 0, workers, steps * settings.epochs * workers, steps * workers
     history = AsyncHistory()
     totals = np.zeros(EXTRA)  # this epoch's summed loss, correct predictions, rows
     began = time.perf_counter()
@@ -189,18 +189,19 @@ def serve(comm, network, workers: int, steps: int, epochs: int, learning_rate: f
     return history
 
 
-def work(comm, network, inputs, labels, shard_sizes, worker: int, steps: int, batch_size: int, seed: int,
-         delay: float) -> None:
+def work(comm, network, shard, plan: PerRankBatches, steps: int, delay: float) -> None:
     """A worker's loop: compute a gradient from the last parameters received, send it, wait for the answer
-    (new parameters, or stop). Its batches go through its shard epoch after epoch (per_rank_plan)."""
+    (new parameters, or stop). shard: its (inputs, labels); its batches go through them epoch after epoch."""
+    inputs, labels = shard
     size = network.num_params
     message, reply = np.zeros(size + EXTRA), np.zeros(size + 1)
-    plan, plan_epoch, clock = None, -1, 0
+    batches, batches_epoch, clock = None, -1, 0
     while True:
         epoch, step = divmod(clock, steps)
-        if epoch != plan_epoch:
-            plan, plan_epoch = per_rank_plan(shard_sizes, batch_size, worker, seed, epoch), epoch
-        rows, normalizer = plan[step]
+        if epoch != batches_epoch:
+            batches, batches_epoch = plan.epoch(epoch), epoch
+        rows, normalizer = batches[step]
+        rows = np.arange(len(labels)) if rows is None else rows  # (None: the full batch, all of the shard)
         comm.at(epoch=epoch + 1, step=step + 1, phase="compute")
         if delay:
             time.sleep(delay)  # the straggler's extra time

@@ -1,7 +1,7 @@
 """Overlap: send each layer's gradient while backpropagation is still computing the earlier layers.
 
 Backpropagation produces the gradients last layer first: dJ/dW_L, dJ/db_L, then layer L-1, ...
-down to layer 1. With the ``allreduce`` strategy nothing is sent until the whole backward pass
+down to layer 1. With lesson 05's :class:`~nnlib.parallel.data.Allreduce` nothing is sent until the whole backward pass
 is over. Here (the design of PyTorch's DistributedDataParallel) the layers are grouped into
 *buckets*, and a bucket's non-blocking ``Iallreduce`` starts as soon as its last gradient is
 final, so that its transfer runs while the remaining layers' backward pass computes:
@@ -18,14 +18,16 @@ bucket for all layers is the plain Allreduce again.
 MPI moves a non-blocking collective forward only while some MPI call runs (no progress thread
 here), so after each layer the pending requests are tested once (``Testall``): that is where
 the overlap happens. The sums are the same Allreduce sums, in place, so the result equals the
-``allreduce`` strategy (tests/mpi/check_parallel.py).
+plain Allreduce (tests/mpi/check_parallel.py). ``train_parallel(..., strategy=Overlap)`` trains this way.
 """
 
 from __future__ import annotations
 
 from mpi4py import MPI
 
+from ..arrays import to_numpy
 from ..network import parameter_offsets
+from .data import DataParallel
 
 LESSON = 8
 
@@ -40,7 +42,7 @@ def bucket_ranges(network, bucket_bytes: int = BUCKET_BYTES):
     """
     if bucket_bytes < 0:
         raise ValueError(f"bucket_bytes must be 0 or more; got {bucket_bytes}")
-    itemsize = network.params.dtype.itemsize
+    itemsize = to_numpy(network.params[:1]).itemsize
     layer_starts = parameter_offsets(network.shapes)
     buckets, stop = [], layer_starts[-1]
     for layer in range(network.num_layers - 1, -1, -1):
@@ -81,3 +83,20 @@ class BucketedAllreduce:
             self.comm.wait_all(pending, "Iallreduce (overlapped)")
         else:
             MPI.Request.Waitall(pending)
+
+
+class Overlap(DataParallel):
+    """Allreduce, but each bucket of layers is sent (Iallreduce) as soon as backpropagation has produced it."""
+
+    name = "overlap"
+
+    def __init__(self, comm, network, bucket_bytes: int | None = None):
+        super().__init__(comm, network)
+        self.buckets = BucketedAllreduce(comm, network, bucket_bytes)
+        self.layer_done = self.buckets.layer_done  # the training loop calls it during backpropagation
+
+    def step(self, run) -> None:
+        run.phase("communicate")
+        self.buckets.finish()  # what the backward pass has not already sent
+        run.phase("update")
+        run.optimizer.step()

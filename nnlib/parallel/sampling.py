@@ -1,6 +1,6 @@
 """How the ranks pick the samples of each step: exactly the sequential batches, or each from its own shard.
 
-``exact`` (the default of nnlib.parallel.train_parallel)
+``exact`` (the default of nnlib.parallel.train_parallel: nnlib.parallel.data.ShardBatches)
     Every rank draws the same seeded permutation of all N samples that sequential training
     draws, cuts it into the same global batches of b samples, and computes the part of batch k
     that lies in its own shard. P ranks take exactly the sequential steps, but the part that
@@ -9,7 +9,7 @@
 
         imbalance = mean over steps of  max_r n_r(k) / (b / P)   - 1
 
-``per_rank`` (PyTorch's DistributedSampler)
+``per_rank`` (PyTorch's DistributedSampler; :class:`PerRankBatches`)
     Rank r shuffles only its own shard, with a generator seeded by (seed, rank, epoch), and
     takes its next b_r = split_counts(b, P)[r] samples at every step: the work per step is even,
     every sample is still seen once per epoch, but the batches differ from the sequential ones,
@@ -18,9 +18,10 @@
     than P and the shards do not fit ceil(N / b) local batches). The permutation depends only on (seed, rank, epoch),
     so a run resumed from a checkpoint draws the same batches.
 
-Each plan is a list, one entry per step, of (rows, normalizer): this rank's rows of the step
+Each plan is a list, one entry per step, of (rows, divide_by): this rank's rows of the step
 (indices into its shard, an int array) and the number of samples in the whole global batch (the
-gradient's divisor, the same on every rank).
+gradient's divisor, the same on every rank). ``train_parallel(..., batches=PerRankBatches)`` trains
+with the per-rank sampler.
 """
 
 from __future__ import annotations
@@ -28,21 +29,29 @@ from __future__ import annotations
 import numpy as np
 
 from ..collectives import split_counts
-from ..training import batches
+from ..training import Batches, batches
 
 LESSON = 8
 
 
-SAMPLERS = ("exact", "per_rank")
+class PerRankBatches(Batches):
+    """The ``per_rank`` sampler as the training loop's plan: ``epoch(e)`` -> :func:`per_rank_plan`.
 
+    Made from (shard_sizes, rank, settings), as ``train_parallel(..., batches=PerRankBatches)`` asks.
+    Full-batch training has one batch, the same for both samplers: every rank all of its rows.
+    """
 
-def exact_plan(num_samples: int, global_batch: int, start: int, stop: int, rng):
-    """One epoch of the ``exact`` sampler for the rank holding rows [start, stop): [(rows, normalizer)]."""
-    plan = []
-    for indices in batches(num_samples, global_batch, rng):
-        mine = indices[(indices >= start) & (indices < stop)] - start
-        plan.append((mine, len(indices)))
-    return plan
+    name = "per_rank"
+
+    def __init__(self, shard_sizes, rank: int, settings):
+        super().__init__(int(sum(shard_sizes)), settings.batch_size, settings.seed)
+        self.shard_sizes, self.rank, self.seed = shard_sizes, rank, settings.seed
+        self.rng = None  # the batches depend only on (seed, rank, epoch): nothing to keep
+
+    def epoch(self, epoch: int) -> list:
+        if self.full_batch:
+            return [(None, self.num_samples)]
+        return per_rank_plan(self.shard_sizes, self.batch_size, self.rank, self.seed, epoch)
 
 
 def per_rank_plan(shard_sizes, global_batch: int, rank: int, seed: int, epoch: int):

@@ -1,6 +1,6 @@
 """ZeRO (stages 1 and 2): each rank updates, and keeps optimizer state for, only 1/P of the parameters.
 
-With the ``allreduce`` strategy every rank receives the whole summed gradient g, then repeats
+With lesson 05's :class:`~nnlib.parallel.data.Allreduce` every rank receives the whole summed gradient g, then repeats
 the same update on the whole parameter vector p and keeps a whole copy of the optimizer's state
 (the momentum velocity v): P ranks do the same work P times and hold P copies.
 
@@ -17,11 +17,13 @@ A ring Allreduce *is* a reduce-scatter followed by an allgather, so ZeRO sends t
 the ``allreduce`` strategy; what it removes is the repeated update and the repeated optimizer
 state. Steps 1 and 3 are exactly the two halves of nnlib.allreduce's ring
 (:func:`~nnlib.allreduce.ring_reduce_scatter`, :func:`~nnlib.allreduce.ring_allgather`), run
-through the watchdog's deadline. (MPI's own ``Reduce_scatter`` + ``Allgatherv`` compute the same;
+on whatever communicator the run has. (MPI's own ``Reduce_scatter`` + ``Allgatherv`` compute the same;
 with this MPICH on 2 ranks they took 4.5 times as long as one ``Allreduce`` of a 400 kB
 gradient, the ring's halves about as long: see ``benchmarks/data_parallel.py``.) Each slice is updated with exactly the formula of
 ``nnlib.training.SGD``, so the result equals the ``allreduce`` strategy up to the order in which
 MPI adds the ranks' gradients (within 1e-10 in float64; tests/mpi/check_parallel.py).
+
+``train_parallel(..., strategy=ZeRO)`` trains this way.
 """
 
 from __future__ import annotations
@@ -29,11 +31,29 @@ from __future__ import annotations
 import numpy as np
 
 from ..allreduce import chunk_bounds, ring_allgather, ring_reduce_scatter
-from ..arrays import to_numpy
+from ..arrays import through_host, to_numpy
+from .data import DataParallel
 from ..training import check_learning_rate, check_momentum, sgd_update
 
 LESSON = 8
 
+
+
+class ZeRO(DataParallel):
+    """A step: reduce-scatter the gradients, update this rank's slice only, allgather the parameters."""
+
+    name = "zero"
+
+    def optimizer(self, network, learning_rate: float, momentum: float):
+        return ShardedSGD(network, learning_rate, momentum, self.size, self.rank)
+
+    def step(self, run) -> None:
+        run.phase("communicate")
+        through_host(self.network.grads, lambda grads: ring_reduce_scatter(self.comm, grads))  # my slice: its sum
+        run.phase("update")
+        run.optimizer.step()  # this rank's slice only
+        run.phase("communicate")
+        through_host(self.network.params, lambda params: ring_allgather(self.comm, params))  # every rank's slice
 
 
 class ShardedSGD:
@@ -43,6 +63,8 @@ class ShardedSGD:
     size/rank: the number of ranks and this rank. Attributes: counts, starts (every rank's
     slice: the ring's chunks), start, stop, velocity (stop - start,) or None.
     """
+
+    sharded = True  # a checkpoint gathers the velocity from every rank's slice
 
     def __init__(self, network, learning_rate: float, momentum: float, size: int, rank: int):
         check_learning_rate(learning_rate)
@@ -59,22 +81,11 @@ class ShardedSGD:
         """Bytes of optimizer state on this rank (the velocity slice; 0 without momentum)."""
         return 0 if self.velocity is None else int(self.velocity.nbytes)
 
-    def reduce_scatter(self, comm, messenger) -> None:
-        """network.grads[start:stop] <- its sum over ranks (the ring's first half).
-
-        The rest of network.grads is the ring's work space: it is left holding partial sums.
-        """
-        messenger.in_place(self.network.grads, lambda buffer: ring_reduce_scatter(comm, buffer))
-
     def step(self) -> None:
         """Update params[start:stop] from the summed grads[start:stop] (SGD's formula, on the slice)."""
         mine = slice(self.start, self.stop)
         sgd_update(self.network.params[mine], self.network.grads[mine], self.velocity, self.learning_rate,
                    self.momentum)
-
-    def allgather(self, comm, messenger) -> None:
-        """Every rank gets every rank's updated slice: network.params is whole again (the ring's second half)."""
-        messenger.in_place(self.network.params, lambda buffer: ring_allgather(comm, buffer))
 
     def full_velocity(self, comm):
         """The whole velocity (num_params,) on every rank, gathered from the slices (for checkpoints)."""

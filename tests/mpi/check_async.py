@@ -16,6 +16,7 @@ from nnlib import Network
 from nnlib.collectives import offsets, split_counts
 from nnlib.parallel import train_parallel
 from nnlib.parallel.asynchronous import train_async
+from nnlib.parallel.sampling import PerRankBatches
 from nnlib.parallel.sampling import per_rank_plan
 from nnlib.training import sgd_update
 
@@ -72,7 +73,7 @@ def test_staleness_zero_equals_synchronous_data_parallelism():
         stop = start + int(counts[rank - 1])
         synchronous = network()
         train_parallel(workers, synchronous, INPUTS[start:stop], LABELS[start:stop], num_samples=len(INPUTS),
-                       start=start, sampler="per_rank", **SETTINGS)
+                       start=start, batches=PerRankBatches, **SETTINGS)
         assert relative(synchronous.params, expected) <= 1e-10
         workers.Free()
     if rank == 0:

@@ -12,7 +12,12 @@ from harness import expect_error_everywhere, run_checks
 from mpi4py import MPI
 
 from nnlib import Network, train
-from nnlib.parallel import STRATEGIES, shard, train_parallel
+from nnlib.backend import HostStaging, WaitForDevice
+from nnlib.parallel import shard, train_parallel
+from nnlib.parallel.data import STRATEGIES as LESSON_05
+from nnlib.parallel.overlap import Overlap
+from nnlib.parallel.sampling import PerRankBatches
+from nnlib.parallel.zero import ZeRO
 
 comm = MPI.COMM_WORLD
 rank, size = comm.rank, comm.size
@@ -20,6 +25,7 @@ rng = np.random.default_rng(0)
 N = 997
 INPUTS, LABELS = rng.random((N, 12)), rng.integers(0, 4, N)
 TOLERANCE = {"float64": 1e-10, "float32": 1e-5}
+STRATEGIES = [*LESSON_05, ZeRO, Overlap]  # lesson 05's three by name, lesson 08's two as classes
 
 
 def sequential(dtype, **settings):
@@ -29,6 +35,7 @@ def sequential(dtype, **settings):
 
 
 def parallel(dtype, strategy, seed_here=3, **settings):
+    """Data-parallel training from the same start (rank 0's weights are broadcast): (params, history)."""
     network = Network((12, 7, 4), dtype=dtype, seed=seed_here)
     local_inputs, local_labels, start = shard(comm, INPUTS.astype(dtype) if rank == 0 else None,
                                               LABELS if rank == 0 else None)
@@ -67,8 +74,8 @@ def check_staged_through_host_memory():
     local_inputs, local_labels, start = shard(comm, INPUTS if rank == 0 else None, LABELS if rank == 0 else None)
     for strategy in STRATEGIES:
         network = Network((12, 7, 4), dtype="float64", seed=3 if rank == 0 else 50, device=xps)
-        train_parallel(comm, network, local_inputs, local_labels, num_samples=N, start=start,
-                       strategy=strategy, cuda_aware=False, **settings)
+        train_parallel(HostStaging(comm, xps, cuda_aware=False), network, local_inputs, local_labels, num_samples=N,
+                       start=start, strategy=strategy, **settings)
         params = to_numpy(network.params)
         error = float(np.abs(params - expected).max() / np.abs(expected).max())
         assert error <= 1e-10, f"staged {strategy}: relative error {error:.2e}"
@@ -98,8 +105,9 @@ def check_gpu_paths_with_a_stand_in_cupy():
                                   device=backend.resolve_backend("gpu"))
                 assert network.xp is stand_in
                 waits_before = stand_in.synchronizations
-                history = train_parallel(comm, network, local_inputs, local_labels, num_samples=N, start=start,
-                                         strategy=strategy, cuda_aware=cuda_aware, **settings)
+                history = train_parallel(HostStaging(comm, network.xp, cuda_aware), network, local_inputs,
+                                         local_labels, num_samples=N, start=start, strategy=strategy,
+                                         hooks=[WaitForDevice(network.xp)], **settings)
                 error = float(np.abs(network.params - expected).max() / np.abs(expected).max())
                 assert error <= 1e-10, f"stand-in GPU, CUDA-aware {cuda_aware}, {strategy}: relative error {error:.2e}"
                 # At least one wait per phase boundary of every step (data, compute, communicate, update).
@@ -135,7 +143,7 @@ def check_bad_configurations_fail_on_every_rank():
     expect_error_everywhere(lambda: train_parallel(comm, network, local_inputs, local_labels,
                                                    strategy="ring", **common), "strategy must be one of")
     expect_error_everywhere(lambda: train_parallel(comm, network, local_inputs, local_labels,
-                                                   sampler="random", **common), "sampler must be one of")
+                                                   momentum=1.5, **common), "momentum must be in [0, 1)")
 
 
 def check_zero_keeps_one_slice_of_the_optimizer_state():
@@ -153,14 +161,14 @@ def check_zero_keeps_one_slice_of_the_optimizer_state():
 
 def check_the_per_rank_sampler():
     """Each rank samples its own shard: the ranks stay identical, the run repeats, and it learns."""
-    settings = dict(epochs=3, learning_rate=0.5, batch_size=64, momentum=0.9, seed=5, sampler="per_rank")
+    settings = dict(epochs=3, learning_rate=0.5, batch_size=64, momentum=0.9, seed=5, batches=PerRankBatches)
     first, history = parallel("float64", "allreduce", **settings)
-    again, _ = parallel("float64", "zero", **settings)
+    again, _ = parallel("float64", ZeRO, **settings)
     np.testing.assert_allclose(again, first, rtol=0, atol=1e-12)
     assert np.array_equal(first, comm.bcast(first if rank == 0 else None))
     assert history.steps == 3 * 16 and history.loss[-1] < history.loss[0]
     if size > 1:  # other batches than the sequential run's
-        assert np.abs(first - sequential("float64", **{k: v for k, v in settings.items() if k != "sampler"})).max() > 1e-6
+        assert np.abs(first - sequential("float64", **{k: v for k, v in settings.items() if k != "batches"})).max() > 1e-6
 
 
 def check_overlapped_buckets_equal_one_allreduce():
@@ -187,7 +195,7 @@ def check_communication_split_into_waiting_and_transfer():
     """A rank that is late to every step: the others' communication is waiting, not transfer."""
     import time
 
-    from nnlib.parallel.data import communication_split
+    from nnlib.parallel.waiting import communication_split
 
     delay, steps = 0.02, 8
     late = size - 1
