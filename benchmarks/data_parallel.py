@@ -17,8 +17,8 @@ Cases:
 
 Then the cost of surviving faults, on 2 ranks, 784-128-10, global batch 256, one epoch per call,
 the variants interleaved over several repeats (medians):
-  blocking    MPI's own blocking collectives (what train_parallel did before nnlib.watchdog)
-  watched     every collective under the watchdog's deadline (the default)
+  blocking    MPI's own blocking collectives (train_parallel on MPI.COMM_WORLD itself)
+  watched     every collective under the watchdog's deadline (nnlib.watchdog.train_watched, as the batch job)
   checkpoint  watched, plus a checkpoint written at the end of the epoch (the default interval)
 and a bare in-place Allreduce of the gradient buffer, blocking against watched.
 """
@@ -74,11 +74,16 @@ def worker(case_name: str, strategy: str, sampler: str = "exact") -> None:
         cold = collectives.time_allreduce(comm, [network.grads.nbytes], repeats=100, dtype=np.float32, cold=True)[0]
         return hot, cold
 
+    from nnlib.parallel.overlap import Overlap
+    from nnlib.parallel.sampling import PerRankBatches
+    from nnlib.parallel.zero import ZeRO
+
     before = bare_allreduces()
     history = train_parallel(comm, network, local_inputs, local_labels, num_samples=60000, start=start,
                              epochs=case["epochs"], learning_rate=case["learning_rate"], batch_size=case["batch"],
-                             momentum=0.9 if case["batch"] else 0.0, strategy=strategy, sampler=sampler,
-                             timeline_steps=steps)
+                             momentum=0.9 if case["batch"] else 0.0, timeline_steps=steps,
+                             strategy={"zero": ZeRO, "overlap": Overlap}.get(strategy, strategy),
+                             batches=PerRankBatches if sampler == "per_rank" else None)
     bare, cold = (float(value) for value in np.mean([before, bare_allreduces()], axis=0))
     epoch_seconds = float(np.median(history.seconds[1:]))  # the first epoch warms up
     communicate = comm.allreduce(history.phase_seconds["communicate"], op=MPI.MAX) / history.steps
@@ -90,24 +95,6 @@ def worker(case_name: str, strategy: str, sampler: str = "exact") -> None:
                               buffer_bytes=int(network.grads.nbytes))))
 
 
-class Blocking:
-    """train_parallel's communicator without the watchdog: MPI's own blocking collectives, no deadline."""
-
-    def __init__(self, comm, timeout=None):
-        self.comm, self.timeout, self.where = comm, timeout, {}
-
-    def __getattr__(self, name):
-        return getattr(self.comm, name)
-
-    def at(self, **where):
-        self.where.update(where)
-
-    def guard(self):
-        import contextlib
-
-        return contextlib.nullcontext(self)
-
-
 def fault_costs(repeats: int = 7) -> None:
     """Runs on 2 ranks under mpiexec; rank 0 prints one JSON line: the watchdog's and checkpoints' costs."""
     import tempfile
@@ -115,26 +102,26 @@ def fault_costs(repeats: int = 7) -> None:
     from mpi4py import MPI
 
     from nnlib import collectives
-    from nnlib.parallel import data as parallel  # the module whose watch() the blocking variant replaces
-    from nnlib.checkpoint import CheckpointFolder
+    from nnlib.checkpoint import CheckpointFolder, Checkpointing
     from nnlib.network import Network
-    from nnlib.watchdog import watch
+    from nnlib.parallel import shard, train_parallel
+    from nnlib.watchdog import train_watched, watch
 
     comm = MPI.COMM_WORLD
     inputs, labels = load(False) if comm.rank == 0 else (None, None)
-    local_inputs, local_labels, start = parallel.shard(comm, inputs, labels)
+    local_inputs, local_labels, start = shard(comm, inputs, labels)
     network = Network((784, 128, 10), seed=0)
     folder = tempfile.mkdtemp(prefix="nnlib-checkpoints-") if comm.rank == 0 else None
     checkpoints = CheckpointFolder(folder if comm.rank == 0 else "unused-on-other-ranks")
-    watched = parallel.watch
-
-    def one_epoch(variant):
-        parallel.watch = Blocking if variant == "blocking" else watched
+    def one_epoch(variant):  # blocking: MPI's own collectives; watched: under the deadline; checkpoint: and one
         comm.Barrier()
         began = time.perf_counter()
-        history = parallel.train_parallel(
-            comm, network, local_inputs, local_labels, num_samples=60000, start=start, epochs=1, learning_rate=0.1,
-            batch_size=256, momentum=0.9, checkpoints=checkpoints if variant == "checkpoint" else None)
+        settings = dict(num_samples=60000, start=start, epochs=1, learning_rate=0.1, batch_size=256, momentum=0.9)
+        if variant == "blocking":
+            history = train_parallel(comm, network, local_inputs, local_labels, **settings)
+        else:
+            hooks = [Checkpointing(comm, checkpoints)] if variant == "checkpoint" else []
+            history = train_watched(train_parallel, comm, network, local_inputs, local_labels, hooks=hooks, **settings)
         # The epoch's steps alone, and the whole call (set-up and the end-of-epoch checkpoint included).
         timings = np.array([history.seconds[0], time.perf_counter() - began])
         comm.Allreduce(MPI.IN_PLACE, timings, op=MPI.MAX)
@@ -146,7 +133,6 @@ def fault_costs(repeats: int = 7) -> None:
     for _ in range(repeats):
         for variant in variants:
             seconds[variant].append(one_epoch(variant))
-    parallel.watch = watched
     gradient = np.ones(network.num_params, dtype=np.float32)
     watched_comm = watch(comm)
     bare = {

@@ -263,6 +263,7 @@ def train_job(args) -> int:
     threadpool_limits(args.threads)  # one BLAS thread per rank unless told otherwise
     try:  # every rank parses the same arguments: the same verdict everywhere, before any collective
         settings = job_settings(args)
+        parse_fault(args.fault)
         check_settings(args, MPI.COMM_WORLD.size)
         comm = watch(MPI.COMM_WORLD, args.timeout)  # every collective of the job has a deadline
     except ValueError as problem:

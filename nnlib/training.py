@@ -385,8 +385,9 @@ def train_step(run: Run, inputs, labels, rows, divide_by: int) -> None:
         inputs, labels = xp.take(inputs, rows, axis=0), xp.take(labels, rows, axis=0)
     run.phase("compute")
     if inputs.shape[0]:
-        loss = network.loss_and_gradient(inputs, labels, normalizer=divide_by, check=False,
-                                         on_device=xp is not np, on_layer_done=run.sync.layer_done)
+        hook = {} if run.sync.layer_done is None else {"on_layer_done": run.sync.layer_done}  # lesson 08's overlap
+        loss = network.loss_and_gradient(inputs, labels, normalizer=divide_by, check=False, on_device=xp is not np,
+                                         **hook)
     else:  # none of this batch's rows are on this rank: its share of the gradient is zero
         loss, network.last_correct = 0.0, 0
         network.grads[...] = 0

@@ -164,6 +164,7 @@ def data(dtype="float64"):
 def train_one_rank(checkpoints=None, resume=False, fail_at=None, dtype="float64", sizes=(9, 6, 3), **changes):
     from mpi4py import MPI
 
+    from nnlib.checkpoint import Checkpointing
     from nnlib.parallel import train_parallel
 
     inputs, labels = data(dtype)
@@ -173,9 +174,9 @@ def train_one_rank(checkpoints=None, resume=False, fail_at=None, dtype="float64"
         if total_steps == fail_at:
             raise RuntimeError("stopped on purpose")
 
+    hooks = [] if checkpoints is None and not resume else [Checkpointing(MPI.COMM_WORLD, checkpoints, resume)]
     history = train_parallel(MPI.COMM_WORLD, network, inputs, labels, num_samples=N, start=0,
-                             checkpoints=checkpoints, resume=resume, on_step=on_step,
-                             **dict(SETTINGS, **changes))
+                             hooks=hooks, on_step=on_step, **dict(SETTINGS, **changes))
     return network, history
 
 
@@ -208,7 +209,7 @@ def test_resume_refuses_another_network_or_other_settings(tmp_path):
 def test_resume_without_a_checkpoint_says_so(tmp_path):
     with pytest.raises(ValueError, match="holds no checkpoint"):
         train_one_rank(CheckpointFolder(tmp_path), resume=True)
-    with pytest.raises(ValueError, match="resume=True needs checkpoints="):
+    with pytest.raises(ValueError, match="checkpoints need a nnlib.checkpoint.CheckpointFolder; got NoneType"):
         train_one_rank(None, resume=True)
 
 

@@ -113,6 +113,7 @@ import os, signal
 import numpy as np
 from nnlib import Network
 from nnlib.parallel import shard, train_parallel
+from nnlib.watchdog import train_watched
 
 _rng = np.random.default_rng(0)
 _inputs, _labels = _rng.random((997, 12)), _rng.integers(0, 4, 997)
@@ -125,8 +126,8 @@ def _fault(epoch, step, total_steps):
         os.kill(os.getpid(), signal.SIGKILL)
 
 _network = Network((12, 7, 4), dtype="float64", seed=3)
-train_parallel(comm, _network, *_local[:2], num_samples=997, start=_local[2], epochs=2, learning_rate=0.5,
-               batch_size=64, momentum=0.9, on_step=_fault)
+train_watched(train_parallel, comm, _network, *_local[:2], num_samples=997, start=_local[2], epochs=2,
+              learning_rate=0.5, batch_size=64, momentum=0.9, on_step=_fault)
 _params = _network.params.copy()
 """
 

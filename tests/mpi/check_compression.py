@@ -14,6 +14,8 @@ from mpi4py import MPI
 from nnlib import Network
 from nnlib.checkpoint import CheckpointFolder
 from nnlib.compression import Compressor, from_bfloat16, to_bfloat16
+from nnlib.checkpoint import Checkpointing
+from nnlib.compression import compressed
 from nnlib.parallel import shard, train_parallel
 
 comm = MPI.COMM_WORLD
@@ -25,11 +27,11 @@ SETTINGS = dict(epochs=3, learning_rate=0.5, batch_size=32, momentum=0.9, seed=7
 NEVER_WRITTEN = "/nonexistent/nnlib-checkpoints"  # refused before anything is written
 
 
-def run(**extra):
+def run(compression="none", k=None):
     network = Network(SIZES, dtype="float64", seed=3)
     local_inputs, local_labels, start = shard(comm, INPUTS, LABELS)
     history = train_parallel(comm, network, local_inputs, local_labels, num_samples=len(INPUTS), start=start,
-                             **SETTINGS, **extra)
+                             strategy=compressed(compression, k), **SETTINGS)
     return network.params, history
 
 
@@ -83,9 +85,10 @@ def test_bad_settings_fail_on_every_rank_at_once():
     network = Network(SIZES, dtype="float64", seed=3)
     local_inputs, local_labels, start = shard(comm, INPUTS, LABELS)
 
-    def attempt(**extra):
+    def attempt(compression, k=None, hooks=()):
         return lambda: train_parallel(comm, network, local_inputs, local_labels, num_samples=len(INPUTS),
-                                      start=start, epochs=1, learning_rate=0.5, batch_size=32, **extra)
+                                      start=start, epochs=1, learning_rate=0.5, batch_size=32,
+                                      strategy=compressed(compression, k), hooks=hooks)
 
     n = network.num_params
     for extra, words in [(dict(compression="topk", k=0), "needs k, a whole number from 1 to the number of parameters"),
@@ -93,8 +96,7 @@ def test_bad_settings_fail_on_every_rank_at_once():
                          (dict(compression="topk"), "needs k"),
                          (dict(compression="int8"), "compression must be one of none, float16, bfloat16, topk"),
                          (dict(compression="float16", k=5), "k is only for top-k compression"),
-                         (dict(compression="float16", strategy="parameter_server"), "go with the allreduce strategy"),
-                         (dict(compression="topk", k=5, checkpoints=CheckpointFolder(NEVER_WRITTEN)),
+                         (dict(compression="topk", k=5, hooks=[Checkpointing(comm, CheckpointFolder(NEVER_WRITTEN))]),
                           "checkpoints do not keep top-k")]:
         expect_error_everywhere(attempt(**extra), words)
 

@@ -1,6 +1,7 @@
 """Run under mpiexec (2 or more ranks): no collective of nnlib waits forever.
 
-Each fault is made to happen on the last rank, while the others train (nnlib.parallel) or wait in
+Each fault is made to happen on the last rank, while the others train (nnlib.parallel, under
+nlib.watchdog.train_watched) or wait in
 a watched collective (nnlib.watchdog), and every rank checks what it was told and how soon:
 
 * a rank raising between two steps, and inside a step's compute (others in the Allreduce):
@@ -22,7 +23,7 @@ from mpi4py import MPI
 
 from nnlib import Network, train
 from nnlib.parallel import shard, train_parallel
-from nnlib.watchdog import CollectiveTimeout, watch
+from nnlib.watchdog import CollectiveTimeout, train_watched, watch
 
 comm = MPI.COMM_WORLD
 rank, size = comm.rank, comm.size
@@ -41,8 +42,8 @@ def run(on_step=None, network=None, timeout=TIMEOUT):
     network = network or Network((12, 7, 4), dtype="float64", seed=3)
     began = time.monotonic()
     try:
-        train_parallel(comm, network, *LOCAL[:2], num_samples=N, start=LOCAL[2], timeout=timeout,
-                       on_step=on_step, **SETTINGS)
+        train_watched(train_parallel, comm, network, *LOCAL[:2], num_samples=N, start=LOCAL[2], timeout=timeout,
+                      on_step=on_step, **SETTINGS)
         return "ok", time.monotonic() - began, network
     except Exception as error:  # noqa: BLE001 - what each rank got is the point
         return error, time.monotonic() - began, network
