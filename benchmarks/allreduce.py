@@ -20,18 +20,16 @@ from pathlib import Path
 
 import numpy as np
 
-FIELDS = ["bytes", "algorithm", "ranks", "seconds", "bus_bandwidth"]
-
 
 def one_run(ranks: int, folder: Path, index: int) -> list[dict]:
+    from nnlib.allreduce import read_timings
     from nnlib.environment import mpiexec_path
-    from nnlib.files import read_csv
 
     csv = folder / f"run-{ranks}-{index}.csv"
     subprocess.run([mpiexec_path(), "-n", str(ranks), sys.executable, "-m", "nnlib", "allreduce-timing",
                     "--smallest", str(2**20), "--csv", str(csv)], check=True, capture_output=True, text=True,
                    timeout=600)
-    return read_csv(csv, FIELDS, integers=("bytes", "ranks"), floats=("seconds", "bus_bandwidth"))
+    return read_timings(csv)
 
 
 def main() -> None:

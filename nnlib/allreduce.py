@@ -35,11 +35,12 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
-from .collectives import raised_on_every_rank
+from .collectives import raised_on_every_rank, split_evenly
 
 LESSON = 8
 
 
+TIMING_FIELDS = ["bytes", "algorithm", "ranks", "seconds", "bus_bandwidth"]  # allreduce-timing's CSV columns
 REDUCE = {"sum": np.add, "max": np.maximum, "min": np.minimum, "prod": np.multiply}
 ALGORITHMS = ("ring", "recursive_doubling", "reduce_broadcast")
 
@@ -154,17 +155,12 @@ def ring_allgather(comm, buffer):
 
 
 def chunk_bounds(length: int, parts: int):
-    """(counts, starts) of ``parts`` chunks covering ``length`` elements, as collectives.split_counts.
+    """(counts, starts) of ``parts`` chunks covering ``length`` elements: collectives.split_evenly, as plain ints.
 
-    Plain Python ints: this runs on every call, and NumPy's small-array overhead (about 10 us for
-    split_counts and offsets) would be most of a small message's time.
+    The ring's chunks are nnlib's one split of N items over P ranks (the first N mod P chunks one
+    element longer).
     """
-    base, extra = divmod(int(length), parts)
-    counts = [base + (part < extra) for part in range(parts)]
-    starts = [0] * parts
-    for part in range(1, parts):
-        starts[part] = starts[part - 1] + counts[part - 1]
-    return counts, starts
+    return split_evenly(length, parts)
 
 
 def ring_schedule(size: int):
@@ -291,6 +287,14 @@ def time_algorithms(comm, sizes_in_bytes, algorithms=("mpi", *ALGORITHMS), repea
     return times
 
 
+def read_timings(path) -> list[dict]:
+    """The rows of a CSV written by ``allreduce-timing --csv``: TIMING_FIELDS, numbers converted."""
+    from .files import read_csv
+
+    return read_csv(path, TIMING_FIELDS, integers=("bytes", "ranks"), floats=("seconds", "bus_bandwidth"),
+                    what="Allreduce timings")
+
+
 def main(argv=None) -> int:
     """``mpiexec -n P python -m nnlib allreduce-timing [--csv FILE]``: time every algorithm, 8 B to 16 MB."""
     import argparse
@@ -320,6 +324,6 @@ def main(argv=None) -> int:
                     rows.append({"bytes": size, "algorithm": name, "ranks": comm.size, "seconds": seconds[index],
                                  "bus_bandwidth": float(bus_bandwidth(size, seconds[index], comm.size))})
         if args.csv:
-            write_csv(rows, args.csv, ["bytes", "algorithm", "ranks", "seconds", "bus_bandwidth"])
+            write_csv(rows, args.csv, TIMING_FIELDS)
             print(f"wrote {args.csv}")
     return 0

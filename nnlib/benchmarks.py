@@ -1,13 +1,8 @@
-"""Measuring speed honestly: FLOP counts, a reference matmul rate, and training throughput.
+"""Measuring speed honestly: a reference matmul rate, and training throughput.
 
-FLOPs of one training step on N samples, for layers (n_0, n_1, ..., n_L), counting
-only the matrix products this implementation actually performs (a multiply-add
-is 2 FLOPs; element-wise work is not counted):
-
-    forward       z_l = a_{l-1} @ W_l              2 N n_{l-1} n_l   for every layer
-    weight grads  dW_l = a_{l-1}.T @ delta_l       2 N n_{l-1} n_l   for every layer
-    input grads   delta_{l-1} <- delta_l @ W_l.T   2 N n_{l-1} n_l   for layers 2..L only
-                  (the first layer's input gradient, with respect to the pixels, is never needed)
+The FLOPs of a training step and the shapes of its matrix products are nnlib.costmodel's
+(:func:`~nnlib.costmodel.flops_per_sample`, :func:`~nnlib.costmodel.step_matmul_shapes`): one
+count, used here, in the benchmarks and in lesson 06.
 """
 
 from __future__ import annotations
@@ -16,27 +11,10 @@ import time
 
 import numpy as np
 
+from .costmodel import flops_per_sample, step_matmul_shapes  # noqa: F401  (flops_per_sample: the old home)
+
 LESSON = 6
 
-
-
-def flops_per_sample(layer_sizes) -> int:
-    """Matrix-product FLOPs of one training step, per sample (see module docstring)."""
-    products = [n_in * n_out for n_in, n_out in zip(layer_sizes[:-1], layer_sizes[1:])]
-    return 2 * (2 * sum(products) + sum(products[1:]))
-
-
-def step_matmul_shapes(layer_sizes, batch_size: int):
-    """The (m, k, n) shapes of every matrix product in one training step on ``batch_size`` samples."""
-    shapes = []
-    pairs = list(zip(layer_sizes[:-1], layer_sizes[1:]))
-    for n_in, n_out in pairs:
-        shapes.append((batch_size, n_in, n_out))          # a_{l-1} @ W_l
-    for layer, (n_in, n_out) in enumerate(pairs):
-        shapes.append((n_in, batch_size, n_out))          # a_{l-1}.T @ delta_l
-        if layer > 0:
-            shapes.append((batch_size, n_out, n_in))      # delta_l @ W_l.T
-    return shapes
 
 
 def matmul_rate(layer_sizes, batch_size: int, dtype="float32", min_seconds: float = 0.5, seed: int = 0) -> float:

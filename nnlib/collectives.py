@@ -8,14 +8,15 @@ calls :func:`require_contiguous`, which refuses such arrays with a clear message
 
 Uneven splits: ``split_counts(10, 4) == [3, 3, 2, 2]``: the first ``total % parts``
 ranks get one more item. ``Scatterv``/``Gatherv`` take these counts and their offsets.
+:func:`split_evenly` is nnlib's one split of N items over P ranks; every other module uses it.
 """
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 from mpi4py import MPI
+
+from .timing import timed_calls
 
 LESSON = 4
 
@@ -35,25 +36,39 @@ def require_contiguous(array, name: str = "array") -> np.ndarray:
     return array
 
 
-def split_counts(total: int, parts: int) -> np.ndarray:
-    """How many of ``total`` items each of ``parts`` ranks gets: as equal as possible, larger first."""
+def split_evenly(total: int, parts: int) -> tuple[list[int], list[int]]:
+    """The one split of N items over P ranks: (counts, starts), plain Python ints, P of each.
+
+    counts[r] = N // P + (1 if r < N % P else 0): as equal as possible, the first N mod P ranks
+    one item more; starts[r] = counts[0] + ... + counts[r-1]. Rank r holds items
+    [starts[r], starts[r] + counts[r]). Plain ints, because this runs on every call of the
+    hand-built ring Allreduce, where NumPy's small-array overhead (about 10 us) would be most of a
+    small message's time. Every other split in nnlib (rows, chunks, layers, hidden units) is this one.
+    """
     if parts < 1:
         raise ValueError(f"parts must be at least 1; got {parts}")
-    counts = np.full(parts, total // parts, dtype=np.int64)
-    counts[: total % parts] += 1
-    return counts
+    base, extra = divmod(int(total), int(parts))
+    counts = [base + (part < extra) for part in range(parts)]
+    starts = [0] * parts
+    for part in range(1, parts):
+        starts[part] = starts[part - 1] + counts[part - 1]
+    return counts, starts
+
+
+def split_counts(total: int, parts: int) -> np.ndarray:
+    """How many of ``total`` items each of ``parts`` ranks gets (parts,), as :func:`split_evenly`, for Scatterv."""
+    return np.array(split_evenly(total, parts)[0], dtype=np.int64)
 
 
 def offsets(counts) -> np.ndarray:
-    """Where each rank's block starts: the running sum of the counts before it."""
+    """Where each rank's block starts: the running sum of the counts before it (for any counts)."""
     return np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.int64)
 
 
 def row_range(total: int, parts: int, rank: int) -> tuple[int, int]:
     """The [start, stop) rows of ``total`` that ``rank`` holds in an uneven split over ``parts`` ranks."""
-    counts = split_counts(total, parts)
-    start = int(offsets(counts)[rank])
-    return start, start + int(counts[rank])
+    counts, starts = split_evenly(total, parts)
+    return starts[rank], starts[rank] + counts[rank]
 
 
 def broadcast(comm, array, root: int = 0) -> np.ndarray:
@@ -135,22 +150,43 @@ def reduce_sum(comm, array, root: int = 0):
 def time_collective(comm, operation, repeats: int = 20, warmup: int = 1, before=None) -> float:
     """Median seconds of ``operation()`` (a collective every rank calls), the same on every rank.
 
-    Ranks line up with a Barrier before each call, and each call counts at the slowest rank's
-    time (a collective has finished only when the last rank has finished it). ``before()``, if
-    given, runs before each timed call, untimed (e.g. :func:`empty_caches`).
+    nnlib.timing's timer, with the ranks lined up by a Barrier before each call; each call counts
+    at the slowest rank's time (a collective has finished only when the last rank has finished
+    it). ``before()``, if given, runs before each timed call, untimed (e.g. :func:`empty_caches`).
     """
-    for _ in range(warmup):
-        operation()
-    samples = np.empty(repeats)
-    for repeat in range(repeats):
+    def line_up():
         if before is not None:
             before()
         comm.Barrier()
-        start = time.perf_counter()
-        operation()
-        samples[repeat] = time.perf_counter() - start
+
+    samples = timed_calls(operation, repeats, warmup, before=line_up)
     comm.Allreduce(MPI.IN_PLACE, samples, op=MPI.MAX)
     return float(np.median(samples))
+
+
+def time_messages(comm, sizes_in_bytes, repeats: int = 20, dtype=np.float64) -> np.ndarray:
+    """Median seconds of one point-to-point message of each size (len(sizes),): what alpha-beta models.
+
+    Ranks pair up (0 with 1, 2 with 3, ...; with an odd number of ranks the last one only waits)
+    and swap a buffer of n bytes with one Sendrecv, both directions at once, as a step of the ring
+    or of recursive doubling does. Timed as :func:`time_collective` (slowest pair). The times to fit
+    nnlib.costmodel.fit_latency_bandwidth to. Needs at least 2 ranks.
+    """
+    if comm.size < 2:
+        raise ValueError("a message needs two ranks: run with at least 2")
+    itemsize = np.dtype(dtype).itemsize
+    partner = comm.rank ^ 1
+
+    def swap(outgoing, incoming):
+        if partner < comm.size:
+            comm.Sendrecv(outgoing, dest=partner, recvbuf=incoming, source=partner)
+
+    seconds = []
+    for size in sizes_in_bytes:
+        outgoing = np.ones(max(1, int(size) // itemsize), dtype=dtype)
+        incoming = np.empty_like(outgoing)
+        seconds.append(time_collective(comm, lambda: swap(outgoing, incoming), repeats))
+    return np.array(seconds)
 
 
 EVICTION_BYTES = 64 * 2**20  # more than the caches of the machines this series runs on

@@ -29,7 +29,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .arrays import through_host, to_numpy
-from .costmodel import ring_allreduce_time
+from .costmodel import ring_allgather_time, ring_allreduce_time
 from .parallel.data import DataParallel
 
 LESSON = 11
@@ -148,15 +148,16 @@ def message_bytes(method: str, num_params: int, k: int | None = None, itemsize: 
 
 def exchange_time(method: str, num_params: int, ranks: int, alpha: float, beta: float, k: int | None = None,
                   itemsize: int = 8) -> float:
-    """The alpha-beta model's time for one step's exchange on ``ranks`` ranks.
+    """The alpha-beta model's time for one step's exchange on ``ranks`` ranks (nnlib.costmodel's formulas).
 
     none: a ring Allreduce of n numbers, 2 (P-1) alpha + 2 (P-1)/P n_bytes beta.
     the others: a ring Allgather of every rank's message of b bytes, (P-1) (alpha + b beta)
-    (top-k: two Allgathers, indices and values, so twice the alpha).
+    (top-k: two Allgathers, of the k indices and of the k values, so twice the alpha).
     """
-    if ranks <= 1:
-        return 0.0
     if method == "none":
         return float(ring_allreduce_time(message_bytes("none", num_params, itemsize=itemsize), ranks, alpha, beta))
-    messages = 2 if method == "topk" else 1
-    return (ranks - 1) * (messages * alpha + message_bytes(method, num_params, k, itemsize) * beta)
+    if method == "topk":
+        parts = [int(k) * INDEX_BYTES, int(k) * itemsize]
+    else:
+        parts = [message_bytes(method, num_params, k, itemsize)]
+    return float(sum(ring_allgather_time(part, ranks, alpha, beta) for part in parts))

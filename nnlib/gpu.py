@@ -2,7 +2,8 @@
 
 GPU work is *asynchronous*: a CuPy call returns as soon as the work is queued, so a timer must
 wait for the GPU (stream synchronisation) before it stops, and the first calls (which compile
-kernels and allocate memory) must be left out as warm-up. :func:`median_seconds` does both.
+kernels and allocate memory) must be left out as warm-up. :func:`median_seconds` (nnlib.timing's
+timer, synchronised with the device) does both.
 
 Everything here takes the array module as an argument (numpy or cupy), so the same code
 measures both; ``python -m nnlib gpu-benchmark --output notebooks/results/gpu-<device>.csv``
@@ -13,11 +14,10 @@ from __future__ import annotations
 
 import datetime
 import re
-import statistics
-import time
 
 import numpy as np
 
+from . import timing
 from .arrays import to_numpy
 from .backend import resolve_backend, synchronizer
 from .files import read_csv, write_csv
@@ -35,18 +35,8 @@ CSV_FIELDS = ["kind", "variant", "m", "k", "n", "hidden", "samples", "cpu_second
 
 
 def median_seconds(function, xp, repeats: int = 10, warmup: int = 2) -> float:
-    """Median wall time of ``function()``, after ``warmup`` untimed calls, waiting for the device each time."""
-    synchronize = synchronizer(xp)
-    for _ in range(warmup):
-        function()
-    synchronize()
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        function()
-        synchronize()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
+    """nnlib.timing.median_seconds of ``function()``, waiting for the device ``xp`` (numpy or cupy) each time."""
+    return timing.median_seconds(function, repeats, warmup, synchronize=synchronizer(xp))
 
 
 def matmul_sweep(shapes=MATMUL_SHAPES, gpu=None, repeats: int = 10, seed: int = 0) -> list[dict]:

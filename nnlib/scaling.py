@@ -22,6 +22,7 @@ import os
 import statistics
 import subprocess
 import sys
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -67,9 +68,10 @@ def run_point(ranks: int, samples: int, strategy: str = "allreduce", hidden=(128
     return _run_job(ranks, settings, timeout)
 
 
-def measure_allreduce(ranks: int, sizes_in_bytes, repeats: int = 50, timeout: float = 300):
-    """Median seconds of an in-place float32 Allreduce of each size, on ``ranks`` ranks (an mpiexec job)."""
-    settings = {"mode": "allreduce", "sizes": [int(size) for size in sizes_in_bytes], "repeats": repeats}
+def measure_messages(ranks: int, sizes_in_bytes, repeats: int = 50, timeout: float = 300):
+    """Median seconds of one float32 point-to-point message of each size (collectives.time_messages),
+    on ``ranks`` ranks (an mpiexec job): the times to fit costmodel.fit_latency_bandwidth to."""
+    settings = {"mode": "messages", "sizes": [int(size) for size in sizes_in_bytes], "repeats": repeats}
     return np.array(_run_job(ranks, settings, timeout))
 
 
@@ -92,13 +94,13 @@ def _worker(settings: dict) -> None:
     from mpi4py import MPI
 
     from . import data
-    from .collectives import time_allreduce
+    from .collectives import time_messages
     from .network import Network
     from .parallel import PHASES, shard, train_parallel
 
     comm = MPI.COMM_WORLD
-    if settings.get("mode") == "allreduce":
-        seconds = time_allreduce(comm, settings["sizes"], settings["repeats"], dtype=np.float32)
+    if settings.get("mode") == "messages":
+        seconds = time_messages(comm, settings["sizes"], settings["repeats"], dtype=np.float32)
         if comm.rank == 0:
             print(json.dumps(seconds.tolist()))
         return
@@ -251,10 +253,27 @@ def warmup_schedule(base_rate: float, target_rate: float, warmup_epochs: float):
     return schedule
 
 
-def large_batch_accuracy(inputs, labels, test_inputs, test_labels, ranks_list, per_rank_batch: int = 32,
-                         epochs: int = 2, base_rate: float = 0.05, scale_rate: bool = False,
-                         warmup_epochs: float = 1.0, hidden=(64,), momentum: float = 0.9, seed: int = 0):
-    """Test accuracy after ``epochs`` with a global batch of per_rank_batch * P, for each P.
+@dataclass(frozen=True)
+class LargeBatchSettings:
+    """How :func:`large_batch_accuracy` trains: a batch of per_rank_batch * P samples for ``epochs``.
+
+    base_rate: the learning rate of one rank; scale_rate: the linear scaling rule (base_rate * P,
+    reached by a gradual warm-up over warmup_epochs); hidden: the hidden layer sizes.
+    """
+
+    per_rank_batch: int = 32
+    epochs: int = 2
+    base_rate: float = 0.05
+    scale_rate: bool = False
+    warmup_epochs: float = 1.0
+    hidden: tuple = (64,)
+    momentum: float = 0.9
+    seed: int = 0
+
+
+def large_batch_accuracy(inputs, labels, test_inputs, test_labels, ranks_list,
+                         settings: LargeBatchSettings = LargeBatchSettings()):
+    """Test accuracy after ``settings.epochs`` with a global batch of per_rank_batch * P, for each P.
 
     Without ``scale_rate`` every P uses base_rate: bigger batches mean fewer steps of the same
     size, and accuracy falls. With it, the linear scaling rule (Goyal et al. 2017): a batch k
@@ -262,17 +281,19 @@ def large_batch_accuracy(inputs, labels, test_inputs, test_labels, ranks_list, p
 
     Simulated in one process: P ranks take exactly the steps of sequential training with the
     global batch (nnlib.parallel; lesson 05 and the tests show it), so only the global batch matters.
+    Returns the accuracies (len(ranks_list),).
     """
     from .network import Network
     from .training import train
 
     accuracies = []
     for ranks in ranks_list:
-        target = base_rate * ranks if scale_rate else base_rate
-        network = Network((inputs.shape[1], *hidden, 10), seed=seed)
-        train(network, inputs, labels, epochs=epochs, batch_size=per_rank_batch * ranks, momentum=momentum,
-              learning_rate=warmup_schedule(base_rate, target, warmup_epochs if scale_rate else 0.0),
-              seed=seed, progress=False)
+        target = settings.base_rate * ranks if settings.scale_rate else settings.base_rate
+        warmup = settings.warmup_epochs if settings.scale_rate else 0.0
+        network = Network((inputs.shape[1], *settings.hidden, 10), seed=settings.seed)
+        train(network, inputs, labels, epochs=settings.epochs, batch_size=settings.per_rank_batch * ranks,
+              momentum=settings.momentum, learning_rate=warmup_schedule(settings.base_rate, target, warmup),
+              seed=settings.seed, progress=False)
         accuracies.append(network.accuracy(test_inputs, test_labels))
     return np.array(accuracies)
 

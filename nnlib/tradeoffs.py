@@ -14,9 +14,10 @@ pipeline  consecutive layers per stage (nnlib.parallel.pipeline). Per step a sta
           batch (GPipe) or min(P - s, m) of m micro-batches (1F1B).
 
 :func:`handed_bytes` counts exactly what the implementations hand to MPI per step (tests compare
-it with counters on the real calls); :func:`step_time` turns it into seconds with the alpha-beta
-model of lesson 04 (a ring Allreduce of n bytes costs 2(P-1) alpha + 2(P-1)/P n beta; a message
-alpha + n beta) plus compute at a given rate, divided over the ranks, and for pipelines the bubble.
+it with counters on the real calls); :func:`parallel_step_time` turns it into seconds with nnlib.costmodel's
+formulas, and nothing else: a ring Allreduce per collective message, alpha + n beta per
+point-to-point message, the FLOPs of a step at a given rate divided over the ranks, and for
+pipelines the bubble (P - 1) / (m + P - 1).
 """
 
 from __future__ import annotations
@@ -24,8 +25,9 @@ from __future__ import annotations
 import numpy as np
 
 from .collectives import split_counts
+from .costmodel import Machine, bubble_fraction, flops_per_sample, predicted_time, ring_allreduce_time, step_time
 from .network import count_parameters
-from .parallel.pipeline import bubble_fraction, stage_layers
+from .parallel.pipeline import stage_layers
 from .parallel.tensor import layer_kinds
 
 LESSON = 9
@@ -41,34 +43,44 @@ def check_pipeline_depth(kind: str, layer_sizes, ranks: int) -> None:
                          f"this network has {len(layer_sizes) - 1}")
 
 
+def allreduce_messages(kind: str, layer_sizes, batch: int, ranks: int, itemsize: int = 4) -> list[int]:
+    """The bytes of each Allreduce one step makes (data: the gradient; tensor: the pairs' activations and
+    input gradients; pipeline: none), in the order the step makes them."""
+    check_pipeline_depth(kind, layer_sizes, ranks)
+    if kind == "data":
+        return [count_parameters(layer_sizes) * itemsize]
+    if kind == "pipeline":
+        return []
+    if kind != "tensor":
+        raise ValueError(f"kind must be one of {', '.join(KINDS)}; got {kind!r}")
+    shapes = list(zip(layer_sizes[:-1], layer_sizes[1:]))
+    messages = []
+    for layer, split in enumerate(layer_kinds(len(shapes))):
+        if split == "row":
+            messages.append(batch * shapes[layer][1] * itemsize)       # forward: complete the partial sums
+        if split == "column" and layer > 0:
+            messages.append(batch * shapes[layer][0] * itemsize)       # backward: the pair's input gradient
+    return messages
+
+
 def handed_bytes(kind: str, layer_sizes, batch: int, ranks: int, itemsize: int = 4) -> dict:
     """What one step hands to MPI on the busiest rank: {"collective": bytes, "point_to_point": bytes}.
 
     (Besides the pipeline's 16-byte broadcast of the loss at the end of each step.)
 
-    collective: buffers given to Allreduce (data: the gradient; tensor: the pairs' activations and
-    gradients); point_to_point: bytes a pipeline stage sends (forward and backward). Both per step.
+    collective: buffers given to Allreduce (:func:`allreduce_messages`); point_to_point: bytes a
+    pipeline stage sends (forward and backward). Both per step.
     """
-    check_pipeline_depth(kind, layer_sizes, ranks)
+    collective = sum(allreduce_messages(kind, layer_sizes, batch, ranks, itemsize))
+    if kind != "pipeline":
+        return {"collective": collective, "point_to_point": 0}
     shapes = list(zip(layer_sizes[:-1], layer_sizes[1:]))
-    if kind == "data":
-        return {"collective": count_parameters(layer_sizes) * itemsize, "point_to_point": 0}
-    if kind == "tensor":
-        total = 0
-        for layer, split in enumerate(layer_kinds(len(shapes))):
-            if split == "row":
-                total += batch * shapes[layer][1]                      # forward: complete the partial sums
-            if split == "column" and layer > 0:
-                total += batch * shapes[layer][0]                      # backward: the pair's input gradient
-        return {"collective": total * itemsize, "point_to_point": 0}
-    if kind == "pipeline":
-        sent = []
-        for stage, (first, stop) in enumerate(stage_layers(len(shapes), ranks)):
-            forward = batch * shapes[stop - 1][1] if stage < ranks - 1 else 0
-            backward = batch * shapes[first][0] if stage > 0 else 0
-            sent.append(forward + backward)
-        return {"collective": 0, "point_to_point": max(sent) * itemsize}
-    raise ValueError(f"kind must be one of {', '.join(KINDS)}; got {kind!r}")
+    sent = []
+    for stage, (first, stop) in enumerate(stage_layers(len(shapes), ranks)):
+        forward = batch * shapes[stop - 1][1] if stage < ranks - 1 else 0
+        backward = batch * shapes[first][0] if stage > 0 else 0
+        sent.append(forward + backward)
+    return {"collective": 0, "point_to_point": max(sent) * itemsize}
 
 
 def memory_per_rank(kind: str, layer_sizes, batch: int, ranks: int, itemsize: int = 4, momentum: bool = True,
@@ -78,7 +90,7 @@ def memory_per_rank(kind: str, layer_sizes, batch: int, ranks: int, itemsize: in
     shapes = list(zip(layer_sizes[:-1], layer_sizes[1:]))
     copies = 3 if momentum else 2
     if kind == "data":
-        local_batch = -(-batch // ranks)
+        local_batch = int(split_counts(batch, ranks)[0])  # the largest shard
         activations = local_batch * sum(layer_sizes)
         return {"parameters": copies * count_parameters(layer_sizes) * itemsize, "activations": activations * itemsize}
     if kind == "tensor":
@@ -111,25 +123,29 @@ def memory_per_rank(kind: str, layer_sizes, batch: int, ranks: int, itemsize: in
     raise ValueError(f"kind must be one of {', '.join(KINDS)}; got {kind!r}")
 
 
-def step_time(kind: str, layer_sizes, batch: int, ranks: int, alpha: float, beta: float, flops_per_second: float,
-              itemsize: int = 4, micro_batches: int = 4) -> float:
-    """Predicted seconds per step: compute / P (plus the pipeline's bubble) + communication (alpha-beta)."""
+def parallel_step_time(kind: str, layer_sizes, batch: int, ranks: int, machine: Machine, itemsize: int = 4,
+                       micro_batches: int = 4) -> float:
+    """Predicted seconds per step of ``kind`` parallelism on P ranks, with nnlib.costmodel's formulas:
+
+        T = F N / rate / (P (1 - bubble)) + communication
+
+    F: costmodel.flops_per_sample; rate: machine.flops_per_second. Communication: a ring
+    Allreduce (machine.alpha, machine.beta) for each of :func:`allreduce_messages`; for a
+    pipeline, the busiest stage's point-to-point bytes in 2 m messages (m forward, m backward),
+    each alpha + n beta, and the bubble (P - 1) / (m + P - 1).
+    """
     check_pipeline_depth(kind, layer_sizes, ranks)
-    flops = 6 * batch * sum(n_in * n_out for n_in, n_out in zip(layer_sizes[:-1], layer_sizes[1:]))  # fwd + 2 bwd
-    compute = flops / flops_per_second / ranks
+    compute = flops_per_sample(layer_sizes) * batch / machine.flops_per_second
     if ranks == 1:
-        return compute
-    handed = handed_bytes(kind, layer_sizes, batch, ranks, itemsize)
-    ring = lambda n_bytes, count: count * 2 * (ranks - 1) * alpha + 2 * (ranks - 1) / ranks * n_bytes * beta  # noqa: E731
-    if kind == "data":
-        return compute + ring(handed["collective"], 1)
-    if kind == "tensor":
-        count = sum(1 for split in layer_kinds(len(layer_sizes) - 1) if split == "row")
-        count += sum(1 for layer, split in enumerate(layer_kinds(len(layer_sizes) - 1)) if split == "column" and layer)
-        return compute + ring(handed["collective"], count)
-    bubble = bubble_fraction(ranks, micro_batches)
-    messages = 2 * micro_batches
-    return compute / (1 - bubble) + messages * alpha + handed["point_to_point"] * beta
+        return float(step_time(1, compute))
+    if kind == "pipeline":
+        messages = 2 * micro_batches
+        sent = handed_bytes(kind, layer_sizes, batch, ranks, itemsize)["point_to_point"]
+        communication = messages * predicted_time(sent / messages, machine.alpha, machine.beta)
+        return float(step_time(ranks, compute, communication, bubble=bubble_fraction(ranks, micro_batches)))
+    communication = sum(ring_allreduce_time(n_bytes, ranks, machine.alpha, machine.beta)
+                        for n_bytes in allreduce_messages(kind, layer_sizes, batch, ranks, itemsize))
+    return float(step_time(ranks, compute, communication))
 
 
 def fastest(layer_sizes_of, hidden_sizes, rank_counts, batch: int, alpha: float, beta: float,
@@ -139,14 +155,15 @@ def fastest(layer_sizes_of, hidden_sizes, rank_counts, batch: int, alpha: float,
     Returns (choice (hidden sizes, ranks) ints, times (hidden sizes, ranks, kinds) seconds; inf where
     a pipeline has more stages than layers).
     """
+    machine = Machine(alpha, beta, flops_per_second)
     times = np.full((len(hidden_sizes), len(rank_counts), len(KINDS)), np.inf)
     for row, hidden in enumerate(hidden_sizes):
         for column, ranks in enumerate(rank_counts):
             for index, kind in enumerate(KINDS):
                 if kind == "pipeline" and ranks > len(layer_sizes_of(hidden)) - 1:
                     continue
-                times[row, column, index] = step_time(kind, layer_sizes_of(hidden), batch, ranks, alpha, beta,
-                                                      flops_per_second, micro_batches=micro_batches)
+                times[row, column, index] = parallel_step_time(kind, layer_sizes_of(hidden), batch, ranks, machine,
+                                                               micro_batches=micro_batches)
     return np.argmin(times, axis=2), times
 
 

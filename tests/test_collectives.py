@@ -21,6 +21,35 @@ def test_split_counts_and_offsets():
         collectives.split_counts(5, 0)
 
 
+@pytest.mark.parametrize("total, parts", [(10, 4), (2, 4), (997, 3), (7, 7), (0, 3), (1001, 1)])
+def test_one_split_of_n_items_over_p_ranks(total, parts):
+    """split_evenly is the split; split_counts, row_range and the ring's chunk_bounds are the same one."""
+    from nnlib.allreduce import chunk_bounds
+
+    counts, starts = collectives.split_evenly(total, parts)
+    assert all(isinstance(value, int) for value in counts + starts)
+    assert sum(counts) == total and max(counts) - min(counts) <= 1 and counts == sorted(counts, reverse=True)
+    assert starts == [sum(counts[:rank]) for rank in range(parts)]
+    assert collectives.split_counts(total, parts).tolist() == counts
+    assert collectives.offsets(counts).tolist() == starts
+    assert [collectives.row_range(total, parts, rank) for rank in range(parts)] == [
+        (start, start + count) for start, count in zip(starts, counts)]
+    assert chunk_bounds(total, parts) == (counts, starts)
+
+
+def test_the_one_timer_warms_up_then_times_each_call():
+    from nnlib.timing import median_seconds, timed_calls
+
+    calls = []
+    seconds = timed_calls(lambda: calls.append("call"), repeats=3, warmup=2,
+                          synchronize=lambda: calls.append("wait"), before=lambda: calls.append("before"))
+    assert calls == ["call", "call", "wait"] + ["before", "call", "wait"] * 3
+    assert seconds.shape == (3,) and (seconds >= 0).all()
+    assert median_seconds(lambda: None, repeats=5) >= 0
+    with pytest.raises(ValueError, match="repeats must be at least 1"):
+        timed_calls(lambda: None, repeats=0)
+
+
 def test_guard_messages():
     with pytest.raises(ValueError, match=r"Fortran-ordered.*np\.ascontiguousarray\(weights\)"):
         collectives.require_contiguous(np.asfortranarray(np.ones((2, 3))), "weights")

@@ -51,11 +51,12 @@ def test_cost_model_reproduces_hand_computed_times():
     assert costmodel.ring_allreduce_time(n, [1, 4], alpha, beta).tolist() == pytest.approx([0.0, 7.5e-6])
     # Parameter server on 4 ranks: 3 messages in, then ceil(log2 4) = 2 out, each alpha + n beta = 2e-6.
     assert costmodel.parameter_server_time(n, [4], alpha, beta).tolist() == pytest.approx([10e-6])
-    step = costmodel.step_time([1, 4], "allreduce", compute_seconds=8e-3, update_seconds=1e-4, n_bytes=n,
-                               alpha=alpha, beta=beta)
+    ranks = np.array([1, 4])
+    communication = costmodel.communication_time("allreduce", n, ranks, alpha, beta)
+    step = costmodel.step_time(ranks, compute_seconds=8e-3, communication_seconds=communication, update_seconds=1e-4)
     assert step.tolist() == pytest.approx([8e-3 + 1e-4, 2e-3 + 7.5e-6 + 1e-4])
-    with pytest.raises(ValueError, match="strategy must be"):
-        costmodel.step_time(2, "gossip", 1, 0, 1, 1, 1)
+    with pytest.raises(ValueError, match="strategy must be one of allreduce, parameter_server"):
+        costmodel.communication_time("gossip", 1, 2, 1, 1)
 
 
 def test_latency_bandwidth_fit_of_exact_data():
@@ -94,5 +95,5 @@ def test_harness_end_to_end_on_one_and_two_ranks():
     assert records[0]["accuracy"] == records[1]["accuracy"]
     rows = scaling.summarize(records)
     assert [row["speedup"] for row in rows if row["ranks"] == 1] == [1.0, 1.0]
-    seconds = scaling.measure_allreduce(2, [8, 65536], repeats=5)
+    seconds = scaling.measure_messages(2, [8, 65536], repeats=5)  # one Sendrecv of each size
     assert seconds.shape == (2,) and np.all(seconds > 0)

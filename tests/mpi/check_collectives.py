@@ -88,6 +88,19 @@ def test_barrier_and_timing():
     expect_equal(np.array(comm.allgather(float(times[0]))), np.full(size, times[0]))  # the same on every rank
 
 
+def test_timing_one_point_to_point_message():
+    if size < 2:
+        try:
+            c.time_messages(comm, [8])
+        except ValueError as error:
+            assert "two ranks" in str(error), error
+            return
+        raise AssertionError("a message was timed on one rank")
+    times = c.time_messages(comm, [8, 65536], repeats=3, dtype=np.float32)
+    assert times.shape == (2,) and np.all(times > 0), times
+    expect_equal(np.array(comm.allgather(float(times[1]))), np.full(size, times[1]))  # the same on every rank
+
+
 def test_what_runs_before_a_timed_call_is_not_timed():
     import time
 
