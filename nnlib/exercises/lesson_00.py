@@ -1,7 +1,4 @@
-"""Lesson 00's exercises (notebook 00_start_here): how big a network is, and what one step sends.
-
-Each function is the worked answer; its def line and docstring are the notebook's exercise cell.
-"""
+"""Lesson 00's exercises (notebook 00_start_here): how big a network is, and what one step sends."""
 
 from . import Exercise
 

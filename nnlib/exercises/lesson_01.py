@@ -1,7 +1,4 @@
-"""Lesson 01's exercises (notebook 01_mnist): from MNIST's images and labels to the network's arrays.
-
-Each function is the worked answer; its def line and docstring are the notebook's exercise cell.
-"""
+"""Lesson 01's exercises (notebook 01_mnist): from MNIST's images and labels to the network's arrays."""
 
 import numpy as np
 

@@ -1,8 +1,5 @@
 """Lesson 02's exercises (notebook 02_network_from_scratch): one sigmoid layer forwards and backwards,
 and the cost.
-
-Each function but ``sigmoid`` is the worked answer to one exercise; its def line and docstring are the
-notebook's exercise cell.
 """
 
 import numpy as np

@@ -1,7 +1,4 @@
-"""Lesson 03's exercises (notebook 03_training): a momentum step, the accuracy, an epoch's mini-batches.
-
-Each function is the worked answer; its def line and docstring are the notebook's exercise cell.
-"""
+"""Lesson 03's exercises (notebook 03_training): a momentum step, the accuracy, an epoch's mini-batches."""
 
 import numpy as np
 

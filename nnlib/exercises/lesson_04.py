@@ -1,7 +1,4 @@
-"""Lesson 04's exercises (notebook 04_mpi_collectives): Scatterv's counts, and the alpha-beta model.
-
-Each function is the worked answer; its def line and docstring are the notebook's exercise cell.
-"""
+"""Lesson 04's exercises (notebook 04_mpi_collectives): Scatterv's counts, and the alpha-beta model."""
 
 import numpy as np
 

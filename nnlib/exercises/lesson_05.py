@@ -1,7 +1,5 @@
 """Lesson 05's exercises (notebook 05_data_parallel_training): a parameter server's step with uneven
 batches, and a rank's rows of the global batch.
-
-Each function is the worked answer; its def line and docstring are the notebook's exercise cell.
 """
 
 from . import Exercise, case_generator, uniform

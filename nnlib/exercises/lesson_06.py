@@ -1,7 +1,4 @@
-"""Lesson 06's exercises (notebook 06_scaling): Amdahl's and Gustafson's laws, parallel efficiency.
-
-Each function is the worked answer; its def line and docstring are the notebook's exercise cell.
-"""
+"""Lesson 06's exercises (notebook 06_scaling): Amdahl's and Gustafson's laws, parallel efficiency."""
 
 import numpy as np
 

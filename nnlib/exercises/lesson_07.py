@@ -1,7 +1,4 @@
-"""Lesson 07's exercises (notebook 07_gpu): a product's GFLOP/s, and when the GPU wins counting the copies.
-
-Each function is the worked answer; its def line and docstring are the notebook's exercise cell.
-"""
+"""Lesson 07's exercises (notebook 07_gpu): a product's GFLOP/s, and when the GPU wins counting the copies."""
 
 from . import Exercise
 

@@ -1,7 +1,5 @@
 """Lesson 08's exercises (notebook 08_inside_allreduce): the ring's chunks, one reduce-scatter step on
 every rank at once, and the bus bandwidth.
-
-Each function is the worked answer; its def line and docstring are the notebook's exercise cell.
 """
 
 import numpy as np

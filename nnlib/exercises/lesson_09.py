@@ -1,7 +1,5 @@
 """Lesson 09's exercises (notebook 09_model_and_pipeline_parallelism): a layer split by columns, the
 next split by rows, and the pipeline's bubble.
-
-Each function is the worked answer; its def line and docstring are the notebook's exercise cell.
 """
 
 import numpy as np

@@ -1,7 +1,5 @@
 """Lesson 10's exercises (notebook 10_when_things_go_wrong): the ranks that never arrived, and Young's
 checkpoint interval.
-
-Each function is the worked answer; its def line and docstring are the notebook's exercise cell.
 """
 
 import math

@@ -1,7 +1,5 @@
 """Lesson 11's exercises (notebook 11_beyond_synchronous_sgd): bfloat16 rounding on the bits, and top-k
 compression with error feedback.
-
-Each function is the worked answer; its def line and docstring are the notebook's exercise cell.
 """
 
 import numpy as np
