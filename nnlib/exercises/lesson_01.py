@@ -21,13 +21,15 @@ def one_hot(labels, num_classes):
 
 def image_cases():
     generator = case_generator("01.1")
-    return [(generator.integers(0, 256, size=shape, dtype=np.uint8),) for shape in [(3, 28, 28), (5, 20, 20), (1, 2, 2)]]
+    return [(generator.integers(0, 256, size=shape, dtype=np.uint8),)
+            for shape in [(3, 28, 28), (5, 20, 20), (1, 2, 2)]]
 
 
 EXERCISES = [
     Exercise("01.1", scale_pixels, image_cases,
              "flatten each image into one row, then divide by the largest pixel value, in float32.", 1e-6),
     Exercise("01.2", one_hot,
-             lambda: [(np.array(labels), classes) for labels, classes in [([3, 0, 9, 3], 10), ([1, 0, 2], 3), ([0], 1)]],
+             lambda: [(np.array(labels), classes)
+                      for labels, classes in [([3, 0, 9, 3], 10), ([1, 0, 2], 3), ([0], 1)]],
              "start from zeros; row i needs a single 1, in column labels[i] (fancy indexing sets them all at once)."),
 ]

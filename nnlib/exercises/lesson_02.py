@@ -53,7 +53,8 @@ def layer_cases(key, with_activations=False):
 
 def cross_entropy_cases():
     generator = case_generator("02.3")
-    return [(uniform(generator, n, k) * 4, np.eye(k)[generator.integers(0, k, n)]) for n, k in [(5, 3), (8, 10), (1, 2)]]
+    return [(uniform(generator, n, k) * 4, np.eye(k)[generator.integers(0, k, n)])  # one-hot targets
+            for n, k in [(5, 3), (8, 10), (1, 2)]]
 
 
 EXERCISES = [
