@@ -13,17 +13,25 @@ first problem it finds, because the later ones usually follow from it:
 
 followed by a hint that points at the idea without giving the answer. The function is called on
 several cases (:mod:`nnlib.exercises` makes them, sizes that do not divide evenly included), each
-with fresh copies of the inputs, so a function that changes its arguments cannot spoil the reference.
-Nothing the student writes can make ``check`` raise: every problem becomes a message.
+with fresh copies of the inputs, so a function that changes its arguments cannot spoil the worked
+answer it is compared with. Nothing the student writes can make ``check`` raise: every problem
+becomes a message.
+
+``solution("02.2")`` prints the worked answer (from nnlib/exercises/lesson_02.py): for after trying.
+Checking exercise "02.2" imports lesson 02's exercises only, never a later lesson's code.
 """
 
 from __future__ import annotations
 
+import inspect
+import sys
 import traceback
 from dataclasses import dataclass
 from numbers import Number
 
 import numpy as np
+
+from .exercises import all_exercises, find
 
 LESSON = 0  # the exercises' checker, used from lesson 00 on
 
@@ -58,12 +66,9 @@ def check(key: str, answer) -> None:
 
 def verdict(key: str, answer) -> Verdict:
     """The verdict on ``answer`` for exercise ``key`` (see the module docstring for the order of checks)."""
-    from .exercises import EXERCISES
-
-    if key not in EXERCISES:
-        known = ", ".join(sorted(EXERCISES))
-        return Verdict(False, "unknown", f"{FAIL} there is no exercise {key!r}; the exercises are {known}")
-    exercise = EXERCISES[key]
+    exercise = find(key)
+    if exercise is None:
+        return Verdict(False, "unknown", unknown(key))
     heading = f"{key} {exercise.function}"
     try:
         worst, cases = run_cases(exercise, answer)
@@ -73,6 +78,42 @@ def verdict(key: str, answer) -> Verdict:
         return Verdict(True, "right", f"{PASS} {heading}: right, exactly, on all {cases} cases")
     return Verdict(True, "right", f"{PASS} {heading}: right on all {cases} cases "
                                   f"(largest relative error {worst:.0e}, allowed {exercise.tolerance:.0e})")
+
+
+def solution(key: str) -> None:
+    """Print the worked answer to exercise ``key`` ("02.2"): try the exercise first, ``check`` gives hints."""
+    exercise = find(key)
+    print(unknown(key) if exercise is None else worked_answer_source(exercise), end="" if exercise else "\n")
+
+
+def worked_answer_source(exercise) -> str:
+    """The worked answer's source, after the imports and the functions of its module that it calls."""
+    answer = exercise.worked_answer
+    module = sys.modules[answer.__module__]
+    called = [value for name, value in vars(module).items() if name in names_used(answer.__code__)
+              and inspect.isfunction(value) and value.__module__ == module.__name__ and value is not answer]
+    used = set().union(*(names_used(function.__code__) for function in [*called, answer]))
+    imports = [f"import {value.__name__}" + (f" as {name}" if name != value.__name__ else "") + "\n"
+               for name, value in vars(module).items() if inspect.ismodule(value) and name in used]
+    where = module.__name__.replace(".", "/") + ".py"
+    sources = [inspect.getsource(function) for function in [*called, answer]]
+    return "\n\n".join([f"# The worked answer to exercise {exercise.key}, from {where}:", *(
+        ["".join(imports)] if imports else []), *sources])
+
+
+def names_used(code) -> set[str]:
+    """The global names a function's code object reads, its comprehensions' and inner functions' included."""
+    names = set(code.co_names)
+    for constant in code.co_consts:
+        if inspect.iscode(constant):
+            names |= names_used(constant)
+    return names
+
+
+def unknown(key) -> str:
+    """The message for a key that names no exercise, with the keys that do."""
+    known = ", ".join(sorted(all_exercises()))
+    return f"{FAIL} there is no exercise {key!r}; the exercises are {known}"
 
 
 def run_cases(exercise, answer) -> tuple[float, int]:
@@ -86,7 +127,7 @@ def run_cases(exercise, answer) -> tuple[float, int]:
                                       f"({short(answer)}). Define it with `def {name}(...)`.")
     worst, cases = 0.0, exercise.cases()
     for arguments in cases:
-        expected = exercise.reference(*copies(arguments))
+        expected = exercise.worked_answer(*copies(arguments))
         got = call(answer, name, arguments)
         if got is None:
             raise Wrong("not written", "not written yet: it returns None. Replace the `...` with your code "

@@ -1,28 +1,28 @@
-"""The lessons' exercises: every worked solution passes its check, every untouched exercise fails it with
-"not written yet", half-finished answers get the message meant for them, and the references are right."""
+"""The lessons' exercises: each worked answer is written once (nnlib/exercises/lesson_NN.py) and agrees
+with nnlib's own function or with values worked out by hand; every notebook shows exactly its def line
+and docstring; every untouched exercise fails its check with "not written yet"; half-finished answers
+get the message meant for them; and checking a lesson's exercise loads no later lesson's code."""
 
-import importlib.util
+import subprocess
+import sys
 from pathlib import Path
 
 import nbformat
 import numpy as np
 import pytest
+from layout import PACKAGE, lesson_of, modules
 
-from nnlib.check import check, verdict
-from nnlib.exercises import EXERCISES, lesson_exercises, reference_layer_backward, reference_ring_step
-from nnlib.network import sigmoid
+from nnlib import allreduce, collectives, compression, costmodel, data, scaling, training
+from nnlib.check import check, solution, verdict, worked_answer_source
+from nnlib.exercises import all_exercises, find, lesson_exercises, lessons
+from nnlib.exercises.lesson_02 import layer_backward
+from nnlib.exercises.lesson_08 import ring_step
+from nnlib.network import count_parameters, cross_entropy_from_logits, sigmoid
+from nnlib.parallel import pipeline
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
-
-
-def solutions(lesson: str):
-    """The module solutions/<lesson>_*.py (its name starts with a digit: loaded from its path)."""
-    [path] = (ROOT / "solutions").glob(f"{lesson}_*.py")
-    spec = importlib.util.spec_from_file_location(f"solutions_{lesson}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+EXERCISES = all_exercises()
 
 
 def defined(source: str, name: str):
@@ -31,12 +31,108 @@ def defined(source: str, name: str):
     return namespace[name]
 
 
-@pytest.mark.parametrize("key", sorted(EXERCISES))
-def test_the_worked_solution_passes_its_check(key):
-    exercise = EXERCISES[key]
-    result = verdict(key, getattr(solutions(key[:2]), exercise.function))
+def ring_step_by_nnlib_schedule(buffers, step):
+    """One reduce-scatter step as nnlib.allreduce's ring schedule sends it."""
+    counts, starts = allreduce.chunk_bounds(buffers.shape[1], buffers.shape[0])
+    after = buffers.copy()
+    for sender, receiver, chunk in allreduce.ring_schedule(buffers.shape[0])[step]["sends"]:
+        part = slice(starts[chunk], starts[chunk] + counts[chunk])
+        after[receiver, part] += buffers[sender, part]
+    return after
+
+
+def top_k_step_by_nnlib(gradient, residual, k):
+    corrected = gradient + residual
+    sent, chosen = np.zeros_like(corrected), compression.top_k(corrected, k)
+    sent[chosen] = corrected[chosen]
+    return sent, corrected - sent
+
+
+def momentum_step_by_nnlib(params, velocity, grads, learning_rate, momentum):
+    params, velocity = params.copy(), velocity.copy()
+    training.sgd_update(params, grads, velocity, learning_rate, momentum)
+    return params, velocity
+
+
+# nnlib's own function for each exercise that has one: the lesson and the check cannot disagree.
+NNLIB = {
+    "00.1": count_parameters,
+    "01.1": data.scale_pixels,
+    "01.2": lambda labels, classes: data.one_hot(labels, classes, np.float32),
+    "02.1": lambda inputs, weights, biases: sigmoid(inputs @ weights + biases),
+    "02.3": lambda logits, targets: float(cross_entropy_from_logits(logits, targets, "sigmoid", np)) / len(logits),
+    "03.1": momentum_step_by_nnlib,
+    "03.3": lambda samples, batch: np.array(training.batch_ranges(samples, batch)).reshape(-1, 2),
+    "04.1": lambda rows, ranks, length: (collectives.split_counts(rows, ranks) * length,
+                                         collectives.offsets(collectives.split_counts(rows, ranks) * length)),
+    "04.2": costmodel.predicted_time,
+    "05.2": lambda batch, rank, ranks: collectives.row_range(batch, ranks, rank),
+    "06.1": scaling.amdahl_speedup,
+    "06.2": scaling.gustafson_speedup,
+    "08.1": allreduce.chunk_bounds,
+    "08.2": ring_step_by_nnlib_schedule,
+    "08.3": allreduce.bus_bandwidth,
+    "09.1": lambda inputs, weights, biases: sigmoid(inputs @ np.hstack(weights) + np.concatenate(biases)),
+    "09.2": lambda hidden, weights, biases: np.hstack(hidden) @ np.vstack(weights) + biases,  # the unsplit layer
+    "09.3": pipeline.bubble_fraction,
+    "11.1": compression.to_bfloat16,
+    "11.2": top_k_step_by_nnlib,
+}
+
+# The others, on values worked out by hand: (key, arguments, the right result).
+BY_HAND = [
+    ("00.2", ((784, 30, 10), 4), 4 * (784 * 30 + 30 + 30 * 10 + 10)),
+    ("02.2", (np.array([[1.0, 2.0]]), np.array([[3.0], [4.0]]), np.array([[0.5]]), np.array([[2.0]])),
+     (np.array([[0.5], [1.0]]), np.array([0.5]), np.array([[1.5, 2.0]]))),  # dJ/dz = 2 * 0.5 * 0.5
+    ("03.2", (np.array([[0.1, 0.9], [0.8, 0.2], [0.3, 0.7]]), np.array([1, 1, 1])), 2 / 3),
+    ("05.1", (np.zeros(1), [np.array([1.0]), np.array([4.0])], [1, 3], 1.0), np.array([-3.25])),  # (1 + 12) / 4
+    ("06.3", (10.0, np.array([10.0, 2.5]), np.array([1, 8])), np.array([1.0, 0.5])),
+    ("07.1", (1000, 1000, 1000, 2.0), 1.0),
+    ("07.2", (4096, 4096, 4096, 100, 20000, 12), True),  # CPU 1.4 s; GPU 0.017 s of copies + 0.007 s
+    ("07.2", (2048, 2048, 2048, 1000, 1000, 10), False),  # the same rate: the copies decide
+    ("10.1", ([3, 1, 0], 4), [2]),
+    ("10.1", ([1, 0], 2), []),
+    ("10.2", (50.0, 40_000.0, 4), 1000.0),  # sqrt(2 * 50 * 10 000)
+]
+
+
+def same(got, expected) -> bool:
+    if isinstance(expected, tuple):
+        return len(got) == len(expected) and all(same(g, e) for g, e in zip(got, expected))
+    got, expected = np.asarray(got), np.asarray(expected)
+    return got.shape == expected.shape and np.allclose(got, expected, rtol=1e-12, atol=0)
+
+
+@pytest.mark.parametrize("key", sorted(NNLIB))
+def test_the_worked_answer_agrees_with_nnlibs_own_function(key):
+    """nnlib's function, given as the student's answer, passes the check against the worked answer."""
+    result = verdict(key, NNLIB[key])
     assert result.passed, result.message
-    assert result.message.startswith(f"✓ {key} {exercise.function}: right")
+
+
+@pytest.mark.parametrize("key, arguments, expected", BY_HAND, ids=[case[0] for case in BY_HAND])
+def test_the_worked_answer_gives_the_values_worked_out_by_hand(key, arguments, expected):
+    assert same(EXERCISES[key].worked_answer(*arguments), expected)
+
+
+def test_every_exercise_has_its_answer_tested_and_every_lesson_has_exercises():
+    assert set(NNLIB) | {key for key, _, _ in BY_HAND} == set(EXERCISES)
+    assert lessons() == [path.name[:2] for path in NOTEBOOKS]
+
+
+@pytest.mark.parametrize("key", sorted(EXERCISES))
+def test_the_worked_answer_passes_its_check_and_solution_prints_it(key, capsys):
+    exercise = EXERCISES[key]
+    assert verdict(key, exercise.worked_answer).message == f"✓ {key} {exercise.function}: right, exactly, on all " \
+                                                           f"{len(exercise.cases())} cases"
+    solution(key)
+    printed = capsys.readouterr().out
+    assert printed == worked_answer_source(exercise)
+    assert printed.startswith(f"# The worked answer to exercise {key}, from nnlib/exercises/lesson_{key[:2]}.py:")
+    assert exercise.signature in printed and printed.endswith("\n")
+    namespace = {}
+    exec(printed, namespace)  # it runs as printed: the imports and helpers it needs are there
+    assert verdict(key, namespace[exercise.function]).passed
 
 
 @pytest.mark.parametrize("key", sorted(EXERCISES))
@@ -49,9 +145,19 @@ def test_the_untouched_exercise_fails_with_not_written_yet_and_a_hint(key):
 
 
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda path: path.stem)
+def test_every_notebook_exercise_cell_is_the_worked_answers_def_line_and_docstring(notebook):
+    """The signature exists once, in the worked answer: the notebook's copy must not drift from it."""
+    exercises = lesson_exercises(notebook.name[:2])
+    cells = nbformat.read(notebook, 4).cells
+    exercise_cells = [cell.source for cell in cells if "exercise" in cell.metadata.get("tags", [])]
+    assert [source.rpartition("\n")[0] for source in exercise_cells] == [ex.signature for ex in exercises]
+    assert all(source.endswith("\n    ...  # your code here") for source in exercise_cells)
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda path: path.stem)
 def test_every_lesson_ends_with_its_exercises_each_followed_by_its_check(notebook):
-    """2 to 4 exercises per lesson; the notebook's cells are the registry's templates, unsolved, each
-    followed by a sentence and its check cell, whose saved output is the "not written yet" verdict."""
+    """2 to 4 exercises per lesson; the notebook's cells are the templates, unsolved, each followed by a
+    sentence and its check cell, whose saved output is the "not written yet" verdict."""
     exercises = lesson_exercises(notebook.name[:2])
     assert 2 <= len(exercises) <= 4
     cells = nbformat.read(notebook, 4).cells
@@ -65,6 +171,19 @@ def test_every_lesson_ends_with_its_exercises_each_followed_by_its_check(noteboo
         assert check_cell.source == f'check("{exercise.key}", {exercise.function})'
         saved = "".join(output.get("text", "") for output in check_cell.outputs)
         assert saved == verdict(exercise.key, defined(exercise.template(), exercise.function)).message + "\n"
+
+
+def test_checking_an_exercise_loads_no_later_lessons_code():
+    """check("02.1", ...) imports lesson 02's exercises and nothing of a lesson after 02 (in a fresh process)."""
+    program = ("import sys, nnlib.check; before = set(sys.modules); "
+               "nnlib.check.check('02.1', lambda x, w, b: None); "
+               "print(' '.join(sorted(set(sys.modules) - before)))")
+    run = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, check=True)
+    loaded = run.stdout.split()
+    assert "nnlib.exercises.lesson_02" in loaded
+    lessons_of = {name: lesson_of(path) for name, path in modules(PACKAGE).items()}
+    assert [name for name in loaded if lessons_of.get(name, 0) > 2] == []
+    assert find("02.9") is None and find("12.1") is None and find("2.1") is None and find(None) is None
 
 
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda path: path.stem)
@@ -141,7 +260,7 @@ def test_a_half_finished_answer_gets_a_helpful_message_and_check_never_raises(ke
     assert capsys.readouterr().out == result.message + "\n"
 
 
-def test_an_answer_that_changes_its_arguments_cannot_spoil_the_reference():
+def test_an_answer_that_changes_its_arguments_cannot_spoil_the_worked_answer():
     def scribbling_forward(inputs, weights, biases):
         result = sigmoid(inputs @ weights + biases)
         inputs *= 100
@@ -151,7 +270,7 @@ def test_an_answer_that_changes_its_arguments_cannot_spoil_the_reference():
     assert verdict("02.1", scribbling_forward).passed
 
 
-def test_the_layer_backward_reference_matches_finite_differences():
+def test_the_worked_layer_backward_matches_finite_differences():
     """The check's own formula against the derivative of J = sum(g * sigma(a_prev W + b)) by central differences."""
     generator = np.random.default_rng(0)
     inputs, weights, biases = generator.normal(size=(4, 3)), generator.normal(size=(3, 2)), generator.normal(size=2)
@@ -160,7 +279,7 @@ def test_the_layer_backward_reference_matches_finite_differences():
     def cost(x, w, b):
         return np.sum(upstream * sigmoid(x @ w + b))
 
-    analytic = reference_layer_backward(inputs, weights, sigmoid(inputs @ weights + biases), upstream)
+    analytic = layer_backward(inputs, weights, sigmoid(inputs @ weights + biases), upstream)
     for array, gradient in zip((weights, biases, inputs), analytic):
         numeric = np.zeros_like(array)
         for index in np.ndindex(array.shape):
@@ -176,21 +295,15 @@ def test_the_layer_backward_reference_matches_finite_differences():
 
 @pytest.mark.parametrize("ranks, length", [(2, 5), (3, 7), (4, 10)])
 def test_ring_steps_leave_each_rank_its_complete_chunk(ranks, length):
-    """P - 1 reference ring steps: chunk r of rank r's buffer is the sum over all ranks, as in nnlib.allreduce."""
+    """P - 1 worked-answer ring steps: chunk r of rank r's buffer is the sum over all ranks, as in nnlib.allreduce."""
     from nnlib.allreduce import chunk_bounds
 
     buffers = np.random.default_rng(1).normal(size=(ranks, length))
     after = buffers
     for step in range(ranks - 1):
-        after = reference_ring_step(after, step)
+        after = ring_step(after, step)
     counts, starts = chunk_bounds(length, ranks)
     total = buffers.sum(axis=0)
     for rank in range(ranks):
         part = slice(starts[rank], starts[rank] + counts[rank])
         assert np.allclose(after[rank, part], total[part], rtol=1e-12, atol=0)
-
-
-def test_every_lesson_has_a_solutions_file_and_no_more():
-    lessons = sorted({key[:2] for key in EXERCISES})
-    assert lessons == [path.name[:2] for path in NOTEBOOKS]
-    assert sorted(path.name[:2] for path in (ROOT / "solutions").glob("*.py")) == lessons

@@ -1,6 +1,12 @@
-"""Worked solutions to the exercises of lesson 08. Try them yourself first: check() tells you what is wrong."""
+"""Lesson 08's exercises (notebook 08_inside_allreduce): the ring's chunks, one reduce-scatter step on
+every rank at once, and the bus bandwidth.
+"""
 
 import numpy as np
+
+from . import Exercise, case_generator, uniform
+
+LESSON = 8
 
 
 def chunk_bounds(length, parts):
@@ -29,3 +35,20 @@ def ring_step(buffers, step):
 def bus_bandwidth(n_bytes, seconds, ranks):
     """nccl-tests' bus bandwidth (bytes/s) of an Allreduce of n_bytes that took `seconds` on `ranks`."""
     return n_bytes / seconds * 2 * (ranks - 1) / ranks
+
+
+def ring_step_cases():
+    generator = case_generator("08.2")
+    return [(uniform(generator, ranks, length), step)
+            for ranks, length, step in [(3, 7, 0), (3, 7, 1), (4, 10, 2), (2, 5, 0), (5, 12, 3)]]
+
+
+EXERCISES = [
+    Exercise("08.1", chunk_bounds, lambda: [(10, 3), (7, 7), (3, 5), (1001, 4)],
+             "the same split as Scatterv's rows."),
+    Exercise("08.2", ring_step, ring_step_cases,
+             "every rank sends and receives in the same step: read what is sent from the buffers *before* "
+             "the step, and add it into a copy."),
+    Exercise("08.3", bus_bandwidth, lambda: [(1e6, 1e-3, 2), (8e6, 5e-3, 4), (4.0, 1e-6, 1)],
+             "a ring moves 2 (P - 1) / P of the buffer through every link."),
+]
