@@ -57,7 +57,7 @@ def worker(case_name: str, strategy: str, sampler: str = "exact") -> None:
     """Runs on every rank under mpiexec; rank 0 prints one JSON line of results."""
     from mpi4py import MPI
 
-    from nnlib import collectives
+    from nnlib import timing
     from nnlib.network import Network
     from nnlib.parallel import shard, train_parallel
     from nnlib.parallel.waiting import communication_split
@@ -70,8 +70,8 @@ def worker(case_name: str, strategy: str, sampler: str = "exact") -> None:
     steps = case["epochs"] * -(-60000 // (case["batch"] or 60000))
 
     def bare_allreduces():  # 100 Allreduces of the gradient buffer, hot and cold (the machine drifts: before and after)
-        hot = collectives.time_allreduce(comm, [network.grads.nbytes], repeats=100, dtype=np.float32)[0]
-        cold = collectives.time_allreduce(comm, [network.grads.nbytes], repeats=100, dtype=np.float32, cold=True)[0]
+        hot = timing.time_allreduce(comm, [network.grads.nbytes], repeats=100, dtype=np.float32)[0]
+        cold = timing.time_allreduce(comm, [network.grads.nbytes], repeats=100, dtype=np.float32, cold=True)[0]
         return hot, cold
 
     from nnlib.parallel.overlap import Overlap
@@ -101,7 +101,7 @@ def fault_costs(repeats: int = 7) -> None:
 
     from mpi4py import MPI
 
-    from nnlib import collectives
+    from nnlib import timing
     from nnlib.checkpoint import CheckpointFolder, Checkpointing
     from nnlib.network import Network
     from nnlib.parallel import shard, train_parallel
@@ -136,8 +136,8 @@ def fault_costs(repeats: int = 7) -> None:
     gradient = np.ones(network.num_params, dtype=np.float32)
     watched_comm = watch(comm)
     bare = {
-        "blocking": collectives.time_collective(comm, lambda: comm.Allreduce(MPI.IN_PLACE, gradient), 300),
-        "watched": collectives.time_collective(
+        "blocking": timing.time_collective(comm, lambda: comm.Allreduce(MPI.IN_PLACE, gradient), 300),
+        "watched": timing.time_collective(
             comm, lambda: watched_comm.Allreduce(MPI.IN_PLACE, gradient), 300),
     }
     if comm.rank == 0:

@@ -271,7 +271,7 @@ def time_algorithms(comm, sizes_in_bytes, algorithms=("mpi", *ALGORITHMS), repea
     ring needs one element per rank). Each buffer is checked once, then timed with check=False,
     so the times are the algorithms' own. Large sizes get fewer repeats (at least 3).
     """
-    from .collectives import time_collective
+    from .timing import time_collective
 
     itemsize = np.dtype(dtype).itemsize
     times = {algorithm: np.full(len(sizes_in_bytes), np.nan) for algorithm in algorithms}

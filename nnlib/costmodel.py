@@ -7,7 +7,7 @@ lesson 04  one message of n bytes:  T(n) = alpha + beta n                      :
            alpha (seconds): the fixed cost of any message (software overhead, network latency);
            beta (seconds per byte): the inverse bandwidth. The crossover is at n = alpha / beta.
            :func:`fit_latency_bandwidth` fits alpha and beta to the times of *one point-to-point
-           message* (collectives.time_messages). Not to a whole Allreduce: its time already holds
+           message* (timing.time_messages). Not to a whole Allreduce: its time already holds
            the algorithm's several latencies, and a model built on that alpha counts them twice.
 lesson 05  the parameter server (gather to rank 0, broadcast back)            :func:`parameter_server_time`
 lesson 06  the FLOPs of a training step                                       :func:`flops_per_sample`
@@ -43,7 +43,7 @@ def fit_latency_bandwidth(sizes_in_bytes, seconds):
     """Least-squares fit of T(n) = alpha + beta n, weighted so that every size counts alike.
 
     ``seconds``: the measured times of one point-to-point message of each size (n,), e.g. from
-    collectives.time_messages, so that alpha is one message's latency. Plain least squares would
+    timing.time_messages, so that alpha is one message's latency. Plain least squares would
     let the largest messages decide everything; dividing each equation by its measured time fits
     the *relative* error instead. Returns (alpha seconds, beta seconds per byte).
     """

@@ -69,7 +69,7 @@ def run_point(ranks: int, samples: int, strategy: str = "allreduce", hidden=(128
 
 
 def measure_messages(ranks: int, sizes_in_bytes, repeats: int = 50, timeout: float = 300):
-    """Median seconds of one float32 point-to-point message of each size (collectives.time_messages),
+    """Median seconds of one float32 point-to-point message of each size (timing.time_messages),
     on ``ranks`` ranks (an mpiexec job): the times to fit costmodel.fit_latency_bandwidth to."""
     settings = {"mode": "messages", "sizes": [int(size) for size in sizes_in_bytes], "repeats": repeats}
     return np.array(_run_job(ranks, settings, timeout))
@@ -94,7 +94,7 @@ def _worker(settings: dict) -> None:
     from mpi4py import MPI
 
     from . import data
-    from .collectives import time_messages
+    from .timing import time_messages
     from .network import Network
     from .parallel import PHASES, shard, train_parallel
 

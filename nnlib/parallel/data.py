@@ -35,7 +35,6 @@ import numpy as np
 from mpi4py import MPI
 
 from .. import collectives
-from ..arrays import to_numpy
 from ..collectives import fail_together, raised_on_every_rank, require_same_on_every_rank
 from ..training import SGD, Batches, History, Hook, Run, Settings, train_loop
 
@@ -146,15 +145,15 @@ class ParameterServer(RootUpdates):
 
     def __init__(self, comm, network):
         super().__init__(comm, network)
-        dtype = to_numpy(network.params[:1]).dtype  # gathered in host memory
-        self.gathered = np.empty((self.size, network.num_params), dtype) if self.rank == 0 else None
+        shape = (self.size, network.num_params)  # one row per rank, on rank 0
+        self.gathered = network.xp.zeros(shape, dtype=network.params.dtype) if self.rank == 0 else None
 
     def step(self, run) -> None:
         run.phase("communicate")
         self.comm.Gather(self.network.grads, self.gathered, root=0)
         run.phase("update")
         if self.rank == 0:
-            self.network.grads[...] = self.network.xp.asarray(self.gathered.sum(axis=0))  # sum_r g_r
+            self.network.grads[...] = self.network.xp.sum(self.gathered, axis=0)  # sum_r g_r
             run.optimizer.step()
         run.phase("communicate")
         self.comm.Bcast(self.network.params, root=0)

@@ -9,6 +9,7 @@ from harness import run_checks
 from mpi4py import MPI
 
 from nnlib import collectives as c
+from nnlib import timing
 
 comm = MPI.COMM_WORLD
 rank, size = comm.rank, comm.size
@@ -83,7 +84,7 @@ def test_guard_refuses_non_contiguous_buffers():
 
 def test_barrier_and_timing():
     comm.Barrier()
-    times = c.time_allreduce(comm, [8, 4096], repeats=3)
+    times = timing.time_allreduce(comm, [8, 4096], repeats=3)
     assert times.shape == (2,) and np.all(times > 0)
     expect_equal(np.array(comm.allgather(float(times[0]))), np.full(size, times[0]))  # the same on every rank
 
@@ -91,12 +92,12 @@ def test_barrier_and_timing():
 def test_timing_one_point_to_point_message():
     if size < 2:
         try:
-            c.time_messages(comm, [8])
+            timing.time_messages(comm, [8])
         except ValueError as error:
             assert "two ranks" in str(error), error
             return
         raise AssertionError("a message was timed on one rank")
-    times = c.time_messages(comm, [8, 65536], repeats=3, dtype=np.float32)
+    times = timing.time_messages(comm, [8, 65536], repeats=3, dtype=np.float32)
     assert times.shape == (2,) and np.all(times > 0), times
     expect_equal(np.array(comm.allgather(float(times[1]))), np.full(size, times[1]))  # the same on every rank
 
@@ -105,12 +106,12 @@ def test_what_runs_before_a_timed_call_is_not_timed():
     import time
 
     calls = []
-    seconds = c.time_collective(comm, comm.Barrier, repeats=4, before=lambda: (calls.append(1), time.sleep(0.05)))
+    seconds = timing.time_collective(comm, comm.Barrier, repeats=4, before=lambda: (calls.append(1), time.sleep(0.05)))
     assert len(calls) == 4 and 0 < seconds < 0.05, (calls, seconds)  # 4 sleeps of 50 ms, none in the median
     values = np.arange(5, dtype=np.float32)
-    c.empty_caches(values, np.ones(1000, dtype=np.float32))
+    timing.empty_caches(values, np.ones(1000, dtype=np.float32))
     expect_equal(values, np.arange(5, dtype=np.float32))  # written, unchanged
-    cold = c.time_allreduce(comm, [4096], repeats=3, dtype=np.float32, cold=True)
+    cold = timing.time_allreduce(comm, [4096], repeats=3, dtype=np.float32, cold=True)
     assert cold.shape == (1,) and cold[0] > 0
     expect_equal(np.array(comm.allgather(float(cold[0]))), np.full(size, cold[0]))
 
