@@ -252,12 +252,17 @@ class PipelineMLP(Classifier):
         del whole
 
     # -- one step on a whole batch: the executor ------------------------------------------------
-    def loss_and_gradient(self, inputs, labels, normalizer=None, check: bool = True, on_device: bool = False):
+    def loss_and_gradient(self, inputs, labels, normalizer=None, check: bool = True, on_device: bool = False,
+                          on_layer_done=None):
         """The batch's cost J (the same on every rank) and this stage's gradient, in ``grads``.
 
         Every rank passes the same batch; min(m, N) micro-batches of it flow through the pipe, each
-        stage running its instructions of the schedule one by one.
+        stage running its instructions of the schedule one by one. The arguments are Network's;
+        ``on_layer_done`` must be None (a layer's gradient is final only after the last micro-batch).
         """
+        if on_layer_done is not None:
+            raise ValueError("the overlap strategy sends each layer's gradient as soon as it is final; a pipeline "
+                             "stage's are final only after its last micro-batch: use strategy 'allreduce' or 'zero'")
         if check:
             self.check_inputs(inputs)
             self.check_labels(labels, inputs.shape[0])
