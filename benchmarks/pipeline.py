@@ -35,8 +35,9 @@ def worker(rounds: int) -> None:
     from mpi4py import MPI
 
     from nnlib.parallel.pipeline import measure_bubbles
+    from nnlib.watchdog import watch
 
-    comm = MPI.COMM_WORLD
+    comm = watch(MPI.COMM_WORLD)  # every message under the default deadline, as in a batch job
     results = {}  # (network, schedule, m) -> that case's row from each round
     for _ in range(rounds):  # rounds interleaved, so that a slow spell of the machine hits every case alike
         for name, (sizes, batch) in NETWORKS.items():

@@ -6,7 +6,8 @@ Starts itself under ``mpiexec -n 1`` and ``mpiexec -n 2`` in turn, R rounds (def
 thread per rank. Each run builds nnlib.parallel.tensor.TensorParallelMLP for each network below,
 float32, on a fixed random batch of 512 digits-sized inputs, takes 3 warm-up steps and then times
 15 steps (loss_and_gradient, then SGD with momentum): a step's time is the slowest rank's, and a
-run reports the median step. The one-rank run also times the sequential nnlib.network.Network,
+run reports the median step (the network's Allreduces run under the watchdog's default deadline,
+nnlib.watchdog.watch, as in a batch job). The one-rank run also times the sequential nnlib.network.Network,
 which the one-rank tensor-parallel network should match. The table gives the medians over the
 rounds and the speedup t(1 rank) / t(2 ranks).
 
@@ -56,13 +57,14 @@ def worker() -> None:
 
     from nnlib.network import Network
     from nnlib.parallel.tensor import TensorParallelMLP
+    from nnlib.watchdog import watch
 
     comm = MPI.COMM_WORLD
     generator = np.random.default_rng(0)
     inputs = generator.random((BATCH, 784), dtype=np.float32)
     labels = generator.integers(0, 10, BATCH)
     for name, sizes in NETWORKS.items():
-        tensor = median_step_seconds(comm, TensorParallelMLP(comm, sizes, dtype="float32"), inputs, labels)
+        tensor = median_step_seconds(comm, TensorParallelMLP(watch(comm), sizes, dtype="float32"), inputs, labels)
         if comm.size == 1:
             sequential = median_step_seconds(comm, Network(sizes, dtype="float32"), inputs, labels)
             print(f"{name} tensor {tensor:.6f} sequential {sequential:.6f}", flush=True)

@@ -23,6 +23,11 @@ The weights and biases are views into ``params``, one contiguous flat vector
 laid out as [W_1, b_1, W_2, b_2, ...]; the gradients are views into ``grads`` with
 the same layout, so all gradients can travel in one message.
 
+The pieces, bottom up: a :class:`Layer` computes one layer's forward and backward over its
+views; :func:`forward_layers` and :func:`backward_layers` run a list of layers (the one
+backpropagation of nnlib: the tensor-parallel network and the pipeline stages of lesson 09 run
+it on their own layers); :class:`Network` is the list of all layers, on one process.
+
 The math uses only the Python array API (``xp`` is the arrays' namespace), so the
 same code runs on NumPy and on CuPy arrays.
 """
@@ -83,80 +88,151 @@ def cross_entropy_from_logits(logits, targets, output: str, xp):
     return xp.sum(log_sum_exp) - xp.sum(targets * logits)
 
 
-def layer_activation(logits, is_output: bool, output: str, xp):
-    """a = sigmoid(z) for hidden layers (and sigmoid outputs); softmax(z) for a softmax output layer."""
-    return softmax(logits, xp) if is_output and output == "softmax" else sigmoid(logits, xp)
-
-
-def store_gradient(weights_gradient, biases_gradient, grad_weights, grad_biases, accumulate: bool) -> None:
-    """Write a layer's gradient into its views in ``grads``, or add it (a later chunk or micro-batch)."""
-    if accumulate:
-        grad_weights += weights_gradient
-        grad_biases += biases_gradient
-    else:
-        grad_weights[...] = weights_gradient
-        grad_biases[...] = biases_gradient
-
-
 def one_hot_targets(labels, num_classes: int, dtype, xp):
     """Integer labels (N,) to one-hot targets (N, num_classes) of ``dtype``."""
     return xp.astype(labels[:, None] == xp.arange(num_classes, dtype=labels.dtype), dtype)
 
 
-class Network:
-    """A fully connected network: sigmoid hidden layers, sigmoid or softmax outputs.
+def output_loss(logits, outputs, labels, scale: float, output: str):
+    """Where backpropagation starts, for one batch: (loss, correct, delta_L).
 
-    layer_sizes: e.g. (784, 128, 10): inputs, hidden layers, outputs.
-    output:      "sigmoid" (cross-entropy over independent outputs) or "softmax".
-    dtype:       "float32" (default) or "float64".
-    seed:        initial weights are uniform in +-sqrt(6 / (n_in + n_out)) (Glorot),
-                 drawn on the CPU from numpy.random.default_rng(seed); biases start at 0.
-    device:      "cpu", "gpu" or "auto" (see nnlib.backend), or an array API namespace
-                 (e.g. array_api_strict, for tests); the weights are drawn on the CPU and
-                 then moved, so every device starts from the same weights.
+    logits z_L and outputs a_L (N, n_L) of the output layer, labels (N,) integers, ``output``
+    "sigmoid" or "softmax", ``scale`` = 1 / normalizer. Returns loss = J * scale and correct = how
+    many argmax(a_L) equal the label (both 0-d arrays where the arrays live), and
+    delta_L = dJ/dz_L = (a_L - Y) * scale (N, n_L), the same for both outputs.
+    """
+    xp = array_namespace(outputs)
+    targets = one_hot_targets(labels, outputs.shape[1], outputs.dtype, xp)
+    loss = cross_entropy_from_logits(logits, targets, output, xp) * scale
+    correct = xp.count_nonzero(xp.argmax(outputs, axis=1) == labels)
+    return loss, correct, (outputs - targets) * scale
+
+
+class Layer:
+    """One fully connected layer, a = f(a_in @ W + b), over views into the flat parameter vector.
+
+    weights W (n_in, n_out) and biases b (n_out,) are views into the network's ``params``;
+    grad_weights and grad_biases the same views into its ``grads``: the backward pass writes the
+    network's one gradient vector in place, so it can still travel in one message.
+    activation: "sigmoid" (every hidden layer) or "softmax" (allowed for the output layer).
+
+    forward (a_in (N, n_in)):    z = a_in @ W + b   (N, n_out),   a = f(z)   (N, n_out)
+    backward, from delta = dJ/dz (N, n_out):
+        weight_gradient:  dJ/dW = a_in.T @ delta  (n_in, n_out),   dJ/db = sum over samples of delta  (n_out,)
+        input_gradient:   dJ/da_in = delta @ W.T  (N, n_in)       (not needed below the first layer)
+    logits_gradient, the activation's backward: dJ/dz = dJ/da * a (1 - a) for the sigmoid.
+
+    The split into weight_gradient and input_gradient is what a pipeline's zero-bubble schedule
+    (B/W split) separates; tensor parallelism's column and row layers (nnlib.parallel.tensor)
+    change ``logits`` and ``input_gradient`` only.
     """
 
-    def __init__(self, layer_sizes=(784, 30, 10), output: str = "sigmoid", dtype="float32",
-                 seed: int = 0, device: str = "cpu"):
-        layer_sizes = tuple(int(size) for size in layer_sizes)
-        if len(layer_sizes) < 2 or min(layer_sizes) < 1:
-            raise ValueError(f"layer_sizes needs at least two positive sizes (inputs, outputs); got {layer_sizes}")
-        if output not in ("sigmoid", "softmax"):
-            raise ValueError(f"output must be 'sigmoid' or 'softmax'; got {output!r}")
-        if str(np.dtype(dtype)) not in ("float32", "float64"):
-            raise ValueError(f"dtype must be float32 or float64; got {dtype}")
-        self.layer_sizes = layer_sizes
-        self.output = output
-        self.xp = namespace_of_device(device)
-        self.dtype = getattr(self.xp, str(np.dtype(dtype)))
-        self.shapes = list(zip(layer_sizes[:-1], layer_sizes[1:]))
-        self.num_params = parameter_offsets(self.shapes)[-1]
-
-        self.params = self.xp.asarray(initial_parameters(self.shapes, seed), dtype=self.dtype)
-        self.grads = self.xp.zeros_like(self.params)
-        self.weights, self.biases = self.layer_views(self.params)
-        self.grad_weights, self.grad_biases = self.layer_views(self.grads)
-        # Rows per piece of a large batch (see loss_and_gradient): about 128k activations of
-        # the widest layer after the inputs, i.e. 1,024 rows for 128 hidden units.
-        self.chunk_size = max(1024, 131072 // max(layer_sizes[1:]))
+    def __init__(self, weights, biases, grad_weights, grad_biases, activation: str = "sigmoid"):
+        if activation not in ("sigmoid", "softmax"):
+            raise ValueError(f"a layer's activation must be 'sigmoid' or 'softmax'; got {activation!r}")
+        self.weights, self.biases = weights, biases
+        self.grad_weights, self.grad_biases = grad_weights, grad_biases
+        self.activation = activation
+        self.xp = array_namespace(weights)
 
     @property
-    def num_layers(self) -> int:
-        """The number of weight layers (one less than the number of layer sizes)."""
-        return len(self.shapes)
+    def shape(self) -> tuple[int, int]:
+        """(n_in, n_out) of this layer's W (on this rank, for a split layer)."""
+        return tuple(self.weights.shape)
 
-    def layer_views(self, flat):
-        """Split a flat vector (num_params,) into per-layer views: [W_l (n_in, n_out)], [b_l (n_out,)].
+    def logits(self, inputs):
+        """z = a_in @ W + b (N, n_out), from the inputs a_in (N, n_in)."""
+        logits = inputs @ self.weights
+        logits += self.biases
+        return logits
 
-        The views share memory with ``flat``: writing to them writes to ``flat``.
+    def forward(self, inputs):
+        """(z, a): the logits and the activation f(z), both (N, n_out), for inputs a_in (N, n_in)."""
+        logits = self.logits(inputs)
+        if self.activation == "softmax":
+            return logits, softmax(logits, self.xp)
+        return logits, sigmoid(logits, self.xp)
+
+    def weight_gradient(self, inputs, delta, accumulate: bool = False) -> None:
+        """Write dJ/dW = a_in.T @ delta and dJ/db = sum of delta into the gradient views (or add them).
+
+        inputs a_in (N, n_in), delta = dJ/dz (N, n_out); ``accumulate`` adds to what is there (a
+        later chunk of a large batch, or a later micro-batch of a pipeline).
         """
-        return layer_views(flat, self.shapes, self.xp)
+        weights_gradient = inputs.T @ delta                               # (n_in, n_out)
+        biases_gradient = self.xp.sum(delta, axis=0)                      # (n_out,)
+        if accumulate:
+            self.grad_weights += weights_gradient
+            self.grad_biases += biases_gradient
+        else:
+            self.grad_weights[...] = weights_gradient
+            self.grad_biases[...] = biases_gradient
 
-    def chunks(self, num_samples: int):
-        """(start, end) row ranges of at most ``chunk_size`` rows covering 0..num_samples."""
-        return [(start, min(start + self.chunk_size, num_samples)) for start in range(0, num_samples, self.chunk_size)]
+    def input_gradient(self, delta):
+        """dJ/da_in = delta @ W.T (N, n_in), from delta = dJ/dz (N, n_out)."""
+        return delta @ self.weights.T
 
-    # -- checking inputs ------------------------------------------------------
+    def logits_gradient(self, activation_gradient, activation):
+        """dJ/dz = dJ/da * a (1 - a) (N, n_out), with a = sigmoid(z) this layer's output; in place.
+
+        A softmax layer is only ever the output layer, whose delta comes with the loss (output_loss).
+        """
+        if self.activation != "sigmoid":
+            raise ValueError("only a sigmoid layer passes a gradient through its activation; "
+                             "a softmax output layer's delta comes from output_loss")
+        activation_gradient *= sigmoid_prime_from_activation(activation)
+        return activation_gradient
+
+
+def dense_layers(params, grads, shapes, output: str = "sigmoid", xp=np) -> list[Layer]:
+    """Layers over flat vectors laid out [W_1, b_1, W_2, b_2, ...]: sigmoid, and ``output`` for the last.
+
+    shapes: [(n_in, n_out)] per layer; params and grads: flat vectors of the matching length.
+    """
+    weights, biases = layer_views(params, shapes, xp)
+    grad_weights, grad_biases = layer_views(grads, shapes, xp)
+    activations = ["sigmoid"] * (len(shapes) - 1) + [output]
+    return [Layer(*views) for views in zip(weights, biases, grad_weights, grad_biases, activations)]
+
+
+def forward_layers(layers, inputs):
+    """Through ``layers`` in order: ([a_0 = inputs, a_1, ..., a_L], z_L, the last layer's logits)."""
+    activations = [inputs]
+    logits = None
+    for layer in layers:
+        logits, activation = layer.forward(activations[-1])
+        activations.append(activation)
+    return activations, logits
+
+
+def backward_layers(layers, activations, delta, accumulate: bool, on_layer_done=None, input_gradient: bool = False):
+    """Backpropagation through ``layers``, last to first: each writes (or adds) its gradient in its views.
+
+    activations: [a_0, ..., a_L] of forward_layers; delta: dJ/dz_L (N, n_L) of the last layer.
+    Going down, delta_{l-1} = (delta_l @ W_l.T) * a_{l-1} (1 - a_{l-1}).
+    ``on_layer_done(index)`` is called as soon as layer ``index``'s gradient is final (L-1 down to 0).
+    Returns dJ/da_0 = delta_1 @ W_1.T (N, n_0) if ``input_gradient`` (a pipeline stage sends it to
+    the stage before), else None (nobody needs the gradient of the network's inputs).
+    """
+    for index in range(len(layers) - 1, -1, -1):
+        layer = layers[index]
+        layer.weight_gradient(activations[index], delta, accumulate)
+        if on_layer_done is not None:
+            on_layer_done(index)
+        if index > 0:
+            delta = layers[index - 1].logits_gradient(layer.input_gradient(delta), activations[index])
+        elif input_gradient:
+            return layer.input_gradient(delta)
+    return None
+
+
+class Classifier:
+    """What every classifier of nnlib shares: checking its inputs and labels, predicting classes.
+
+    Needs ``layer_sizes`` (n_0, ..., n_L), ``xp`` (its arrays' namespace) and a method
+    ``predict_probabilities(inputs)`` giving a_L (N, n_L). Network, the tensor-parallel network and
+    the pipeline stages (nnlib.parallel) all are one.
+    """
 
     def check_inputs(self, inputs):
         """Raise ValueError unless inputs is a non-empty (N, n_0) array."""
@@ -188,6 +264,48 @@ class Network:
                 f"labels must lie in 0..{self.layer_sizes[-1] - 1}; got values from {low} to {high}"
             )
 
+    def predict(self, inputs):
+        """The most likely class for each sample: (N,) integers."""
+        return self.xp.argmax(self.predict_probabilities(inputs), axis=1)
+
+    def accuracy(self, inputs, labels) -> float:
+        """The fraction of samples whose predicted class equals the label."""
+        inputs, labels = self.xp.asarray(inputs), self.xp.asarray(labels)
+        self.check_labels(labels, inputs.shape[0])
+        return int(self.xp.count_nonzero(self.predict(inputs) == labels)) / inputs.shape[0]
+
+
+class LayerStack(Classifier):
+    """A network as a list of layers over one flat parameter vector, trained a batch at a time.
+
+    Network is one (all of the layers, on one process); so is nnlib.parallel.tensor's network (the
+    same batch on every rank, each holding a slice of every layer). The trainer uses: params and
+    grads (flat), loss_and_gradient, last_correct, and the evaluation methods.
+    """
+
+    def __init__(self, layer_sizes, output: str, layers, params, grads, xp=None):
+        self.layer_sizes, self.output, self.layers = tuple(layer_sizes), output, list(layers)
+        self.params, self.grads = params, grads
+        self.xp, self.dtype = xp or array_namespace(params), params.dtype
+        self.shapes = list(zip(self.layer_sizes[:-1], self.layer_sizes[1:]))  # the whole network's
+        self.num_params = int(params.shape[0])  # held here
+        self.weights, self.biases = [layer.weights for layer in self.layers], [layer.biases for layer in self.layers]
+        self.grad_weights = [layer.grad_weights for layer in self.layers]
+        self.grad_biases = [layer.grad_biases for layer in self.layers]
+        # Rows per piece of a large batch (see loss_and_gradient): about 128k activations of
+        # the widest layer after the inputs, i.e. 1,024 rows for 128 hidden units.
+        self.chunk_size = max(1024, 131072 // max(self.layer_sizes[1:]))
+        self.last_correct, self.output_logits = 0, None
+
+    @property
+    def num_layers(self) -> int:
+        """The number of weight layers (one less than the number of layer sizes)."""
+        return len(self.layers)
+
+    def chunks(self, num_samples: int):
+        """(start, end) row ranges of at most ``chunk_size`` rows covering 0..num_samples."""
+        return [(start, min(start + self.chunk_size, num_samples)) for start in range(0, num_samples, self.chunk_size)]
+
     # -- forward and backward -------------------------------------------------
 
     def forward(self, inputs):
@@ -195,12 +313,7 @@ class Network:
 
         Also keeps the output logits z_L in ``self.output_logits`` for the loss.
         """
-        xp = self.xp
-        activations = [inputs]
-        for layer, (weights, biases) in enumerate(zip(self.weights, self.biases)):
-            logits = activations[-1] @ weights + biases
-            activations.append(layer_activation(logits, layer == self.num_layers - 1, self.output, xp))
-        self.output_logits = logits
+        activations, self.output_logits = forward_layers(self.layers, inputs)
         return activations
 
     def loss_and_gradient(self, inputs, labels, normalizer=None, check: bool = True, on_device: bool = False,
@@ -244,21 +357,10 @@ class Network:
 
         Returns the chunk's scaled loss as a 0-d array on the arrays' device.
         """
-        xp = self.xp
         activations = self.forward(inputs)
-        targets = one_hot_targets(labels, self.layer_sizes[-1], self.dtype, xp)
-        loss = cross_entropy_from_logits(self.output_logits, targets, self.output, xp) * scale
-        self.last_correct += xp.count_nonzero(xp.argmax(activations[-1], axis=1) == labels)
-
-        delta = (activations[-1] - targets) * scale                      # delta_L, (N, n_L)
-        for layer in range(self.num_layers - 1, -1, -1):
-            grad_weights = activations[layer].T @ delta                   # (n_in, n_out)
-            grad_biases = xp.sum(delta, axis=0)                           # (n_out,)
-            store_gradient(grad_weights, grad_biases, self.grad_weights[layer], self.grad_biases[layer], accumulate)
-            if on_layer_done is not None:
-                on_layer_done(layer)
-            if layer > 0:  # no input gradient is needed for the first layer
-                delta = (delta @ self.weights[layer].T) * sigmoid_prime_from_activation(activations[layer])
+        loss, correct, delta = output_loss(self.output_logits, activations[-1], labels, scale, self.output)
+        self.last_correct += correct
+        backward_layers(self.layers, activations, delta, accumulate, on_layer_done)
         return loss
 
     # -- evaluation -----------------------------------------------------------
@@ -274,10 +376,6 @@ class Network:
         chunks = [self.forward(inputs[start:end, ...])[-1] for start, end in self.chunks(inputs.shape[0])]
         return self.xp.concat(chunks, axis=0)
 
-    def predict(self, inputs):
-        """The most likely class for each sample: (N,) integers."""
-        return self.xp.argmax(self.predict_probabilities(inputs), axis=1)
-
     def loss(self, inputs, labels) -> float:
         """The mean cross-entropy J over the samples (no gradient)."""
         inputs, labels = self.xp.asarray(inputs), self.xp.asarray(labels)
@@ -290,11 +388,42 @@ class Network:
             total += float(cross_entropy_from_logits(self.output_logits, targets, self.output, self.xp))
         return total / inputs.shape[0]
 
-    def accuracy(self, inputs, labels) -> float:
-        """The fraction of samples whose predicted class equals the label."""
-        inputs, labels = self.xp.asarray(inputs), self.xp.asarray(labels)
-        self.check_labels(labels, inputs.shape[0])
-        return int(self.xp.count_nonzero(self.predict(inputs) == labels)) / inputs.shape[0]
+
+class Network(LayerStack):
+    """A fully connected network: sigmoid hidden layers, sigmoid or softmax outputs.
+
+    layer_sizes: e.g. (784, 128, 10): inputs, hidden layers, outputs.
+    output:      "sigmoid" (cross-entropy over independent outputs) or "softmax".
+    dtype:       "float32" (default) or "float64".
+    seed:        initial weights are uniform in +-sqrt(6 / (n_in + n_out)) (Glorot),
+                 drawn on the CPU from numpy.random.default_rng(seed); biases start at 0.
+    device:      "cpu", or an array API namespace (numpy, cupy: nnlib.backend.resolve_backend("gpu"),
+                 array_api_strict for tests); the weights are drawn on the CPU and then moved, so
+                 every device starts from the same weights.
+    ``layers``: one :class:`Layer` per weight layer, over views into ``params`` and ``grads``.
+    """
+
+    def __init__(self, layer_sizes=(784, 30, 10), output: str = "sigmoid", dtype="float32",
+                 seed: int = 0, device: str = "cpu"):
+        layer_sizes = tuple(int(size) for size in layer_sizes)
+        if len(layer_sizes) < 2 or min(layer_sizes) < 1:
+            raise ValueError(f"layer_sizes needs at least two positive sizes (inputs, outputs); got {layer_sizes}")
+        if output not in ("sigmoid", "softmax"):
+            raise ValueError(f"output must be 'sigmoid' or 'softmax'; got {output!r}")
+        if str(np.dtype(dtype)) not in ("float32", "float64"):
+            raise ValueError(f"dtype must be float32 or float64; got {dtype}")
+        xp = namespace_of_device(device)
+        shapes = list(zip(layer_sizes[:-1], layer_sizes[1:]))
+        params = xp.asarray(initial_parameters(shapes, seed), dtype=getattr(xp, str(np.dtype(dtype))))
+        grads = xp.zeros_like(params)
+        super().__init__(layer_sizes, output, dense_layers(params, grads, shapes, output, xp), params, grads, xp)
+
+    def layer_views(self, flat):
+        """Split a flat vector (num_params,) into per-layer views: [W_l (n_in, n_out)], [b_l (n_out,)].
+
+        The views share memory with ``flat``: writing to them writes to ``flat``.
+        """
+        return layer_views(flat, self.shapes, self.xp)
 
     # -- copying --------------------------------------------------------------
 

@@ -444,7 +444,10 @@ def model_parallel_job(args, comm, settings, data, test) -> int:
     from .collectives import broadcast_new
     from .parallel import gather_phase_seconds
     from .parallel.grid import train_hybrid
+    from .parallel.pipeline import PipelineMLP
     from .parallel.sampling import PerRankBatches
+    from .parallel.tensor import TensorParallelMLP
+    from .watchdog import watch
 
     (inputs, labels), (test_inputs, test_labels) = [(broadcast_new(comm, first), broadcast_new(comm, second))
                                                     for first, second in (data, test)]
@@ -454,10 +457,17 @@ def model_parallel_job(args, comm, settings, data, test) -> int:
         print(f"{comm.size} ranks: {comm.size // model_size if comm.size % model_size == 0 else '?'} replica(s) of "
               f"{model_size} ({args.model_parallel} parallelism inside), network {'-'.join(map(str, sizes))}, "
               f"{args.samples} samples, global batch {args.batch_size or 'full'}", flush=True)
+    model = dict(layer_sizes=sizes, output=args.output_layer, dtype=args.dtype, seed=args.seed)
+
+    def build_piece(model_comm):  # this rank's piece of its replica, every message under the deadline
+        if args.model_parallel == "tensor":
+            return TensorParallelMLP(watch(model_comm, comm.timeout), **model)
+        return PipelineMLP(watch(model_comm, comm.timeout), **model, micro_batches=args.micro_batches,
+                           schedule=args.schedule)
+
     with comm.guard():
         network, history = train_hybrid(
-            comm.comm, args.model_parallel, model_size, sizes, inputs, labels, output=args.output_layer,
-            dtype=args.dtype, init_seed=args.seed, micro_batches=args.micro_batches, schedule=args.schedule,
+            comm.comm, model_size, build_piece, inputs, labels,
             settings=settings, batches=PerRankBatches if args.sampler == "per_rank" else None, progress=True)
     test_accuracy = network.accuracy(test_inputs, test_labels)  # every piece of each replica takes part
     params = network.full_params()

@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from nnlib.parallel.pipeline import bubble_fraction, schedule_order, simulated_bubble, stage_layers
+from nnlib.parallel.pipeline import SCHEDULES, bubble_fraction, simulated_bubble, stage_layers
 from nnlib.parallel.tensor import layer_kinds
 
 
@@ -37,10 +37,9 @@ def test_unequal_stages_waste_more_and_1f1b_keeps_fewer_micro_batches_alive():
     gpipe, one_f_one_b = simulated_bubble(forward, backward, "gpipe", 8), simulated_bubble(forward, backward, "1f1b", 8)
     assert gpipe > bubble_fraction(2, 8) + 0.05 and one_f_one_b < gpipe
     for schedule in ("gpipe", "1f1b"):
-        order = schedule_order(schedule, 0, 4, 8)
         alive = peak = 0
-        for kind, _ in order:
-            alive += 1 if kind == "F" else -1
+        for instruction in SCHEDULES[schedule](4, 8)[0]:
+            alive += {"forward": 1, "backward": -1}.get(instruction.kind, 0)
             peak = max(peak, alive)
         assert peak == (8 if schedule == "gpipe" else 4)
 

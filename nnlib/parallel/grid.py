@@ -14,8 +14,8 @@ nnlib.parallel.data:
 A step: every replica computes the gradient of its part of the global batch (its model group
 talking inside model_comm), then the ranks holding the same piece sum their gradients over
 data_comm, and every rank updates its piece. :func:`train_hybrid` is nnlib.parallel.train_parallel
-run over data_comm with a TensorParallelMLP or PipelineMLP as the network: the same steps as
-sequential training (tests/mpi/check_hybrid.py).
+run over data_comm with the piece the caller builds over model_comm (a TensorParallelMLP or a
+PipelineMLP) as the network: the same steps as sequential training (tests/mpi/check_hybrid.py).
 """
 
 from __future__ import annotations
@@ -38,28 +38,20 @@ def grid(comm, model_size: int):
     return data_comm, model_comm
 
 
-def train_hybrid(comm, kind: str, model_size: int, layer_sizes, inputs, labels, *, output: str = "sigmoid",
-                 dtype="float64", init_seed: int = 0, micro_batches: int = 4, schedule: str = "1f1b", **training):
+def train_hybrid(comm, model_size: int, build_piece, inputs, labels, **training):
     """Train a network on a (data x model) grid; returns (network piece, history) on every rank.
 
-    kind: "tensor" or "pipeline"; model_size: M, ranks per replica. inputs, labels: the whole
-    training set, on every rank (a model's pieces all need their replica's samples); the D
-    replicas each keep one shard. init_seed: the initial weights' seed (Network's ``seed``).
-    ``training``: train_parallel's arguments (epochs, learning_rate, batch_size, momentum, the
-    shuffling's seed, ...).
+    model_size: M, ranks per replica. build_piece(model_comm): this rank's piece of the model over
+    its replica's ranks, e.g. ``functools.partial(TensorParallelMLP, layer_sizes=(784, 64, 10), seed=0)``
+    or a PipelineMLP the same way (wrap model_comm in nnlib.watchdog.watch for a deadline on its
+    messages). inputs, labels: the whole training set, on every rank (a model's pieces all need
+    their replica's samples); the D replicas each keep one shard. ``training``: train_parallel's
+    arguments (epochs, learning_rate, batch_size, momentum, the shuffling's seed, ...).
     """
     from .data import shard, train_parallel
-    from .pipeline import PipelineMLP
-    from .tensor import TensorParallelMLP
 
-    if kind not in ("tensor", "pipeline"):
-        raise ValueError(f"kind must be 'tensor' or 'pipeline'; got {kind!r}")
     data_comm, model_comm = grid(comm, model_size)
-    if kind == "tensor":
-        network = TensorParallelMLP(model_comm, layer_sizes, output=output, dtype=dtype, seed=init_seed)
-    else:
-        network = PipelineMLP(model_comm, layer_sizes, output=output, dtype=dtype, seed=init_seed,
-                              micro_batches=micro_batches, schedule=schedule)
+    network = build_piece(model_comm)
     local_inputs, local_labels, start = shard(data_comm, inputs if data_comm.rank == 0 else None,
                                               labels if data_comm.rank == 0 else None)
     history = train_parallel(data_comm, network, local_inputs, local_labels, num_samples=len(labels), start=start,

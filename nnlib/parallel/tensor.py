@@ -26,9 +26,16 @@ Any hidden size works, also one the number of ranks does not divide (``split_cou
 parameters start as :class:`nnlib.network.Network`'s (the same seed), and :meth:`full_params`
 gathers them back into its flat layout, so runs compare with sequential training directly.
 
-A :class:`TensorParallelMLP` has the methods that :func:`nnlib.training.train` uses (``params``,
-``grads``, ``loss_and_gradient``...), so the sequential trainer drives it unchanged: every rank
-runs the same steps on the same batches. Its Allreduces run under the watchdog's deadline.
+The layers are nnlib.network's :class:`~nnlib.network.Layer` over this rank's flat vector: a
+:class:`ColumnLayer` is a plain layer over its columns whose input gradient is completed by an
+Allreduce; a :class:`RowLayer` one over its rows whose logits are. A :class:`TensorParallelMLP` is
+a :class:`~nnlib.network.LayerStack` of them, so it runs the same forward_layers/backward_layers
+as Network and has the methods :func:`nnlib.training.train` uses (``params``, ``grads``,
+``loss_and_gradient``...): the sequential trainer drives it unchanged, every rank running the
+same steps on the same batches.
+
+The communicator is used as given. For a deadline on every Allreduce (lesson 10), pass a watched
+one: ``TensorParallelMLP(nnlib.watchdog.watch(comm, timeout), ...)``.
 """
 
 from __future__ import annotations
@@ -36,14 +43,10 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
-from ..collectives import allgather_rows, offsets, split_counts
-from ..network import (Network, cross_entropy_from_logits, layer_activation, layer_views, one_hot_targets,
-                       sigmoid_prime_from_activation, store_gradient)
-from ..watchdog import watch
-from ..collectives import require_same_on_every_rank
+from ..collectives import allgather_rows, offsets, require_same_on_every_rank, split_counts
+from ..network import Layer, LayerStack, Network, layer_views
 
 LESSON = 9
-
 
 
 def layer_kinds(num_layers: int) -> list[str]:
@@ -56,101 +59,111 @@ def layer_kinds(num_layers: int) -> list[str]:
     return kinds
 
 
-class TensorParallelMLP:
-    """This rank's part of a fully connected sigmoid network, split by hidden units.
+class SplitLayer(Layer):
+    """A layer of which each rank of ``comm`` holds a slice (the views are this rank's); see Layer."""
 
-    comm:   the ranks that share the network (each holds all of the data); its collectives are
-            watched (``timeout``, see nnlib.watchdog).
-    layer_sizes, output, dtype, seed: as for nnlib.network.Network (the same initial weights).
-    Attributes: kinds (per layer: "column", "row" or "replicated"), columns (per layer: the
-    (start, stop) of the hidden units this rank holds), params and grads (this rank's flat vector),
-    weights, biases, grad_weights, grad_biases (views into them, per layer).
+    def __init__(self, comm, weights, biases, grad_weights, grad_biases, activation: str = "sigmoid"):
+        super().__init__(weights, biases, grad_weights, grad_biases, activation)
+        self.comm = comm
+
+
+class ColumnLayer(SplitLayer):
+    """A layer holding the columns C_r of W (n_in, h) and of b: this rank's h_r hidden units.
+
+    forward: a[:, C_r] = f(a_in @ W[:, C_r] + b[C_r])  (N, h_r), from the whole input; no message.
+    input_gradient: dJ/da_in = sum over ranks of delta[:, C_r] @ W[:, C_r].T  (N, n_in): one Allreduce.
     """
 
-    def __init__(self, comm, layer_sizes=(784, 128, 10), output: str = "sigmoid", dtype="float64",
-                 seed: int = 0, timeout=None):
-        reference = Network(layer_sizes, output, dtype, seed=seed)  # checks the settings, gives the start
-        self.comm = watch(comm, timeout)
-        require_same_on_every_rank(self.comm, "the network (layer sizes, output, dtype, seed)",
-              (reference.layer_sizes, output, str(np.dtype(dtype)), seed))
-        self.layer_sizes, self.output = reference.layer_sizes, output
-        self.xp, self.dtype = np, reference.dtype
-        self.shapes = reference.shapes
-        self.kinds = layer_kinds(len(self.shapes))
-        size, rank = self.comm.size, self.comm.rank
-        self.columns = []
-        pieces = []
-        full_weights, full_biases = reference.weights, reference.biases
-        for layer, kind in enumerate(self.kinds):
-            n_in, n_out = self.shapes[layer]
-            if kind == "column":
-                start = int(offsets(split_counts(n_out, size))[rank])
-                stop = start + int(split_counts(n_out, size)[rank])
-                self.columns.append((start, stop))
-                pieces += [full_weights[layer][:, start:stop], full_biases[layer][start:stop]]
-            elif kind == "row":
-                start, stop = self.columns[layer - 1]
-                self.columns.append((0, n_out))
-                pieces += [full_weights[layer][start:stop, :], full_biases[layer]]
-            else:
-                self.columns.append((0, n_out))
-                pieces += [full_weights[layer], full_biases[layer]]
-        self.local_shapes = [piece.shape for piece in pieces[0::2]]
-        self.params = np.concatenate([piece.reshape(-1) for piece in pieces]).astype(self.dtype)
-        self.grads = np.zeros_like(self.params)
-        self.weights, self.biases = layer_views(self.params, self.local_shapes)
-        self.grad_weights, self.grad_biases = layer_views(self.grads, self.local_shapes)
-        self.num_layers = len(self.shapes)
-        self.num_params = self.params.size  # this rank's share
-        self.chunk_size = reference.chunk_size
-        self.last_correct = 0
-        del reference, full_weights, full_biases  # no rank keeps the whole network
+    def input_gradient(self, delta):
+        partial = super().input_gradient(delta)  # this rank's hidden units' share
+        self.comm.Allreduce(MPI.IN_PLACE, partial, op=MPI.SUM)
+        return partial
 
-    # Network's own code where nothing differs: the input checks, cutting a large batch into chunks,
-    # adding up the chunks' losses and gradients, and evaluation (all through forward() below)
-    check_inputs = Network.check_inputs
-    check_labels = Network.check_labels
-    chunks = Network.chunks
-    loss_and_gradient = Network.loss_and_gradient
-    predict_probabilities = Network.predict_probabilities
-    predict = Network.predict
-    accuracy = Network.accuracy
 
-    # -- forward and backward -------------------------------------------------------------
-    def forward(self, inputs):
-        """[a_0, a_1, ..., a_L]: after a column layer this rank's hidden units only, else whole."""
-        activations = [inputs]
-        for layer, kind in enumerate(self.kinds):
-            logits = activations[-1] @ self.weights[layer]
-            if kind == "row":
-                self.comm.Allreduce(MPI.IN_PLACE, logits, op=MPI.SUM)  # complete the partial sums
-            logits += self.biases[layer]
-            activations.append(layer_activation(logits, layer == self.num_layers - 1, self.output, np))
-        self.output_logits = logits
-        return activations
+class RowLayer(SplitLayer):
+    """A layer holding the rows C_r of W (h, n_out) that match the column layer before it; b whole.
 
-    def _chunk_loss_and_gradient(self, inputs, labels, scale, accumulate, on_layer_done=None):
-        """Backpropagation on one chunk (every rank passes the same rows): this rank's gradient.
+    logits: z = sum over ranks of a[:, C_r] @ W[C_r, :], then + b  (N, n_out): one Allreduce of the
+    partial products completes it (the replicated bias is added once, after the sum).
+    Its weight gradient a[:, C_r].T @ delta and its input gradient delta @ W[C_r, :].T are local.
+    """
 
-        As Network's, with one Allreduce of the input gradient for each column-split layer after the first.
-        """
+    def logits(self, inputs):
+        logits = inputs @ self.weights
+        self.comm.Allreduce(MPI.IN_PLACE, logits, op=MPI.SUM)  # complete the partial sums
+        logits += self.biases
+        return logits
+
+
+class ReplicatedLayer(SplitLayer):
+    """A layer kept whole on every rank (the odd last layer): the same small product everywhere, no message."""
+
+
+SPLIT_LAYERS = {"column": ColumnLayer, "row": RowLayer, "replicated": ReplicatedLayer}
+
+
+def split_pieces(whole: Network, kinds, size: int, rank: int):
+    """This rank's blocks of ``whole``'s weights and biases, [W_0, b_0, W_1, b_1, ...], and its units.
+
+    Returns (pieces, columns): columns[l] is the (start, stop) of the hidden units of layer l held
+    here ((0, n_out) for a row or replicated layer, whose outputs every rank has).
+    """
+    pieces, columns = [], []
+    for layer, kind in enumerate(kinds):
+        weights, biases = whole.weights[layer], whole.biases[layer]
+        n_out = whole.shapes[layer][1]
+        if kind == "column":
+            counts = split_counts(n_out, size)
+            start, stop = int(offsets(counts)[rank]), int(offsets(counts)[rank] + counts[rank])
+            columns.append((start, stop))
+            pieces += [weights[:, start:stop], biases[start:stop]]
+        elif kind == "row":
+            start, stop = columns[layer - 1]
+            columns.append((0, n_out))
+            pieces += [weights[start:stop, :], biases]
+        else:
+            columns.append((0, n_out))
+            pieces += [weights, biases]
+    return pieces, columns
+
+
+class TensorParallelMLP(LayerStack):
+    """This rank's part of a fully connected sigmoid network, split by hidden units.
+
+    comm:   the ranks that share the network (each holds all of the data), used as given (pass
+            nnlib.watchdog.watch(comm, timeout) for a deadline on its Allreduces).
+    layer_sizes, output, dtype, seed: as for nnlib.network.Network (the same initial weights).
+    Attributes: kinds (per layer: "column", "row" or "replicated"), columns (per layer: the
+    (start, stop) of the hidden units this rank holds), layers (ColumnLayer, RowLayer, Layer),
+    params and grads (this rank's flat vector), weights, biases, grad_weights, grad_biases (views
+    into them, per layer), and LayerStack's methods.
+    """
+
+    def __init__(self, comm, layer_sizes=(784, 128, 10), output: str = "sigmoid", dtype="float64", seed: int = 0):
+        whole = Network(layer_sizes, output, dtype, seed=seed)  # checks the settings, gives the start
+        self.comm = comm
+        require_same_on_every_rank(comm, "the network (layer sizes, output, dtype, seed)",
+                                   (whole.layer_sizes, output, str(np.dtype(dtype)), seed))
+        self.kinds = layer_kinds(whole.num_layers)
+        pieces, self.columns = split_pieces(whole, self.kinds, comm.size, comm.rank)
+        local_shapes = [tuple(piece.shape) for piece in pieces[0::2]]
+        params = np.concatenate([piece.reshape(-1) for piece in pieces]).astype(whole.dtype)
+        grads = np.zeros_like(params)
+        weights, biases = layer_views(params, local_shapes)
+        grad_weights, grad_biases = layer_views(grads, local_shapes)
+        activations = ["sigmoid"] * (whole.num_layers - 1) + [output]
+        layers = [SPLIT_LAYERS[kind](comm, *views) for kind, *views in
+                  zip(self.kinds, weights, biases, grad_weights, grad_biases, activations)]
+        super().__init__(whole.layer_sizes, output, layers, params, grads, np)
+        del whole, pieces  # no rank keeps the whole network
+
+    def loss_and_gradient(self, inputs, labels, normalizer=None, check: bool = True, on_device: bool = False,
+                          on_layer_done=None):
+        """LayerStack's (every rank passes the same rows), refusing ``on_layer_done``: no whole layers here."""
         if on_layer_done is not None:
             raise ValueError("the overlap strategy sends whole layers' gradients; a tensor-parallel rank holds "
                              "pieces of layers: use strategy 'allreduce' or 'zero'")
-        activations = self.forward(inputs)
-        targets = one_hot_targets(labels, self.layer_sizes[-1], self.dtype, np)
-        loss = cross_entropy_from_logits(self.output_logits, targets, self.output, np) * scale
-        self.last_correct += np.count_nonzero(np.argmax(activations[-1], axis=1) == labels)
-        delta = (activations[-1] - targets) * scale                      # delta_L: whole on every rank
-        for layer in range(self.num_layers - 1, -1, -1):
-            store_gradient(activations[layer].T @ delta, np.sum(delta, axis=0), self.grad_weights[layer],
-                           self.grad_biases[layer], accumulate)
-            if layer > 0:
-                delta = delta @ self.weights[layer].T
-                if self.kinds[layer] == "column":  # partial sums over this rank's hidden units
-                    self.comm.Allreduce(MPI.IN_PLACE, delta, op=MPI.SUM)
-                delta *= sigmoid_prime_from_activation(activations[layer])
-        return loss
+        return super().loss_and_gradient(inputs, labels, normalizer, check, on_device)
 
     # -- comparison ------------------------------------------------------------------------
     def full_params(self) -> np.ndarray:

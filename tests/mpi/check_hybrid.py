@@ -6,12 +6,16 @@ and mini-batch with momentum, float64: the gathered parameters equal sequential 
 1e-10 on every rank. A model size that does not divide P fails on every rank at once.
 """
 
+from functools import partial
+
 import numpy as np
 from harness import run_checks
 from mpi4py import MPI
 
 from nnlib import Network, train
 from nnlib.parallel.grid import grid, train_hybrid
+from nnlib.parallel.pipeline import PipelineMLP
+from nnlib.parallel.tensor import TensorParallelMLP
 
 comm = MPI.COMM_WORLD
 rank, size = comm.rank, comm.size
@@ -25,10 +29,10 @@ def test_every_grid_equals_sequential_training():
                      dict(epochs=2, learning_rate=0.5, batch_size=32, momentum=0.9, seed=5)):
         sequential = Network(SIZES, dtype="float64", seed=3)
         train(sequential, INPUTS, LABELS, progress=False, **settings)
-        for kind in ("tensor", "pipeline"):
+        for kind, build_piece in (("tensor", partial(TensorParallelMLP, layer_sizes=SIZES, seed=3)),
+                                  ("pipeline", partial(PipelineMLP, layer_sizes=SIZES, seed=3, micro_batches=3))):
             for model_size in [m for m in range(1, size + 1) if size % m == 0]:
-                network, history = train_hybrid(comm, kind, model_size, SIZES, INPUTS, LABELS, init_seed=3,
-                                                micro_batches=3, **settings)
+                network, history = train_hybrid(comm, model_size, build_piece, INPUTS, LABELS, **settings)
                 full = network.full_params()
                 error = np.abs(full - sequential.params).max() / np.abs(sequential.params).max()
                 assert error <= 1e-10, f"{kind} {size // model_size} x {model_size} {settings}: {error:.1e}"

@@ -4,15 +4,21 @@ Consecutive layers on consecutive ranks (nnlib.parallel.pipeline), m micro-batch
 203 and 32 samples, which do not divide), GPipe and 1F1B, sigmoid and softmax, full batch and
 mini-batch with momentum, float64: the stages' parameters, put together, equal the sequential
 run's to 1e-10. Also: 1F1B keeps at most P - s micro-batches alive on stage s and GPipe all m,
-the schedules' orders, and bad settings fail on every rank at once.
+the bytes sent (counted on a communicator that records its calls: the pipeline uses the one it is
+given), bad settings fail on every rank at once, and a stage that stalls is caught at the deadline
+when the caller passes a watched communicator (nnlib.watchdog). The schedules' instruction lists
+are tested on their own, without MPI, in tests/test_schedules.py.
 """
+
+import time
 
 import numpy as np
 from harness import expect_error_everywhere, run_checks
 from mpi4py import MPI
 
 from nnlib import Network, train
-from nnlib.parallel.pipeline import PipelineMLP, schedule_order, stage_layers
+from nnlib.parallel.pipeline import PipelineMLP, stage_layers
+from nnlib.watchdog import CollectiveTimeout, watch
 
 comm = MPI.COMM_WORLD
 rank, size = comm.rank, comm.size
@@ -47,29 +53,32 @@ def test_equal_to_sequential_training():
                         assert alive == [min(size - stage, batch) for stage in range(size)], (where, alive)
 
 
-def test_stages_and_schedules():
+class RecordingComm:
+    """``comm`` with the bytes of every Isend recorded in ``sent``."""
+
+    def __init__(self, comm):
+        self.comm, self.sent = comm, []
+
+    def __getattr__(self, name):
+        return getattr(self.comm, name)
+
+    def Isend(self, buffer, dest, tag=0):
+        self.sent.append(buffer.nbytes)
+        return self.comm.Isend(buffer, dest=dest, tag=tag)
+
+
+def test_stages_take_consecutive_layers():
     assert stage_layers(4, 3) == [(0, 2), (2, 3), (3, 4)]
-    assert schedule_order("1f1b", 0, 3, 4) == [("F", 0), ("F", 1), ("F", 2), ("B", 0), ("F", 3), ("B", 1),
-                                               ("B", 2), ("B", 3)]
-    assert schedule_order("1f1b", 2, 3, 4) == [("F", 0), ("B", 0), ("F", 1), ("B", 1), ("F", 2), ("B", 2),
-                                               ("F", 3), ("B", 3)]
-    for schedule in ("gpipe", "1f1b"):
-        for stage in range(3):
-            order = schedule_order(schedule, stage, 3, 5)
-            assert sorted(order) == sorted([("F", k) for k in range(5)] + [("B", k) for k in range(5)])
-            assert all(order.index(("F", k)) < order.index(("B", k)) for k in range(5))
 
 
 def test_the_bytes_sent_are_what_the_model_counts():
     from nnlib.tradeoffs import handed_bytes
 
     for micro_batches in (1, 3):
-        pipeline = PipelineMLP(comm, SIZES, dtype="float64", micro_batches=micro_batches)
-        sent = []
-        real = pipeline.comm.Isend
-        pipeline.comm.Isend = lambda buffer, *args, **kwargs: (sent.append(buffer.nbytes), real(buffer, *args, **kwargs))[1]
+        recording = RecordingComm(comm)
+        pipeline = PipelineMLP(recording, SIZES, dtype="float64", micro_batches=micro_batches)
         pipeline.loss_and_gradient(INPUTS[:50], LABELS[:50])
-        busiest = max(comm.allgather(sum(sent)))
+        busiest = max(comm.allgather(sum(recording.sent)))
         assert busiest == handed_bytes("pipeline", SIZES, 50, size, itemsize=8)["point_to_point"], micro_batches
 
 
@@ -81,6 +90,27 @@ def test_bad_settings_fail_on_every_rank():
         expect_error_everywhere(lambda: PipelineMLP(comm, (12, 4)), "every stage needs at least one")
         expect_error_everywhere(lambda: PipelineMLP(comm, SIZES, micro_batches=2 + (rank == 0)),
                                 "the ranks disagree on the pipeline")
+
+
+
+def test_a_stalled_stage_is_caught_when_the_communicator_is_watched():
+    if size == 1:
+        return
+    for schedule in ("gpipe", "1f1b"):
+        pipeline = PipelineMLP(watch(comm, timeout=1.5), SIZES, dtype="float64", micro_batches=3, schedule=schedule)
+        began = time.monotonic()
+        outcome = "ok"
+        if rank == size - 1:
+            time.sleep(4)  # the last stage stalls: it never runs this step
+        else:
+            try:
+                pipeline.loss_and_gradient(INPUTS[:50], LABELS[:50])
+            except CollectiveTimeout as error:
+                outcome = error
+            assert isinstance(outcome, CollectiveTimeout), f"rank {rank}, {schedule}: {outcome!r}"
+            assert time.monotonic() - began < 4, f"rank {rank} waited past the deadline"
+            assert "did not arrive" in str(outcome) or "had stopped waiting" in str(outcome), str(outcome)
+        comm.Barrier()  # the world communicator is still fine
 
 
 run_checks(globals())
