@@ -13,11 +13,20 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ["parallel"]  # their docstrings say what is inside; their modules follow with their members
-MODULES = ["data", "network", "gradient_check", "training", "collectives", "cluster", "allreduce", "parallel",
-           "parallel.data", "parallel.zero", "parallel.overlap", "parallel.sampling", "parallel.tensor",
-           "parallel.pipeline", "parallel.grid", "parallel.asynchronous", "tradeoffs", "costmodel", "scaling",
-           "backend", "gpu", "watchdog", "checkpoint", "reaper", "plots", "compression", "check", "exercises"]
+PACKAGES = ("parallel", "exercises")  # their docstrings say what is inside; their modules follow
+HIDDEN = ("__main__", "exercises.lesson_")  # the command line; the worked answers (check.solution prints them)
+
+
+def modules_by_lesson() -> list[tuple[int, str]]:
+    """(lesson, module) of every nnlib module, in lesson order: each says its lesson (``LESSON = N``)."""
+    import importlib
+
+    found = []
+    for path in sorted((ROOT / "nnlib").rglob("*.py")):
+        name = ".".join(path.relative_to(ROOT / "nnlib").with_suffix("").parts).removesuffix(".__init__")
+        if name != "__init__" and not name.startswith(HIDDEN):
+            found.append((importlib.import_module(f"nnlib.{name}").LESSON, name))
+    return sorted(found)
 
 
 def front_page() -> str:
@@ -32,11 +41,15 @@ def front_page() -> str:
 
 
 def api_page() -> str:
-    parts = ["# The `nnlib` package", "", "Every lesson imports its tools from these modules; each docstring "
-             "gives the math and the array shapes.", ""]
-    for module in MODULES:
+    parts = ["# The `nnlib` package", "", "Every lesson imports its tools from these modules, here in lesson order; "
+             "each docstring gives the math and the array shapes.", ""]
+    lesson_before = None
+    for lesson, module in modules_by_lesson():
+        if lesson != lesson_before:
+            parts += [f"## Lesson {lesson:02d}", ""]
+            lesson_before = lesson
         members = [] if module in PACKAGES else ["   :members:"]
-        parts += [f"## `nnlib.{module}`", "", "```{eval-rst}", f".. automodule:: nnlib.{module}", *members, "```", ""]
+        parts += [f"### `nnlib.{module}`", "", "```{eval-rst}", f".. automodule:: nnlib.{module}", *members, "```", ""]
     return "\n".join(parts)
 
 

@@ -16,9 +16,7 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
-
 LESSON = 4
-
 
 
 def require_contiguous(array, name: str = "array") -> np.ndarray:
@@ -36,13 +34,11 @@ def require_contiguous(array, name: str = "array") -> np.ndarray:
 
 
 def split_evenly(total: int, parts: int) -> tuple[list[int], list[int]]:
-    """The one split of N items over P ranks: (counts, starts), plain Python ints, P of each.
+    """The one split of N items over P ranks (rows, chunks, layers, hidden units): (counts, starts).
 
-    counts[r] = N // P + (1 if r < N % P else 0): as equal as possible, the first N mod P ranks
-    one item more; starts[r] = counts[0] + ... + counts[r-1]. Rank r holds items
-    [starts[r], starts[r] + counts[r]). Plain ints, because this runs on every call of the
-    hand-built ring Allreduce, where NumPy's small-array overhead (about 10 us) would be most of a
-    small message's time. Every other split in nnlib (rows, chunks, layers, hidden units) is this one.
+    counts[r] = N // P + (1 if r < N % P else 0); starts[r] = counts[0] + ... + counts[r-1]; rank r
+    holds items [starts[r], starts[r] + counts[r]). Plain ints: the hand-built ring Allreduce calls
+    this every time, and NumPy's small-array overhead (about 10 us) would be most of a small message.
     """
     if parts < 1:
         raise ValueError(f"parts must be at least 1; got {parts}")

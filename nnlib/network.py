@@ -342,7 +342,7 @@ class LayerStack(Classifier):
             self.check_labels(labels, inputs.shape[0])
         scale = 1.0 / (inputs.shape[0] if normalizer is None else normalizer)
         loss, self.last_correct = 0.0, 0
-        chunks = self.chunks(inputs.shape[0])
+        chunks = self.chunks(inputs.shape[0]) or [(0, 0)]  # no rows: one empty chunk, whose gradient is 0
         for start, end in chunks:
             last = end == chunks[-1][1]
             loss += self._chunk_loss_and_gradient(inputs[start:end, ...], labels[start:end], scale, start > 0,

@@ -447,7 +447,6 @@ def model_parallel_job(args, comm, settings, data, test) -> int:
     from .parallel.pipeline import PipelineMLP
     from .parallel.sampling import PerRankBatches
     from .parallel.tensor import TensorParallelMLP
-    from .watchdog import watch
 
     (inputs, labels), (test_inputs, test_labels) = [(broadcast_new(comm, first), broadcast_new(comm, second))
                                                     for first, second in (data, test)]
@@ -459,15 +458,14 @@ def model_parallel_job(args, comm, settings, data, test) -> int:
               f"{args.samples} samples, global batch {args.batch_size or 'full'}", flush=True)
     model = dict(layer_sizes=sizes, output=args.output_layer, dtype=args.dtype, seed=args.seed)
 
-    def build_piece(model_comm):  # this rank's piece of its replica, every message under the deadline
+    def build_piece(model_comm):  # this rank's piece of its replica (model_comm is watched, as comm)
         if args.model_parallel == "tensor":
-            return TensorParallelMLP(watch(model_comm, comm.timeout), **model)
-        return PipelineMLP(watch(model_comm, comm.timeout), **model, micro_batches=args.micro_batches,
-                           schedule=args.schedule)
+            return TensorParallelMLP(model_comm, **model)
+        return PipelineMLP(model_comm, **model, micro_batches=args.micro_batches, schedule=args.schedule)
 
-    with comm.guard():
+    with comm.guard():  # the grid's communicators are split from the watched comm: every message has a deadline
         network, history = train_hybrid(
-            comm.comm, model_size, build_piece, inputs, labels,
+            comm, model_size, build_piece, inputs, labels,
             settings=settings, batches=PerRankBatches if args.sampler == "per_rank" else None, progress=True)
     test_accuracy = network.accuracy(test_inputs, test_labels)  # every piece of each replica takes part
     params = network.full_params()

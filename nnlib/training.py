@@ -5,12 +5,10 @@ One step with learning rate eta and momentum mu, on the flat vectors:
     velocity <- mu * velocity - eta * grads
     params   <- params + velocity           (mu = 0: plain gradient descent)
 
-Full-batch gradient descent is SGD whose batch is the whole training set: one
-step per epoch.
+Full-batch gradient descent is SGD whose batch is the whole training set: one step per epoch.
 
-:func:`train_loop` is the one training loop of the series. Sequential training (:func:`train`) runs it
-with one process; lesson 05's data-parallel training runs the very same loop on every rank, with a
-different way of combining the gradients (its ``sync``) and a different plan of batches::
+:func:`train_loop` is the series' one training loop. :func:`train` runs it in one process; lesson 05
+runs the same loop on every rank, with its own way of combining the gradients (the ``sync``)::
 
     for every epoch:
         for every step of the plan (which rows, and the batch size to divide by):
@@ -19,22 +17,20 @@ different way of combining the gradients (its ``sync``) and a different plan of 
             sync      combine the gradients and update (here: just the update)
         the epoch's loss and accuracy, summed over the ranks (here: one rank)
 
-Hooks watch or extend the loop without changing it (:class:`Hook`): a progress bar here; phase
-timing (lesson 05), checkpoints and deadlines (lesson 10) in their own lessons' modules.
+Hooks (:class:`Hook`) watch or extend the loop without changing it: progress lines here; phase timing
+(lesson 05), checkpoints and deadlines (lesson 10) in their own lessons' modules.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
 
-
 LESSON = 3
-
 
 
 class SGD:
@@ -78,11 +74,8 @@ def diverged(loss, where: str, learning_rate) -> FloatingPointError:
 
 
 def as_schedule(learning_rate):
-    """A function of training progress in epochs (0.0, 0.25, ...) returning a checked learning rate.
-
-    ``learning_rate`` is a number (the same at every step) or such a function already; every
-    value is checked to be a positive finite number, so a bad schedule fails at its first bad step.
-    """
+    """The learning rate (a number, or a function of the progress in epochs: 0.0, 0.25, ...) as a function
+    of the progress whose every value is checked, so that a bad schedule fails at its first bad step."""
     if not callable(learning_rate):
         check_learning_rate(learning_rate)
         return lambda progress: learning_rate
@@ -103,13 +96,9 @@ def check_learning_rate(learning_rate) -> None:
 
 @dataclass
 class History:
-    """What happened in each epoch of a training run.
-
-    loss: mean training cost over the epoch's batches; train_accuracy: the fraction
-    of training samples classified right as the batches went by; validation_accuracy:
-    on the validation set after the epoch (empty if none); seconds: training time of
-    each epoch (evaluation excluded); steps: the steps this run took.
-    """
+    """What happened in each epoch of a training run: loss (mean cost over the epoch's batches),
+    train_accuracy (of the samples as the batches went by), validation_accuracy (after the epoch;
+    empty without validation), seconds (training time of each epoch), and the run's steps."""
 
     loss: list = field(default_factory=list)
     train_accuracy: list = field(default_factory=list)
@@ -127,34 +116,24 @@ class History:
         return np.cumsum(self.seconds)
 
 
-def epoch_order(num_samples: int, rng) -> np.ndarray:
-    """The order in which one epoch visits the samples: shuffled by rng, or 0..N-1 if rng is None."""
-    return np.arange(num_samples) if rng is None else rng.permutation(num_samples)
-
-
 def batch_ranges(num_samples: int, batch_size: int):
     """(start, stop) of each batch within an epoch's order; the last batch may be smaller."""
     return [(start, min(start + batch_size, num_samples)) for start in range(0, num_samples, batch_size)]
 
 
 def batches(num_samples: int, batch_size: int, rng):
-    """Index arrays (host memory) of one epoch's batches: :func:`epoch_order` cut by :func:`batch_ranges`."""
-    order = epoch_order(num_samples, rng)
+    """Index arrays (host memory) of one epoch's batches: a permutation by ``rng`` cut by :func:`batch_ranges`."""
+    order = rng.permutation(num_samples)
     return [order[start:stop] for start, stop in batch_ranges(num_samples, batch_size)]
-
-
 
 
 @dataclass(frozen=True)
 class Settings:
     """How to train: the same object for one process, for many ranks and for the batch job.
 
-    epochs:        passes over the training data.
-    learning_rate: a number, or a function of the progress in epochs (0.0, 0.25, ..., 1.0, ...)
-                   giving the rate before every step (a schedule: step decay, or a warm-up).
-    batch_size:    None for full-batch gradient descent, else the (global) batch of mini-batch SGD.
-    momentum:      mu, in [0, 1).
-    seed:          numpy.random.default_rng(seed) shuffles the samples every epoch.
+    learning_rate: a number, or a function of the progress in epochs (0.0, 0.25, ...) giving the rate
+                   before every step (a schedule). batch_size: None for full-batch gradient descent, else
+                   the (global) batch of mini-batch SGD. momentum: mu in [0, 1). seed: of the shuffling.
     """
 
     epochs: int
@@ -177,12 +156,6 @@ class Settings:
             found.append(f"seed must be a whole number; got {self.seed!r}")
         return found
 
-    def check(self) -> Settings:
-        """Raise ValueError naming every problem (see :meth:`problems`); return the settings."""
-        if self.problems():
-            raise ValueError("; ".join(self.problems()))
-        return self
-
     def schedule(self):
         """The learning rate as a checked function of the progress in epochs (see :func:`as_schedule`)."""
         return as_schedule(self.learning_rate)
@@ -192,13 +165,7 @@ class Settings:
         """``settings`` itself, or Settings(**keywords): train(..., epochs=3, learning_rate=0.1) works too."""
         if settings is not None and keywords:
             raise TypeError(f"give the settings as one Settings or as keywords, not both (got {sorted(keywords)})")
-        if settings is not None:
-            return settings
-        unknown = sorted(set(keywords) - {field.name for field in fields(cls)})
-        if unknown:
-            raise TypeError(f"unknown settings {unknown}; the settings are epochs, learning_rate, batch_size, "
-                            "momentum and seed")
-        return cls(**keywords)
+        return cls(**keywords) if settings is None else settings
 
 
 def is_whole(value) -> bool:
@@ -216,12 +183,9 @@ def problem_of(check, value) -> list[str]:
 
 
 class Batches:
-    """Which rows each step of an epoch trains on: ``epoch(e)`` -> [(rows, divide_by)].
-
-    Every epoch, all N rows in an order shuffled by numpy.random.default_rng(seed), cut into batches
-    of b (the last may be smaller); rows is an index array (host memory) and divide_by its length.
-    Full-batch gradient descent (b None, or b >= N): one step, rows None (all of them), divide_by N.
-    """
+    """Which rows each step of an epoch trains on: ``epoch(e)`` -> [(rows, divide_by)]: all N rows shuffled
+    by default_rng(seed), cut into batches of b (the last may be smaller), each divided by its length.
+    Full-batch gradient descent (b None, or b >= N): one step, rows None (all of them), divide_by N."""
 
     name = "exact"
 
@@ -238,10 +202,7 @@ class Batches:
 
 
 class Hook:
-    """Watches or extends the training loop; :func:`train_loop` calls each method at its moment.
-
-    A hook overrides the methods it needs; the others do nothing.
-    """
+    """Watches or extends the training loop: :func:`train_loop` calls each method at its moment (no-ops here)."""
 
     def begin(self, run) -> None:
         """Before the first step."""
@@ -259,34 +220,32 @@ class Hook:
         """After the last epoch, or when the run stops with an error."""
 
 
-class ProgressBar(Hook):
-    """A tqdm bar over the epochs, with the loss (and the validation accuracy) of the last one."""
+class ProgressLines(Hook):
+    """Prints one line per epoch (``show``: on rank 0 only, in parallel): loss, accuracies, seconds."""
 
     def __init__(self, show: bool = True):
-        self.show, self.bar = show, None
-
-    def begin(self, run) -> None:
-        from tqdm import tqdm
-
-        self.bar = tqdm(total=run.settings.epochs, initial=run.epoch, disable=not self.show, unit="epoch")
+        self.show = show
 
     def after_epoch(self, run) -> None:
-        postfix = {"loss": f"{run.history.loss[-1]:.4f}"}
-        if run.history.validation_accuracy:
-            postfix["val"] = f"{run.history.validation_accuracy[-1]:.4f}"
-        self.bar.set_postfix(postfix, refresh=False)
-        self.bar.update(1)
+        history = run.history
+        extra = f", validation accuracy {history.validation_accuracy[-1]:.4f}" if history.validation_accuracy else ""
+        if self.show:
+            print(f"epoch {run.epoch + 1}/{run.settings.epochs}: loss {history.loss[-1]:.4f}, training accuracy "
+                  f"{history.train_accuracy[-1]:.4f}{extra}, {history.seconds[-1]:.2f} s", flush=True)
 
-    def end(self, run) -> None:
-        if self.bar is not None:
-            self.bar.close()
+
+class EveryStep(Hook):
+    """Calls ``function(epoch, step, total_steps)`` after every step (lessons and tests inject faults)."""
+
+    def __init__(self, function):
+        self.function = function
+
+    def after_step(self, run) -> None:
+        self.function(run.epoch, run.step, run.total_steps)
 
 
 class LocalUpdate:
-    """How one process combines its gradients: there is nothing to combine; a step is the update.
-
-    Lesson 05's ways of combining the ranks' gradients have the same methods (nnlib.parallel.data).
-    """
+    """One process's ``sync``: nothing to combine, a step is the update (lesson 05's syncs combine ranks')."""
 
     size = 1
     layer_done = None  # nothing to start while backpropagation runs
@@ -295,7 +254,7 @@ class LocalUpdate:
         return SGD(network, learning_rate, momentum)
 
     def begin(self, run) -> None:
-        """Nothing to agree on before the first step."""
+        pass  # nothing to agree on with other ranks
 
     def step(self, run) -> None:
         run.phase("update")
@@ -313,12 +272,9 @@ class LocalUpdate:
 
 @dataclass
 class Run:
-    """Where a training run is: what :func:`train_loop` and its hooks share.
-
-    plan: the batches (:class:`Batches`); sync: how gradients are combined (:class:`LocalUpdate`);
-    step: the next step of ``epoch`` to run (a resumed run starts later); loss_sum, correct_sum:
-    this epoch's so far, on this rank; epoch_rng_state: the plan's random state when the epoch began.
-    """
+    """Where a training run is, shared by :func:`train_loop` and its hooks. plan: :class:`Batches`; sync: how
+    gradients are combined (:class:`LocalUpdate`); step: the next of ``epoch`` (a resumed run starts later);
+    loss_sum, correct_sum: this epoch's so far; epoch_rng_state: the plan's random state as it began."""
 
     network: object
     settings: Settings
@@ -346,9 +302,8 @@ class Run:
 def train_loop(run: Run, inputs, labels) -> History:
     """Train ``run.network`` on this process's rows (inputs (N, n_0), labels (N,)); return the history.
 
-    The data moves to the network's device once. Each epoch: the plan's steps, then the epoch's
-    totals (see the module docstring). On the host with one process the loss is checked after every
-    step; otherwise once per epoch, after the sum over ranks, so every rank stops together.
+    The data moves to the network's device once. The loss is checked after every step on the host in
+    one process; otherwise once per epoch, after the sum over ranks, so that every rank stops together.
     """
     network, sync, settings, xp = run.network, run.sync, run.settings, run.network.xp
     inputs, labels = xp.asarray(inputs), xp.asarray(labels)
@@ -383,17 +338,9 @@ def train_step(run: Run, inputs, labels, rows, divide_by: int) -> None:
     run.phase("data")
     if rows is not None:
         inputs, labels = xp.take(inputs, rows, axis=0), xp.take(labels, rows, axis=0)
-    run.phase("compute")
-    if inputs.shape[0]:
-        hook = {} if run.sync.layer_done is None else {"on_layer_done": run.sync.layer_done}  # lesson 08's overlap
-        loss = network.loss_and_gradient(inputs, labels, normalizer=divide_by, check=False, on_device=xp is not np,
-                                         **hook)
-    else:  # none of this batch's rows are on this rank: its share of the gradient is zero
-        loss, network.last_correct = 0.0, 0
-        network.grads[...] = 0
-        for layer in range(network.num_layers - 1, -1, -1):
-            if run.sync.layer_done is not None:
-                run.sync.layer_done(layer)
+    run.phase("compute")  # (a rank may hold none of a batch's rows: its share of the gradient is then 0)
+    hook = {} if run.sync.layer_done is None else {"on_layer_done": run.sync.layer_done}  # lesson 08's overlap
+    loss = network.loss_and_gradient(inputs, labels, normalizer=divide_by, check=False, on_device=xp is not np, **hook)
     if run.sync.size == 1 and xp is np and not math.isfinite(loss):
         raise diverged(loss, f"at epoch {run.epoch + 1}, step {run.step + 1}", run.rate)
     run.loss_sum += loss * divide_by
@@ -426,10 +373,7 @@ def end_epoch(run: Run, seconds: float) -> None:
 
 
 def rows_on_device(steps: list, xp) -> list:
-    """The steps with their row indices on the arrays' device, in one copy for the epoch (none for NumPy).
-
-    A copy per step would make the CPU wait for the GPU at every step.
-    """
+    """The steps' row indices on the arrays' device in one copy per epoch (per step, a GPU would wait)."""
     if xp is np or all(rows is None for rows, _ in steps):
         return steps
     order = xp.asarray(np.concatenate([rows for rows, _ in steps]))
@@ -443,7 +387,7 @@ def train(network, inputs, labels, settings: Settings | None = None, *, validati
 
     inputs (N, n_0) floats, labels (N,) integers; ``settings`` a :class:`Settings`, or its fields as
     keywords (``train(network, inputs, labels, epochs=3, learning_rate=0.1, batch_size=32)``).
-    ``validation=(inputs, labels)`` is scored after each epoch; ``progress`` shows a tqdm bar.
+    ``validation=(inputs, labels)`` is scored after each epoch; ``progress`` prints a line per epoch.
     Raises FloatingPointError as soon as the loss is NaN or infinite.
     """
     settings = Settings.from_keywords(settings, keywords)
@@ -455,7 +399,8 @@ def train(network, inputs, labels, settings: Settings | None = None, *, validati
         validation = (xp.asarray(validation[0]), xp.asarray(validation[1]))
         network.check_inputs(validation[0])
         network.check_labels(validation[1], validation[0].shape[0])
-    settings.check()
+    if settings.problems():
+        raise ValueError("; ".join(settings.problems()))
     run = Run(network, settings, Batches(inputs.shape[0], settings.batch_size, settings.seed),
-              hooks=[ProgressBar(progress)], validation=validation)
+              hooks=[ProgressLines(progress)], validation=validation)
     return train_loop(run, inputs, labels)

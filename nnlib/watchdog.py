@@ -214,6 +214,10 @@ class WatchedComm:
         self.broken = f"rank {self.rank} failed" + (f" at {describe(self.where)}" if self.where else "")
 
     # -- buffer collectives -------------------------------------------------------------------
+    def Split(self, color: int = 0, key: int = 0) -> WatchedComm:
+        """MPI's Split on this run's communicator: the ranks of one color, watched with the same deadline."""
+        return WatchedComm(self.comm.Split(color, key), self.timeout)
+
     def Barrier(self):
         self.wait(self.comm.Ibarrier(), "Barrier")
 

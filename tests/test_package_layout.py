@@ -5,7 +5,7 @@ These read the source (tests/layout.py); they run nothing of nnlib.
 
 import shutil
 
-from layout import PACKAGE, lesson_of, modules, violations
+from layout import PACKAGE, closure, functions, lesson_of, modules, violations
 
 
 def test_every_module_says_which_lesson_it_belongs_to():
@@ -26,3 +26,30 @@ def test_an_import_of_a_later_lesson_added_on_purpose_is_caught(tmp_path):
     network.write_text(network.read_text() + "\n\ndef later():\n    from .watchdog import watch  # lesson 10\n")
     added = set(violations(copy)) - set(violations())
     assert added == {"nnlib.network (lesson 2) imports nnlib.watchdog (lesson 10)"}
+
+
+def test_no_function_is_longer_than_60_lines_or_takes_more_than_8_parameters():
+    too_big = [f"{module}.{name}: {lines} lines, {parameters} parameters"
+               for module, name, lines, parameters in functions() if lines > 60 or parameters > 8]
+    assert not too_big, too_big
+
+
+def test_the_code_a_lesson_05_reader_opens_is_at_most_900_lines_in_at_most_6_modules():
+    """nnlib.parallel.data (train_parallel and its syncs) and every nnlib module it imports, transitively."""
+    opened = closure("nnlib.parallel.data")
+    lines = {name: len(modules()[name].read_text().splitlines()) for name in opened}
+    assert len(opened) <= 6 and sum(lines.values()) <= 900, lines
+    assert all(lesson_of(modules()[name]) <= 5 for name in opened), lines
+
+
+def test_the_size_checks_can_fail(tmp_path):
+    copy = tmp_path / "nnlib"
+    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    body = "".join(f"    x{line} = {line}\n" for line in range(60))
+    (copy / "training.py").write_text((copy / "training.py").read_text()
+                                      + f"\n\ndef long(a, b, c, d, e, f, g, h, i):\n{body}")
+    assert [(name, lines, parameters) for module, name, lines, parameters in functions(copy) if name == "long"] \
+        == [("long", 61, 9)]
+    opened = closure("nnlib.parallel.data", copy)  # the long function lands in lesson 05's reading
+    assert sum(len((copy / f"{name.replace('nnlib.', '').replace('.', '/')}.py").read_text().splitlines())
+               for name in opened) > 900

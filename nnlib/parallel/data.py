@@ -1,6 +1,6 @@
 """Data-parallel training with MPI: every rank holds a shard of the data and a full copy of the network.
 
-It is the training loop of lesson 03 (nnlib.training.train_loop), run on every rank at once. One step:
+It is lesson 03's training loop (nnlib.training.train_loop), run on every rank at once. One step:
 
 1. **data**: take the samples of the global batch that this rank holds;
 2. **compute**: forward and backward on them, dividing by the *global* batch size, so the
@@ -19,11 +19,10 @@ Same steps as the sequential run: every rank draws the same seeded permutation o
 :func:`nnlib.training.train` draws, so global batch k holds the same samples for any number of ranks;
 each rank computes the part of it that falls in its shard (:class:`ShardBatches`).
 
-The data is sharded with Scatterv (:func:`shard`), correct when N does not divide by the number of
-ranks; the initial weights are broadcast from rank 0. :class:`PhaseTimer` records where each rank's
-time goes. Later lessons add other ways of combining gradients (ZeRO and overlap in lesson 08,
-compression in lesson 11) and hooks (deadlines and checkpoints in lesson 10, the GPU in lesson 07):
-``train_parallel(..., strategy=..., hooks=[...])`` takes them as they are.
+:func:`shard` scatters the rows (Scatterv: N need not divide by P); rank 0's weights are broadcast;
+:class:`PhaseTimer` records where each rank's time goes. Later lessons' ways of combining gradients
+(lesson 08's ZeRO and overlap, lesson 11's compression) and hooks (the GPU in lesson 07, deadlines
+and checkpoints in lesson 10) plug in as ``train_parallel(..., strategy=..., hooks=[...])``.
 """
 
 from __future__ import annotations
@@ -36,7 +35,7 @@ from mpi4py import MPI
 
 from .. import collectives
 from ..collectives import fail_together, raised_on_every_rank, require_same_on_every_rank
-from ..training import SGD, Batches, History, Hook, Run, Settings, train_loop
+from ..training import SGD, Batches, EveryStep, History, Hook, ProgressLines, Run, Settings, train_loop
 
 LESSON = 5
 
@@ -45,23 +44,17 @@ PHASES = ("data", "compute", "communicate", "update")
 
 @dataclass
 class ParallelHistory(History):
-    """History of a data-parallel run, plus where each rank's time went.
-
-    phase_seconds: {phase: seconds summed over the run} on this rank, for data, compute,
-                   communicate and update (see module docstring).
-    timeline:      per step, (step, phase, start, end) seconds since the run began, for the
-                   first ``timeline_steps`` steps (for drawing who waits for whom).
-    """
+    """History of a data-parallel run, plus where this rank's time went: phase_seconds {phase: seconds
+    summed over the run}, and the timeline (step, phase, start, end) of the first steps."""
 
     phase_seconds: dict = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
     timeline: list = field(default_factory=list)
 
 
 def shard(comm, inputs, labels, root: int = 0):
-    """Scatter (inputs, labels) from ``root`` into near-equal blocks of rows, one per rank.
+    """Scatter (inputs, labels) from ``root`` (other ranks pass None) in near-equal blocks of rows.
 
-    Other ranks pass None. Returns (local_inputs, local_labels, start): this rank's rows
-    and where they begin in the full dataset.
+    Returns (local_inputs, local_labels, start): this rank's rows and where they begin in the whole.
     """
     message = None
     if comm.rank == root and len(inputs) != len(labels):
@@ -78,11 +71,8 @@ def shard(comm, inputs, labels, root: int = 0):
 
 
 class ShardBatches(Batches):
-    """The sequential run's batches (nnlib.training.Batches), each cut to the rows this rank holds.
-
-    ``epoch(e)`` -> [(rows, divide_by)]: rows index this rank's shard [start, stop) of the N samples
-    (possibly none of a batch's), divide_by is the whole global batch's size.
-    """
+    """The sequential run's batches (nnlib.training.Batches), each cut to this rank's rows [start, stop):
+    ``epoch(e)`` -> [(rows in the shard, possibly none, the whole global batch's size)]."""
 
     def __init__(self, num_samples: int, batch_size: int | None, seed: int, start: int, stop: int):
         super().__init__(num_samples, batch_size, seed)
@@ -96,11 +86,9 @@ class ShardBatches(Batches):
 
 
 class DataParallel:
-    """What every way of combining the ranks' gradients shares (the loop's ``sync``).
-
-    Every rank starts from rank 0's parameters, sums the epoch's loss over the ranks, and hears rank
-    0's validation score. A subclass says how one step communicates and updates (:meth:`step`).
-    """
+    """What every way of combining the ranks' gradients (the loop's ``sync``) shares: every rank starts
+    from rank 0's weights, sums the epoch's loss over the ranks, hears rank 0's validation score. A
+    subclass's :meth:`step` communicates and updates."""
 
     name = "data parallel"
     layer_done = None  # called as backpropagation finishes each layer (lesson 08's overlap uses it)
@@ -210,31 +198,6 @@ class PhaseTimer(Hook):
         self.open, self.began = name, now
 
 
-class ProgressLines(Hook):
-    """Rank 0 prints one line per epoch: loss, training (and validation) accuracy, seconds."""
-
-    def __init__(self, comm):
-        self.rank = comm.rank
-
-    def after_epoch(self, run) -> None:
-        if self.rank != 0:
-            return
-        history = run.history
-        extra = f", validation accuracy {history.validation_accuracy[-1]:.4f}" if history.validation_accuracy else ""
-        print(f"epoch {run.epoch + 1}/{run.settings.epochs}: loss {history.loss[-1]:.4f}, training accuracy "
-              f"{history.train_accuracy[-1]:.4f}{extra}, {history.seconds[-1]:.2f} s", flush=True)
-
-
-class EveryStep(Hook):
-    """Calls ``function(epoch, step, total_steps)`` after every step (lessons and tests inject faults)."""
-
-    def __init__(self, function):
-        self.function = function
-
-    def after_step(self, run) -> None:
-        self.function(run.epoch, run.step, run.total_steps)
-
-
 @dataclass(frozen=True)
 class ParallelOptions:
     """What train_parallel takes besides the settings.
@@ -335,7 +298,7 @@ def train_parallel(comm, network, local_inputs, local_labels, *, num_samples: in
     else:
         plan = options.batches(shard_sizes, comm.rank, settings)
     hooks = [*options.hooks, *([EveryStep(options.on_step)] if options.on_step else []),
-             PhaseTimer(options.timeline_steps), *([ProgressLines(comm)] if options.progress else [])]
+             PhaseTimer(options.timeline_steps), ProgressLines(options.progress and comm.rank == 0)]
     validation = None if options.validation is None else tuple(map(network.xp.asarray, options.validation))
     run = Run(network, settings, plan, sync, hooks, ParallelHistory(), validation)
     return train_loop(run, local_inputs, local_labels)

@@ -268,6 +268,8 @@ class PipelineMLP(Classifier):
             self.check_labels(labels, inputs.shape[0])
         total = inputs.shape[0]
         count = min(self.micro_batches, total)
+        if count == 0:  # no rows here (a replica's share of a small batch): its gradient is zero
+            self.grads[...] = 0
         bounds = [(int(start), int(start + size)) for start, size in
                   zip(offsets(split_counts(total, count)), split_counts(total, count))]
         step = StepState(inputs, labels, 1.0 / (total if normalizer is None else normalizer), bounds)
