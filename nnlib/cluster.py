@@ -15,7 +15,7 @@ What it takes care of:
   order, and no progress bar, so notebooks can be tested against their saved outputs;
 * a start-up failure raises :class:`ClusterStartError` within ``timeout`` seconds, with the
   ``mpiexec`` command, the engines' own log lines and the likely fix;
-* every collective of nnlib on the engines has a classroom deadline ($NNLIB_TIMEOUT =
+* every watched collective on the engines has a classroom deadline ($NNLIB_TIMEOUT =
   CLASSROOM_TIMEOUT seconds; lesson 10's nnlib.watchdog), so a failing rank stops a cell instead of hanging it;
 * stopping is quiet (no engine log in the notebook) and leaves no process behind, and no process
   outlives the kernel however it ends (killed, restarted, out of memory): see nnlib.reaper.
