@@ -14,6 +14,7 @@ import numpy as np
 from .costmodel import flops_per_sample, step_matmul_shapes  # noqa: F401  (flops_per_sample: the old home)
 
 LESSON = 6
+NOTEBOOKS_ONLY = True  # used by the scripts in benchmarks/, by no other nnlib module
 
 
 

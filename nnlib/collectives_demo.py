@@ -15,7 +15,7 @@ from mpi4py import MPI
 from . import collectives
 
 LESSON = 4
-NOTEBOOKS_ONLY = True  # used only by lesson 04: the collectives as a plain MPI script
+NOTEBOOKS_ONLY = True  # lesson 04's collectives as a plain MPI script (python -m nnlib collectives)
 
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 LESSON = 1
-NOTEBOOKS_ONLY = True  # used only by the notebooks: their pictures
+NOTEBOOKS_ONLY = True  # the notebooks' pictures, used by no other nnlib module
 
 
 

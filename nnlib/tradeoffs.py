@@ -31,6 +31,7 @@ from .parallel.pipeline import stage_layers
 from .parallel.tensor import layer_kinds
 
 LESSON = 9
+NOTEBOOKS_ONLY = True  # used by notebook 09, by no other nnlib module
 
 
 KINDS = ("data", "tensor", "pipeline")

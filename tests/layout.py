@@ -24,12 +24,17 @@ def modules(root: Path = PACKAGE) -> dict[str, Path]:
     return found
 
 
-def lesson_of(path: Path) -> int | None:
-    """The N of the module's top-level ``LESSON = N``, or None."""
+def constant(path: Path, name: str):
+    """The value of the module's top-level ``name = <constant>``, or None."""
     for node in ast.parse(path.read_text()).body:
-        if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["LESSON"]:
+        if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == [name]:
             return node.value.value if isinstance(node.value, ast.Constant) else None
     return None
+
+
+def lesson_of(path: Path) -> int | None:
+    """The N of the module's top-level ``LESSON = N``, or None."""
+    return constant(path, "LESSON")
 
 
 def imports(name: str, path: Path, known) -> set[str]:

@@ -5,7 +5,7 @@ These read the source (tests/layout.py); they run nothing of nnlib.
 
 import shutil
 
-from layout import PACKAGE, closure, functions, lesson_of, modules, violations
+from layout import PACKAGE, closure, constant, functions, imports, lesson_of, modules, violations
 
 
 def test_every_module_says_which_lesson_it_belongs_to():
@@ -13,6 +13,17 @@ def test_every_module_says_which_lesson_it_belongs_to():
     assert not missing, f"modules without a top-level 'LESSON = N' (N the notebook's number): {missing}"
     lessons = {name: lesson_of(path) for name, path in modules().items()}
     assert all(0 <= lesson <= 11 for lesson in lessons.values()), lessons
+
+
+def test_modules_only_the_notebooks_use_say_so():
+    """NOTEBOOKS_ONLY = True: no nnlib module imports it (the command line may); every other module is imported
+    by one (the package itself, its command line and the exercises, which check loads by lesson, aside)."""
+    known = modules()
+    users = {name: {user for user, path in known.items() if name in imports(user, path, known)} for name in known}
+    marked = {name for name, path in known.items() if constant(path, "NOTEBOOKS_ONLY") is True}
+    assert {name: users[name] for name in marked if users[name] - {"nnlib.__main__"}} == {}
+    unused = {name for name in known if not users[name]} - {"nnlib", "nnlib.__main__"}
+    assert sorted(name for name in unused - marked if not name.startswith("nnlib.exercises.")) == []
 
 
 def test_no_module_imports_a_module_of_a_later_lesson():

@@ -117,17 +117,25 @@ class DataParallel:
 
 
 class RootUpdates(DataParallel):
-    """Rank 0 alone updates (and keeps the optimizer's state); then it broadcasts the parameters."""
+    """Rank 0 alone updates (and keeps the optimizer's state), then broadcasts the parameters. A subclass
+    says how the gradients reach rank 0 (:meth:`to_root`) and are summed there (:meth:`sum_on_root`)."""
 
     def optimizer(self, network, learning_rate: float, momentum: float):
         return SGD(network, learning_rate, momentum) if self.rank == 0 else None
 
+    def step(self, run) -> None:
+        run.phase("communicate")
+        self.to_root(self.network.grads)
+        run.phase("update")
+        if self.rank == 0:
+            self.sum_on_root(self.network.grads)
+            run.optimizer.step()
+        run.phase("communicate")
+        self.comm.Bcast(self.network.params, root=0)
+
 
 class ParameterServer(RootUpdates):
-    """Rank 0 gathers the ranks' gradients g_r, updates with their sum, and broadcasts the parameters.
-
-    Rank 0 receives P messages of n numbers and sends one: its links carry P + 1 times the others'.
-    """
+    """Rank 0 gathers every rank's gradient g_r and sums them: its links carry P + 1 times the others'."""
 
     name = "parameter_server"
 
@@ -136,31 +144,24 @@ class ParameterServer(RootUpdates):
         shape = (self.size, network.num_params)  # one row per rank, on rank 0
         self.gathered = network.xp.zeros(shape, dtype=network.params.dtype) if self.rank == 0 else None
 
-    def step(self, run) -> None:
-        run.phase("communicate")
-        self.comm.Gather(self.network.grads, self.gathered, root=0)
-        run.phase("update")
-        if self.rank == 0:
-            self.network.grads[...] = self.network.xp.sum(self.gathered, axis=0)  # sum_r g_r
-            run.optimizer.step()
-        run.phase("communicate")
-        self.comm.Bcast(self.network.params, root=0)
+    def to_root(self, grads) -> None:
+        self.comm.Gather(grads, self.gathered, root=0)
+
+    def sum_on_root(self, grads) -> None:
+        grads[...] = self.network.xp.sum(self.gathered, axis=0)  # sum_r g_r
 
 
 class ReduceBroadcast(RootUpdates):
-    """Reduce (sum) the gradients onto rank 0, which updates and broadcasts the parameters."""
+    """MPI's Reduce sums the gradients on the way to rank 0 (in place there)."""
 
     name = "reduce_broadcast"
 
-    def step(self, run) -> None:
-        grads, on_root = self.network.grads, self.rank == 0
-        run.phase("communicate")
+    def to_root(self, grads) -> None:
+        on_root = self.rank == 0
         self.comm.Reduce(MPI.IN_PLACE if on_root else grads, grads if on_root else None, op=MPI.SUM, root=0)
-        run.phase("update")
-        if on_root:
-            run.optimizer.step()
-        run.phase("communicate")
-        self.comm.Bcast(self.network.params, root=0)
+
+    def sum_on_root(self, grads) -> None:
+        pass  # the Reduce has summed them
 
 
 class Allreduce(DataParallel):

@@ -15,6 +15,7 @@ from ..collectives import fail_together
 from .data import ParallelHistory
 
 LESSON = 8
+NOTEBOOKS_ONLY = True  # used by notebook 08 and benchmarks/data_parallel.py, by no other nnlib module
 
 
 def communication_split(comm, history: ParallelHistory):
