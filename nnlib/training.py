@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Callable
 
 import numpy as np
@@ -161,8 +161,11 @@ class Settings:
         return as_schedule(self.learning_rate)
 
     @classmethod
-    def from_keywords(cls, settings: Settings | None, keywords: dict) -> Settings:
+    def from_keywords(cls, settings: Settings | None, keywords: dict, others=()) -> Settings:
         """``settings`` itself, or Settings(**keywords): train(..., epochs=3, learning_rate=0.1) works too."""
+        known = [field.name for field in fields(cls)] + list(others)
+        if set(keywords) - set(known):
+            raise TypeError(f"unknown keywords {sorted(set(keywords) - set(known))}; the keywords are {', '.join(known)}")
         if settings is not None and keywords:
             raise TypeError(f"give the settings as one Settings or as keywords, not both (got {sorted(keywords)})")
         return cls(**keywords) if settings is None else settings

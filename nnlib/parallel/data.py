@@ -201,17 +201,11 @@ class PhaseTimer(Hook):
 
 @dataclass(frozen=True)
 class ParallelOptions:
-    """What train_parallel takes besides the settings.
-
-    strategy: "parameter_server", "reduce_broadcast", "allreduce", or a class (or function) making a
-              sync from (comm, network), such as lesson 08's nnlib.parallel.zero.ZeRO.
-    batches:  None (the sequential run's batches, :class:`ShardBatches`), or a function making the plan
-              from (shard_sizes, rank, settings), such as lesson 08's per-rank sampler.
-    validation: (inputs, labels), the same on every rank, scored after every epoch.
-    progress: rank 0 prints a line per epoch. timeline_steps: the steps whose phases are kept.
-    on_step:  a function (epoch, step, total_steps) called after every step.
-    hooks:    more hooks (nnlib.training.Hook), called before the timer's.
-    """
+    """What train_parallel takes besides the settings. strategy: a name of STRATEGIES, or a class (function)
+    making a sync from (comm, network), e.g. lesson 08's ZeRO. batches: None (:class:`ShardBatches`), or a
+    class (function) making the plan from (shard_sizes, rank, settings). validation: (inputs, labels) on every
+    rank. progress: rank 0 prints a line per epoch. timeline_steps: the steps whose phases are kept.
+    on_step: a function (epoch, step, total_steps) called after every step. hooks: before the timer's."""
 
     strategy: object = "allreduce"
     batches: object = None
@@ -224,10 +218,10 @@ class ParallelOptions:
     @classmethod
     def split(cls, settings: Settings | None, keywords: dict):
         """(Settings, ParallelOptions) from ``settings`` and keywords of either."""
-        own = {name.name for name in fields(cls)}
-        options = cls(**{key: value for key, value in keywords.items() if key in own})
+        own = [name.name for name in fields(cls)]
         rest = {key: value for key, value in keywords.items() if key not in own}
-        return Settings.from_keywords(settings, rest), options
+        settings = Settings.from_keywords(settings, rest, others=own)  # (refuses unknown keywords)
+        return settings, cls(**{key: value for key, value in keywords.items() if key in own})
 
 
 def make_sync(comm, network, strategy):
@@ -260,10 +254,7 @@ def check_run(comm, network, local_inputs, local_labels, num_samples: int, setti
 
 
 def agree_on_the_run(comm, network, settings: Settings, sync, num_samples: int, start: int, rows: int):
-    """The same verdict on every rank: the same network, settings and strategy, and shards that tile N.
-
-    Returns every rank's shard size.
-    """
+    """The same verdict on every rank (the same network, settings, strategy; shards that tile N): the shards' sizes."""
     require_same_on_every_rank(comm, "the network (layer sizes, output, dtype)",
                                (network.layer_sizes, network.output, str(network.params.dtype)))
     learning_rate = "a schedule" if callable(settings.learning_rate) else settings.learning_rate
