@@ -120,7 +120,7 @@ def fault_costs(repeats: int = 7) -> None:
         if variant == "blocking":
             history = train_parallel(comm, network, local_inputs, local_labels, **settings)
         else:
-            hooks = [Checkpointing(comm, checkpoints)] if variant == "checkpoint" else []
+            hooks = [Checkpointing(checkpoints)] if variant == "checkpoint" else []
             history = train_watched(train_parallel, comm, network, local_inputs, local_labels, hooks=hooks, **settings)
         # The epoch's steps alone, and the whole call (set-up and the end-of-epoch checkpoint included).
         timings = np.array([history.seconds[0], time.perf_counter() - began])

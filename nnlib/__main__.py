@@ -16,7 +16,6 @@ import sys
 LESSON = 11  # the command line: every lesson's commands
 
 
-
 def fetch_data(args) -> int:
     from .data import SHA256, MNISTError, candidate_dirs, fetch_mnist, find_file
 

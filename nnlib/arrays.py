@@ -11,9 +11,6 @@ import numpy as np
 LESSON = 2
 
 
-LESSON = 2
-
-
 def array_namespace(*arrays):
     """The array API namespace of the arrays (numpy for NumPy arrays, cupy for CuPy ones)."""
     for array in arrays:

@@ -24,12 +24,6 @@ from .training import Hook
 LESSON = 7
 
 
-
-
-
-
-
-
 def resolve_backend(device: str = "cpu", verbose: bool = False):
     """The array module for ``device``: "cpu" -> numpy, "gpu" -> cupy (or an error), "auto" -> either.
 
@@ -73,8 +67,6 @@ def use_gpu_of_local_rank(comm):
     return index
 
 
-
-
 def synchronizer(xp):
     """A function that waits until the GPU has finished its queued work (does nothing for CPU arrays).
 
@@ -83,8 +75,6 @@ def synchronizer(xp):
     if hasattr(xp, "cuda"):
         return xp.cuda.get_current_stream().synchronize
     return lambda: None
-
-
 
 
 def cuda_aware_mpi() -> bool:
@@ -126,7 +116,8 @@ class HostStaging:
     NumPy arrays go to MPI as they are; so do GPU arrays with a CUDA-aware MPI, once the GPU has
     finished writing them (its work is queued; MPI must not read a half-written buffer). With an
     ordinary MPI, GPU arrays are *staged*: copied to host memory, communicated, copied back. It wraps
-    any communicator (MPI's, or a nnlib.watchdog.WatchedComm); everything else is the wrapped one's::
+    any communicator (MPI's, or a nnlib.watchdog.WatchedComm: ``HostStaging(watch(comm), xp)``, never the
+other way round); everything else is the wrapped one's::
 
         train_parallel(HostStaging(comm, network.xp), network, ...)
 

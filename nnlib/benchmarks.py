@@ -17,7 +17,6 @@ LESSON = 6
 NOTEBOOKS_ONLY = True  # used by the scripts in benchmarks/, by no other nnlib module
 
 
-
 def matmul_rate(layer_sizes, batch_size: int, dtype="float32", min_seconds: float = 0.5, seed: int = 0) -> float:
     """NumPy's measured rate (GFLOP/s) doing exactly one step's matrix products, nothing else.
 

@@ -25,7 +25,7 @@ raises :class:`CheckpointError` before anything is used.
 :class:`CheckpointFolder` keeps the newest ``keep`` checkpoints of a run in one folder;
 :class:`Checkpointing` is the hook that writes them from a training run and resumes it::
 
-    train_parallel(comm, ..., hooks=[Checkpointing(comm, CheckpointFolder(folder, every=50), resume=True)])
+    train_parallel(comm, ..., hooks=[Checkpointing(CheckpointFolder(folder, every=50), resume=True)])
 """
 
 from __future__ import annotations
@@ -234,17 +234,19 @@ def run_settings(run) -> dict:
 
 
 class Checkpointing(Hook):
-    """Writes checkpoints of a (data-parallel) training run, and resumes one, as a hook of its loop.
+    """Writes checkpoints of a data-parallel training run, and resumes one, as a hook of its loop.
 
-    comm: the run's communicator (rank 0 writes; every rank learns together whether that worked);
     folder: a :class:`CheckpointFolder`; resume: continue from the newest checkpoint there, exactly
-    (with the same number of ranks, bit-identical to an uninterrupted run).
+    (with the same number of ranks, bit-identical to an uninterrupted run). It talks over the run's own
+    communicator (its sync's: under the run's deadline, if it has one): rank 0 writes, and every rank
+    learns together whether that worked.
     """
 
-    def __init__(self, comm, folder: CheckpointFolder, resume: bool = False, progress: bool = False):
-        self.comm, self.folder, self.resume, self.progress = comm, folder, resume, progress
+    def __init__(self, folder: CheckpointFolder, resume: bool = False, progress: bool = False):
+        self.folder, self.resume, self.progress, self.comm = folder, resume, progress, None
 
     def begin(self, run) -> None:
+        self.comm = run.sync.comm
         problem, saved = None, None
         if not isinstance(self.folder, CheckpointFolder):
             problem = f"checkpoints need a nnlib.checkpoint.CheckpointFolder; got {type(self.folder).__name__}"
@@ -308,6 +310,8 @@ class Checkpointing(Hook):
 
     def write(self, run, epoch: int, steps_done: int, rng_state) -> None:
         """Rank 0 writes where the run is; every rank learns together whether that worked."""
+        if hasattr(self.comm, "at"):  # a watched communicator quotes this in its errors
+            self.comm.at(phase="checkpoint")
         partial = np.array([float(run.loss_sum), float(run.correct_sum)]) if steps_done else np.zeros(2)
         if steps_done:  # mid-epoch: the totals so far, summed over ranks
             self.comm.Allreduce(MPI.IN_PLACE, partial, op=MPI.SUM)

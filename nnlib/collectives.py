@@ -1,14 +1,12 @@
 """MPI collectives on NumPy arrays, with uneven splits and a guard against bad buffers.
 
-Every helper uses mpi4py's **buffer** (uppercase) methods: the array's memory goes to
-MPI as it is, with no pickling. That is fast, but MPI then sees only raw bytes in
-memory order. A Fortran-ordered or strided array handed to ``Bcast`` arrives on the
-other ranks in the wrong order (or mpi4py refuses it), so every helper here first
-calls :func:`require_contiguous`, which refuses such arrays with a clear message.
+Every helper uses mpi4py's **buffer** (uppercase) methods: the array's memory goes to MPI as it is,
+with no pickling. That is fast, but MPI then sees only raw bytes in memory order: a Fortran-ordered or
+strided array handed to ``Bcast`` arrives scrambled, so every helper first calls :func:`require_contiguous`.
 
-Uneven splits: ``split_counts(10, 4) == [3, 3, 2, 2]``: the first ``total % parts``
-ranks get one more item. ``Scatterv``/``Gatherv`` take these counts and their offsets.
-:func:`split_evenly` is nnlib's one split of N items over P ranks; every other module uses it.
+Uneven splits (:func:`split_evenly`, nnlib's one split of N items over P ranks): ``split_counts(10, 4) ==
+[3, 3, 2, 2]``, the first ``total % parts`` ranks one more. ``Scatterv``/``Gatherv`` take counts and offsets.
+At the end: every rank reaching the same verdict (lesson 05 and after use it before any collective).
 """
 
 from __future__ import annotations

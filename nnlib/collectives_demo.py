@@ -18,7 +18,6 @@ LESSON = 4
 NOTEBOOKS_ONLY = True  # lesson 04's collectives as a plain MPI script (python -m nnlib collectives)
 
 
-
 def bcast(comm):
     values = np.array([1.0, 2.0, 3.0, 4.0]) if comm.rank == 0 else np.zeros(4)
     before = values.copy()

@@ -118,7 +118,7 @@ class CompressedAllreduce(DataParallel):
 
     def __init__(self, comm, network, method: str, k: int | None = None):
         super().__init__(comm, network)
-        self.compression = self.name = method
+        self.compression, self.name = method, method if k is None else f"{method} (k = {k})"
         self.compressor = Compressor(method, network.num_params, to_numpy(network.params[:1]).dtype, k)
 
     def step(self, run) -> None:

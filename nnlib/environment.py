@@ -13,7 +13,6 @@ import sys
 LESSON = 0  # notebook 00's environment check
 
 
-
 # Environment variables that give each process one BLAS thread: with several MPI ranks on one
 # machine, more threads per rank only make the ranks fight over the cores.
 ONE_BLAS_THREAD = {name: "1" for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}

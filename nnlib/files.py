@@ -10,7 +10,6 @@ from pathlib import Path
 LESSON = 1
 
 
-
 @contextlib.contextmanager
 def atomic_write(destination):
     """Yield an open binary file; on success it becomes ``destination``, on any error it is removed.

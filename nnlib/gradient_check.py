@@ -20,7 +20,6 @@ from .arrays import to_numpy
 LESSON = 2
 
 
-
 def relative_error(expected, actual) -> float:
     """|expected - actual| / (|expected| + |actual|), with Euclidean norms (0 when both are 0)."""
     expected, actual = np.asarray(expected, dtype=np.float64), np.asarray(actual, dtype=np.float64)

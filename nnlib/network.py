@@ -43,7 +43,6 @@ from .arrays import array_namespace, namespace_of_device, to_numpy
 LESSON = 2
 
 
-
 def sigmoid(z, xp=None):
     """sigma(z) = 1 / (1 + exp(-z)), element-wise.
 

@@ -8,7 +8,6 @@ LESSON = 1
 NOTEBOOKS_ONLY = True  # the notebooks' pictures, used by no other nnlib module
 
 
-
 def digit_grid(images, titles=None, columns: int = 10, size: float = 1.0, cmap="gray_r"):
     """Show images (N, H, W) in a grid, with an optional title above each. Returns the figure."""
     import matplotlib.pyplot as plt
@@ -46,7 +45,7 @@ def learning_curves(histories: dict, against: str = "epoch"):
     return figure
 
 
-def confusion_matrix(labels, predictions, num_classes: int = 10) -> np.ndarray:
+def confusion_counts(labels, predictions, num_classes: int = 10) -> np.ndarray:
     """counts[i, j] = how many samples of class i were predicted as class j."""
     counts = np.zeros((num_classes, num_classes), dtype=np.int64)
     np.add.at(counts, (np.asarray(labels), np.asarray(predictions)), 1)

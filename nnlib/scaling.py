@@ -328,7 +328,8 @@ def main(argv=None) -> int:
     parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--strong-samples", type=int, default=60000, help="total samples for strong scaling")
     parser.add_argument("--weak-samples", type=int, default=5000, help="samples per rank for weak scaling")
-    parser.add_argument("--strategy", default="allreduce")
+    parser.add_argument("--strategy", default="allreduce", choices=("parameter_server", "reduce_broadcast", "allreduce"),
+                        help="lesson 05's ways of combining gradients")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--hidden", type=int, nargs="+", default=[128])
     parser.add_argument("--epochs", type=int, default=3, help="epochs per run (the first is a warm-up)")

@@ -40,7 +40,6 @@ from .files import atomic_write
 LESSON = 11  # the batch job: it offers every lesson's options
 
 
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--strategy", choices=JOB_STRATEGIES, default="allreduce",
                         help="how gradients are combined (zero: ZeRO stages 1-2; overlap: sent during backward)")
@@ -352,18 +351,18 @@ def job_hooks(args, comm, network) -> list:
     from .arrays import is_numpy
     from .backend import WaitForDevice
     from .checkpoint import Checkpointing, CheckpointFolder
-    from .parallel.data import EveryStep
+    from .training import EveryStep
     from .watchdog import RunNotes
 
     hooks = [RunNotes(comm)]
+    for action in (fault_injector(parse_fault(args.fault), comm.rank), straggler(parse_slow(args.slow), comm.rank)):
+        if action is not None:  # a fault after step S comes before the checkpoint after step S, as it would
+            hooks.append(EveryStep(action))
     if not is_numpy(network.xp):
         hooks.append(WaitForDevice(network.xp))  # so each phase's time is its own
     if args.checkpoint_dir:
         folder = CheckpointFolder(args.checkpoint_dir, args.checkpoint_every or None)
-        hooks.append(Checkpointing(comm, folder, args.resume, progress=True))
-    for action in (fault_injector(parse_fault(args.fault), comm.rank), straggler(parse_slow(args.slow), comm.rank)):
-        if action is not None:
-            hooks.append(EveryStep(action))
+        hooks.append(Checkpointing(folder, args.resume, progress=True))
     return hooks
 
 

@@ -1,11 +1,10 @@
 """Training: full-batch gradient descent and mini-batch SGD with momentum, in one loop.
 
-One step with learning rate eta and momentum mu, on the flat vectors:
+One step with learning rate eta and momentum mu, on the flat vectors (full-batch gradient descent is
+SGD whose batch is the whole training set: one step per epoch):
 
     velocity <- mu * velocity - eta * grads
     params   <- params + velocity           (mu = 0: plain gradient descent)
-
-Full-batch gradient descent is SGD whose batch is the whole training set: one step per epoch.
 
 :func:`train_loop` is the series' one training loop. :func:`train` runs it in one process; lesson 05
 runs the same loop on every rank, with its own way of combining the gradients (the ``sync``)::
@@ -165,7 +164,7 @@ class Settings:
         """``settings`` itself, or Settings(**keywords): train(..., epochs=3, learning_rate=0.1) works too."""
         known = [field.name for field in fields(cls)] + list(others)
         if set(keywords) - set(known):
-            raise TypeError(f"unknown keywords {sorted(set(keywords) - set(known))}; the keywords are {', '.join(known)}")
+            raise TypeError(f"unknown keywords {sorted(set(keywords) - set(known))}; they are {', '.join(known)}")
         if settings is not None and keywords:
             raise TypeError(f"give the settings as one Settings or as keywords, not both (got {sorted(keywords)})")
         return cls(**keywords) if settings is None else settings
@@ -248,7 +247,10 @@ class EveryStep(Hook):
 
 
 class LocalUpdate:
-    """One process's ``sync``: nothing to combine, a step is the update (lesson 05's syncs combine ranks')."""
+    """How one process combines its gradients (the loop's ``sync``): there is nothing to combine. Every sync
+    (lesson 05's combine the ranks') has: size (ranks), layer_done (None, or called as backpropagation finishes
+    each layer), optimizer(), begin(run), step(run): communicate and update, sum_over_ranks(values),
+    score(network, validation), raised_on_every_rank(error)."""
 
     size = 1
     layer_done = None  # nothing to start while backpropagation runs
@@ -269,7 +271,7 @@ class LocalUpdate:
     def score(self, network, validation) -> float:
         return network.accuracy(*validation)
 
-    def everywhere(self, error: BaseException) -> BaseException:
+    def raised_on_every_rank(self, error: BaseException) -> BaseException:
         return error
 
 
@@ -326,7 +328,7 @@ def train_loop(run: Run, inputs, labels) -> History:
             for step in range(run.step, len(steps)):
                 run.step, run.rate = step, schedule(run.epoch + step / len(steps))
                 train_step(run, inputs, labels, *steps[step])
-            end_epoch(run, time.perf_counter() - began)
+            end_epoch(run, began)
     finally:
         for hook in run.hooks:
             hook.end(run)
@@ -342,8 +344,9 @@ def train_step(run: Run, inputs, labels, rows, divide_by: int) -> None:
     if rows is not None:
         inputs, labels = xp.take(inputs, rows, axis=0), xp.take(labels, rows, axis=0)
     run.phase("compute")  # (a rank may hold none of a batch's rows: its share of the gradient is then 0)
-    hook = {} if run.sync.layer_done is None else {"on_layer_done": run.sync.layer_done}  # lesson 08's overlap
-    loss = network.loss_and_gradient(inputs, labels, normalizer=divide_by, check=False, on_device=xp is not np, **hook)
+    backward_hook = {} if run.sync.layer_done is None else {"on_layer_done": run.sync.layer_done}  # lesson 08
+    loss = network.loss_and_gradient(inputs, labels, normalizer=divide_by, check=False, on_device=xp is not np,
+                                     **backward_hook)
     if run.sync.size == 1 and xp is np and not math.isfinite(loss):
         raise diverged(loss, f"at epoch {run.epoch + 1}, step {run.step + 1}", run.rate)
     run.loss_sum += loss * divide_by
@@ -356,16 +359,16 @@ def train_step(run: Run, inputs, labels, rows, divide_by: int) -> None:
         hook.after_step(run)
 
 
-def end_epoch(run: Run, seconds: float) -> None:
-    """Sum the epoch's loss and correct answers over the ranks, check the loss, record the epoch."""
+def end_epoch(run: Run, began: float) -> None:
+    """Sum the epoch's loss and correct answers over the ranks, check the loss, record the epoch (begun ``began``)."""
     history, num_samples = run.history, run.plan.num_samples
     totals = run.sync.sum_over_ranks(np.array([float(run.loss_sum), float(run.correct_sum)]))  # one trip back
-    history.seconds.append(seconds)
+    history.seconds.append(time.perf_counter() - began)  # after float(): a GPU has finished the epoch's work
     loss = float(totals[0]) / num_samples
     if not math.isfinite(loss):
         on_host = run.network.xp is np
         where = f"in epoch {run.epoch + 1}" + ("" if on_host else " (checked once per epoch on the GPU)")
-        raise run.sync.everywhere(diverged(loss, where, run.rate))
+        raise run.sync.raised_on_every_rank(diverged(loss, where, run.rate))
     history.loss.append(loss)
     history.train_accuracy.append(float(totals[1]) / num_samples)
     if run.validation is not None:

@@ -353,6 +353,9 @@ def watch(comm, timeout=None) -> WatchedComm:
     """
     if isinstance(comm, WatchedComm):
         return WatchedComm(comm.comm, comm.timeout if timeout is None else timeout)
+    if not isinstance(comm, MPI.Comm):
+        raise TypeError(f"watch() takes an MPI communicator or a WatchedComm, not a {type(comm).__name__}: wrap the "
+                        "watched one instead, e.g. HostStaging(watch(comm), xp) (train_watched's wrap= does that)")
     return WatchedComm(comm, timeout)
 
 
@@ -369,27 +372,17 @@ class RunNotes(Hook):
         self.watched.at(epoch=run.epoch + 1, step=run.step + 1, phase=name or "between steps")
 
 
-def train_watched(train, comm, *args, timeout=None, hooks=(), **keywords):
+def train_watched(train, comm, *args, timeout=None, hooks=(), wrap=None, **keywords):
     """``train(watched, *args, hooks=[RunNotes(watched), *hooks], **keywords)`` under a deadline.
 
     ``watched`` is :func:`watch` (comm, timeout): every collective of the run has a deadline, and inside
     its guard a rank that raises tells the others, which stop at once. ``train`` is e.g.
-    nnlib.parallel.train_parallel.
+    nnlib.parallel.train_parallel. ``wrap(watched)``, if given, is the communicator the run gets instead
+    (e.g. ``lambda watched: HostStaging(watched, xp)`` for GPU arrays, lesson 07).
     """
     watched = watch(comm, timeout)
     with watched.guard():
-        return train(watched, *args, hooks=(RunNotes(watched), *hooks), **keywords)
-
-
-def raw(comm):
-    """The MPI communicator behind ``comm`` (itself if it is not a WatchedComm)."""
-    return comm.comm if isinstance(comm, WatchedComm) else comm
-
-
-
-
-
-
+        return train(watched if wrap is None else wrap(watched), *args, hooks=(RunNotes(watched), *hooks), **keywords)
 
 
 def _pickled(obj) -> np.ndarray:

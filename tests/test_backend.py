@@ -226,3 +226,14 @@ def test_gpu_network_matches_the_cpu_network():
     np.testing.assert_allclose(to_numpy(gpu.params), cpu.params, rtol=1e-8, atol=1e-12)
     assert gradient_check(gpu, cupy.asarray(inputs[:5]), cupy.asarray(labels[:5]), num_checks=40,
                           verbose=False) < 1e-7
+
+
+def test_a_staging_communicator_is_not_watched_from_outside():
+    """watch(HostStaging(comm)) would watch a raw duplicate and lose the staging: it is refused, with the way."""
+    from mpi4py import MPI
+
+    from nnlib.backend import HostStaging
+    from nnlib.watchdog import watch
+
+    with pytest.raises(TypeError, match=r"wrap the watched one instead, e.g. HostStaging\(watch\(comm\), xp\)"):
+        watch(HostStaging(MPI.COMM_WORLD, np))

@@ -174,7 +174,7 @@ def train_one_rank(checkpoints=None, resume=False, fail_at=None, dtype="float64"
         if total_steps == fail_at:
             raise RuntimeError("stopped on purpose")
 
-    hooks = [] if checkpoints is None and not resume else [Checkpointing(MPI.COMM_WORLD, checkpoints, resume)]
+    hooks = [] if checkpoints is None and not resume else [Checkpointing(checkpoints, resume)]
     history = train_parallel(MPI.COMM_WORLD, network, inputs, labels, num_samples=N, start=0,
                              hooks=hooks, on_step=on_step, **dict(SETTINGS, **changes))
     return network, history

@@ -9,7 +9,7 @@ from nnlib.collectives import row_range
 from nnlib.parallel.overlap import bucket_ranges
 from nnlib.parallel.data import ShardBatches
 from nnlib.parallel.sampling import exact_imbalance, per_rank_plan
-from nnlib.training import SGD
+from nnlib.training import SGD, Settings
 from nnlib.parallel.zero import ShardedSGD, replicated_state_bytes
 
 
@@ -80,7 +80,8 @@ def test_the_per_rank_sampler_sees_every_sample_once_per_epoch(num_samples, batc
 
 
 def test_the_exact_plan_is_the_sequential_batches_cut_by_shard():
-    plans = [ShardBatches(100, 16, 5, *row_range(100, 3, rank)).epoch(0) for rank in range(3)]
+    settings = Settings(epochs=1, learning_rate=0.1, batch_size=16, seed=5)
+    plans = [ShardBatches([34, 33, 33], rank, settings).epoch(0) for rank in range(3)]
     order = np.random.default_rng(5).permutation(100)
     for step in range(len(plans[0])):
         expected = order[step * 16:(step + 1) * 16]
@@ -95,3 +96,20 @@ def test_the_exact_samplers_imbalance_is_what_counting_gives():
     # each rank's share of a batch is about binomial(256, 1/2): sd 8, E[max of two] = 128 + 8 / sqrt(pi)
     assert 0.02 < imbalance < 0.05
     assert exact_imbalance(60000, 256, 4) > imbalance  # more ranks, larger maximum
+
+
+@pytest.mark.parametrize("keyword, where", [("sampler", "batches=nnlib.parallel.sampling.PerRankBatches"),
+                                            ("timeout", "nnlib.watchdog.train_watched"),
+                                            ("checkpoints", "Checkpointing(folder, resume)"),
+                                            ("compression", "compressed(method, k)")])
+def test_a_keyword_that_moved_to_a_later_lesson_says_where(keyword, where):
+    from mpi4py import MPI
+
+    from nnlib.parallel import train_parallel
+
+    inputs, labels = np.zeros((6, 4)), np.arange(6) % 3
+    with pytest.raises(TypeError, match=f"{keyword}= is now .*{where.replace('(', '.').replace(')', '.')}"):
+        train_parallel(MPI.COMM_WORLD, Network((4, 3)), inputs, labels, num_samples=6, start=0, epochs=1,
+                       learning_rate=0.1, **{keyword: None})
+    with pytest.raises(TypeError, match=r"unknown keywords \['epoch'\]; they are epochs, learning_rate"):
+        train_parallel(MPI.COMM_WORLD, Network((4, 3)), inputs, labels, num_samples=6, start=0, epoch=1)

@@ -77,3 +77,21 @@ def test_a_schedule_that_turns_bad_is_refused_at_that_step():
     schedule = lambda progress: 0.1 if progress < 1.5 else -0.1  # noqa: E731
     with pytest.raises(ValueError, match=r"learning_rate must be a positive finite number; got -0\.1"):
         train(network, inputs, labels, epochs=3, learning_rate=schedule, batch_size=4, progress=False)
+
+
+def test_an_epoch_is_timed_after_its_totals_came_back():
+    """On a GPU the step's work is queued: the epoch has ended only once its loss and accuracy are back."""
+    import time
+
+    from nnlib.training import Batches, LocalUpdate, Run, Settings, train_loop
+
+    class SlowTotals(LocalUpdate):
+        def sum_over_ranks(self, values):
+            time.sleep(0.05)  # as a GPU finishing the epoch's queued work before float() returns
+            return values
+
+    rng = np.random.default_rng(0)
+    inputs, labels = rng.random((20, 4)), rng.integers(0, 3, 20)
+    settings = Settings(epochs=2, learning_rate=0.1, batch_size=10)
+    history = train_loop(Run(Network((4, 3)), settings, Batches(20, 10, 0), SlowTotals()), inputs, labels)
+    assert len(history.seconds) == 2 and min(history.seconds) >= 0.05

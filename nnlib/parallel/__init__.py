@@ -18,8 +18,9 @@ Both at once (lesson 09):
 
     grid          a data x tensor or data x pipeline grid of ranks made with Comm.Split
 
-Every mode takes exactly the steps of sequential training (nnlib.training.train); the checkers
-in tests/mpi/ compare each one with it. Lesson 05's names are importable from here:
+Every synchronous mode with the sequential run's batches takes exactly its steps (nnlib.training.train);
+the checkers in tests/mpi/ compare each one with it (the per-rank sampler, compressed gradients and the
+asynchronous server are compared in distribution, or with their own reference). Lesson 05's names are importable from here:
 ``from nnlib.parallel import shard, train_parallel``.
 """
 

@@ -74,9 +74,10 @@ class ShardBatches(Batches):
     """The sequential run's batches (nnlib.training.Batches), each cut to this rank's rows [start, stop):
     ``epoch(e)`` -> [(rows in the shard, possibly none, the whole global batch's size)]."""
 
-    def __init__(self, num_samples: int, batch_size: int | None, seed: int, start: int, stop: int):
-        super().__init__(num_samples, batch_size, seed)
-        self.start, self.stop = start, stop
+    def __init__(self, shard_sizes, rank: int, settings: Settings):
+        super().__init__(sum(shard_sizes), settings.batch_size, settings.seed)
+        self.start = sum(shard_sizes[:rank])
+        self.stop = self.start + shard_sizes[rank]
 
     def epoch(self, epoch: int) -> list:
         if self.full_batch:
@@ -112,7 +113,7 @@ class DataParallel:
         """Every rank holds the same network: rank 0 scores it for all."""
         return self.comm.bcast(network.accuracy(*validation) if self.rank == 0 else None, root=0)
 
-    def everywhere(self, error: BaseException) -> BaseException:
+    def raised_on_every_rank(self, error: BaseException) -> BaseException:
         return raised_on_every_rank(error)
 
 
@@ -177,6 +178,9 @@ class Allreduce(DataParallel):
 
 
 STRATEGIES = {"parameter_server": ParameterServer, "reduce_broadcast": ReduceBroadcast, "allreduce": Allreduce}
+MOVED = {"sampler": "batches=nnlib.parallel.sampling.PerRankBatches", "timeout": "nnlib.watchdog.train_watched",
+         "checkpoints": "hooks=[nnlib.checkpoint.Checkpointing(folder, resume)]", "cuda_aware": "backend.HostStaging",
+         "compression": "strategy=nnlib.compression.compressed(method, k)"}  # lessons 07-11's, once keywords here
 
 
 class PhaseTimer(Hook):
@@ -201,11 +205,14 @@ class PhaseTimer(Hook):
 
 @dataclass(frozen=True)
 class ParallelOptions:
-    """What train_parallel takes besides the settings. strategy: a name of STRATEGIES, or a class (function)
-    making a sync from (comm, network), e.g. lesson 08's ZeRO. batches: None (:class:`ShardBatches`), or a
-    class (function) making the plan from (shard_sizes, rank, settings). validation: (inputs, labels) on every
-    rank. progress: rank 0 prints a line per epoch. timeline_steps: the steps whose phases are kept.
-    on_step: a function (epoch, step, total_steps) called after every step. hooks: before the timer's."""
+    """What train_parallel takes besides the settings:
+
+    strategy:   a name of STRATEGIES, or a class making the sync from (comm, network), e.g. lesson 08's ZeRO;
+    batches:    a class making the plan from (shard_sizes, rank, settings); None: :class:`ShardBatches`;
+    validation: (inputs, labels), the same on every rank; progress: rank 0 prints a line per epoch;
+    timeline_steps: the steps whose phases are kept; on_step: a function (epoch, step, total_steps)
+    called after every step; hooks: more hooks (nnlib.training.Hook), run after on_step, before the timer.
+    """
 
     strategy: object = "allreduce"
     batches: object = None
@@ -219,6 +226,9 @@ class ParallelOptions:
     def split(cls, settings: Settings | None, keywords: dict):
         """(Settings, ParallelOptions) from ``settings`` and keywords of either."""
         own = [name.name for name in fields(cls)]
+        moved = [f"{key}= is now {MOVED[key]}" for key in keywords if key in MOVED]
+        if moved:
+            raise TypeError("; ".join(moved))
         rest = {key: value for key, value in keywords.items() if key not in own}
         settings = Settings.from_keywords(settings, rest, others=own)  # (refuses unknown keywords)
         return settings, cls(**{key: value for key, value in keywords.items() if key in own})
@@ -232,11 +242,11 @@ def make_sync(comm, network, strategy):
         strategy = STRATEGIES[strategy]
     try:
         return strategy(comm, network), None
-    except ValueError as problem:
-        return None, str(problem)
+    except Exception as problem:  # (on some ranks only, maybe: fail_together makes it every rank's verdict)
+        return None, f"{type(problem).__name__}: {problem}"
 
 
-def check_run(comm, network, local_inputs, local_labels, num_samples: int, settings: Settings) -> list:
+def check_run(comm, network, local_inputs, local_labels, num_samples: int, settings: Settings, validation) -> list:
     """Every check of a data-parallel run's arguments, as a list of problems (this rank's)."""
     problems = settings.problems()
     if num_samples < comm.size:
@@ -248,19 +258,23 @@ def check_run(comm, network, local_inputs, local_labels, num_samples: int, setti
         problems.append(f"rank {comm.rank} has {local_inputs.shape[0]} inputs but {local_labels.shape[0]} labels")
     try:
         network.check_inputs(local_inputs)
+        if validation is not None:
+            network.check_inputs(validation[0])
+            network.check_labels(validation[1], validation[0].shape[0])
     except ValueError as error:
         problems.append(str(error))
     return problems
 
 
-def agree_on_the_run(comm, network, settings: Settings, sync, num_samples: int, start: int, rows: int):
+def agree_on_the_run(comm, network, settings: Settings, sync, options, num_samples: int, start: int, rows: int):
     """The same verdict on every rank (the same network, settings, strategy; shards that tile N): the shards' sizes."""
     require_same_on_every_rank(comm, "the network (layer sizes, output, dtype)",
                                (network.layer_sizes, network.output, str(network.params.dtype)))
     learning_rate = "a schedule" if callable(settings.learning_rate) else settings.learning_rate
-    require_same_on_every_rank(comm, "the training settings (samples, epochs, batch, momentum, seed, rate, strategy)",
-                               (num_samples, settings.epochs, settings.batch_size, settings.momentum, settings.seed,
-                                learning_rate, sync.name))
+    require_same_on_every_rank(comm, "the training settings (samples, epochs, batch, momentum, seed, rate, strategy, "
+                               "batches, validation)", (num_samples, settings.epochs, settings.batch_size,
+                               settings.momentum, settings.seed, learning_rate, sync.name,
+                               getattr(options.batches, "__name__", None), options.validation is not None))
     shard_sizes, starts = comm.allgather(rows), comm.allgather(int(start))
     expected_starts = [int(offset) for offset in collectives.offsets(shard_sizes)]
     if sum(shard_sizes) != num_samples or starts != expected_starts:  # the same verdict on every rank
@@ -272,26 +286,19 @@ def agree_on_the_run(comm, network, settings: Settings, sync, num_samples: int, 
 
 def train_parallel(comm, network, local_inputs, local_labels, *, num_samples: int, start: int,
                    settings: Settings | None = None, **keywords) -> ParallelHistory:
-    """Data-parallel training of ``network`` (a full copy on every rank) on sharded data.
-
-    local_inputs, local_labels: this rank's rows [start, start + len) of the N = num_samples training
-    samples (see :func:`shard`). ``settings``: a nnlib.training.Settings, or its fields as keywords
-    (epochs, learning_rate, batch_size, momentum, seed), the same as for nnlib.training.train; other
-    keywords are :class:`ParallelOptions` (strategy, validation, progress, timeline_steps, ...).
-    Every rank returns the history; a bad setting raises the same ValueError on every rank.
-    """
+    """Data-parallel training of ``network`` (a full copy on every rank) on this rank's rows [start, start + len)
+    of the N = num_samples samples (:func:`shard`). ``settings``: a Settings, or its fields as keywords (as
+    nnlib.training.train); the other keywords are :class:`ParallelOptions`. Every rank returns the history;
+    a bad setting raises the same ValueError on every rank."""
     settings, options = ParallelOptions.split(settings, keywords)
     sync, problem = make_sync(comm, network, options.strategy)
-    problems = check_run(comm, network, local_inputs, local_labels, num_samples, settings)
-    fail_together(comm, "; ".join(problems + ([problem] if problem else [])) or None)
-    shard_sizes = agree_on_the_run(comm, network, settings, sync, num_samples, start, local_inputs.shape[0])
-    if options.batches is None:
-        plan = ShardBatches(num_samples, settings.batch_size, settings.seed, start, start + local_inputs.shape[0])
-    else:
-        plan = options.batches(shard_sizes, comm.rank, settings)
-    hooks = [*options.hooks, *([EveryStep(options.on_step)] if options.on_step else []),
-             PhaseTimer(options.timeline_steps), ProgressLines(options.progress and comm.rank == 0)]
     validation = None if options.validation is None else tuple(map(network.xp.asarray, options.validation))
+    problems = check_run(comm, network, local_inputs, local_labels, num_samples, settings, validation)
+    fail_together(comm, "; ".join(problems + ([problem] if problem else [])) or None)
+    shard_sizes = agree_on_the_run(comm, network, settings, sync, options, num_samples, start, local_inputs.shape[0])
+    plan = (options.batches or ShardBatches)(shard_sizes, comm.rank, settings)
+    hooks = [*([EveryStep(options.on_step)] if options.on_step else []), *options.hooks,
+             PhaseTimer(options.timeline_steps), ProgressLines(options.progress and comm.rank == 0)]
     run = Run(network, settings, plan, sync, hooks, ParallelHistory(), validation)
     return train_loop(run, local_inputs, local_labels)
 

@@ -25,7 +25,6 @@ from ..collectives import raised_on_every_rank
 LESSON = 9
 
 
-
 def grid(comm, model_size: int):
     """Split ``comm`` into (data_comm, model_comm): D = size / model_size replicas of model_size ranks."""
     if not isinstance(model_size, int) or model_size < 1 or comm.size % model_size:

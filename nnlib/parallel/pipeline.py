@@ -262,7 +262,7 @@ class PipelineMLP(Classifier):
         """
         if on_layer_done is not None:
             raise ValueError("the overlap strategy sends each layer's gradient as soon as it is final; a pipeline "
-                             "stage's are final only after its last micro-batch: use strategy 'allreduce' or 'zero'")
+                             "stage's are final only after its last micro-batch: use strategy 'allreduce' or nnlib.parallel.zero.ZeRO")
         if check:
             self.check_inputs(inputs)
             self.check_labels(labels, inputs.shape[0])

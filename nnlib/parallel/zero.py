@@ -38,7 +38,6 @@ from ..training import check_learning_rate, check_momentum, sgd_update
 LESSON = 8
 
 
-
 class ZeRO(DataParallel):
     """A step: reduce-scatter the gradients, update this rank's slice only, allgather the parameters."""
 

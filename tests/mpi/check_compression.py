@@ -96,7 +96,7 @@ def test_bad_settings_fail_on_every_rank_at_once():
                          (dict(compression="topk"), "needs k"),
                          (dict(compression="int8"), "compression must be one of none, float16, bfloat16, topk"),
                          (dict(compression="float16", k=5), "k is only for top-k compression"),
-                         (dict(compression="topk", k=5, hooks=[Checkpointing(comm, CheckpointFolder(NEVER_WRITTEN))]),
+                         (dict(compression="topk", k=5, hooks=[Checkpointing(CheckpointFolder(NEVER_WRITTEN))]),
                           "checkpoints do not keep top-k")]:
         expect_error_everywhere(attempt(**extra), words)
 

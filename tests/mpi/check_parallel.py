@@ -112,6 +112,14 @@ def check_gpu_paths_with_a_stand_in_cupy():
                 assert error <= 1e-10, f"stand-in GPU, CUDA-aware {cuda_aware}, {strategy}: relative error {error:.2e}"
                 # At least one wait per phase boundary of every step (data, compute, communicate, update).
                 assert stand_in.synchronizations - waits_before >= 3 * history.steps
+        from nnlib.watchdog import train_watched  # lesson 10's deadline around lesson 07's staging
+
+        network = Network((12, 7, 4), dtype="float64", seed=3 if rank == 0 else 50,
+                          device=backend.resolve_backend("gpu"))
+        train_watched(train_parallel, comm, network, local_inputs, local_labels, num_samples=N, start=start,
+                      wrap=lambda watched: HostStaging(watched, network.xp, cuda_aware=False), **settings)
+        error = float(np.abs(network.params - expected).max() / np.abs(expected).max())
+        assert error <= 1e-10, f"stand-in GPU, staged under the watchdog: relative error {error:.2e}"
     finally:
         del sys.modules["cupy"]
         environment._gpu_check = None
@@ -135,6 +143,12 @@ def check_bad_configurations_fail_on_every_rank():
         expect_error_everywhere(lambda: train_parallel(comm, network, local_inputs, local_labels,
                                                        batch_size=64 if rank == 0 else 32, **common),
                                 "the ranks disagree on the training settings")
+        expect_error_everywhere(lambda: train_parallel(comm, network, local_inputs, local_labels, **common,
+                                                       validation=(INPUTS, LABELS) if rank == 0 else None),
+                                "the ranks disagree on the training settings")
+        expect_error_everywhere(lambda: train_parallel(comm, network, local_inputs, local_labels, **common,
+                                                       batches=PerRankBatches if rank == 0 else None),
+                                "the ranks disagree on the training settings")
         wrong_width = local_inputs[:, :10] if rank == size - 1 else local_inputs
         expect_error_everywhere(lambda: train_parallel(comm, network, wrong_width, local_labels, **common),
                                 "inputs have 10 features but the network expects 12")
@@ -144,6 +158,9 @@ def check_bad_configurations_fail_on_every_rank():
                                                    strategy="ring", **common), "strategy must be one of")
     expect_error_everywhere(lambda: train_parallel(comm, network, local_inputs, local_labels,
                                                    momentum=1.5, **common), "momentum must be in [0, 1)")
+    expect_error_everywhere(lambda: train_parallel(comm, network, local_inputs, local_labels,
+                                                   validation=(INPUTS[:, :5], LABELS), **common),
+                            "inputs have 5 features but the network expects 12")
 
 
 def check_zero_keeps_one_slice_of_the_optimizer_state():
