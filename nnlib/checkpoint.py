@@ -226,7 +226,7 @@ def run_settings(run) -> dict:
                  batch_size=None if settings.batch_size is None else int(settings.batch_size),
                  momentum=float(settings.momentum), seed=int(settings.seed),
                  learning_rate="a schedule" if callable(settings.learning_rate) else float(settings.learning_rate))
-    if run.plan.name != "exact":  # (checkpoints of exact runs, the default, keep their earlier settings)
+    if getattr(run.plan, "name", "exact") != "exact":  # (exact runs, the default, keep their earlier settings)
         found["sampler"] = run.plan.name
     if getattr(run.sync, "compression", "none") != "none":
         found["compression"] = run.sync.compression

@@ -189,8 +189,6 @@ class Batches:
     by default_rng(seed), cut into batches of b (the last may be smaller), each divided by its length.
     Full-batch gradient descent (b None, or b >= N): one step, rows None (all of them), divide_by N."""
 
-    name = "exact"
-
     def __init__(self, num_samples: int, batch_size: int | None, seed: int):
         self.num_samples = int(num_samples)
         self.batch_size = self.num_samples if batch_size is None else min(int(batch_size), self.num_samples)
@@ -217,9 +215,6 @@ class Hook:
 
     def after_epoch(self, run) -> None:
         """After epoch ``run.epoch``, once its loss and accuracy are in ``run.history``."""
-
-    def end(self, run) -> None:
-        """After the last epoch, or when the run stops with an error."""
 
 
 class ProgressLines(Hook):
@@ -314,24 +309,20 @@ def train_loop(run: Run, inputs, labels) -> History:
     inputs, labels = xp.asarray(inputs), xp.asarray(labels)
     schedule = settings.schedule()
     run.optimizer = sync.optimizer(network, schedule(0.0), settings.momentum)
-    try:
-        for hook in run.hooks:
-            hook.begin(run)
-        sync.begin(run)
-        while run.epoch < settings.epochs:
-            began = time.perf_counter()
-            run.epoch_rng_state = None if run.plan.rng is None else run.plan.rng.bit_generator.state
-            steps = rows_on_device(run.plan.epoch(run.epoch), xp)
-            run.steps_in_epoch = len(steps)
-            if run.step == 0:
-                run.loss_sum, run.correct_sum = 0.0, 0
-            for step in range(run.step, len(steps)):
-                run.step, run.rate = step, schedule(run.epoch + step / len(steps))
-                train_step(run, inputs, labels, *steps[step])
-            end_epoch(run, began)
-    finally:
-        for hook in run.hooks:
-            hook.end(run)
+    for hook in run.hooks:
+        hook.begin(run)
+    sync.begin(run)
+    while run.epoch < settings.epochs:
+        began = time.perf_counter()
+        run.epoch_rng_state = None if run.plan.rng is None else run.plan.rng.bit_generator.state  # (lesson 10)
+        steps = rows_on_device(run.plan.epoch(run.epoch), xp)
+        run.steps_in_epoch = len(steps)
+        if run.step == 0:  # (a resumed run, lesson 10, may begin an epoch part-way, its sums restored)
+            run.loss_sum, run.correct_sum = 0.0, 0
+        for step in range(run.step, len(steps)):
+            run.step, run.rate = step, schedule(run.epoch + step / len(steps))
+            train_step(run, inputs, labels, *steps[step])
+        end_epoch(run, began)
     return run.history
 
 
