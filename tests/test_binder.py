@@ -12,7 +12,6 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
-import pytest
 from packaging.requirements import Requirement
 
 from test_environment_files import environment_pins

@@ -4,7 +4,6 @@ The collectives themselves run under mpiexec in tests/test_mpi.py (tests/mpi/che
 
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
