@@ -120,6 +120,9 @@ def fault_costs(repeats: int = 7) -> None:
         if variant == "blocking":
             history = train_parallel(comm, network, local_inputs, local_labels, **settings)
         else:
+            if comm.rank == 0:
+                for old in checkpoints.files():  # each timed run starts a new run: an empty folder
+                    old.unlink()
             hooks = [Checkpointing(checkpoints)] if variant == "checkpoint" else []
             history = train_watched(train_parallel, comm, network, local_inputs, local_labels, hooks=hooks, **settings)
         # The epoch's steps alone, and the whole call (set-up and the end-of-epoch checkpoint included).

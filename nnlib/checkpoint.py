@@ -254,13 +254,21 @@ class Checkpointing(Hook):
             problem = "checkpoints do not keep top-k compression's residuals: run top-k without checkpoints"
         elif self.comm.rank == 0:
             try:
-                saved = self.newest(run) if self.resume else None
+                saved = self.newest(run) if self.resume else self.refuse_another_runs_files()
                 self.folder.prepare()
             except CheckpointError as error:
                 problem = str(error)
         fail_together(self.comm, problem)
         if self.resume:
             self.restore(run, saved)
+
+    def refuse_another_runs_files(self) -> None:
+        """A new run writes into a folder without checkpoints: among another run's files, its own newest could be
+        the one deleted (they are kept by step count), and a later resume would pick up the other run."""
+        if self.folder.files():
+            newest = self.folder.files()[-1].name
+            raise CheckpointError(f"{self.folder} holds checkpoints already ({newest} the newest): resume that run "
+                                  "(resume=True, --resume), or give this run an empty folder.")
 
     def newest(self, run) -> Checkpoint:
         """Rank 0: the newest checkpoint, checked against this run (CheckpointError if it does not fit)."""

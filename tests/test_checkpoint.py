@@ -206,6 +206,18 @@ def test_resume_refuses_another_network_or_other_settings(tmp_path):
     assert len(history.loss) == 2
 
 
+def test_a_new_run_refuses_a_folder_with_another_runs_checkpoints(tmp_path):
+    """Kept by step count, another run's later files would push out the new run's newest checkpoint."""
+    folder = CheckpointFolder(tmp_path, every=5, keep=2)
+    train_one_rank(folder, epochs=2)  # 26 steps: step-00000020 and step-00000025 are kept
+    before = [path.name for path in folder.files()]
+    with pytest.raises(ValueError, match=r"holds checkpoints already \(step-00000025.nnlib-checkpoint the newest\)"):
+        train_one_rank(folder, epochs=1)
+    assert [path.name for path in folder.files()] == before  # nothing written, nothing removed
+    network, history = train_one_rank(folder, resume=True, epochs=3)  # resuming it is what the folder is for
+    assert len(history.loss) == 3
+
+
 def test_resume_without_a_checkpoint_says_so(tmp_path):
     with pytest.raises(ValueError, match="holds no checkpoint"):
         train_one_rank(CheckpointFolder(tmp_path), resume=True)
