@@ -72,7 +72,7 @@ multihost: data
 
 gpu: data
 	$(BIN)/python -m pip install --quiet '$(CUPY)>=14'
-	$(BIN)/python -c "from nnlib import backend; usable, why = backend.gpu_status(); print(why); exit(not usable)"
+	$(BIN)/python -c "from nnlib.lesson07_gpu import backend; usable, why = backend.gpu_status(); print(why); exit(not usable)"
 	IPYTHONDIR=$(TEST_IPYTHONDIR) $(BIN)/python -m pytest -rs tests/test_backend.py tests/test_gpu.py tests/test_train_command.py
 	$(BIN)/python -m nnlib gpu-benchmark --results-dir notebooks/results
 	@echo "Recorded. Re-run notebook 07 (and make test) to show the figures; commit notebooks/results/."

@@ -27,10 +27,10 @@ for variable in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 
 import numpy as np  # noqa: E402
 
-from nnlib import data  # noqa: E402
-from nnlib.benchmarks import matmul_rate, torch_copy, training_throughput  # noqa: E402
-from nnlib.costmodel import flops_per_sample  # noqa: E402
-from nnlib.network import Network  # noqa: E402
+from nnlib.lesson01_mnist import data  # noqa: E402
+from nnlib.lesson02_network.network import Network  # noqa: E402
+from nnlib.lesson04_collectives.costmodel import flops_per_sample  # noqa: E402
+from nnlib.lesson06_scaling.benchmarks import matmul_rate, torch_copy, training_throughput  # noqa: E402
 
 SEED_SAMPLES_PER_SECOND = 28_500  # the seed implementations on this machine kind (issue 2)
 

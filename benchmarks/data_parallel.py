@@ -18,7 +18,7 @@ Cases:
 Then the cost of surviving faults, on 2 ranks, 784-128-10, global batch 256, one epoch per call,
 the variants interleaved over several repeats (medians):
   blocking    MPI's own blocking collectives (train_parallel on MPI.COMM_WORLD itself)
-  watched     every collective under the watchdog's deadline (nnlib.watchdog.train_watched, as the batch job)
+  watched     every collective under the watchdog's deadline (nnlib.lesson10_faults.watchdog.train_watched, as the batch job)
   checkpoint  watched, plus a checkpoint written at the end of the epoch (the default interval)
 and a bare in-place Allreduce of the gradient buffer, blocking against watched.
 """
@@ -46,7 +46,7 @@ CASES = {
 
 
 def load(crop: bool):
-    from nnlib import data
+    from nnlib.lesson01_mnist import data
 
     mnist = data.load_mnist(progress=False)
     images = data.crop_center(mnist.train_images) if crop else mnist.train_images
@@ -57,10 +57,10 @@ def worker(case_name: str, strategy: str, sampler: str = "exact") -> None:
     """Runs on every rank under mpiexec; rank 0 prints one JSON line of results."""
     from mpi4py import MPI
 
-    from nnlib import timing
-    from nnlib.network import Network
-    from nnlib.parallel import shard, train_parallel
-    from nnlib.parallel.waiting import communication_split
+    from nnlib.lesson02_network.network import Network
+    from nnlib.lesson04_collectives import timing
+    from nnlib.lesson05_data_parallel import shard, train_parallel
+    from nnlib.lesson08_inside_allreduce.waiting import communication_split
 
     comm = MPI.COMM_WORLD
     case = CASES[case_name]
@@ -74,9 +74,9 @@ def worker(case_name: str, strategy: str, sampler: str = "exact") -> None:
         cold = timing.time_allreduce(comm, [network.grads.nbytes], repeats=100, dtype=np.float32, cold=True)[0]
         return hot, cold
 
-    from nnlib.parallel.overlap import Overlap
-    from nnlib.parallel.sampling import PerRankBatches
-    from nnlib.parallel.zero import ZeRO
+    from nnlib.lesson08_inside_allreduce.overlap import Overlap
+    from nnlib.lesson08_inside_allreduce.sampling import PerRankBatches
+    from nnlib.lesson08_inside_allreduce.zero import ZeRO
 
     before = bare_allreduces()
     history = train_parallel(comm, network, local_inputs, local_labels, num_samples=60000, start=start,
@@ -101,11 +101,11 @@ def fault_costs(repeats: int = 7) -> None:
 
     from mpi4py import MPI
 
-    from nnlib import timing
-    from nnlib.checkpoint import CheckpointFolder, Checkpointing
-    from nnlib.network import Network
-    from nnlib.parallel import shard, train_parallel
-    from nnlib.watchdog import train_watched, watch
+    from nnlib.lesson02_network.network import Network
+    from nnlib.lesson04_collectives import timing
+    from nnlib.lesson05_data_parallel import shard, train_parallel
+    from nnlib.lesson10_faults.checkpoint import CheckpointFolder, Checkpointing
+    from nnlib.lesson10_faults.watchdog import train_watched, watch
 
     comm = MPI.COMM_WORLD
     inputs, labels = load(False) if comm.rank == 0 else (None, None)
@@ -182,8 +182,8 @@ def _torch_worker(rank, world_size, port, case_name, inputs, labels, queue):
     import torch
     import torch.distributed as distributed
 
-    from nnlib.benchmarks import torch_copy
-    from nnlib.network import Network
+    from nnlib.lesson02_network.network import Network
+    from nnlib.lesson06_scaling.benchmarks import torch_copy
 
     torch.set_num_threads(1)
     distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
@@ -281,7 +281,7 @@ def main() -> None:
             print(line, flush=True)
     print("\ncomm/step: the communicate phase per step of the rank with the most (zero: both ring halves), "
           "waiting included; waiting: that rank's time waiting for the other to arrive; transfer: the rest, "
-          "what the rank that arrived last spent (nnlib.parallel.data.communication_split); bare Allreduce: "
+          "what the rank that arrived last spent (nnlib.lesson05_data_parallel.data_parallel.communication_split); bare Allreduce: "
           "100 Allreduces of the same gradient buffer on the same 2 ranks before training and 100 after, the mean "
           "of the two medians; cold: the same after reading 64 MB and writing the buffer before each call, as a "
           "training step leaves the caches. The ratios are taken run by run, then their median.")

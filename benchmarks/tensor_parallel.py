@@ -3,11 +3,11 @@
 Run:   make benchmark        (or: .venv/bin/python benchmarks/tensor_parallel.py [--rounds R])
 
 Starts itself under ``mpiexec -n 1`` and ``mpiexec -n 2`` in turn, R rounds (default 3), one BLAS
-thread per rank. Each run builds nnlib.parallel.tensor.TensorParallelMLP for each network below,
+thread per rank. Each run builds nnlib.lesson09_model_parallel.tensor.TensorParallelMLP for each network below,
 float32, on a fixed random batch of 512 digits-sized inputs, takes 3 warm-up steps and then times
 15 steps (loss_and_gradient, then SGD with momentum): a step's time is the slowest rank's, and a
 run reports the median step (the network's Allreduces run under the watchdog's default deadline,
-nnlib.watchdog.watch, as in a batch job). The one-rank run also times the sequential nnlib.network.Network,
+nnlib.lesson10_faults.watchdog.watch, as in a batch job). The one-rank run also times the sequential nnlib.lesson02_network.network.Network,
 which the one-rank tensor-parallel network should match. The table gives the medians over the
 rounds and the speedup t(1 rank) / t(2 ranks).
 
@@ -36,7 +36,7 @@ def median_step_seconds(comm, model, inputs, labels) -> float:
     """The median over STEPS of the slowest rank's time for one step (after WARM_UP untimed steps)."""
     from mpi4py import MPI
 
-    from nnlib.training import SGD
+    from nnlib.lesson03_training.training import SGD
 
     optimizer = SGD(model, learning_rate=0.01, momentum=0.9)
     seconds = []
@@ -55,9 +55,9 @@ def worker() -> None:
     import numpy as np
     from mpi4py import MPI
 
-    from nnlib.network import Network
-    from nnlib.parallel.tensor import TensorParallelMLP
-    from nnlib.watchdog import watch
+    from nnlib.lesson02_network.network import Network
+    from nnlib.lesson09_model_parallel.tensor import TensorParallelMLP
+    from nnlib.lesson10_faults.watchdog import watch
 
     comm = MPI.COMM_WORLD
     generator = np.random.default_rng(0)

@@ -17,7 +17,7 @@ LESSON = 11  # the command line: every lesson's commands
 
 
 def fetch_data(args) -> int:
-    from .data import SHA256, MNISTError, candidate_dirs, fetch_mnist, find_file
+    from nnlib.lesson01_mnist.data import SHA256, MNISTError, candidate_dirs, fetch_mnist, find_file
 
     try:
         fetch_mnist(args.dir, progress=not args.quiet)
@@ -30,14 +30,14 @@ def fetch_data(args) -> int:
 
 
 def run_collectives(args) -> int:
-    from .collectives_demo import main as demo
+    from nnlib.lesson04_collectives.collectives_demo import main as demo
 
     demo()
     return 0
 
 
 def run_training(args) -> int:
-    from .train_command import run
+    from nnlib.train_command import run
 
     return run(args)
 
@@ -52,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     fetch.set_defaults(handler=fetch_data)
     demo = commands.add_parser("collectives", help="run notebook 04's collectives (under mpiexec -n N)")
     demo.set_defaults(handler=run_collectives)
-    from .train_command import add_arguments
+    from nnlib.train_command import add_arguments
 
     training = commands.add_parser("train", help="data-parallel MNIST training (run under mpiexec -n N)")
     add_arguments(training)
@@ -66,15 +66,15 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["scaling"]:  # it starts mpiexec jobs itself, and has its own options
-        from .scaling import main as scaling
+        from nnlib.lesson06_scaling.scaling import main as scaling
 
         return scaling(argv[1:])
     if argv[:1] == ["allreduce-timing"]:
-        from .allreduce import main as allreduce_timing
+        from nnlib.lesson08_inside_allreduce.allreduce import main as allreduce_timing
 
         return allreduce_timing(argv[1:])
     if argv[:1] == ["gpu-benchmark"]:
-        from .gpu import main as gpu_benchmark
+        from nnlib.lesson07_gpu.gpu import main as gpu_benchmark
 
         return gpu_benchmark(argv[1:])
     args = build_parser().parse_args(argv)

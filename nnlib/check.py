@@ -31,7 +31,7 @@ from numbers import Number
 
 import numpy as np
 
-from .exercises import all_exercises, find
+from nnlib.exercises import all_exercises, find
 
 LESSON = 0  # the exercises' checker, used from lesson 00 on
 NOTEBOOKS_ONLY = True  # used by the notebooks' exercise cells, by no other nnlib module

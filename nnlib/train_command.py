@@ -7,20 +7,20 @@ temporary file first and then renamed, so an interrupted job never leaves half a
 
 When things go wrong:
 
-* every collective has a deadline (``--timeout`` seconds, see nnlib.watchdog);
+* every collective has a deadline (``--timeout`` seconds, see nnlib.lesson10_faults.watchdog);
 * a bad setting found by every rank together is said once, by rank 0, and the job exits 2;
 * an error on some ranks only (a rank raising, a collective past its deadline) is printed by
   that rank with its traceback, and the rank ends the whole job with ``MPI_Abort`` (exit
   status 1), as ``python -m mpi4py`` does: never a hang;
 * ``--checkpoint-dir DIR`` writes a checkpoint there (``--checkpoint-every N`` steps, else
-  once per epoch); ``--resume`` continues from the newest one, exactly (nnlib.checkpoint);
+  once per epoch); ``--resume`` continues from the newest one, exactly (nnlib.lesson10_faults.checkpoint);
 * ``--fault RANK:STEP:KIND`` makes one rank fail after global step STEP (raise, exit, kill
   with SIGKILL, or hang), for lessons and tests.
 
 Beyond synchronous SGD (lesson 11): ``--compression float16|bfloat16|topk`` (``--topk K``) sends
-compressed gradients (nnlib.compression); ``--asynchronous`` makes rank 0 a parameter server
+compressed gradients (nnlib.lesson11_beyond_sync.compression); ``--asynchronous`` makes rank 0 a parameter server
 applying each worker's gradient as it arrives, ``--staleness S`` bounds how far a worker may run
-ahead (nnlib.parallel.asynchronous); ``--slow RANK:SECONDS`` makes one rank a straggler, in either mode.
+ahead (nnlib.lesson11_beyond_sync.asynchronous); ``--slow RANK:SECONDS`` makes one rank a straggler, in either mode.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .files import atomic_write
+from nnlib.lesson01_mnist.files import atomic_write
 
 LESSON = 11  # the batch job: it offers every lesson's options
 
@@ -128,8 +128,8 @@ def parse_slow(text):
 
 def check_compression_and_asynchrony(args, ranks: int) -> None:
     """--compression, --topk, --asynchronous, --staleness, --slow: what each needs (same verdict on every rank)."""
-    from .compression import check_method
-    from .network import count_parameters
+    from nnlib.lesson02_network.network import count_parameters
+    from nnlib.lesson11_beyond_sync.compression import check_method
 
     if args.dtype not in ("float32", "float64"):
         raise ValueError(f"--dtype must be float32 or float64 (the network's numbers; 16-bit formats are "
@@ -215,7 +215,7 @@ def abort_job(error: BaseException) -> None:
     """Print this rank's error (with its traceback, unless it is a watchdog's verdict), then MPI_Abort."""
     from mpi4py import MPI
 
-    from .watchdog import CollectiveTimeout
+    from nnlib.lesson10_faults.watchdog import CollectiveTimeout
 
     rank = MPI.COMM_WORLD.rank
     if isinstance(error, CollectiveTimeout):
@@ -239,7 +239,7 @@ def abort_job(error: BaseException) -> None:
 def check_settings(args, ranks: int) -> None:
     """ValueError for options that cannot go together on ``ranks`` ranks (no I/O, no MPI: every rank
     reaches the same verdict from the same arguments, before any collective)."""
-    problems = job_settings(args).problems()  # epochs, rate, batch, momentum, seed: nnlib.training.Settings
+    problems = job_settings(args).problems()  # epochs, rate, batch, momentum, seed: nnlib.lesson03_training.training.Settings
     if problems:
         raise ValueError("; ".join(problems))
     if args.resume and not args.checkpoint_dir:
@@ -256,8 +256,8 @@ def train_job(args) -> int:
     from mpi4py import MPI
     from threadpoolctl import threadpool_limits
 
-    from .collectives import raised_on_every_rank
-    from .watchdog import watch
+    from nnlib.lesson04_collectives.collectives import raised_on_every_rank
+    from nnlib.lesson10_faults.watchdog import watch
 
     threadpool_limits(args.threads)  # one BLAS thread per rank unless told otherwise
     try:  # every rank parses the same arguments: the same verdict everywhere, before any collective
@@ -276,8 +276,8 @@ def train_job(args) -> int:
 
 
 def job_settings(args):
-    """The training settings of the job (nnlib.training.Settings), checked with its other options."""
-    from .training import Settings
+    """The training settings of the job (nnlib.lesson03_training.training.Settings), checked with its other options."""
+    from nnlib.lesson03_training.training import Settings
 
     return Settings(epochs=args.epochs, learning_rate=args.learning_rate, batch_size=args.batch_size or None,
                     momentum=args.momentum, seed=args.seed)
@@ -285,8 +285,8 @@ def job_settings(args):
 
 def load_data(args, comm):
     """Rank 0 loads and checks MNIST: ((inputs, labels), (test inputs, test labels)), None elsewhere."""
-    from . import data
-    from .collectives import raised_on_every_rank
+    from nnlib.lesson01_mnist import data
+    from nnlib.lesson04_collectives.collectives import raised_on_every_rank
 
     error, loaded = None, ((None, None), (None, None))
     if comm.rank == 0:
@@ -311,10 +311,10 @@ def job_network(args, comm):
     """This rank's network, on its GPU with --device gpu or auto (one GPU per rank of a node); (network, GPU index)."""
     from mpi4py import MPI
 
-    from .arrays import is_numpy
-    from .backend import resolve_backend, use_gpu_of_local_rank
-    from .collectives import fail_together, require_same_on_every_rank
-    from .network import Network
+    from nnlib.lesson02_network.arrays import is_numpy
+    from nnlib.lesson02_network.network import Network
+    from nnlib.lesson04_collectives.collectives import fail_together, require_same_on_every_rank
+    from nnlib.lesson07_gpu.backend import resolve_backend, use_gpu_of_local_rank
 
     gpu_index = use_gpu_of_local_rank(MPI.COMM_WORLD) if args.device != "cpu" else None
     try:
@@ -332,15 +332,15 @@ def job_network(args, comm):
 def job_strategy(args):
     """What train_parallel takes for --strategy and --compression."""
     if args.compression != "none":
-        from .compression import compressed
+        from nnlib.lesson11_beyond_sync.compression import compressed
 
         return compressed(args.compression, args.topk)
     if args.strategy == "zero":
-        from .parallel.zero import ZeRO
+        from nnlib.lesson08_inside_allreduce.zero import ZeRO
 
         return ZeRO
     if args.strategy == "overlap":
-        from .parallel.overlap import Overlap
+        from nnlib.lesson08_inside_allreduce.overlap import Overlap
 
         return Overlap
     return args.strategy
@@ -348,11 +348,11 @@ def job_strategy(args):
 
 def job_hooks(args, comm, network) -> list:
     """The training loop's hooks for the job's options: deadlines' notes, the GPU's waits, checkpoints, faults."""
-    from .arrays import is_numpy
-    from .backend import WaitForDevice
-    from .checkpoint import Checkpointing, CheckpointFolder
-    from .training import EveryStep
-    from .watchdog import RunNotes
+    from nnlib.lesson02_network.arrays import is_numpy
+    from nnlib.lesson03_training.training import EveryStep
+    from nnlib.lesson07_gpu.backend import WaitForDevice
+    from nnlib.lesson10_faults.checkpoint import CheckpointFolder, Checkpointing
+    from nnlib.lesson10_faults.watchdog import RunNotes
 
     hooks = [RunNotes(comm)]
     for action in (fault_injector(parse_fault(args.fault), comm.rank), straggler(parse_slow(args.slow), comm.rank)):
@@ -367,11 +367,11 @@ def job_hooks(args, comm, network) -> list:
 
 
 def data_parallel_job(args, comm, settings, data, test) -> int:
-    """The data-parallel job: shard, train (nnlib.parallel.train_parallel), report."""
-    from .arrays import is_numpy
-    from .backend import HostStaging
-    from .parallel import gather_phase_seconds, shard, train_parallel
-    from .parallel.sampling import PerRankBatches
+    """The data-parallel job: shard, train (nnlib.lesson05_data_parallel.train_parallel), report."""
+    from nnlib.lesson02_network.arrays import is_numpy
+    from nnlib.lesson05_data_parallel import gather_phase_seconds, shard, train_parallel
+    from nnlib.lesson07_gpu.backend import HostStaging
+    from nnlib.lesson08_inside_allreduce.sampling import PerRankBatches
 
     network, gpu_index = job_network(args, comm)
     on_gpu = not is_numpy(network.xp)
@@ -391,14 +391,14 @@ def data_parallel_job(args, comm, settings, data, test) -> int:
 
 def announce(args, comm, network, gpus) -> None:
     """Rank 0 says what the job runs: ranks, strategy, network, samples, batch; compression and GPUs."""
-    from .backend import cuda_aware_mpi, gpu_status
+    from nnlib.lesson07_gpu.backend import cuda_aware_mpi, gpu_status
 
     if comm.rank != 0:
         return
     print(f"{comm.size} ranks, strategy {args.strategy}, network {'-'.join(map(str, network.layer_sizes))}, "
           f"{args.samples} samples, global batch {args.batch_size or 'full'}", flush=True)
     if args.compression != "none":
-        from .compression import message_bytes
+        from nnlib.lesson11_beyond_sync.compression import message_bytes
 
         print(f"gradients compressed: {args.compression}{f' (k = {args.topk})' if args.topk else ''}, "
               f"{message_bytes(args.compression, network.num_params, args.topk, network.params.dtype.itemsize):,} "
@@ -411,7 +411,7 @@ def announce(args, comm, network, gpus) -> None:
 
 def report(args, ranks, history, phases, test_accuracy, params, layer_sizes, strategy) -> None:
     """On rank 0: print the test accuracy and every rank's seconds per phase; write --output if given."""
-    from .parallel import PHASES
+    from nnlib.lesson05_data_parallel import PHASES
 
     print(f"test accuracy {test_accuracy:.4f}; seconds per phase (summed over the run):")
     print("rank " + "".join(f"{phase:>12s}" for phase in PHASES))
@@ -439,13 +439,13 @@ def check_model_parallel(args) -> None:
 
 
 def model_parallel_job(args, comm, settings, data, test) -> int:
-    """--model-parallel tensor|pipeline: nnlib.parallel.grid's grid; every rank gets the data from rank 0."""
-    from .collectives import broadcast_new
-    from .parallel import gather_phase_seconds
-    from .parallel.grid import train_hybrid
-    from .parallel.pipeline import PipelineMLP
-    from .parallel.sampling import PerRankBatches
-    from .parallel.tensor import TensorParallelMLP
+    """--model-parallel tensor|pipeline: nnlib.lesson09_model_parallel.grid's grid; every rank gets the data from rank 0."""
+    from nnlib.lesson04_collectives.collectives import broadcast_new
+    from nnlib.lesson05_data_parallel import gather_phase_seconds
+    from nnlib.lesson08_inside_allreduce.sampling import PerRankBatches
+    from nnlib.lesson09_model_parallel.grid import train_hybrid
+    from nnlib.lesson09_model_parallel.pipeline import PipelineMLP
+    from nnlib.lesson09_model_parallel.tensor import TensorParallelMLP
 
     (inputs, labels), (test_inputs, test_labels) = [(broadcast_new(comm, first), broadcast_new(comm, second))
                                                     for first, second in (data, test)]
@@ -475,11 +475,11 @@ def model_parallel_job(args, comm, settings, data, test) -> int:
 
 
 def asynchronous_job(args, comm, settings, data, test) -> int:
-    """--asynchronous: nnlib.parallel.asynchronous's parameter server on rank 0; every rank gets the data
+    """--asynchronous: nnlib.lesson11_beyond_sync.asynchronous's parameter server on rank 0; every rank gets the data
     from rank 0."""
-    from .collectives import broadcast_new
-    from .network import Network
-    from .parallel.asynchronous import train_async
+    from nnlib.lesson02_network.network import Network
+    from nnlib.lesson04_collectives.collectives import broadcast_new
+    from nnlib.lesson11_beyond_sync.asynchronous import train_async
 
     inputs, labels = broadcast_new(comm, data[0]), broadcast_new(comm, data[1])
     network = Network((784, *args.hidden, 10), output=args.output_layer, dtype=args.dtype, seed=args.seed)
@@ -514,6 +514,6 @@ def report_asynchronous(args, ranks: int, history, network, test) -> None:
 
 
 def save_npz(path, **arrays) -> None:
-    """Write arrays to ``path`` (.npz) atomically (see nnlib.files.atomic_write)."""
+    """Write arrays to ``path`` (.npz) atomically (see nnlib.lesson01_mnist.files.atomic_write)."""
     with atomic_write(path) as stream:
         np.savez(stream, **arrays)

@@ -88,7 +88,7 @@ def isolated_cache(tmp_path, monkeypatch):
 @pytest.fixture(scope="session")
 def mnist():
     """The real MNIST (from $NNLIB_DATA or the cache; `make test` fetches it first)."""
-    from nnlib.data import load_mnist
+    from nnlib.lesson01_mnist.data import load_mnist
 
     return load_mnist(download=False)
 

@@ -24,6 +24,12 @@ def modules(root: Path = PACKAGE) -> dict[str, Path]:
     return found
 
 
+def lesson_folders(root: Path = PACKAGE) -> dict[str, int]:
+    """{package: N} of every lesson folder, nnlib/lessonNN_<topic>/."""
+    return {f"{root.name}.{path.name}": int(path.name[6:8]) for path in sorted(root.glob("lesson[0-9][0-9]_*"))
+            if path.is_dir()}
+
+
 def constant(path: Path, name: str):
     """The value of the module's top-level ``name = <constant>``, or None."""
     for node in ast.parse(path.read_text()).body:

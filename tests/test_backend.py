@@ -11,8 +11,10 @@ import numpy as np
 import pytest
 from stand_in_cupy import StandInCuPy
 
-from nnlib import Network, arrays, backend, environment, gradient_check, train
-from nnlib.arrays import to_numpy
+from nnlib import Network, environment, gradient_check, train
+from nnlib.lesson02_network import arrays
+from nnlib.lesson02_network.arrays import to_numpy
+from nnlib.lesson07_gpu import backend
 
 xps = pytest.importorskip("array_api_strict", reason="array-api-strict is part of the test extra")
 StrictArray = type(xps.asarray(0))
@@ -117,7 +119,9 @@ def namespace_functions_nnlib_calls():
     import pathlib
     import re
 
-    source = "".join(path.read_text() for path in pathlib.Path(backend.__file__).parent.glob("*.py"))
+    import nnlib
+
+    source = "".join(path.read_text() for path in pathlib.Path(nnlib.__file__).parent.rglob("*.py"))
     return sorted(set(re.findall(r"\bxp\.([A-Za-z_][A-Za-z_0-9]*)", source)) - {"cuda"})
 
 
@@ -232,8 +236,8 @@ def test_a_staging_communicator_is_not_watched_from_outside():
     """watch(HostStaging(comm)) would watch a raw duplicate and lose the staging: it is refused, with the way."""
     from mpi4py import MPI
 
-    from nnlib.backend import HostStaging
-    from nnlib.watchdog import watch
+    from nnlib.lesson07_gpu.backend import HostStaging
+    from nnlib.lesson10_faults.watchdog import watch
 
     with pytest.raises(TypeError, match=r"wrap the watched one instead, e.g. HostStaging\(watch\(comm\), xp\)"):
         watch(HostStaging(MPI.COMM_WORLD, np))

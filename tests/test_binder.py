@@ -13,7 +13,6 @@ from importlib import metadata
 from pathlib import Path
 
 from packaging.requirements import Requirement
-
 from test_environment_files import environment_pins
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -34,7 +33,7 @@ def imported_modules(source: str) -> set[str]:
 def series_imports() -> dict[str, str]:
     """{top-level module: where it is imported} for nnlib's modules and every notebook's code cells."""
     found = {}
-    for path in sorted((ROOT / "nnlib").glob("*.py")):
+    for path in sorted((ROOT / "nnlib").rglob("*.py")):
         for module in imported_modules(path.read_text()):
             found.setdefault(module, str(path.relative_to(ROOT)))
     for path in sorted((ROOT / "notebooks").glob("*.ipynb")):

@@ -70,12 +70,12 @@ def test_math_is_rendered_with_a_local_mathjax_and_the_figures_are_there(book):
 
 def test_the_api_pages_come_from_the_docstrings(book):
     api = (book / "api.html").read_text()
-    for name in ("nnlib.network.Network", "nnlib.allreduce.ring_allreduce", "nnlib.parallel.pipeline.PipelineMLP",
-                 "nnlib.watchdog.watch"):
+    for name in ("nnlib.lesson02_network.network.Network", "nnlib.lesson08_inside_allreduce.allreduce.ring_allreduce", "nnlib.lesson09_model_parallel.pipeline.PipelineMLP",
+                 "nnlib.lesson10_faults.watchdog.watch"):
         assert f'id="{name}"' in api, name
     assert "delta_l = (delta_{l+1} @ W_{l+1}.T) * a_l * (1 - a_l)" in api  # the math, as written
     for module in sorted((ROOT / "nnlib" / "parallel").glob("[a-z]*.py")):  # one module per kind of parallelism
-        assert f'id="nnlib.parallel.{module.stem}.' in api, f"nnlib.parallel.{module.stem} has no members on the API page"
+        assert f'id="nnlib.lesson05_data_parallel.{module.stem}.' in api, f"nnlib.lesson05_data_parallel.{module.stem} has no members on the API page"
 
 
 def test_the_teacher_notes_are_a_page_of_the_book(book):

@@ -19,9 +19,8 @@ import time
 from pathlib import Path
 
 import pytest
-
-from browser import ROOT, Lab, chromium_path, menu, open_notebook, playwright_or_why, restart_and_run_all
-from browser import IDLE, VISIBLE, what_the_page_shows
+from browser import (IDLE, ROOT, VISIBLE, Lab, chromium_path, menu, open_notebook, playwright_or_why,
+                     restart_and_run_all, what_the_page_shows)
 
 CHROMIUM, NO_CHROMIUM = chromium_path()
 NO_PLAYWRIGHT = playwright_or_why()
@@ -117,7 +116,7 @@ def test_restart_and_run_all_twice_in_a_row(lab, page):
 def test_an_mpi_lesson_restarted_mid_run_starts_a_clean_cluster_and_leaves_nothing(lab, page):
     """Restart Kernel and Run All while lesson 04 is still running on its cluster: the restart ends the
     kernel with its cluster's processes; the second run starts a new cluster and runs to the end."""
-    from nnlib.reaper import tagged_processes
+    from nnlib.lesson04_collectives.reaper import tagged_processes
 
     open_notebook(page, lab, "04_mpi_collectives.ipynb")
     menu(page, "Kernel", "Restart Kernel and Run All Cells…")

@@ -1,4 +1,4 @@
-"""nnlib.cluster: MPI engines start, map to ranks, recover, stop cleanly, and fail clearly."""
+"""nnlib.lesson04_collectives.cluster: MPI engines start, map to ranks, recover, stop cleanly, and fail clearly."""
 
 import stat
 import time
@@ -6,7 +6,7 @@ import time
 import psutil
 import pytest
 
-from nnlib import cluster
+from nnlib.lesson04_collectives import cluster
 
 
 @pytest.fixture(autouse=True)
@@ -112,8 +112,8 @@ TRAINING = """
 import os, signal
 import numpy as np
 from nnlib import Network
-from nnlib.parallel import shard, train_parallel
-from nnlib.watchdog import train_watched
+from nnlib.lesson05_data_parallel import shard, train_parallel
+from nnlib.lesson10_faults.watchdog import train_watched
 
 _rng = np.random.default_rng(0)
 _inputs, _labels = _rng.random((997, 12)), _rng.integers(0, 4, 997)
@@ -144,9 +144,9 @@ def errors_by_rank(running, failed_result):
 
 def test_engines_have_the_classroom_deadline():
     with cluster.start(n=2, activate=False) as running:
-        from nnlib.cluster import CLASSROOM_TIMEOUT
+        from nnlib.lesson04_collectives.cluster import CLASSROOM_TIMEOUT
 
-        assert on_engines(running.view, "__import__('nnlib.watchdog').watchdog.default_timeout()") == \
+        assert on_engines(running.view, "__import__('importlib').import_module('nnlib.lesson10_faults.watchdog').default_timeout()") == \
             [CLASSROOM_TIMEOUT] * 2
     assert wait_until_gone() == []
 

@@ -1,4 +1,4 @@
-"""nnlib.collectives: splits, the contiguity guard, and the plain-MPI twin of notebook 04 under mpiexec.
+"""nnlib.lesson04_collectives.collectives: splits, the contiguity guard, and the plain-MPI twin of notebook 04 under mpiexec.
 
 The collectives themselves run under mpiexec in tests/test_mpi.py (tests/mpi/check_collectives.py)."""
 
@@ -8,8 +8,9 @@ import sys
 import numpy as np
 import pytest
 
-from nnlib import collectives
 from nnlib.environment import mpiexec_path
+from nnlib.lesson04_collectives import collectives
+
 
 def test_split_counts_and_offsets():
     assert collectives.split_counts(10, 4).tolist() == [3, 3, 2, 2]
@@ -23,7 +24,7 @@ def test_split_counts_and_offsets():
 @pytest.mark.parametrize("total, parts", [(10, 4), (2, 4), (997, 3), (7, 7), (0, 3), (1001, 1)])
 def test_one_split_of_n_items_over_p_ranks(total, parts):
     """split_evenly is the split; split_counts, row_range and the ring's chunk_bounds are the same one."""
-    from nnlib.allreduce import chunk_bounds
+    from nnlib.lesson08_inside_allreduce.allreduce import chunk_bounds
 
     counts, starts = collectives.split_evenly(total, parts)
     assert all(isinstance(value, int) for value in counts + starts)
@@ -37,7 +38,7 @@ def test_one_split_of_n_items_over_p_ranks(total, parts):
 
 
 def test_the_one_timer_warms_up_then_times_each_call():
-    from nnlib.timing import median_seconds, timed_calls
+    from nnlib.lesson04_collectives.timing import median_seconds, timed_calls
 
     calls = []
     seconds = timed_calls(lambda: calls.append("call"), repeats=3, warmup=2,

@@ -1,11 +1,11 @@
-"""nnlib.compression in one process: bfloat16 by hand, top-k, bytes and the alpha-beta times."""
+"""nnlib.lesson11_beyond_sync.compression in one process: bfloat16 by hand, top-k, bytes and the alpha-beta times."""
 
 import numpy as np
 import pytest
 
-from nnlib.compression import (METHODS, Compressor, check_method, exchange_time, from_bfloat16, message_bytes,
-                               to_bfloat16, top_k)
-from nnlib.costmodel import ring_allreduce_time
+from nnlib.lesson04_collectives.costmodel import ring_allreduce_time
+from nnlib.lesson11_beyond_sync.compression import (METHODS, Compressor, check_method, exchange_time, from_bfloat16,
+                                                    message_bytes, to_bfloat16, top_k)
 
 
 def float32_from_bits(bits):

@@ -1,4 +1,4 @@
-"""nnlib.costmodel, the one home of every prediction: the alpha-beta models against counting messages,
+"""nnlib.lesson04_collectives.costmodel, the one home of every prediction: the alpha-beta models against counting messages,
 the FLOP count against the products a training step runs, the step time, the bubble."""
 
 import numpy as np
@@ -6,7 +6,7 @@ import pytest
 
 
 def test_the_allreduce_models_agree_with_counting_messages():
-    from nnlib.costmodel import recursive_doubling_time, reduce_broadcast_time, ring_allreduce_time
+    from nnlib.lesson04_collectives.costmodel import recursive_doubling_time, reduce_broadcast_time, ring_allreduce_time
 
     alpha, beta, n = 1e-6, 1e-9, 8e6
     assert recursive_doubling_time(n, 2, alpha, beta) == pytest.approx(alpha + n * beta)
@@ -40,7 +40,7 @@ class CountedArray(np.ndarray):
 def test_the_flop_count_is_the_products_a_training_step_runs(layer_sizes):
     """Count the matrix products of Network.loss_and_gradient itself: the first layer has no input gradient."""
     from nnlib import Network
-    from nnlib.costmodel import flops_per_sample, step_matmul_shapes
+    from nnlib.lesson04_collectives.costmodel import flops_per_sample, step_matmul_shapes
 
     batch = 11
     network = Network(layer_sizes, dtype="float64", seed=0)
@@ -57,8 +57,8 @@ def test_the_flop_count_is_the_products_a_training_step_runs(layer_sizes):
 
 
 def test_the_ring_time_by_hand_at_1_2_and_7_ranks():
-    from nnlib.allreduce import chunk_bounds, ring_schedule
-    from nnlib.costmodel import predicted_time, ring_allgather_time, ring_allreduce_time
+    from nnlib.lesson04_collectives.costmodel import predicted_time, ring_allgather_time, ring_allreduce_time
+    from nnlib.lesson08_inside_allreduce.allreduce import chunk_bounds, ring_schedule
 
     alpha, beta, n = 2e-6, 1e-9, 7e6
     assert ring_allreduce_time(n, 1, alpha, beta) == 0.0
@@ -78,7 +78,7 @@ def test_the_ring_time_by_hand_at_1_2_and_7_ranks():
 
 
 def test_step_time_and_communication_time():
-    from nnlib import costmodel
+    from nnlib.lesson04_collectives import costmodel
 
     alpha, beta, n = 1e-6, 1e-9, 4000
     assert costmodel.step_time(4, 8e-3) == pytest.approx(2e-3)
@@ -91,7 +91,7 @@ def test_step_time_and_communication_time():
 
 
 def test_bubble_fraction():
-    from nnlib.costmodel import bubble_fraction
+    from nnlib.lesson04_collectives.costmodel import bubble_fraction
 
     assert bubble_fraction(1, 1) == 0.0 and bubble_fraction(2, 1) == pytest.approx(0.5)
     assert bubble_fraction(4, 8) == pytest.approx(3 / 11) and bubble_fraction(3, 5) == pytest.approx(2 / 7)
@@ -101,7 +101,8 @@ def test_bubble_fraction():
 
 def test_the_tradeoffs_predictions_are_the_cost_models():
     """tradeoffs.parallel_step_time computes nothing of its own: compute, rings, messages and bubble from costmodel."""
-    from nnlib import costmodel, tradeoffs
+    from nnlib.lesson04_collectives import costmodel
+    from nnlib.lesson09_model_parallel import tradeoffs
 
     sizes, batch = (784, 512, 512, 10), 256
     machine = costmodel.Machine(alpha=20e-6, beta=1 / 1.25e9, flops_per_second=50e9)

@@ -1,13 +1,12 @@
-"""nnlib.data: parsing, verification, every error path, the download, and the helpers."""
+"""nnlib.lesson01_mnist.data: parsing, verification, every error path, the download, and the helpers."""
 
 
 import numpy as np
 import pytest
-
 from conftest import gzip_bytes, idx_bytes
-from nnlib import data
-from nnlib.data import MNISTError
 
+from nnlib.lesson01_mnist import data
+from nnlib.lesson01_mnist.data import MNISTError
 
 # -- parsing and verification ----------------------------------------------------------------
 
@@ -195,7 +194,7 @@ def test_read_idx_rows_reads_a_slice_of_gz_and_raw_files(tmp_path, tiny_mnist):
 
 
 def test_read_idx_rows_matches_the_real_file(mnist):
-    from nnlib.data import candidate_dirs, find_file
+    from nnlib.lesson01_mnist.data import candidate_dirs, find_file
 
     path = find_file("train-labels-idx1-ubyte", candidate_dirs())
     np.testing.assert_array_equal(data.read_idx_rows(path, 59990, 60000), mnist.train_labels[59990:])

@@ -5,12 +5,12 @@ import numpy as np
 import pytest
 
 from nnlib import Network
-from nnlib.collectives import row_range
-from nnlib.parallel.overlap import bucket_ranges
-from nnlib.parallel.data import ShardBatches
-from nnlib.parallel.sampling import exact_imbalance, per_rank_plan
-from nnlib.training import SGD, Settings
-from nnlib.parallel.zero import ShardedSGD, replicated_state_bytes
+from nnlib.lesson03_training.training import SGD, Settings
+from nnlib.lesson04_collectives.collectives import row_range
+from nnlib.lesson05_data_parallel.data_parallel import ShardBatches
+from nnlib.lesson08_inside_allreduce.overlap import bucket_ranges
+from nnlib.lesson08_inside_allreduce.sampling import exact_imbalance, per_rank_plan
+from nnlib.lesson08_inside_allreduce.zero import ShardedSGD, replicated_state_bytes
 
 
 @pytest.mark.parametrize("ranks", [1, 2, 3, 4, 7])
@@ -98,14 +98,14 @@ def test_the_exact_samplers_imbalance_is_what_counting_gives():
     assert exact_imbalance(60000, 256, 4) > imbalance  # more ranks, larger maximum
 
 
-@pytest.mark.parametrize("keyword, where", [("sampler", "batches=nnlib.parallel.sampling.PerRankBatches"),
-                                            ("timeout", "nnlib.watchdog.train_watched"),
+@pytest.mark.parametrize("keyword, where", [("sampler", "batches=nnlib.lesson08_inside_allreduce.sampling.PerRankBatches"),
+                                            ("timeout", "nnlib.lesson10_faults.watchdog.train_watched"),
                                             ("checkpoints", "Checkpointing(folder, resume)"),
                                             ("compression", "compressed(method, k)")])
 def test_a_keyword_that_moved_to_a_later_lesson_says_where(keyword, where):
     from mpi4py import MPI
 
-    from nnlib.parallel import train_parallel
+    from nnlib.lesson05_data_parallel import train_parallel
 
     inputs, labels = np.zeros((6, 4)), np.arange(6) % 3
     with pytest.raises(TypeError, match=f"{keyword}= is now .*{where.replace('(', '.').replace(')', '.')}"):

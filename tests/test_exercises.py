@@ -12,13 +12,18 @@ import numpy as np
 import pytest
 from layout import PACKAGE, lesson_of, modules
 
-from nnlib import allreduce, collectives, compression, costmodel, data, scaling, training
 from nnlib.check import check, solution, verdict, worked_answer_source
 from nnlib.exercises import all_exercises, find, lesson_exercises, lessons
 from nnlib.exercises.lesson_02 import layer_backward
 from nnlib.exercises.lesson_08 import ring_step
-from nnlib.network import count_parameters, cross_entropy_from_logits, sigmoid
-from nnlib.parallel import pipeline
+from nnlib.lesson01_mnist import data
+from nnlib.lesson02_network.network import count_parameters, cross_entropy_from_logits, sigmoid
+from nnlib.lesson03_training import training
+from nnlib.lesson04_collectives import collectives, costmodel
+from nnlib.lesson06_scaling import scaling
+from nnlib.lesson08_inside_allreduce import allreduce
+from nnlib.lesson09_model_parallel import pipeline
+from nnlib.lesson11_beyond_sync import compression
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
@@ -32,7 +37,7 @@ def defined(source: str, name: str):
 
 
 def ring_step_by_nnlib_schedule(buffers, step):
-    """One reduce-scatter step as nnlib.allreduce's ring schedule sends it."""
+    """One reduce-scatter step as nnlib.lesson08_inside_allreduce.allreduce's ring schedule sends it."""
     counts, starts = allreduce.chunk_bounds(buffers.shape[1], buffers.shape[0])
     after = buffers.copy()
     for sender, receiver, chunk in allreduce.ring_schedule(buffers.shape[0])[step]["sends"]:
@@ -295,8 +300,8 @@ def test_the_worked_layer_backward_matches_finite_differences():
 
 @pytest.mark.parametrize("ranks, length", [(2, 5), (3, 7), (4, 10)])
 def test_ring_steps_leave_each_rank_its_complete_chunk(ranks, length):
-    """P - 1 worked-answer ring steps: chunk r of rank r's buffer is the sum over all ranks, as in nnlib.allreduce."""
-    from nnlib.allreduce import chunk_bounds
+    """P - 1 worked-answer ring steps: chunk r of rank r's buffer is the sum over all ranks, as in nnlib.lesson08_inside_allreduce.allreduce."""
+    from nnlib.lesson08_inside_allreduce.allreduce import chunk_bounds
 
     buffers = np.random.default_rng(1).normal(size=(ranks, length))
     after = buffers

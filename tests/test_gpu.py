@@ -1,4 +1,4 @@
-"""nnlib.gpu: the timing helpers and the seed's one-sample-at-a-time forward pass, on NumPy
+"""nnlib.lesson07_gpu.gpu: the timing helpers and the seed's one-sample-at-a-time forward pass, on NumPy
 (and the strict array API); on a GPU the same functions run against CuPy."""
 
 import json
@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 from stand_in_cupy import StandInCuPy
 
-from nnlib import Network, backend, environment, gpu
+from nnlib import Network, environment
+from nnlib.lesson07_gpu import backend, gpu
 
 gpu_usable, gpu_reason = backend.gpu_status()
 
@@ -142,8 +143,8 @@ def test_notebook_07_gpu_cells_run_with_a_stand_in_gpu_and_a_recorded_csv(tmp_pa
              f"sys.path.insert(0, {str(pathlib.Path(__file__).parent)!r})\n"
              "from stand_in_cupy import StandInCuPy\n"
              "sys.modules['cupy'] = StandInCuPy()\n"
-             "import nnlib.gpu\n"
-             "nnlib.gpu.MATMUL_SHAPES = nnlib.gpu.MATMUL_SHAPES[:3]  # keep the test short\n")
+             "import nnlib.lesson07_gpu.gpu\n"
+             "nnlib.lesson07_gpu.gpu.MATMUL_SHAPES = nnlib.lesson07_gpu.gpu.MATMUL_SHAPES[:3]  # keep the test short\n")
     notebook.cells.insert(0, nbformat.v4.new_code_cell(setup))
     for cell in notebook.cells:  # smaller epochs: the test checks that the cells run, not the timings
         if cell.cell_type == "code":

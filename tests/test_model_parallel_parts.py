@@ -6,8 +6,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from nnlib.parallel.pipeline import SCHEDULES, bubble_fraction, simulated_bubble, stage_layers
-from nnlib.parallel.tensor import layer_kinds
+from nnlib.lesson09_model_parallel.pipeline import SCHEDULES, bubble_fraction, simulated_bubble, stage_layers
+from nnlib.lesson09_model_parallel.tensor import layer_kinds
 
 
 def test_layers_pair_up_column_then_row_and_an_odd_last_layer_stays_whole():
@@ -64,7 +64,7 @@ def test_the_pipeline_benchmarks_balanced_network_gives_each_stage_the_same_work
 
 
 def test_the_cost_model_counts_bytes_and_memory_per_rank():
-    from nnlib import tradeoffs
+    from nnlib.lesson09_model_parallel import tradeoffs
 
     sizes = (784, 512, 512, 10)
     weights = 784 * 512 + 512 + 512 * 512 + 512 + 512 * 10 + 10
@@ -83,7 +83,7 @@ def test_the_cost_model_counts_bytes_and_memory_per_rank():
 
 
 def test_which_kind_wins_follows_the_bytes():
-    from nnlib import tradeoffs
+    from nnlib.lesson09_model_parallel import tradeoffs
 
     def deep(hidden):
         return (784,) + (hidden,) * 7 + (10,)

@@ -1,6 +1,6 @@
 """The MPI checker scripts in tests/mpi/, each under mpiexec with several numbers of ranks.
 
-check_collectives.py: every nnlib.collectives helper, exact values on every rank, uneven sizes.
+check_collectives.py: every nnlib.lesson04_collectives.collectives helper, exact values on every rank, uneven sizes.
 check_parallel.py: data-parallel training equals sequential for every strategy; bad setups fail
 on every rank at once. A rank that raises alone before a collective would hang the others: the
 timeout in run_mpi_script turns that into a failure.
@@ -19,7 +19,6 @@ gradients equal the uncompressed ones where they must (float64, k = all), and le
 from pathlib import Path
 
 import pytest
-
 from conftest import run_mpi_script
 
 CHECKERS = Path(__file__).parent / "mpi"

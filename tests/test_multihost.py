@@ -16,7 +16,6 @@ import warnings
 
 import numpy as np
 import pytest
-
 from multihost import VirtualHosts, can_make_namespaces
 
 possible, why_not = can_make_namespaces()

@@ -1,11 +1,11 @@
-"""nnlib.network: backpropagation is right, the flat buffer aliases, bad input is refused."""
+"""nnlib.lesson02_network.network: backpropagation is right, the flat buffer aliases, bad input is refused."""
 
 import numpy as np
 import pytest
 
 from nnlib import Network, gradient_check
-from nnlib.benchmarks import flops_per_sample, step_matmul_shapes
-from nnlib.gradient_check import numerical_gradient, relative_error
+from nnlib.lesson02_network.gradient_check import numerical_gradient, relative_error
+from nnlib.lesson06_scaling.benchmarks import flops_per_sample, step_matmul_shapes
 
 
 def batch(sizes, n=7, seed=1, dtype=np.float64):
@@ -23,7 +23,7 @@ def test_gradient_check_float64(sizes, output):
 
 def test_gradient_check_catches_a_wrong_backward_pass(monkeypatch):
     """The check must be able to fail: drop the sigmoid derivative and it does."""
-    import nnlib.network as module
+    import nnlib.lesson02_network.network as module
 
     monkeypatch.setattr(module, "sigmoid_prime_from_activation", lambda a: a * 0 + 1)
     network = Network((5, 4, 3), dtype="float64", seed=0)
@@ -40,7 +40,7 @@ def test_numerical_gradient_of_a_known_function():
 
 def test_sigmoid_written_with_tanh_equals_the_plain_formula():
     """nnlib computes sigma(z) as 0.5 + 0.5 tanh(z / 2); it must equal 1 / (1 + exp(-z)), and never overflow."""
-    from nnlib.network import sigmoid
+    from nnlib.lesson02_network.network import sigmoid
 
     z = np.linspace(-40, 40, 20001)
     plain = 1 / (1 + np.exp(-z))
@@ -156,7 +156,7 @@ def test_flop_count_by_hand():
 
 
 def test_the_backward_pass_reports_each_layer_as_soon_as_its_gradient_is_final():
-    """nnlib.parallel.overlap starts sending a layer's gradient at on_layer_done(layer): it must be final by then,
+    """nnlib.lesson08_inside_allreduce.overlap starts sending a layer's gradient at on_layer_done(layer): it must be final by then,
     also when a large batch is processed in chunks (only the last chunk reports)."""
     rng = np.random.default_rng(0)
     network = Network((6, 5, 4, 3), dtype="float64", seed=1)

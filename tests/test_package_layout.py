@@ -5,7 +5,9 @@ These read the source (tests/layout.py); they run nothing of nnlib.
 
 import shutil
 
-from layout import PACKAGE, closure, constant, functions, imports, lesson_of, modules, violations
+from layout import PACKAGE, closure, constant, functions, imports, lesson_folders, lesson_of, modules, violations
+
+TOP_LEVEL = {"nnlib", "nnlib.__main__", "nnlib.train_command", "nnlib.check", "nnlib.environment"}
 
 
 def test_every_module_says_which_lesson_it_belongs_to():
@@ -22,8 +24,22 @@ def test_modules_only_the_notebooks_use_say_so():
     users = {name: {user for user, path in known.items() if name in imports(user, path, known)} for name in known}
     marked = {name for name, path in known.items() if constant(path, "NOTEBOOKS_ONLY") is True}
     assert {name: users[name] for name in marked if users[name] - {"nnlib.__main__"}} == {}
-    unused = {name for name in known if not users[name]} - {"nnlib", "nnlib.__main__"}
+    unused = {name for name in known if not users[name]} - {"nnlib", "nnlib.__main__"} - set(lesson_folders())
     assert sorted(name for name in unused - marked if not name.startswith("nnlib.exercises.")) == []
+
+
+def test_each_lesson_has_its_own_folder_named_after_its_notebook():
+    """nnlib/lessonNN_<topic>/ holds the code of lesson NN, and only that; notebook NN exists. What stays at the
+    top is the package's face (lessons 01-03's names), the course's tools (lesson 00) and the command line."""
+    notebooks = {int(path.name[:2]) for path in (PACKAGE.parent / "notebooks").glob("[0-9][0-9]_*.ipynb")}
+    folders = lesson_folders()
+    assert sorted(folders.values()) == sorted(notebooks - {0}), folders
+    for name, path in modules().items():
+        folder = ".".join(name.split(".")[:2])
+        if folder in folders:
+            assert lesson_of(path) == folders[folder], f"{name} says lesson {lesson_of(path)}, its folder another"
+        elif not name.startswith("nnlib.exercises"):
+            assert name in TOP_LEVEL, f"{name} is at the top of the package; move it into its lesson's folder"
 
 
 def test_no_module_imports_a_module_of_a_later_lesson():
@@ -33,10 +49,10 @@ def test_no_module_imports_a_module_of_a_later_lesson():
 def test_an_import_of_a_later_lesson_added_on_purpose_is_caught(tmp_path):
     copy = tmp_path / "nnlib"
     shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
-    network = copy / "network.py"
-    network.write_text(network.read_text() + "\n\ndef later():\n    from .watchdog import watch  # lesson 10\n")
+    network = copy / "lesson02_network" / "network.py"
+    network.write_text(network.read_text() + "\n\ndef later():\n    from nnlib.lesson10_faults.watchdog import watch\n")
     added = set(violations(copy)) - set(violations())
-    assert added == {"nnlib.network (lesson 2) imports nnlib.watchdog (lesson 10)"}
+    assert added == {"nnlib.lesson02_network.network (lesson 2) imports nnlib.lesson10_faults.watchdog (lesson 10)"}
 
 
 def test_no_function_is_longer_than_60_lines_or_takes_more_than_8_parameters():
@@ -46,8 +62,8 @@ def test_no_function_is_longer_than_60_lines_or_takes_more_than_8_parameters():
 
 
 def test_the_code_a_lesson_05_reader_opens_is_at_most_900_lines_in_at_most_6_modules():
-    """nnlib.parallel.data (train_parallel and its syncs) and every nnlib module it imports, transitively."""
-    opened = closure("nnlib.parallel.data")
+    """nnlib.lesson05_data_parallel.data_parallel (train_parallel and its syncs) and every nnlib module it imports, transitively."""
+    opened = closure("nnlib.lesson05_data_parallel.data_parallel")
     lines = {name: len(modules()[name].read_text().splitlines()) for name in opened}
     assert len(opened) <= 6 and sum(lines.values()) <= 900, lines
     assert all(lesson_of(modules()[name]) <= 5 for name in opened), lines
@@ -57,10 +73,11 @@ def test_the_size_checks_can_fail(tmp_path):
     copy = tmp_path / "nnlib"
     shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
     body = "".join(f"    x{line} = {line}\n" for line in range(60))
-    (copy / "training.py").write_text((copy / "training.py").read_text()
+    training = copy / "lesson03_training" / "training.py"
+    training.write_text(training.read_text()
                                       + f"\n\ndef long(a, b, c, d, e, f, g, h, i):\n{body}")
     assert [(name, lines, parameters) for module, name, lines, parameters in functions(copy) if name == "long"] \
         == [("long", 61, 9)]
-    opened = closure("nnlib.parallel.data", copy)  # the long function lands in lesson 05's reading
+    opened = closure("nnlib.lesson05_data_parallel.data_parallel", copy)  # the long function lands in lesson 05's reading
     assert sum(len((copy / f"{name.replace('nnlib.', '').replace('.', '/')}.py").read_text().splitlines())
                for name in opened) > 900

@@ -1,10 +1,11 @@
-"""nnlib.scaling and nnlib.costmodel: fits and tables on synthetic timings with known answers,
+"""nnlib.lesson06_scaling.scaling and nnlib.lesson04_collectives.costmodel: fits and tables on synthetic timings with known answers,
 the cost model against hand-computed step times, and the harness end to end on 1 and 2 ranks."""
 
 import numpy as np
 import pytest
 
-from nnlib import costmodel, scaling
+from nnlib.lesson04_collectives import costmodel
+from nnlib.lesson06_scaling import scaling
 
 
 def test_amdahl_fit_recovers_the_serial_fraction_of_exact_data():

@@ -12,12 +12,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from stand_in_cupy import write_cupy_shim
 
-from nnlib import backend
 from nnlib.environment import mpiexec_path
-from nnlib.files import atomic_write
+from nnlib.lesson01_mnist.files import atomic_write
+from nnlib.lesson07_gpu import backend
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "cluster"
 
@@ -246,7 +245,8 @@ def test_a_rank_whose_mpi_abort_never_returns_ends_itself():
     """If the process manager is gone, MPI_Abort can wait for ever: the rank's alarm ends it anyway."""
     program = textwrap.dedent("""
         import sys, time, types
-        from nnlib import train_command, watchdog  # (with the real mpi4py)
+        from nnlib import train_command  # (with the real mpi4py)
+        from nnlib.lesson10_faults import watchdog
         fake = types.ModuleType("mpi4py")  # an MPI_Abort that never returns, as with its manager gone
         fake.MPI = types.SimpleNamespace(COMM_WORLD=types.SimpleNamespace(rank=0, Abort=lambda code: time.sleep(600)))
         sys.modules["mpi4py"] = fake
@@ -320,7 +320,7 @@ def test_the_slurm_examples_give_settings_the_batch_job_accepts(script):
     """Each example's `python -m nnlib train ...` parses, passes the job's own checks for its number of ranks,
     and a model-parallel grid divides those ranks into whole replicas."""
     from nnlib.__main__ import build_parser
-    from nnlib.tradeoffs import check_pipeline_depth
+    from nnlib.lesson09_model_parallel.tradeoffs import check_pipeline_depth
     from nnlib.train_command import check_settings
 
     text = (EXAMPLES / script).read_text()

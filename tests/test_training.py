@@ -1,10 +1,10 @@
-"""nnlib.training: it learns, it is deterministic, and it stops clearly when it cannot."""
+"""nnlib.lesson03_training.training: it learns, it is deterministic, and it stops clearly when it cannot."""
 
 import numpy as np
 import pytest
 
 from nnlib import Network, train
-from nnlib.data import scale_pixels
+from nnlib.lesson01_mnist.data import scale_pixels
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +83,7 @@ def test_an_epoch_is_timed_after_its_totals_came_back():
     """On a GPU the step's work is queued: the epoch has ended only once its loss and accuracy are back."""
     import time
 
-    from nnlib.training import Batches, LocalUpdate, Run, Settings, train_loop
+    from nnlib.lesson03_training.training import Batches, LocalUpdate, Run, Settings, train_loop
 
     class SlowTotals(LocalUpdate):
         def sum_over_ranks(self, values):

@@ -1,6 +1,6 @@
 """Lesson 00's exercises (notebook 00_start_here): how big a network is, and what one step sends."""
 
-from . import Exercise
+from nnlib.exercises import Exercise
 
 LESSON = 0
 

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from . import Exercise, case_generator
+from nnlib.exercises import Exercise, case_generator
 
 LESSON = 1
 

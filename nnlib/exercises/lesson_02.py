@@ -4,7 +4,7 @@ and the cost.
 
 import numpy as np
 
-from . import Exercise, case_generator, uniform
+from nnlib.exercises import Exercise, case_generator, uniform
 
 LESSON = 2
 

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from . import Exercise, case_generator, uniform
+from nnlib.exercises import Exercise, case_generator, uniform
 
 LESSON = 3
 

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from . import Exercise
+from nnlib.exercises import Exercise
 
 LESSON = 4
 

@@ -2,7 +2,7 @@
 batches, and a rank's rows of the global batch.
 """
 
-from . import Exercise, case_generator, uniform
+from nnlib.exercises import Exercise, case_generator, uniform
 
 LESSON = 5
 

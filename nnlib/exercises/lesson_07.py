@@ -1,6 +1,6 @@
 """Lesson 07's exercises (notebook 07_gpu): a product's GFLOP/s, and when the GPU wins counting the copies."""
 
-from . import Exercise
+from nnlib.exercises import Exercise
 
 LESSON = 7
 

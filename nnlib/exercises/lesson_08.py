@@ -4,7 +4,7 @@ every rank at once, and the bus bandwidth.
 
 import numpy as np
 
-from . import Exercise, case_generator, uniform
+from nnlib.exercises import Exercise, case_generator, uniform
 
 LESSON = 8
 

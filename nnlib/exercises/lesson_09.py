@@ -4,7 +4,7 @@ next split by rows, and the pipeline's bubble.
 
 import numpy as np
 
-from . import Exercise, case_generator, uniform
+from nnlib.exercises import Exercise, case_generator, uniform
 
 LESSON = 9
 

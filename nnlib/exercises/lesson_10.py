@@ -4,7 +4,7 @@ checkpoint interval.
 
 import math
 
-from . import Exercise
+from nnlib.exercises import Exercise
 
 LESSON = 10
 

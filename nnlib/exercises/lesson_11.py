@@ -4,7 +4,7 @@ compression with error feedback.
 
 import numpy as np
 
-from . import Exercise, case_generator
+from nnlib.exercises import Exercise, case_generator
 
 LESSON = 11
 

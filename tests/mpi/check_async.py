@@ -1,4 +1,4 @@
-"""Run under mpiexec with 1 to 4 ranks: asynchronous and bounded-staleness SGD (nnlib.parallel.asynchronous).
+"""Run under mpiexec with 1 to 4 ranks: asynchronous and bounded-staleness SGD (nnlib.lesson11_beyond_sync.asynchronous).
 
 With s = 0 the server's run equals synchronous data parallelism with the per-rank sampler on the
 P - 1 workers, both computed in one process (synchronous_reference) and by train_parallel on the
@@ -13,12 +13,11 @@ from harness import expect_error_everywhere, run_checks
 from mpi4py import MPI
 
 from nnlib import Network
-from nnlib.collectives import offsets, split_counts
-from nnlib.parallel import train_parallel
-from nnlib.parallel.asynchronous import train_async
-from nnlib.parallel.sampling import PerRankBatches
-from nnlib.parallel.sampling import per_rank_plan
-from nnlib.training import sgd_update
+from nnlib.lesson03_training.training import sgd_update
+from nnlib.lesson04_collectives.collectives import offsets, split_counts
+from nnlib.lesson05_data_parallel import train_parallel
+from nnlib.lesson08_inside_allreduce.sampling import PerRankBatches, per_rank_plan
+from nnlib.lesson11_beyond_sync.asynchronous import train_async
 
 comm = MPI.COMM_WORLD
 rank, size = comm.rank, comm.size

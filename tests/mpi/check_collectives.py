@@ -1,4 +1,4 @@
-"""Run under mpiexec with any number of ranks: every nnlib.collectives helper, exact values on every rank.
+"""Run under mpiexec with any number of ranks: every nnlib.lesson04_collectives.collectives helper, exact values on every rank.
 
 Exits 0 when every check passed on every rank; prints the failures and exits 1 otherwise.
 Used by tests/test_collectives.py with 1, 2, 3 and 4 ranks.
@@ -8,8 +8,8 @@ import numpy as np
 from harness import run_checks
 from mpi4py import MPI
 
-from nnlib import collectives as c
-from nnlib import timing
+from nnlib.lesson04_collectives import collectives as c
+from nnlib.lesson04_collectives import timing
 
 comm = MPI.COMM_WORLD
 rank, size = comm.rank, comm.size

@@ -1,7 +1,7 @@
 """Run under mpiexec with 2 and 4 ranks: every (data x model) grid trains exactly as sequential.
 
 For each model size M that divides P (so 2 x 1, 1 x 2; 4 x 1, 2 x 2, 1 x 4), tensor and pipeline
-parallelism inside each replica, data parallelism across the replicas (nnlib.parallel.grid), full batch
+parallelism inside each replica, data parallelism across the replicas (nnlib.lesson09_model_parallel.grid), full batch
 and mini-batch with momentum, float64: the gathered parameters equal sequential training's to
 1e-10 on every rank. A model size that does not divide P fails on every rank at once.
 """
@@ -13,9 +13,9 @@ from harness import run_checks
 from mpi4py import MPI
 
 from nnlib import Network, train
-from nnlib.parallel.grid import grid, train_hybrid
-from nnlib.parallel.pipeline import PipelineMLP
-from nnlib.parallel.tensor import TensorParallelMLP
+from nnlib.lesson09_model_parallel.grid import grid, train_hybrid
+from nnlib.lesson09_model_parallel.pipeline import PipelineMLP
+from nnlib.lesson09_model_parallel.tensor import TensorParallelMLP
 
 comm = MPI.COMM_WORLD
 rank, size = comm.rank, comm.size

@@ -12,12 +12,12 @@ from harness import expect_error_everywhere, run_checks
 from mpi4py import MPI
 
 from nnlib import Network, train
-from nnlib.backend import HostStaging, WaitForDevice
-from nnlib.parallel import shard, train_parallel
-from nnlib.parallel.data import STRATEGIES as LESSON_05
-from nnlib.parallel.overlap import Overlap
-from nnlib.parallel.sampling import PerRankBatches
-from nnlib.parallel.zero import ZeRO
+from nnlib.lesson05_data_parallel import shard, train_parallel
+from nnlib.lesson05_data_parallel.data_parallel import STRATEGIES as LESSON_05
+from nnlib.lesson07_gpu.backend import HostStaging, WaitForDevice
+from nnlib.lesson08_inside_allreduce.overlap import Overlap
+from nnlib.lesson08_inside_allreduce.sampling import PerRankBatches
+from nnlib.lesson08_inside_allreduce.zero import ZeRO
 
 comm = MPI.COMM_WORLD
 rank, size = comm.rank, comm.size
@@ -67,7 +67,7 @@ def check_staged_through_host_memory():
     shards move to its device, gradients and parameters are staged through host copies for MPI."""
     import array_api_strict as xps
 
-    from nnlib.arrays import to_numpy
+    from nnlib.lesson02_network.arrays import to_numpy
 
     settings = dict(epochs=2, learning_rate=0.5, batch_size=64, momentum=0.9, seed=5)
     expected = sequential("float64", **settings)
@@ -91,7 +91,8 @@ def check_gpu_paths_with_a_stand_in_cupy():
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
     from stand_in_cupy import StandInCuPy
 
-    from nnlib import backend, environment
+    from nnlib import environment
+    from nnlib.lesson07_gpu import backend
 
     stand_in = sys.modules["cupy"] = StandInCuPy()
     environment._gpu_check = None
@@ -112,7 +113,7 @@ def check_gpu_paths_with_a_stand_in_cupy():
                 assert error <= 1e-10, f"stand-in GPU, CUDA-aware {cuda_aware}, {strategy}: relative error {error:.2e}"
                 # At least one wait per phase boundary of every step (data, compute, communicate, update).
                 assert stand_in.synchronizations - waits_before >= 3 * history.steps
-        from nnlib.watchdog import train_watched  # lesson 10's deadline around lesson 07's staging
+        from nnlib.lesson10_faults.watchdog import train_watched  # lesson 10's deadline around lesson 07's staging
 
         network = Network((12, 7, 4), dtype="float64", seed=3 if rank == 0 else 50,
                           device=backend.resolve_backend("gpu"))
@@ -165,7 +166,7 @@ def check_bad_configurations_fail_on_every_rank():
 
 def check_zero_keeps_one_slice_of_the_optimizer_state():
     """ZeRO: each rank's velocity is its uneven slice; the slices tile the whole vector once."""
-    from nnlib.parallel.zero import ShardedSGD, replicated_state_bytes
+    from nnlib.lesson08_inside_allreduce.zero import ShardedSGD, replicated_state_bytes
 
     network = Network((12, 7, 4), dtype="float64", seed=3)  # 123 parameters: uneven for P = 2 and 4
     optimizer = ShardedSGD(network, 0.1, 0.9, size, rank)
@@ -190,7 +191,7 @@ def check_the_per_rank_sampler():
 
 def check_overlapped_buckets_equal_one_allreduce():
     """Deeper network, any bucket size: the overlapped Iallreduces give the plain Allreduce's sums."""
-    from nnlib.parallel.overlap import BucketedAllreduce, bucket_ranges
+    from nnlib.lesson08_inside_allreduce.overlap import BucketedAllreduce, bucket_ranges
 
     local_inputs, local_labels, _ = shard(comm, INPUTS if rank == 0 else None, LABELS if rank == 0 else None)
     network = Network((12, 9, 8, 7, 4), dtype="float64", seed=3)
@@ -212,7 +213,7 @@ def check_communication_split_into_waiting_and_transfer():
     """A rank that is late to every step: the others' communication is waiting, not transfer."""
     import time
 
-    from nnlib.parallel.waiting import communication_split
+    from nnlib.lesson08_inside_allreduce.waiting import communication_split
 
     delay, steps = 0.02, 8
     late = size - 1

@@ -1,0 +1,408 @@
+"""MNIST: find, download, verify, parse, and prepare the data.
+
+The four official IDX files are looked up, in this order:
+
+1. the directory the caller names (``load_mnist(data_dir=...)``);
+2. the directory in the environment variable ``NNLIB_DATA``;
+3. the user cache, ``$XDG_CACHE_HOME/nnlib/mnist`` (default ``~/.cache/nnlib/mnist``);
+4. a verified download into the user cache from the mirrors in ``MIRRORS``.
+
+Each file may be gzip-compressed (``.gz``) or raw. Whatever its source, its
+*decompressed* bytes must have the SHA-256 listed in ``SHA256``, and its IDX
+header (magic number, element type, dimensions, exact length) must agree with
+its contents. Any problem raises :class:`MNISTError` naming the file and what to do.
+
+The IDX format (http://yann.lecun.com/exdb/mnist/) is big-endian:
+``0x00 0x00 <type code> <number of dimensions>``, then one uint32 per dimension,
+then the data. MNIST uses type code 0x08 (unsigned byte) throughout.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import http.client
+import os
+import struct
+import time
+import urllib.error
+import urllib.request
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from nnlib.lesson01_mnist.files import atomic_write
+
+LESSON = 1
+
+
+# The decompressed files' SHA-256 (identical to the official distribution's).
+SHA256 = {
+    "train-images-idx3-ubyte": "ba891046e6505d7aadcbbe25680a0738ad16aec93bde7f9b65e87a2fc25776db",
+    "train-labels-idx1-ubyte": "65a50cbbf4e906d70832878ad85ccda5333a97f0f4c3dd2ef09a8a9eef7101c5",
+    "t10k-images-idx3-ubyte": "0fa7898d509279e482958e8ce81c8e77db3f2f8254e26661ceb7762c4d494ce7",
+    "t10k-labels-idx1-ubyte": "ff7bcfd416de33731a308c3f266cc351222c34898ecbeaf847f06e48f7ec33f2",
+}
+
+# Mirrors serving ``<name>.gz`` (the same two torchvision uses).
+MIRRORS = (
+    "https://ossci-datasets.s3.amazonaws.com/mnist/",
+    "https://storage.googleapis.com/cvdf-datasets/mnist/",
+)
+
+# The shape each file must have: (images, 28, 28) or (labels,).
+EXPECTED_SHAPES = {
+    "train-images-idx3-ubyte": (60000, 28, 28),
+    "train-labels-idx1-ubyte": (60000,),
+    "t10k-images-idx3-ubyte": (10000, 28, 28),
+    "t10k-labels-idx1-ubyte": (10000,),
+}
+
+IDX_TYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
+
+HOW_TO_FETCH = (
+    "To fetch MNIST on a machine with internet, run `python -m nnlib fetch-data` there "
+    "(or download {names} from {mirror}), then copy the files (.gz or decompressed) into "
+    "{cache} on this machine, or into any folder and set NNLIB_DATA to it."
+)
+
+
+class MNISTError(RuntimeError):
+    """Something is wrong with an MNIST file or with getting one."""
+
+
+@dataclass
+class MNIST:
+    """The MNIST arrays as stored in the IDX files.
+
+    train_images: (60000, 28, 28) uint8    train_labels: (60000,) uint8
+    test_images:  (10000, 28, 28) uint8    test_labels:  (10000,) uint8
+    """
+
+    train_images: np.ndarray
+    train_labels: np.ndarray
+    test_images: np.ndarray
+    test_labels: np.ndarray
+    source: Path
+
+
+# ---------------------------------------------------------------------------
+# Where the files are
+# ---------------------------------------------------------------------------
+
+
+def cache_dir() -> Path:
+    """The user cache folder for MNIST: ``$XDG_CACHE_HOME/nnlib/mnist``."""
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "nnlib" / "mnist"
+
+
+def candidate_dirs(data_dir=None) -> list[Path]:
+    """The folders searched for MNIST, in order (the caller's, $NNLIB_DATA, the cache)."""
+    dirs = []
+    if data_dir is not None:
+        dirs.append(Path(data_dir).expanduser())
+    if os.environ.get("NNLIB_DATA"):
+        dirs.append(Path(os.environ["NNLIB_DATA"]).expanduser())
+    dirs.append(cache_dir())
+    return dirs
+
+
+def find_file(name: str, directories) -> Path | None:
+    """The first ``name`` or ``name.gz`` found in ``directories``, or None."""
+    for directory in directories:
+        for candidate in (directory / name, directory / (name + ".gz")):
+            if candidate.is_file():
+                return candidate
+    return None
+
+
+# ---------------------------------------------------------------------------
+# Reading and checking one file
+# ---------------------------------------------------------------------------
+
+
+def read_bytes(path: Path) -> bytes:
+    """The decompressed contents of ``path`` (gzip if it ends in .gz, raw otherwise)."""
+    path = Path(path)
+    if path.suffix != ".gz":
+        return path.read_bytes()
+    try:
+        with gzip.open(path, "rb") as stream:
+            return stream.read()
+    except (EOFError, OSError, zlib.error) as error:
+        raise MNISTError(
+            f"{path}: the gzip file is truncated or corrupt ({error}). "
+            "Delete it and fetch it again (`python -m nnlib fetch-data`)."
+        ) from error
+
+
+def verify_sha256(data: bytes, expected: str, path: Path) -> None:
+    """Raise MNISTError unless the SHA-256 of ``data`` is ``expected``."""
+    actual = hashlib.sha256(data).hexdigest()
+    if actual != expected:
+        raise MNISTError(
+            f"{path}: checksum mismatch: the decompressed file's SHA-256 is {actual}, "
+            f"expected {expected}. The file is damaged or is not the official MNIST file; "
+            "delete it and fetch it again (`python -m nnlib fetch-data`)."
+        )
+
+
+def parse_idx_header(data: bytes, path="<bytes>"):
+    """Check the start of an IDX file and return (dtype, shape, header_length).
+
+    ``data`` must hold at least the whole header (4 bytes, then 4 per dimension). Raises
+    MNISTError for a wrong magic number, an unknown type code, or a header cut short.
+    """
+    if len(data) < 4 or data[0] != 0 or data[1] != 0:
+        raise MNISTError(
+            f"{path}: not an IDX file (wrong magic number {data[:4].hex() or 'empty'}; "
+            "IDX files begin with 00 00). Check that the file is an MNIST file."
+        )
+    type_code, ndim = data[2], data[3]
+    if type_code not in IDX_TYPES:
+        raise MNISTError(f"{path}: unknown IDX element type code 0x{type_code:02x}.")
+    header_length = 4 + 4 * ndim
+    if len(data) < header_length:
+        raise MNISTError(f"{path}: the IDX header is cut short ({len(data)} bytes).")
+    shape = struct.unpack(f">{ndim}I", data[4:header_length])
+    return np.dtype(IDX_TYPES[type_code]), shape, header_length
+
+
+def parse_idx(data: bytes, path="<bytes>", expected_shape=None) -> np.ndarray:
+    """Parse IDX bytes into an array, checking the header against the contents.
+
+    Raises MNISTError for a bad header (see parse_idx_header), a shape other than
+    ``expected_shape`` (when given), or a length that does not match the header.
+    """
+    dtype, shape, header_length = parse_idx_header(data, path)
+    if expected_shape is not None and tuple(shape) != tuple(expected_shape):
+        raise MNISTError(
+            f"{path}: the IDX header gives shape {tuple(shape)}, expected {tuple(expected_shape)}. "
+            "The file is not the MNIST file of that name."
+        )
+    expected_length = header_length + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    if len(data) != expected_length:
+        raise MNISTError(
+            f"{path}: {len(data)} bytes, but its IDX header {tuple(shape)} needs {expected_length}: "
+            "the file is truncated or has extra bytes. Delete it and fetch it again."
+        )
+    array = np.frombuffer(data, dtype=dtype, offset=header_length).reshape(shape)
+    return array.astype(dtype.newbyteorder("="), copy=True)
+
+
+def load_idx(path: Path, expected_sha256: str | None = None, expected_shape=None) -> np.ndarray:
+    """Read, verify and parse one IDX file (.gz or raw)."""
+    data = read_bytes(path)
+    if expected_sha256 is not None:
+        verify_sha256(data, expected_sha256, path)
+    return parse_idx(data, path, expected_shape)
+
+
+def read_idx_rows(path, start: int, stop: int) -> np.ndarray:
+    """Rows [start, stop) of an IDX file (.gz or raw), reading only the header and those rows.
+
+    For data-parallel training each rank can read its own shard this way instead of receiving
+    it from rank 0 (see nnlib.lesson05_data_parallel.shard). A raw file is read with one seek; a .gz file must
+    still be decompressed up to ``stop``, but nothing before ``start`` is kept. The file's
+    checksum cannot be verified from a slice: verify the whole file once first (load_idx, or
+    ``python -m nnlib fetch-data``).
+    """
+    path = Path(path)
+    opener = gzip.open if path.suffix == ".gz" else open
+    try:
+        with opener(path, "rb") as stream:
+            head = stream.read(4)
+            head += stream.read(4 * head[3]) if len(head) == 4 else b""
+            dtype, shape, header_length = parse_idx_header(head, path)
+            if not 0 <= start <= stop <= shape[0]:
+                raise ValueError(f"rows [{start}, {stop}) are outside the {shape[0]} rows of {path}")
+            row_bytes = int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize
+            stream.seek(header_length + start * row_bytes)
+            data = stream.read((stop - start) * row_bytes)
+    except (EOFError, zlib.error, gzip.BadGzipFile) as error:
+        raise MNISTError(f"{path}: the gzip file is truncated or corrupt ({error})") from error
+    if len(data) != (stop - start) * row_bytes:
+        raise MNISTError(f"{path}: the file ends before row {stop}; it is truncated")
+    return np.frombuffer(data, dtype=dtype).reshape(stop - start, *shape[1:]).astype(dtype.newbyteorder("="))
+
+
+# ---------------------------------------------------------------------------
+# Download
+# ---------------------------------------------------------------------------
+
+
+def download_file(url: str, destination: Path, expected_sha256: str | None = None,
+                  timeout: float = 30.0, retries: int = 3, progress: bool = True) -> Path:
+    """Download ``url`` to ``destination`` atomically and verify it.
+
+    The bytes go to a temporary file in the destination's folder, which is
+    checked (decompressed SHA-256 when ``expected_sha256`` is given) and only then
+    renamed to ``destination``; on any failure the temporary file is removed, so
+    an interrupted download never leaves a file that looks complete.
+    Retries up to ``retries`` times with a short back-off.
+    """
+    from tqdm import tqdm
+
+    destination = Path(destination)
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    last_error = None
+    for attempt in range(1, retries + 1):
+        try:
+            with atomic_write(destination) as out, urllib.request.urlopen(url, timeout=timeout) as response:
+                total = int(response.headers.get("Content-Length") or 0) or None
+                received = 0
+                with tqdm(total=total, unit="B", unit_scale=True, desc=destination.name,
+                          disable=not progress, leave=False) as bar:
+                    while chunk := response.read(1 << 16):
+                        out.write(chunk)
+                        received += len(chunk)
+                        bar.update(len(chunk))
+                if total is not None and received != total:
+                    raise MNISTError(f"{url}: the download was interrupted ({received} of {total} bytes)")
+                if expected_sha256 is not None:
+                    out.flush()
+                    contents = _read_gzip_file(Path(out.name)) if destination.suffix == ".gz" else Path(out.name).read_bytes()
+                    verify_sha256(contents, expected_sha256, Path(url))
+            return destination
+        except (urllib.error.URLError, http.client.HTTPException, OSError, MNISTError) as error:
+            last_error = error
+            if attempt < retries:
+                time.sleep(0.5 * attempt)
+    raise MNISTError(f"could not download {url} after {retries} tries: {last_error}")
+
+
+def _read_gzip_file(path: Path) -> bytes:
+    """Decompress a gzip file whose name need not end in .gz."""
+    try:
+        with gzip.open(path, "rb") as stream:
+            return stream.read()
+    except (EOFError, OSError, zlib.error) as error:
+        raise MNISTError(f"{path}: the downloaded gzip file is truncated or corrupt ({error}).") from error
+
+
+def fetch_mnist(directory=None, mirrors=MIRRORS, checksums=None, timeout: float = 30.0,
+                retries: int = 3, progress: bool = True) -> Path:
+    """Make sure every MNIST file is present and verified; download what is missing.
+
+    Files already found in the search folders (see module docstring) are verified
+    in place; missing ones are downloaded into ``directory`` (default: the user
+    cache), trying each mirror in turn. Returns the download folder.
+    """
+    checksums = SHA256 if checksums is None else checksums
+    target = Path(directory).expanduser() if directory is not None else cache_dir()
+    search = candidate_dirs(directory)
+    for name, expected in checksums.items():
+        found = find_file(name, search)
+        if found is not None:
+            verify_sha256(read_bytes(found), expected, found)
+            continue
+        errors = []
+        for mirror in mirrors:
+            try:
+                download_file(mirror + name + ".gz", target / (name + ".gz"), expected,
+                              timeout=timeout, retries=retries, progress=progress)
+                break
+            except MNISTError as error:
+                errors.append(str(error))
+        else:
+            raise MNISTError(
+                f"{name}: not found in {', '.join(map(str, search))} and no mirror could be reached "
+                f"({'; '.join(errors)}). "
+                + HOW_TO_FETCH.format(names=name + ".gz", mirror=mirrors[0] if mirrors else "a mirror",
+                                      cache=cache_dir())
+            )
+    return target
+
+
+def load_mnist(data_dir=None, download: bool = True, progress: bool = True) -> MNIST:
+    """Load the four MNIST files, downloading and verifying them if needed.
+
+    ``data_dir`` is searched first, then $NNLIB_DATA, then the user cache. With
+    ``download=False`` a missing file raises MNISTError saying how to get it.
+    Returns an :class:`MNIST` of uint8 arrays.
+    """
+    search = candidate_dirs(data_dir)
+    missing = [name for name in SHA256 if find_file(name, search) is None]
+    if missing:
+        if not download:
+            raise MNISTError(
+                f"MNIST files {', '.join(missing)} not found in {', '.join(map(str, search))}. "
+                + HOW_TO_FETCH.format(names=", ".join(n + ".gz" for n in missing), mirror=MIRRORS[0],
+                                      cache=cache_dir())
+            )
+        fetch_mnist(progress=progress)
+    arrays = {name: load_idx(find_file(name, search), SHA256[name], EXPECTED_SHAPES[name]) for name in SHA256}
+    return MNIST(
+        train_images=arrays["train-images-idx3-ubyte"],
+        train_labels=arrays["train-labels-idx1-ubyte"],
+        test_images=arrays["t10k-images-idx3-ubyte"],
+        test_labels=arrays["t10k-labels-idx1-ubyte"],
+        source=find_file("train-images-idx3-ubyte", search).parent,
+    )
+
+
+# ---------------------------------------------------------------------------
+# Preparing arrays for the network
+# ---------------------------------------------------------------------------
+
+
+def scale_pixels(images: np.ndarray, dtype=np.float32) -> np.ndarray:
+    """Flatten images (N, 28, 28) uint8 to (N, 784) in [0, 1] as ``dtype``."""
+    flat = images.reshape(len(images), -1)
+    return np.multiply(flat, 1 / 255, dtype=dtype)
+
+
+def one_hot(labels: np.ndarray, num_classes: int = 10, dtype=np.float32) -> np.ndarray:
+    """Labels (N,) with values in 0..num_classes-1 to a one-hot matrix (N, num_classes)."""
+    labels = np.asarray(labels)
+    if labels.size and (labels.min() < 0 or labels.max() >= num_classes):
+        raise ValueError(f"labels must lie in 0..{num_classes - 1}; got values from {labels.min()} to {labels.max()}")
+    encoded = np.zeros((len(labels), num_classes), dtype=dtype)
+    encoded[np.arange(len(labels)), labels] = 1
+    return encoded
+
+
+def train_validation_split(images, labels, validation_size: int = 10000, seed: int = 0):
+    """Split into (train_images, train_labels, validation_images, validation_labels), shuffled with ``seed``."""
+    if len(images) != len(labels):
+        raise ValueError(f"{len(images)} images but {len(labels)} labels; they must match")
+    if not 0 < validation_size < len(images):
+        raise ValueError(f"validation_size must be between 1 and {len(images) - 1}; got {validation_size}")
+    order = np.random.default_rng(seed).permutation(len(images))
+    validation, train = order[:validation_size], order[validation_size:]
+    return images[train], labels[train], images[validation], labels[validation]
+
+
+def stratified_subset(images, labels, per_class: int, seed: int = 0):
+    """``per_class`` examples of each class, chosen with ``seed``, in a shuffled order."""
+    if len(images) != len(labels):
+        raise ValueError(f"{len(images)} images but {len(labels)} labels; they must match")
+    rng = np.random.default_rng(seed)
+    chosen = []
+    for digit in np.unique(labels):
+        members = np.flatnonzero(labels == digit)
+        if len(members) < per_class:
+            raise ValueError(f"class {digit} has only {len(members)} examples; asked for {per_class}")
+        chosen.append(rng.choice(members, per_class, replace=False))
+    order = rng.permutation(np.concatenate(chosen))
+    return images[order], labels[order]
+
+
+def crop_center(images: np.ndarray, size: int = 20) -> np.ndarray:
+    """The central ``size`` x ``size`` pixels of images (N, H, W)."""
+    height, width = images.shape[1:]
+    top, left = (height - size) // 2, (width - size) // 2
+    return images[:, top:top + size, left:left + size]
+
+
+def course_subset(mnist: MNIST, per_class: int = 500, size: int = 20, seed: int = 0):
+    """The seed experiments' data: 5,000 training digits (500 per class), central 20x20 pixels.
+
+    Returns (images (5000, 20, 20) uint8, labels (5000,) uint8); flatten with
+    :func:`scale_pixels` to get the network's 400 inputs.
+    """
+    images, labels = stratified_subset(mnist.train_images, mnist.train_labels, per_class, seed)
+    return np.ascontiguousarray(crop_center(images, size)), labels

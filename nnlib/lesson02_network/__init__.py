@@ -1,0 +1,8 @@
+"""Lesson 02 (notebooks/02_network_from_scratch.ipynb): a sigmoid network and backpropagation, checked.
+
+    arrays          which array library the math runs on (NumPy; CuPy from lesson 07), through the array API
+    network         Layer (forward, backward) and Network, every parameter in one flat vector
+    gradient_check  backpropagation against a numerical gradient, as a relative error
+"""
+
+LESSON = 2

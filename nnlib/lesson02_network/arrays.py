@@ -1,0 +1,66 @@
+"""Which arrays the math runs on: the Python array API, so the same lines run on NumPy and CuPy.
+
+The network never imports numpy for its math; it asks the arrays for their namespace
+(``x.__array_namespace__()``). Lesson 07 (nnlib.lesson07_gpu.backend) hands it CuPy's namespace instead of NumPy's.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+LESSON = 2
+
+
+def array_namespace(*arrays):
+    """The array API namespace of the arrays (numpy for NumPy arrays, cupy for CuPy ones)."""
+    for array in arrays:
+        if hasattr(array, "__array_namespace__"):
+            return array.__array_namespace__()
+        if type(array).__module__.split(".")[0] == "cupy":  # CuPy's ndarray lacks __array_namespace__
+            import cupy
+            return cupy
+    return np
+
+
+def namespace_of_device(device):
+    """The array namespace a network computes in: ``"cpu"`` -> numpy, or a namespace passed as it is.
+
+    A namespace is a module with ``asarray`` (numpy, cupy, array_api_strict). For a GPU, ask
+    nnlib.lesson07_gpu.backend (lesson 07): ``Network(..., device=resolve_backend("gpu"))``.
+    """
+    if not isinstance(device, str) and hasattr(device, "asarray"):
+        return device
+    if device == "cpu":
+        return np
+    if device in ("gpu", "auto"):
+        raise ValueError(f"device={device!r}: pass the array namespace instead, "
+                         f"Network(..., device=nnlib.lesson07_gpu.backend.resolve_backend({device!r})) (lesson 07)")
+    raise ValueError(f"device must be 'cpu' or an array namespace such as numpy or cupy; got {device!r}")
+
+
+def to_numpy(array) -> np.ndarray:
+    """A NumPy array with the values of ``array`` (copied from the GPU if needed)."""
+    if isinstance(array, (np.ndarray, np.generic)):
+        return np.asarray(array)
+    if hasattr(array, "get"):  # CuPy: copies to the host, after the GPU has finished
+        return array.get()
+    if hasattr(array, "__dlpack__"):  # any other CPU array library (e.g. array_api_strict)
+        return np.from_dlpack(array)
+    return np.asarray(array)
+
+
+def is_numpy(xp) -> bool:
+    """Whether the namespace is NumPy itself (host memory, free conversions to Python numbers)."""
+    return xp is np
+
+
+def through_host(array, operation) -> None:
+    """``operation(host)`` on ``array``'s values in host memory, written back into ``array``.
+
+    For a NumPy array ``host`` is the array itself (no copy); for another device's array, a copy.
+    For code written for NumPy arrays (lesson 08's ring, lesson 11's compression) on any device.
+    """
+    host = to_numpy(array)
+    operation(host)
+    if host is not array:
+        array[...] = array_namespace(array).asarray(host)

@@ -1,0 +1,480 @@
+"""A fully connected sigmoid network, with every parameter in one flat vector.
+
+Notation (one row per sample, a batch of N samples):
+
+    a_0 = X                                  (N, n_0)      the inputs
+    z_l = a_{l-1} @ W_l + b_l                (N, n_l)      W_l: (n_{l-1}, n_l), b_l: (n_l,)
+    a_l = sigmoid(z_l)                       hidden layers l = 1 .. L-1
+    a_L = sigmoid(z_L) or softmax(z_L)       the output layer, (N, n_L)
+
+Cost (mean cross-entropy over the batch, Y one-hot (N, n_L)):
+
+    sigmoid outputs: J = -1/N sum_n sum_k [ Y log a_L + (1 - Y) log(1 - a_L) ]
+    softmax outputs: J = -1/N sum_n sum_k   Y log a_L
+
+Backpropagation (both outputs give the same output error):
+
+    delta_L = (a_L - Y) / N                               (N, n_L)
+    delta_l = (delta_{l+1} @ W_{l+1}.T) * a_l * (1 - a_l)  (N, n_l)
+    dJ/dW_l = a_{l-1}.T @ delta_l                          (n_{l-1}, n_l)
+    dJ/db_l = sum over samples of delta_l                  (n_l,)
+
+The weights and biases are views into ``params``, one contiguous flat vector
+laid out as [W_1, b_1, W_2, b_2, ...]; the gradients are views into ``grads`` with
+the same layout, so all gradients can travel in one message.
+
+The pieces, bottom up: a :class:`Layer` computes one layer's forward and backward over its
+views; :func:`forward_layers` and :func:`backward_layers` run a list of layers (the one
+backpropagation of nnlib: the tensor-parallel network and the pipeline stages of lesson 09 run
+it on their own layers); :class:`Network` is the list of all layers, on one process.
+
+The math uses only the Python array API (``xp`` is the arrays' namespace), so the
+same code runs on NumPy and on CuPy arrays.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from nnlib.lesson02_network.arrays import array_namespace, namespace_of_device, to_numpy
+
+LESSON = 2
+
+
+def sigmoid(z, xp=None):
+    """sigma(z) = 1 / (1 + exp(-z)), element-wise.
+
+    Computed as the equal 0.5 + 0.5 tanh(z / 2): exp(-z) overflows to inf for
+    z < -89 in float32 (harmless, but NumPy warns), tanh never does, and it is faster.
+    """
+    xp = xp or array_namespace(z)
+    activation = xp.tanh(z * 0.5)
+    activation *= 0.5
+    activation += 0.5
+    return activation
+
+
+def sigmoid_prime_from_activation(a):
+    """sigma'(z) written with a = sigma(z): a * (1 - a)."""
+    return a * (1 - a)
+
+
+def softplus(z, xp):
+    """log(1 + exp(z)), computed without overflow as max(z, 0) + log1p(exp(-|z|))."""
+    return xp.maximum(z, 0) + xp.log1p(xp.exp(-xp.abs(z)))
+
+
+def softmax(z, xp):
+    """Row-wise softmax of logits z (N, K), shifted by the row maximum for stability."""
+    shifted = z - xp.max(z, axis=1, keepdims=True)
+    exponentials = xp.exp(shifted)
+    return exponentials / xp.sum(exponentials, axis=1, keepdims=True)
+
+
+def cross_entropy_from_logits(logits, targets, output: str, xp):
+    """Summed cross-entropy over the batch, from the output layer's logits z_L (N, K).
+
+    With a = sigmoid(z): -[y log a + (1-y) log(1-a)] = softplus(z) - y z.
+    With a = softmax(z): -sum_k y_k log a_k = logsumexp(z) - sum_k y_k z_k.
+    Both forms stay finite where a rounds to 0 or 1. Returns a 0-d array, on the arrays' device.
+    """
+    if output == "sigmoid":
+        return xp.sum(softplus(logits, xp) - targets * logits)
+    row_max = xp.max(logits, axis=1, keepdims=True)
+    log_sum_exp = xp.log(xp.sum(xp.exp(logits - row_max), axis=1)) + row_max[:, 0]
+    return xp.sum(log_sum_exp) - xp.sum(targets * logits)
+
+
+def one_hot_targets(labels, num_classes: int, dtype, xp):
+    """Integer labels (N,) to one-hot targets (N, num_classes) of ``dtype``."""
+    return xp.astype(labels[:, None] == xp.arange(num_classes, dtype=labels.dtype), dtype)
+
+
+def output_loss(logits, outputs, labels, scale: float, output: str):
+    """Where backpropagation starts, for one batch: (loss, correct, delta_L).
+
+    logits z_L and outputs a_L (N, n_L) of the output layer, labels (N,) integers, ``output``
+    "sigmoid" or "softmax", ``scale`` = 1 / normalizer. Returns loss = J * scale and correct = how
+    many argmax(a_L) equal the label (both 0-d arrays where the arrays live), and
+    delta_L = dJ/dz_L = (a_L - Y) * scale (N, n_L), the same for both outputs.
+    """
+    xp = array_namespace(outputs)
+    targets = one_hot_targets(labels, outputs.shape[1], outputs.dtype, xp)
+    loss = cross_entropy_from_logits(logits, targets, output, xp) * scale
+    correct = xp.count_nonzero(xp.argmax(outputs, axis=1) == labels)
+    return loss, correct, (outputs - targets) * scale
+
+
+class Layer:
+    """One fully connected layer, a = f(a_in @ W + b), over views into the flat parameter vector.
+
+    weights W (n_in, n_out) and biases b (n_out,) are views into the network's ``params``;
+    grad_weights and grad_biases the same views into its ``grads``: the backward pass writes the
+    network's one gradient vector in place, so it can still travel in one message.
+    activation: "sigmoid" (every hidden layer) or "softmax" (allowed for the output layer).
+
+    forward (a_in (N, n_in)):    z = a_in @ W + b   (N, n_out),   a = f(z)   (N, n_out)
+    backward, from delta = dJ/dz (N, n_out):
+        weight_gradient:  dJ/dW = a_in.T @ delta  (n_in, n_out),   dJ/db = sum over samples of delta  (n_out,)
+        input_gradient:   dJ/da_in = delta @ W.T  (N, n_in)       (not needed below the first layer)
+    logits_gradient, the activation's backward: dJ/dz = dJ/da * a (1 - a) for the sigmoid.
+
+    The split into weight_gradient and input_gradient is what a pipeline's zero-bubble schedule
+    (B/W split) separates; tensor parallelism's column and row layers (nnlib.lesson09_model_parallel.tensor)
+    change ``logits`` and ``input_gradient`` only.
+    """
+
+    def __init__(self, weights, biases, grad_weights, grad_biases, activation: str = "sigmoid"):
+        if activation not in ("sigmoid", "softmax"):
+            raise ValueError(f"a layer's activation must be 'sigmoid' or 'softmax'; got {activation!r}")
+        self.weights, self.biases = weights, biases
+        self.grad_weights, self.grad_biases = grad_weights, grad_biases
+        self.activation = activation
+        self.xp = array_namespace(weights)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """(n_in, n_out) of this layer's W (on this rank, for a split layer)."""
+        return tuple(self.weights.shape)
+
+    def logits(self, inputs):
+        """z = a_in @ W + b (N, n_out), from the inputs a_in (N, n_in)."""
+        logits = inputs @ self.weights
+        logits += self.biases
+        return logits
+
+    def forward(self, inputs):
+        """(z, a): the logits and the activation f(z), both (N, n_out), for inputs a_in (N, n_in)."""
+        logits = self.logits(inputs)
+        if self.activation == "softmax":
+            return logits, softmax(logits, self.xp)
+        return logits, sigmoid(logits, self.xp)
+
+    def weight_gradient(self, inputs, delta, accumulate: bool = False) -> None:
+        """Write dJ/dW = a_in.T @ delta and dJ/db = sum of delta into the gradient views (or add them).
+
+        inputs a_in (N, n_in), delta = dJ/dz (N, n_out); ``accumulate`` adds to what is there (a
+        later chunk of a large batch, or a later micro-batch of a pipeline).
+        """
+        weights_gradient = inputs.T @ delta                               # (n_in, n_out)
+        biases_gradient = self.xp.sum(delta, axis=0)                      # (n_out,)
+        if accumulate:
+            self.grad_weights += weights_gradient
+            self.grad_biases += biases_gradient
+        else:
+            self.grad_weights[...] = weights_gradient
+            self.grad_biases[...] = biases_gradient
+
+    def input_gradient(self, delta):
+        """dJ/da_in = delta @ W.T (N, n_in), from delta = dJ/dz (N, n_out)."""
+        return delta @ self.weights.T
+
+    def logits_gradient(self, activation_gradient, activation):
+        """dJ/dz = dJ/da * a (1 - a) (N, n_out), with a = sigmoid(z) this layer's output; in place.
+
+        A softmax layer is only ever the output layer, whose delta comes with the loss (output_loss).
+        """
+        if self.activation != "sigmoid":
+            raise ValueError("only a sigmoid layer passes a gradient through its activation; "
+                             "a softmax output layer's delta comes from output_loss")
+        activation_gradient *= sigmoid_prime_from_activation(activation)
+        return activation_gradient
+
+
+def dense_layers(params, grads, shapes, output: str = "sigmoid", xp=np) -> list[Layer]:
+    """Layers over flat vectors laid out [W_1, b_1, W_2, b_2, ...]: sigmoid, and ``output`` for the last.
+
+    shapes: [(n_in, n_out)] per layer; params and grads: flat vectors of the matching length.
+    """
+    weights, biases = layer_views(params, shapes, xp)
+    grad_weights, grad_biases = layer_views(grads, shapes, xp)
+    activations = ["sigmoid"] * (len(shapes) - 1) + [output]
+    return [Layer(*views) for views in zip(weights, biases, grad_weights, grad_biases, activations)]
+
+
+def forward_layers(layers, inputs):
+    """Through ``layers`` in order: ([a_0 = inputs, a_1, ..., a_L], z_L, the last layer's logits)."""
+    activations = [inputs]
+    logits = None
+    for layer in layers:
+        logits, activation = layer.forward(activations[-1])
+        activations.append(activation)
+    return activations, logits
+
+
+def backward_layers(layers, activations, delta, accumulate: bool, on_layer_done=None, input_gradient: bool = False):
+    """Backpropagation through ``layers``, last to first: each writes (or adds) its gradient in its views.
+
+    activations: [a_0, ..., a_L] of forward_layers; delta: dJ/dz_L (N, n_L) of the last layer.
+    Going down, delta_{l-1} = (delta_l @ W_l.T) * a_{l-1} (1 - a_{l-1}).
+    ``on_layer_done(index)`` is called as soon as layer ``index``'s gradient is final (L-1 down to 0).
+    Returns dJ/da_0 = delta_1 @ W_1.T (N, n_0) if ``input_gradient`` (a pipeline stage sends it to
+    the stage before), else None (nobody needs the gradient of the network's inputs).
+    """
+    for index in range(len(layers) - 1, -1, -1):
+        layer = layers[index]
+        layer.weight_gradient(activations[index], delta, accumulate)
+        if on_layer_done is not None:
+            on_layer_done(index)
+        if index > 0:
+            delta = layers[index - 1].logits_gradient(layer.input_gradient(delta), activations[index])
+        elif input_gradient:
+            return layer.input_gradient(delta)
+    return None
+
+
+class Classifier:
+    """What every classifier of nnlib shares: checking its inputs and labels, predicting classes.
+
+    Needs ``layer_sizes`` (n_0, ..., n_L), ``xp`` (its arrays' namespace) and a method
+    ``predict_probabilities(inputs)`` giving a_L (N, n_L). Network, the tensor-parallel network and
+    the pipeline stages (nnlib.lesson09_model_parallel) all are one.
+    """
+
+    def check_inputs(self, inputs):
+        """Raise ValueError unless inputs is a non-empty (N, n_0) array."""
+        shape = getattr(inputs, "shape", None)
+        if shape is None or len(shape) != 2:
+            raise ValueError(f"inputs must be a 2-D array (samples, {self.layer_sizes[0]}); got shape {shape}")
+        if shape[0] == 0:
+            raise ValueError("inputs is an empty batch (0 samples); pass at least one sample")
+        if shape[1] != self.layer_sizes[0]:
+            raise ValueError(
+                f"inputs have {shape[1]} features but the network expects {self.layer_sizes[0]}: "
+                f"reshape images to (samples, {self.layer_sizes[0]}) (see nnlib.lesson01_mnist.data.scale_pixels) "
+                "or build the network with a matching first layer size"
+            )
+
+    def check_labels(self, labels, num_samples: int):
+        """Raise ValueError unless labels are num_samples integers in 0..n_L-1."""
+        shape = getattr(labels, "shape", None)
+        if shape is None or len(shape) != 1:
+            raise ValueError(f"labels must be a 1-D array of class numbers; got shape {shape}")
+        if shape[0] != num_samples:
+            raise ValueError(f"{num_samples} samples but {shape[0]} labels; they must match")
+        xp = self.xp
+        if not xp.isdtype(labels.dtype, "integral"):
+            raise ValueError(f"labels must be integers (class numbers); got dtype {labels.dtype}")
+        low, high = int(xp.min(labels)), int(xp.max(labels))
+        if low < 0 or high >= self.layer_sizes[-1]:
+            raise ValueError(
+                f"labels must lie in 0..{self.layer_sizes[-1] - 1}; got values from {low} to {high}"
+            )
+
+    def predict(self, inputs):
+        """The most likely class for each sample: (N,) integers."""
+        return self.xp.argmax(self.predict_probabilities(inputs), axis=1)
+
+    def accuracy(self, inputs, labels) -> float:
+        """The fraction of samples whose predicted class equals the label."""
+        inputs, labels = self.xp.asarray(inputs), self.xp.asarray(labels)
+        self.check_labels(labels, inputs.shape[0])
+        return int(self.xp.count_nonzero(self.predict(inputs) == labels)) / inputs.shape[0]
+
+
+class LayerStack(Classifier):
+    """A network as a list of layers over one flat parameter vector, trained a batch at a time.
+
+    Network is one (all of the layers, on one process); so is nnlib.lesson09_model_parallel.tensor's network (the
+    same batch on every rank, each holding a slice of every layer). The trainer uses: params and
+    grads (flat), loss_and_gradient, last_correct, and the evaluation methods.
+    """
+
+    def __init__(self, layer_sizes, output: str, layers, params, grads, xp=None):
+        self.layer_sizes, self.output, self.layers = tuple(layer_sizes), output, list(layers)
+        self.params, self.grads = params, grads
+        self.xp, self.dtype = xp or array_namespace(params), params.dtype
+        self.shapes = list(zip(self.layer_sizes[:-1], self.layer_sizes[1:]))  # the whole network's
+        self.num_params = int(params.shape[0])  # held here
+        self.weights, self.biases = [layer.weights for layer in self.layers], [layer.biases for layer in self.layers]
+        self.grad_weights = [layer.grad_weights for layer in self.layers]
+        self.grad_biases = [layer.grad_biases for layer in self.layers]
+        # Rows per piece of a large batch (see loss_and_gradient): about 128k activations of
+        # the widest layer after the inputs, i.e. 1,024 rows for 128 hidden units.
+        self.chunk_size = max(1024, 131072 // max(self.layer_sizes[1:]))
+        self.last_correct, self.output_logits = 0, None
+
+    @property
+    def num_layers(self) -> int:
+        """The number of weight layers (one less than the number of layer sizes)."""
+        return len(self.layers)
+
+    def chunks(self, num_samples: int):
+        """(start, end) row ranges of at most ``chunk_size`` rows covering 0..num_samples."""
+        return [(start, min(start + self.chunk_size, num_samples)) for start in range(0, num_samples, self.chunk_size)]
+
+    # -- forward and backward -------------------------------------------------
+
+    def forward(self, inputs):
+        """Activations of every layer for inputs (N, n_0): [a_0 = inputs, a_1, ..., a_L].
+
+        Also keeps the output logits z_L in ``self.output_logits`` for the loss.
+        """
+        activations, self.output_logits = forward_layers(self.layers, inputs)
+        return activations
+
+    def loss_and_gradient(self, inputs, labels, normalizer=None, check: bool = True, on_device: bool = False,
+                          on_layer_done=None):
+        """Cost J and its gradient for a batch; the gradient is written into ``self.grads``.
+
+        inputs (N, n_0), labels (N,) integers. The sums over samples are divided by
+        ``normalizer`` (default N, giving the mean). A rank holding a shard of a
+        bigger batch passes the global batch size, so that the ranks' gradients add
+        up to exactly the full-batch gradient. Returns J (summed / normalizer).
+
+        A batch larger than ``self.chunk_size`` rows is processed chunk by chunk and
+        the chunks' gradients are added up (a sum over samples splits into sums over
+        chunks). The arrays of one chunk fit in the CPU cache, which makes the
+        element-wise work several times faster than on one huge batch.
+        Also sets ``self.last_correct``: how many samples the network got right.
+        With ``on_device`` both stay 0-d arrays where the arrays live (e.g. on the GPU), so
+        that the caller can add them up there and bring them back once per epoch; otherwise
+        they are a Python float and int (which, on a GPU, waits for the GPU).
+        ``on_layer_done(layer)``, if given, is called as soon as layer ``layer``'s gradient is
+        final (layers L-1 down to 0, in the order backpropagation produces them): nnlib.lesson08_inside_allreduce.overlap
+        starts sending it there while the earlier layers' backward pass still runs.
+        """
+        if check:
+            self.check_inputs(inputs)
+            self.check_labels(labels, inputs.shape[0])
+        scale = 1.0 / (inputs.shape[0] if normalizer is None else normalizer)
+        loss, self.last_correct = 0.0, 0
+        chunks = self.chunks(inputs.shape[0]) or [(0, 0)]  # no rows: one empty chunk, whose gradient is 0
+        for start, end in chunks:
+            last = end == chunks[-1][1]
+            loss += self._chunk_loss_and_gradient(inputs[start:end, ...], labels[start:end], scale, start > 0,
+                                                  on_layer_done if last else None)
+        if on_device:
+            return loss
+        self.last_correct = int(self.last_correct)
+        return float(loss)
+
+    def _chunk_loss_and_gradient(self, inputs, labels, scale: float, accumulate: bool, on_layer_done=None):
+        """Backpropagation on one chunk: write (or, if accumulate, add) its gradient into grads.
+
+        Returns the chunk's scaled loss as a 0-d array on the arrays' device.
+        """
+        activations = self.forward(inputs)
+        loss, correct, delta = output_loss(self.output_logits, activations[-1], labels, scale, self.output)
+        self.last_correct += correct
+        backward_layers(self.layers, activations, delta, accumulate, on_layer_done)
+        return loss
+
+    # -- evaluation -----------------------------------------------------------
+
+    def predict_probabilities(self, inputs):
+        """Output activations a_L (N, n_L), computed chunk by chunk.
+
+        Like :meth:`predict`, :meth:`loss` and :meth:`accuracy`, it takes host (NumPy) arrays on
+        any device and moves them there (no copy when they are there already).
+        """
+        inputs = self.xp.asarray(inputs)
+        self.check_inputs(inputs)
+        chunks = [self.forward(inputs[start:end, ...])[-1] for start, end in self.chunks(inputs.shape[0])]
+        return self.xp.concat(chunks, axis=0)
+
+    def loss(self, inputs, labels) -> float:
+        """The mean cross-entropy J over the samples (no gradient)."""
+        inputs, labels = self.xp.asarray(inputs), self.xp.asarray(labels)
+        self.check_inputs(inputs)
+        self.check_labels(labels, inputs.shape[0])
+        total = 0.0
+        for start, end in self.chunks(inputs.shape[0]):
+            self.forward(inputs[start:end, ...])
+            targets = one_hot_targets(labels[start:end], self.layer_sizes[-1], self.dtype, self.xp)
+            total += float(cross_entropy_from_logits(self.output_logits, targets, self.output, self.xp))
+        return total / inputs.shape[0]
+
+
+class Network(LayerStack):
+    """A fully connected network: sigmoid hidden layers, sigmoid or softmax outputs.
+
+    layer_sizes: e.g. (784, 128, 10): inputs, hidden layers, outputs.
+    output:      "sigmoid" (cross-entropy over independent outputs) or "softmax".
+    dtype:       "float32" (default) or "float64".
+    seed:        initial weights are uniform in +-sqrt(6 / (n_in + n_out)) (Glorot),
+                 drawn on the CPU from numpy.random.default_rng(seed); biases start at 0.
+    device:      "cpu", or an array API namespace (numpy, cupy: nnlib.lesson07_gpu.backend.resolve_backend("gpu"),
+                 array_api_strict for tests); the weights are drawn on the CPU and then moved, so
+                 every device starts from the same weights.
+    ``layers``: one :class:`Layer` per weight layer, over views into ``params`` and ``grads``.
+    """
+
+    def __init__(self, layer_sizes=(784, 30, 10), output: str = "sigmoid", dtype="float32",
+                 seed: int = 0, device: str = "cpu"):
+        layer_sizes = tuple(int(size) for size in layer_sizes)
+        if len(layer_sizes) < 2 or min(layer_sizes) < 1:
+            raise ValueError(f"layer_sizes needs at least two positive sizes (inputs, outputs); got {layer_sizes}")
+        if output not in ("sigmoid", "softmax"):
+            raise ValueError(f"output must be 'sigmoid' or 'softmax'; got {output!r}")
+        if str(np.dtype(dtype)) not in ("float32", "float64"):
+            raise ValueError(f"dtype must be float32 or float64; got {dtype}")
+        xp = namespace_of_device(device)
+        shapes = list(zip(layer_sizes[:-1], layer_sizes[1:]))
+        params = xp.asarray(initial_parameters(shapes, seed), dtype=getattr(xp, str(np.dtype(dtype))))
+        grads = xp.zeros_like(params)
+        super().__init__(layer_sizes, output, dense_layers(params, grads, shapes, output, xp), params, grads, xp)
+
+    def layer_views(self, flat):
+        """Split a flat vector (num_params,) into per-layer views: [W_l (n_in, n_out)], [b_l (n_out,)].
+
+        The views share memory with ``flat``: writing to them writes to ``flat``.
+        """
+        return layer_views(flat, self.shapes, self.xp)
+
+    # -- copying --------------------------------------------------------------
+
+    def get_params(self) -> np.ndarray:
+        """A NumPy copy of the flat parameter vector."""
+        return to_numpy(self.params).copy()
+
+    def set_params(self, flat) -> None:
+        """Overwrite the parameters (in place, so the layer views stay valid)."""
+        if tuple(flat.shape) != (self.num_params,):
+            raise ValueError(f"expected a flat vector of {self.num_params} parameters; got shape {tuple(flat.shape)}")
+        self.params[...] = self.xp.asarray(flat, dtype=self.dtype)
+
+    def __repr__(self) -> str:
+        sizes = "-".join(map(str, self.layer_sizes))
+        return f"Network({sizes}, output={self.output}, dtype={self.params.dtype}, params={self.num_params})"
+
+
+def count_parameters(layer_sizes) -> int:
+    """Weights and biases of a network with these layer sizes: sum over layers of n_in n_out + n_out."""
+    return parameter_offsets(list(zip(layer_sizes[:-1], layer_sizes[1:])))[-1]
+
+
+def parameter_offsets(shapes) -> list[int]:
+    """Where each layer's [W_l, b_l] begins in the flat vector, then the total: [0, ..., num_params].
+
+    shapes: [(n_in, n_out)] per layer. Layers l..m are flat[offsets[l]:offsets[m + 1]].
+    """
+    offsets = [0]
+    for n_in, n_out in shapes:
+        offsets.append(offsets[-1] + n_in * n_out + n_out)
+    return offsets
+
+
+def layer_views(flat, shapes, xp=np):
+    """Per-layer views into a flat vector laid out [W_1, b_1, W_2, b_2, ...]: ([W_l], [b_l]).
+
+    shapes: [(rows, columns)] of each W_l (b_l has ``columns`` values); the views share memory with ``flat``.
+    """
+    weights, biases = [], []
+    for (rows, columns), offset in zip(shapes, parameter_offsets(shapes)):
+        weights.append(xp.reshape(flat[offset:offset + rows * columns], (rows, columns)))
+        biases.append(flat[offset + rows * columns:offset + rows * columns + columns])
+    return weights, biases
+
+
+def initial_parameters(shapes, seed: int) -> np.ndarray:
+    """The flat float64 starting vector: Glorot-uniform weights, zero biases, drawn on the CPU."""
+    rng = np.random.default_rng(seed)
+    pieces = []
+    for n_in, n_out in shapes:
+        limit = math.sqrt(6.0 / (n_in + n_out))
+        pieces.append(rng.uniform(-limit, limit, size=n_in * n_out))
+        pieces.append(np.zeros(n_out))
+    return np.concatenate(pieces)

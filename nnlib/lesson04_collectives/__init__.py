@@ -1,0 +1,11 @@
+"""Lesson 04 (notebooks/04_mpi_collectives.ipynb): MPI ranks in a notebook, and what their collectives cost.
+
+    cluster           start(n): an ipyparallel cluster whose engines are MPI ranks
+    reaper            no process outlives the one that started the cluster
+    collectives       collectives on NumPy arrays, uneven splits, one verdict on every rank
+    collectives_demo  the lesson's collectives as a plain mpiexec script
+    timing            warm-up, then the median of timed calls
+    costmodel         every prediction of the series: alpha-beta, the ring, FLOPs, step time, the bubble
+"""
+
+LESSON = 4

@@ -1,0 +1,256 @@
+"""An ipyparallel cluster whose engines are MPI ranks, started and stopped in one call.
+
+    with nnlib.lesson04_collectives.cluster.start(n=4) as cluster:   # in a notebook: `%%px` cells now run on 4 ranks
+        cluster.view.apply_sync(...)            # the view's engines are in MPI rank order
+
+What it takes care of:
+
+* the ``mpiexec`` of this Python's environment (beside its interpreter), by absolute path,
+  not whatever comes first on PATH; Open MPI's settings for root and for more ranks than
+  cores when that is the MPI in use (MPICH needs none);
+* one BLAS thread per rank (``OMP_NUM_THREADS=1``...), so ranks do not fight over cores;
+* engine ids mapped to MPI ranks explicitly (they need not match), and a view whose
+  engines are ordered by rank, so ``%%px`` output comes in rank order;
+* in IPython, ``%pxconfig --no-stream --progress-after -1``: one output block per rank, in
+  order, and no progress bar, so notebooks can be tested against their saved outputs;
+* a start-up failure raises :class:`ClusterStartError` within ``timeout`` seconds, with the
+  ``mpiexec`` command, the engines' own log lines and the likely fix;
+* every watched collective on the engines has a classroom deadline ($NNLIB_TIMEOUT =
+  CLASSROOM_TIMEOUT seconds; lesson 10's nnlib.lesson10_faults.watchdog), so a failing rank stops a cell instead of hanging it;
+* stopping is quiet (no engine log in the notebook) and leaves no process behind, and no process
+  outlives the kernel however it ends (killed, restarted, out of memory): see nnlib.lesson04_collectives.reaper.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import time
+
+LESSON = 4
+
+
+#: Seconds a collective of nnlib waits in the notebook cluster ($NNLIB_TIMEOUT of its engines; nnlib.lesson10_faults.watchdog).
+CLASSROOM_TIMEOUT = 20.0
+ENGINE_SETUP = "from mpi4py import MPI\ncomm = MPI.COMM_WORLD\nrank, size = comm.rank, comm.size\n"
+
+
+class ClusterStartError(RuntimeError):
+    """The MPI engines did not start; the message says what ran, what it printed, and what to try."""
+
+
+def mpi_flavour(mpiexec: str) -> str:
+    """'mpich', 'openmpi' or 'unknown', from ``mpiexec --version``."""
+    try:
+        output = subprocess.run([mpiexec, "--version"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    lowered = output.lower()
+    if "open mpi" in lowered or "openrte" in lowered or "prte" in lowered:
+        return "openmpi"
+    if "hydra" in lowered or "mpich" in lowered:
+        return "mpich"
+    return "unknown"
+
+
+def engine_environment(mpiexec: str, extra=None) -> dict:
+    """Environment variables for mpiexec and its ranks: one BLAS thread, Open MPI's root/oversubscribe."""
+    from nnlib.environment import ONE_BLAS_THREAD
+
+    environment = dict(ONE_BLAS_THREAD)
+    if mpi_flavour(mpiexec) == "openmpi":
+        environment.update({
+            "OMPI_ALLOW_RUN_AS_ROOT": "1",
+            "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+            "PRTE_MCA_rmaps_default_mapping_policy": ":oversubscribe",
+            "OMPI_MCA_rmaps_base_oversubscribe": "1",
+        })
+    environment.update(extra or {})
+    return environment
+
+
+class MPICluster:
+    """A running ipyparallel cluster of MPI engines. Use :func:`start` to make one.
+
+    cluster   the ipyparallel.Cluster
+    client    the ipyparallel.Client connected to it
+    view      a DirectView of all engines, ordered by MPI rank
+    rank_of   {engine id: MPI rank}
+    """
+
+    def __init__(self, cluster, client, n: int, timeout: float, reaper=None):
+        self.cluster, self.client, self.n, self.timeout = cluster, client, n, timeout
+        self.view, self.rank_of = None, {}
+        self.reaper = reaper  # ends this kernel's cluster processes if the kernel dies (nnlib.lesson04_collectives.reaper)
+
+    # -- context manager -----------------------------------------------------
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self.stop()
+        return False
+
+    # -- set-up ---------------------------------------------------------------
+    def _start_engines(self):
+        """Launch the n engines with mpiexec and wait until all registered.
+
+        Fails early if mpiexec exits, and at the latest after ``timeout`` seconds.
+        """
+        engine_set = self.cluster.start_engines_sync(self.n)
+        launcher = self.cluster.engines[engine_set]
+        deadline = time.monotonic() + self.timeout
+        while len(self.client.ids) < self.n:
+            if _has_exited(launcher.process):
+                raise self._start_error("mpiexec exited before all engines started", launcher.args)
+            if time.monotonic() > deadline:
+                raise self._start_error(
+                    f"only {len(self.client.ids)} of {self.n} engines registered within {self.timeout:g} s",
+                    launcher.args)
+            time.sleep(0.1)
+        self._map_ranks()
+
+    def _start_error(self, what: str, mpiexec_command) -> ClusterStartError:
+        log = "".join(launcher.get_output(remove=False) for launcher in self.cluster.engines.values())
+        tail = "\n".join(log.strip().splitlines()[-25:]) or "(mpiexec printed nothing)"
+        self.stop()
+        return ClusterStartError(
+            f"The MPI engines did not start: {what}.\n"
+            f"Command: {' '.join(map(str, mpiexec_command))}\n"
+            f"Its output (last lines):\n{tail}\n"
+            "Likely fixes: check that the mpiexec above belongs to the MPI that mpi4py was built for "
+            "(pip install mpich mpi4py into this environment); with Open MPI as root or with more ranks "
+            "than cores, set OMPI_ALLOW_RUN_AS_ROOT=1, OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 and "
+            "PRTE_MCA_rmaps_default_mapping_policy=:oversubscribe; ask for fewer engines; or pass a longer "
+            "timeout= if the machine is just slow."
+        )
+
+    def _map_ranks(self):
+        """Ask every engine its MPI rank; order the view by rank; check it is a permutation of 0..n-1."""
+        everyone = self.client[:]
+        everyone.execute(ENGINE_SETUP, block=True)
+        ranks = everyone.apply_sync(_mpi_rank)
+        self.rank_of = dict(zip(everyone.targets, ranks))
+        if sorted(ranks) != list(range(self.n)):
+            raise ClusterStartError(f"engine ranks {sorted(ranks)} are not 0..{self.n - 1}: the engines are "
+                                    "not one MPI job (was mpi4py built for another MPI than this mpiexec?)")
+        self.view = self.client[sorted(self.rank_of, key=self.rank_of.get)]
+        self.view.block = True
+
+    def activate(self):
+        """Make ``%%px`` run on this cluster's view, with stable output (no streaming, no progress bar)."""
+        try:
+            from IPython import get_ipython
+        except ImportError:
+            return
+        shell = get_ipython()
+        if shell is None:
+            return
+        self.view.activate()
+        shell.run_line_magic("pxconfig", "--no-stream --progress-after -1")
+
+    # -- recovery and stop ----------------------------------------------------
+    def restart(self):
+        """Restart every engine (e.g. after a rank raised and the others hang in a collective).
+
+        The engines' ids and ranks may pair up differently afterwards, so the rank mapping
+        and the ``%%px`` view are rebuilt.
+        """
+        self._quiet()
+        self.cluster.stop_engines_sync()
+        deadline = time.monotonic() + self.timeout
+        while self.client.ids:  # the controller notices the engines are gone (heartbeat)
+            if time.monotonic() > deadline:
+                raise ClusterStartError(f"the stopped engines did not unregister within {self.timeout:g} s")
+            time.sleep(0.1)
+        self._start_engines()
+        self.activate()
+
+    def _quiet(self):
+        """mpiexec exits 1 on SIGTERM and ipyparallel then logs the whole engine log: keep it out."""
+        for logger in [self.cluster.log, *(launcher.log for launcher in self.cluster.engines.values())]:
+            logger.setLevel(logging.CRITICAL)
+        if self.cluster.controller is not None:
+            self.cluster.controller.log.setLevel(logging.CRITICAL)
+
+    def stop(self):
+        """Stop the engines and the controller (and this cluster's reaper); safe to call twice."""
+        if self.cluster is None:
+            return
+        self._quiet()
+        try:
+            if self.client is not None:
+                self.client.close()
+        finally:
+            try:
+                self.cluster.stop_cluster_sync()
+            finally:
+                self.cluster = None
+                if self.reaper is not None:
+                    self.reaper.terminate()
+                    self.reaper.wait(10)
+                    self.reaper = None
+
+    def __repr__(self):
+        state = "stopped" if self.cluster is None else f"{self.n} MPI engines"
+        return f"<MPICluster: {state}>"
+
+
+def _has_exited(process) -> bool:
+    """Whether a psutil.Process has ended (gone, or a zombie nobody has reaped yet)."""
+    import psutil
+
+    try:
+        return process.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def _mpi_rank():
+    from mpi4py import MPI
+
+    return MPI.COMM_WORLD.rank
+
+
+def start(n: int = 4, timeout: float = 30.0, mpiexec: str | None = None, environment=None,
+          activate: bool = True) -> MPICluster:
+    """Start ``n`` ipyparallel engines as the ranks of one ``mpiexec`` job; return an :class:`MPICluster`.
+
+    mpiexec:     path of mpiexec (default: the one beside this Python, else on PATH)
+    environment: extra environment variables for mpiexec and the ranks
+    timeout:     seconds to wait for every engine before raising ClusterStartError
+    activate:    in IPython, point ``%%px`` at this cluster with stable output
+    """
+    import ipyparallel
+
+    from nnlib.environment import mpiexec_path
+    from nnlib.lesson04_collectives import reaper
+
+    mpiexec = mpiexec or mpiexec_path()
+    if not mpiexec or not (os.path.isfile(mpiexec) and os.access(mpiexec, os.X_OK)):
+        raise ClusterStartError(
+            f"no usable mpiexec (looked for {mpiexec or 'mpiexec beside this Python and on PATH'}). "
+            "Install an MPI runtime into this environment (pip install mpich mpi4py), or pass mpiexec='/path/to/mpiexec'."
+        )
+    mpiexec = os.path.abspath(mpiexec)
+    reaper.clean_up_orphans()  # clusters left behind by a dead kernel of this user
+    owner = os.environ[reaper.TAG] = reaper.tag_of()  # inherited by the controller, mpiexec and every engine
+    environment = {"NNLIB_TIMEOUT": os.environ.get("NNLIB_TIMEOUT", str(CLASSROOM_TIMEOUT)), **(environment or {})}
+    cluster = ipyparallel.Cluster(engines="mpi", n=n, controller_args=["--HeartMonitor.period=500"],
+                                  log_level=logging.ERROR)
+    cluster.config.MPIEngineSetLauncher.mpi_cmd = [mpiexec]
+    cluster.config.MPIEngineSetLauncher.environment = engine_environment(mpiexec, environment)
+    handle = MPICluster(cluster, None, n, timeout, reaper.start_reaper(owner))
+    try:
+        cluster.start_controller_sync()
+        handle.client = cluster.connect_client_sync()
+        handle._start_engines()
+    except ClusterStartError:
+        raise
+    except BaseException:
+        handle.stop()
+        raise
+    if activate:
+        handle.activate()
+    return handle

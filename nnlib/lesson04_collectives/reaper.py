@@ -1,0 +1,118 @@
+"""No orphans: a cluster's processes end when the process that started them is gone.
+
+The notebook's kernel starts a controller and an ``mpiexec`` job (hydra's proxies, then the
+engines). If the kernel dies without stopping them (killed by a signal, by the out-of-memory
+killer, or restarted from JupyterLab while a cell is stuck in a collective), nobody is left to
+stop them, and a rank waiting in a collective keeps a core busy for ever.
+
+How nnlib prevents that:
+
+* every process of a cluster carries the environment variable ``NNLIB_CLUSTER_OWNER`` =
+  ``"<pid>:<start time>"`` of the process that started it (children inherit it, hydra passes it
+  to the ranks); the start time tells a dead owner from a new process that got its pid;
+* a small *reaper* process (``python -m nnlib.lesson04_collectives.reaper OWNER``), in its own session so that a
+  signal to the kernel's process group does not reach it, looks every ``POLL`` seconds whether the
+  owner is alive. When it is gone, the reaper ends every process carrying the owner's tag
+  (SIGTERM, then SIGKILL after ``GRACE`` seconds) and exits. ``MPICluster.stop()`` ends the
+  reaper after stopping the cluster;
+* :func:`clean_up_orphans`, called by ``nnlib.lesson04_collectives.cluster.start()``, ends processes of the same user
+  whose tagged owner is gone: a second safety net if a reaper was killed too.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+LESSON = 4  # the cluster leaves no process behind
+
+
+TAG = "NNLIB_CLUSTER_OWNER"
+POLL = 0.5
+GRACE = 3.0
+
+
+def tag_of(process=None) -> str:
+    """'<pid>:<start time>' of ``process`` (a psutil.Process; default: this one)."""
+    import psutil
+
+    process = process or psutil.Process()
+    return f"{process.pid}:{process.create_time():.2f}"
+
+
+def is_alive(tag: str) -> bool:
+    """Whether the process the tag names still runs (same pid *and* same start time; zombies count as gone)."""
+    import psutil
+
+    pid = int(tag.split(":")[0])
+    try:
+        process = psutil.Process(pid)
+        return tag_of(process) == tag and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def tagged_processes(tag: str | None = None):
+    """This user's processes carrying ``TAG`` (equal to ``tag`` if given): [(psutil.Process, its tag)]."""
+    import psutil
+
+    found, me = [], os.getpid()
+    for process in psutil.process_iter(["uids"]):
+        try:
+            if process.pid == me or process.info["uids"] is None or process.info["uids"].real != os.getuid():
+                continue
+            value = process.environ().get(TAG)
+        except psutil.Error:
+            continue
+        if value is not None and (tag is None or value == tag):
+            found.append((process, value))
+    return found
+
+
+def end_processes(processes, grace: float = GRACE) -> None:
+    """SIGTERM, then SIGKILL whatever is left after ``grace`` seconds."""
+    import psutil
+
+    for process in processes:
+        try:
+            process.terminate()
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(processes, timeout=grace)
+    for process in alive:
+        try:
+            process.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(alive, timeout=grace)
+
+
+def clean_up_orphans() -> int:
+    """End this user's cluster processes whose owner is gone; return how many were ended."""
+    orphans = [process for process, owner in tagged_processes() if not is_alive(owner)]
+    end_processes(orphans)
+    return len(orphans)
+
+
+def start_reaper(tag: str) -> subprocess.Popen:
+    """Start the reaper for the owner ``tag`` in its own session, without the tag in its environment."""
+    environment = {name: value for name, value in os.environ.items() if name != TAG}
+    return subprocess.Popen([sys.executable, "-m", "nnlib.lesson04_collectives.reaper", tag], env=environment, start_new_session=True,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def watch_owner(tag: str, poll: float = POLL) -> None:
+    """Wait until the owner is gone, then end every process with its tag."""
+    while is_alive(tag):
+        time.sleep(poll)
+    for _ in range(3):  # processes started in the last moments are found by a second look
+        found = [process for process, _ in tagged_processes(tag)]
+        if not found:
+            break
+        end_processes(found)
+
+
+if __name__ == "__main__":
+    watch_owner(sys.argv[1])

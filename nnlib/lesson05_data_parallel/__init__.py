@@ -1,0 +1,20 @@
+"""Lesson 05 (notebooks/05_data_parallel_training.ipynb): every rank holds the whole network and a shard of the data.
+
+    data_parallel  train_parallel: lesson 03's loop on every rank, the gradients combined by
+                   ParameterServer, ReduceBroadcast or Allreduce; shard splits the samples
+
+Later lessons plug into the same loop from their own folders: ZeRO, Overlap and PerRankBatches
+(lesson 08), HostStaging (07), the watchdog and checkpoints (10), compressed gradients (11).
+Every mode with the sequential run's batches takes exactly its steps (nnlib.train); the checkers
+in tests/mpi/ compare each one with it. The lesson's names are importable from here:
+``from nnlib.lesson05_data_parallel import shard, train_parallel``.
+"""
+
+from nnlib.lesson05_data_parallel.data_parallel import (PHASES, STRATEGIES, Allreduce, ParameterServer, ReduceBroadcast,
+                                                        gather_phase_seconds, gather_timeline, shard, train_parallel)
+
+LESSON = 5
+
+
+__all__ = ["PHASES", "STRATEGIES", "Allreduce", "ParameterServer", "ReduceBroadcast", "gather_phase_seconds",
+           "gather_timeline", "shard", "train_parallel"]

@@ -1,0 +1,69 @@
+"""Measuring speed honestly: a reference matmul rate, and training throughput.
+
+The FLOPs of a training step and the shapes of its matrix products are nnlib.lesson04_collectives.costmodel's
+(:func:`~nnlib.lesson04_collectives.costmodel.flops_per_sample`, :func:`~nnlib.lesson04_collectives.costmodel.step_matmul_shapes`): one
+count, used here, in the benchmarks and in lesson 06.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from nnlib.lesson04_collectives.costmodel import flops_per_sample, step_matmul_shapes  # noqa: F401  (flops_per_sample: the old home)
+
+LESSON = 6
+NOTEBOOKS_ONLY = True  # used by the scripts in benchmarks/, by no other nnlib module
+
+
+def matmul_rate(layer_sizes, batch_size: int, dtype="float32", min_seconds: float = 0.5, seed: int = 0) -> float:
+    """NumPy's measured rate (GFLOP/s) doing exactly one step's matrix products, nothing else.
+
+    Random operands of the step's shapes are multiplied in the same order, repeated
+    for at least ``min_seconds``; the rate is total FLOPs / total time. This is the
+    ceiling the training step could reach if element-wise work and data movement were free.
+    """
+    rng = np.random.default_rng(seed)
+    operands = [(rng.random((m, k), dtype=dtype), rng.random((k, n), dtype=dtype))
+                for m, k, n in step_matmul_shapes(layer_sizes, batch_size)]
+    flops = sum(2 * a.shape[0] * a.shape[1] * b.shape[1] for a, b in operands)
+    for a, b in operands:  # warm-up
+        a @ b
+    repeats, start = 0, time.perf_counter()
+    while True:
+        for a, b in operands:
+            a @ b
+        repeats += 1
+        elapsed = time.perf_counter() - start
+        if elapsed >= min_seconds:
+            return flops * repeats / elapsed / 1e9
+
+
+def training_throughput(layer_sizes, inputs, labels, batch_size=None, epochs: int = 3,
+                        learning_rate: float = 0.1, dtype="float32", seed: int = 0) -> float:
+    """Samples per second of nnlib.train (best epoch of ``epochs`` after one warm-up epoch)."""
+    from nnlib.lesson02_network.network import Network
+    from nnlib.lesson03_training.training import train
+
+    network = Network(layer_sizes, dtype=dtype, seed=seed)
+    history = train(network, inputs, labels, epochs=epochs + 1, learning_rate=learning_rate,
+                    batch_size=batch_size, seed=seed, progress=False)
+    return inputs.shape[0] / min(history.seconds[1:])
+
+
+def torch_copy(network, torch):
+    """The same network in PyTorch, with the same starting weights, for fair comparisons.
+
+    Returns a torch.nn.Sequential of Linear and Sigmoid layers that ends with the output
+    *logits* (the loss applies the output sigmoid, as nnlib's cross-entropy from logits does).
+    nnlib stores W as (n_in, n_out); torch.nn.Linear stores its transpose.
+    """
+    layers = []
+    for weights, biases in zip(network.weights, network.biases):
+        linear = torch.nn.Linear(*weights.shape)
+        with torch.no_grad():
+            linear.weight.copy_(torch.from_numpy(np.ascontiguousarray(weights.T)))
+            linear.bias.copy_(torch.from_numpy(np.array(biases)))
+        layers += [linear, torch.nn.Sigmoid()]
+    return torch.nn.Sequential(*layers[:-1])

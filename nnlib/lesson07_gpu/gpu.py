@@ -1,0 +1,208 @@
+"""Measuring matrix products and training on the CPU and the GPU, honestly.
+
+GPU work is *asynchronous*: a CuPy call returns as soon as the work is queued, so a timer must
+wait for the GPU (stream synchronisation) before it stops, and the first calls (which compile
+kernels and allocate memory) must be left out as warm-up. :func:`median_seconds` (nnlib.lesson04_collectives.timing's
+timer, synchronised with the device) does both.
+
+Everything here takes the array module as an argument (numpy or cupy), so the same code
+measures both; ``python -m nnlib gpu-benchmark --output notebooks/results/gpu-<device>.csv``
+records the figures on a GPU machine for notebook 07 to show on machines without one.
+"""
+
+from __future__ import annotations
+
+import datetime
+import re
+
+import numpy as np
+
+from nnlib.lesson01_mnist.files import read_csv, write_csv
+from nnlib.lesson02_network.arrays import to_numpy
+from nnlib.lesson02_network.network import Network, sigmoid
+from nnlib.lesson04_collectives import timing
+from nnlib.lesson07_gpu.backend import resolve_backend, synchronizer
+
+LESSON = 7
+
+
+# Matrix shapes (m, k, n) for A (m x k) @ B (k x n), tiny to large. The first is the seed's
+# per-layer product (a batch of 120 samples through a 30 -> 20 layer).
+MATMUL_SHAPES = [(120, 30, 20), (64, 64, 64), (128, 128, 128), (256, 256, 256), (512, 512, 512),
+                 (1024, 1024, 1024), (2048, 2048, 2048), (4096, 4096, 4096)]
+CSV_FIELDS = ["kind", "variant", "m", "k", "n", "hidden", "samples", "cpu_seconds", "gpu_seconds",
+              "gpu_with_copies_seconds", "device", "date"]
+
+
+def median_seconds(function, xp, repeats: int = 10, warmup: int = 2) -> float:
+    """nnlib.lesson04_collectives.timing.median_seconds of ``function()``, waiting for the device ``xp`` (numpy or cupy) each time."""
+    return timing.median_seconds(function, repeats, warmup, synchronize=synchronizer(xp))
+
+
+def matmul_sweep(shapes=MATMUL_SHAPES, gpu=None, repeats: int = 10, seed: int = 0) -> list[dict]:
+    """CPU (NumPy) versus GPU time of A @ B for each shape, in float32.
+
+    gpu_seconds: operands already on the GPU (the product alone);
+    gpu_with_copies_seconds: copy A and B to the GPU, multiply, copy the result back.
+    Without ``gpu`` (the cupy module) the GPU columns are NaN.
+    """
+    rng = np.random.default_rng(seed)
+    records = []
+    for m, k, n in shapes:
+        a, b = rng.random((m, k), dtype=np.float32), rng.random((k, n), dtype=np.float32)
+        record = {"kind": "matmul", "m": m, "k": k, "n": n,
+                  "cpu_seconds": median_seconds(lambda: a @ b, np, repeats),
+                  "gpu_seconds": float("nan"), "gpu_with_copies_seconds": float("nan")}
+        if gpu is not None:
+            device_a, device_b = gpu.asarray(a), gpu.asarray(b)
+            record["gpu_seconds"] = median_seconds(lambda: device_a @ device_b, gpu, repeats)
+            record["gpu_with_copies_seconds"] = median_seconds(
+                lambda: to_numpy(gpu.asarray(a) @ gpu.asarray(b)), gpu, repeats)
+        records.append(record)
+    return records
+
+
+def crossover(records, gpu_column: str = "gpu_seconds"):
+    """The smallest product (m, k, n) from which the GPU beats the CPU at every larger size, or None.
+
+    records: matmul records (see :func:`matmul_sweep`), in any order; ``gpu_column`` is
+    "gpu_seconds" (the product alone) or "gpu_with_copies_seconds" (copies there and back included).
+    """
+    rows = [r for r in records if r["kind"] == "matmul" and r[gpu_column] == r[gpu_column]]
+    rows.sort(key=lambda r: r["m"] * r["k"] * r["n"])
+    winning = None
+    for r in reversed(rows):
+        if r[gpu_column] >= r["cpu_seconds"]:
+            break
+        winning = (r["m"], r["k"], r["n"])
+    return winning
+
+
+def forward_one_sample_at_a_time(network, inputs) -> np.ndarray:
+    """The seed's mistake: every sample, every layer, its own tiny product, copied to the device and back.
+
+    inputs are host (NumPy) rows; returns the outputs (N, n_L) on the host.
+    """
+    xp = network.xp
+    outputs = []
+    for row in inputs:
+        activation = to_numpy(xp.asarray(row[None, :]))
+        for weights, biases in zip(network.weights, network.biases):
+            activation = to_numpy(sigmoid(xp.asarray(activation) @ weights + biases, xp))
+        outputs.append(activation[0])
+    return np.stack(outputs)
+
+
+def forward_batched(network, inputs) -> np.ndarray:
+    """One product per layer for the whole batch, on the device; one copy in, one copy out."""
+    return to_numpy(network.forward(network.xp.asarray(inputs))[-1])
+
+
+def forward_comparison(inputs, hidden: int = 1024, gpu=None, repeats: int = 3) -> list[dict]:
+    """Forward passes of 784-hidden-10 over ``inputs``: one sample at a time versus batched, CPU and GPU."""
+    records = []
+    cpu_network = Network((inputs.shape[1], hidden, 10), seed=0)
+    gpu_network = Network((inputs.shape[1], hidden, 10), seed=0, device=gpu) if gpu is not None else None
+    for variant, forward in (("per_sample", forward_one_sample_at_a_time), ("batched", forward_batched)):
+        records.append({
+            "kind": "forward", "variant": variant, "hidden": hidden, "samples": inputs.shape[0],
+            "cpu_seconds": median_seconds(lambda: forward(cpu_network, inputs), np, repeats),
+            "gpu_seconds": median_seconds(lambda: forward(gpu_network, inputs), gpu, repeats) if gpu else float("nan"),
+            "gpu_with_copies_seconds": float("nan")})
+    return records
+
+
+def epoch_seconds(hidden: int, inputs, labels, device: str = "cpu", batch_size: int = 256, seed: int = 0) -> float:
+    """Seconds of one training epoch of 784-hidden-10 (the second of two: the first warms up).
+
+    On the GPU the data moves to the device once, before timing, and stays there.
+    """
+    from nnlib.lesson03_training.training import train
+
+    network = Network((inputs.shape[1], hidden, 10), seed=seed, device=resolve_backend(device))
+    history = train(network, network.xp.asarray(inputs), network.xp.asarray(labels), epochs=2,
+                    learning_rate=0.1, batch_size=batch_size, momentum=0.9, seed=seed, progress=False)
+    return history.seconds[1]
+
+
+def save_csv(records, path) -> None:
+    """Write benchmark records as CSV (atomically)."""
+    write_csv(records, path, CSV_FIELDS)
+
+
+def load_csv(path) -> list[dict]:
+    """Records from :func:`save_csv`, numbers converted (empty fields: None, or NaN for times)."""
+    return read_csv(path, CSV_FIELDS, integers=("m", "k", "n", "hidden", "samples"),
+                    floats=("cpu_seconds", "gpu_seconds", "gpu_with_copies_seconds"), what="GPU benchmark records")
+
+
+def device_slug(name: str) -> str:
+    """A file-name part from a device name: "NVIDIA H100 80GB HBM3" -> "nvidia-h100-80gb-hbm3"."""
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "gpu"
+
+
+def format_records(records) -> str:
+    """A plain-text table of benchmark records, with the CPU / GPU ratio of each."""
+    lines = [f"{'what':>34s} {'CPU (1 core)':>13s} {'GPU':>11s} {'GPU + copies':>13s} {'CPU / GPU':>10s}"]
+    for r in records:
+        if r["kind"] == "matmul":
+            what = f"A ({r['m']} x {r['k']}) @ B ({r['k']} x {r['n']})"
+        elif r["kind"] == "epoch":
+            what = f"epoch, 784-{r['hidden']}-10, {r['samples']} samples"
+        else:
+            what = f"forward {r['variant']}, {r['samples']} samples"
+        copies = f"{r['gpu_with_copies_seconds'] * 1e3:10.3f} ms" if r["gpu_with_copies_seconds"] == r["gpu_with_copies_seconds"] else " " * 13
+        lines.append(f"{what:>34s} {r['cpu_seconds'] * 1e3:10.3f} ms {r['gpu_seconds'] * 1e3:8.3f} ms {copies} "
+                     f"{r['cpu_seconds'] / r['gpu_seconds']:9.1f}x")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    """``python -m nnlib gpu-benchmark``: record the matmul sweep and training epochs, CPU (1 thread) and GPU."""
+    import argparse
+
+    from threadpoolctl import threadpool_limits
+
+    from nnlib.lesson01_mnist import data
+    from nnlib.lesson07_gpu.backend import gpu_status
+
+    parser = argparse.ArgumentParser(prog="python -m nnlib gpu-benchmark", description=main.__doc__)
+    parser.add_argument("--hidden", type=int, nargs="+", default=[128, 512, 1024, 2048, 4096])
+    parser.add_argument("--samples", type=int, default=60000, help="training samples per epoch")
+    parser.add_argument("--largest", type=int, default=4096,
+                        help="largest matrix side in the product sweep (default 4096)")
+    parser.add_argument("--repeats", type=int, default=10, help="timed calls per product (their median counts)")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--output", help="write the records here as CSV (e.g. notebooks/results/gpu-h100.csv)")
+    where.add_argument("--results-dir", help="write them to RESULTS_DIR/gpu-<device name>.csv "
+                                             "(notebook 07 reads notebooks/results)")
+    args = parser.parse_args(argv)
+    usable, reason = gpu_status()
+    if not usable:
+        print(f"error: no usable GPU ({reason}); this command records GPU figures, so it needs one.")
+        return 2
+    import cupy
+
+    name = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"]
+    device = name.decode() if isinstance(name, bytes) else name
+    date = datetime.date.today().isoformat()
+    with threadpool_limits(1):  # the CPU side is one core, as in the rest of the series
+        records = matmul_sweep([shape for shape in MATMUL_SHAPES if max(shape) <= args.largest], gpu=cupy,
+                               repeats=args.repeats)
+        mnist = data.load_mnist(progress=False)
+        inputs = data.scale_pixels(mnist.train_images[:args.samples])
+        labels = mnist.train_labels[:args.samples].astype(np.int64)
+        for hidden in args.hidden:
+            records.append({"kind": "epoch", "hidden": hidden, "samples": args.samples,
+                            "cpu_seconds": epoch_seconds(hidden, inputs, labels, "cpu"),
+                            "gpu_seconds": epoch_seconds(hidden, inputs, labels, "gpu"),
+                            "gpu_with_copies_seconds": float("nan")})
+        records += forward_comparison(inputs[:200], gpu=cupy)
+    for record in records:
+        record.update(device=device, date=date)
+    print(format_records(records))
+    output = args.output or (args.results_dir and f"{args.results_dir}/gpu-{device_slug(device)}.csv")
+    if output:
+        save_csv(records, output)
+        print(f"wrote {len(records)} records to {output}")
+    return 0

@@ -1,0 +1,329 @@
+"""Allreduce built from point-to-point messages: the ring, recursive doubling, reduce-then-broadcast.
+
+``comm.Allreduce`` leaves every rank with the element-wise sum of all ranks' buffers. MPI
+libraries build it from plain sends and receives, choosing an algorithm by message size and
+number of ranks P. Three classic ones, each in place on a 1-D buffer of n elements:
+
+reduce-then-broadcast (the parameter server's shape)
+    Every rank sends its whole buffer to rank 0, which adds them up and sends the total back:
+    2 (P - 1) messages of n elements, all through rank 0's link.
+    T = 2 (P - 1) (alpha + n beta)
+
+recursive doubling (latency-optimal: log2 P rounds)
+    In round k, rank r swaps its whole partial sum with rank r XOR 2^k and adds: after log2 P
+    rounds every rank has everything. With P not a power of two, the first 2 (P - p) ranks (p the
+    largest power of two <= P) pair up first, and half of them sit out until the end.
+    T = log2(P) (alpha + n beta)                       (P a power of two)
+
+ring (bandwidth-optimal: every rank sends under 2 n elements, however large P is)
+    The buffer is cut into P chunks (uneven when P does not divide n). Reduce-scatter: in step
+    s = 0 .. P-2, rank r sends chunk (r - s - 1) mod P to rank r + 1 and adds the chunk
+    (r - s - 2) mod P that arrives from rank r - 1; afterwards rank r holds the complete sum of
+    chunk r (as MPI's Reduce_scatter). Allgather: P - 1 more steps pass the completed chunks on.
+    T = 2 (P - 1) alpha + 2 (P - 1) / P n beta
+
+Each function checks its buffer first, on every rank together (:func:`check_buffer`): the same
+length and dtype everywhere, a writable C-contiguous NumPy array, not empty. A bad buffer on
+one rank raises the same ValueError on all of them, instead of a hang or a crash inside MPI.
+
+Sizes and shapes: ``buffer`` is (n,) on every rank; chunks follow
+``collectives.split_counts(n, P)`` (the first n mod P chunks one element longer).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from mpi4py import MPI
+
+from nnlib.lesson04_collectives.collectives import raised_on_every_rank, split_evenly
+
+LESSON = 8
+
+
+TIMING_FIELDS = ["bytes", "algorithm", "ranks", "seconds", "bus_bandwidth"]  # allreduce-timing's CSV columns
+REDUCE = {"sum": np.add, "max": np.maximum, "min": np.minimum, "prod": np.multiply}
+ALGORITHMS = ("ring", "recursive_doubling", "reduce_broadcast")
+
+
+# -- checking the buffers, on every rank together ----------------------------------------------
+
+def local_problem(buffer) -> str | None:
+    """What is wrong with this rank's buffer on its own (None if nothing)."""
+    if not isinstance(buffer, np.ndarray):
+        return f"the buffer must be a NumPy array; got {type(buffer).__name__}"
+    if buffer.ndim != 1:
+        return f"the buffer must be 1-D (use array.reshape(-1) on a contiguous array); got shape {buffer.shape}"
+    if not buffer.flags.c_contiguous:
+        return ("the buffer is a strided view, not contiguous: MPI would read the wrong bytes. "
+                "Pass np.ascontiguousarray(buffer) and copy the result back")
+    if not buffer.flags.writeable:
+        return "the buffer is read-only, but Allreduce writes the result into it: pass a writable copy (buffer.copy())"
+    if buffer.size == 0:
+        return "the buffer is empty (0 elements): there is nothing to reduce"
+    if buffer.dtype.kind not in "iuf":
+        return f"the buffer's dtype {buffer.dtype} is not an integer or floating-point type"
+    return None
+
+
+def check_buffer(comm, buffer, op: str = "sum", min_elements: int = 1) -> None:
+    """Raise the same ValueError on every rank unless every rank's buffer is usable and alike.
+
+    One small ``allgather`` of (problem, length, dtype) per call: every rank sees every rank's
+    answer and reaches the same verdict. ``min_elements``: the fewest elements the algorithm
+    needs (the ring needs one per rank).
+    """
+    problem = local_problem(buffer)
+    if problem is None and op not in REDUCE:
+        problem = f"op must be one of {', '.join(REDUCE)}; got {op!r}"
+    length = None if problem else int(buffer.size)
+    dtype = None if problem else buffer.dtype.str
+    reports = comm.allgather((problem, length, dtype))
+    for rank, (problem, _, _) in enumerate(reports):
+        if problem is not None:
+            raise raised_on_every_rank(ValueError(f"rank {rank}: {problem}."))
+    lengths = [length for _, length, _ in reports]
+    if len(set(lengths)) > 1:
+        listing = ", ".join(f"rank {rank}: {length}" for rank, length in enumerate(lengths))
+        raise raised_on_every_rank(ValueError(f"the buffers have different lengths on different ranks ({listing}); "
+                                "every rank must pass a buffer of the same length"))
+    dtypes = [np.dtype(dtype).name for _, _, dtype in reports]
+    if len(set(dtypes)) > 1:
+        listing = ", ".join(f"rank {rank}: {dtype}" for rank, dtype in enumerate(dtypes))
+        raise raised_on_every_rank(ValueError(f"the buffers have different dtypes on different ranks ({listing}); "
+                                "convert them to one dtype first (e.g. buffer.astype(np.float64))"))
+    if lengths[0] < min_elements:
+        raise raised_on_every_rank(ValueError(
+            f"{comm.size} ranks but only {lengths[0]} elements: the ring cuts the buffer into one chunk per "
+            f"rank, so it needs at least {min_elements}. Use recursive doubling (or MPI's Allreduce) "
+            "for a buffer this small"))
+
+
+# -- the three algorithms --------------------------------------------------------------------
+
+def ring_allreduce(comm, buffer, op: str = "sum", check: bool = True):
+    """Ring Allreduce of ``buffer`` (n,) in place: :func:`ring_reduce_scatter`, then :func:`ring_allgather`.
+
+    ``check=False`` skips :func:`check_buffer` (one allgather), e.g. when timing a buffer that
+    was checked once already.
+    """
+    if check:
+        check_buffer(comm, buffer, op, min_elements=comm.size)
+    ring_reduce_scatter(comm, buffer, op)
+    ring_allgather(comm, buffer)
+    return buffer
+
+
+def ring_reduce_scatter(comm, buffer, op: str = "sum"):
+    """The ring's first half, in place: afterwards chunk r of ``buffer`` holds the complete sum on rank r.
+
+    In step s = 0 .. P-2, rank r sends chunk (r - s - 1) mod P to rank r + 1 and adds the chunk
+    (r - s - 2) mod P arriving from rank r - 1 into its own copy. The last chunk to arrive at
+    rank r is chunk r, carrying every other rank's contribution. Other chunks are left holding
+    partial sums. Returns (start, stop) of this rank's complete chunk. (Unchecked: the callers
+    check the buffers.)
+    """
+    size, rank = comm.size, comm.rank
+    counts, starts = chunk_bounds(buffer.size, size)
+    if size > 1:
+        reduce = REDUCE[op]
+        chunk = [buffer[start:start + count] for start, count in zip(starts, counts)]
+        incoming = np.empty(counts[0], dtype=buffer.dtype)  # the first chunk is the longest
+        right, left = (rank + 1) % size, (rank - 1) % size
+        for step in range(size - 1):
+            send, receive = (rank - step - 1) % size, (rank - step - 2) % size
+            arrived = incoming[:counts[receive]]
+            comm.Sendrecv(chunk[send], dest=right, recvbuf=arrived, source=left)
+            reduce(chunk[receive], arrived, out=chunk[receive])
+    return starts[rank], starts[rank] + counts[rank]
+
+
+def ring_allgather(comm, buffer):
+    """The ring's second half, in place: rank r's chunk r travels around, so every rank gets every chunk.
+
+    In step s = 0 .. P-2, rank r sends chunk (r - s) mod P to rank r + 1 and receives chunk
+    (r - s - 1) mod P from rank r - 1 (copied, not added).
+    """
+    size, rank = comm.size, comm.rank
+    if size > 1:
+        counts, starts = chunk_bounds(buffer.size, size)
+        chunk = [buffer[start:start + count] for start, count in zip(starts, counts)]
+        right, left = (rank + 1) % size, (rank - 1) % size
+        for step in range(size - 1):
+            send, receive = (rank - step) % size, (rank - step - 1) % size
+            comm.Sendrecv(chunk[send], dest=right, recvbuf=chunk[receive], source=left)
+    return buffer
+
+
+def chunk_bounds(length: int, parts: int):
+    """(counts, starts) of ``parts`` chunks covering ``length`` elements: collectives.split_evenly, as plain ints.
+
+    The ring's chunks are nnlib's one split of N items over P ranks (the first N mod P chunks one
+    element longer).
+    """
+    return split_evenly(length, parts)
+
+
+def ring_schedule(size: int):
+    """Who sends which chunk to whom in a ring Allreduce on ``size`` ranks.
+
+    Returns a list of 2 (P - 1) steps; each step is a dict with ``phase`` ("reduce-scatter" or
+    "allgather") and ``sends``: a list of (sender, receiver, chunk), one per rank.
+    """
+    steps = []
+    for step in range(size - 1):
+        steps.append({"phase": "reduce-scatter",
+                      "sends": [(rank, (rank + 1) % size, (rank - step - 1) % size) for rank in range(size)]})
+    for step in range(size - 1):
+        steps.append({"phase": "allgather",
+                      "sends": [(rank, (rank + 1) % size, (rank - step) % size) for rank in range(size)]})
+    return steps
+
+
+def recursive_doubling_allreduce(comm, buffer, op: str = "sum", check: bool = True):
+    """Recursive-doubling Allreduce of ``buffer`` (n,) in place: log2 P rounds of whole-buffer swaps."""
+    if check:
+        check_buffer(comm, buffer, op)
+    size, rank = comm.size, comm.rank
+    reduce = REDUCE[op]
+    power = 1 << (size.bit_length() - 1)  # the largest power of two <= P
+    extra = size - power
+    incoming = np.empty_like(buffer)
+    # Fold: among the first 2 * extra ranks, each even rank hands its buffer to the odd one after it.
+    if rank < 2 * extra:
+        if rank % 2 == 0:
+            comm.Send(buffer, dest=rank + 1)
+            comm.Recv(buffer, source=rank + 1)  # the result, at the end
+            return buffer
+        comm.Recv(incoming, source=rank - 1)
+        reduce(incoming, buffer, out=buffer)
+    # The remaining `power` ranks renumber 0 .. power-1 and swap with partner = new rank XOR 2^k.
+    new_rank = rank // 2 if rank < 2 * extra else rank - extra
+    mask = 1
+    while mask < power:
+        partner_new = new_rank ^ mask
+        partner = partner_new * 2 + 1 if partner_new < extra else partner_new + extra
+        comm.Sendrecv(buffer, dest=partner, recvbuf=incoming, source=partner)
+        # Both partners add the same two arrays in the same order, so they stay bitwise equal.
+        if new_rank < partner_new:
+            reduce(buffer, incoming, out=buffer)
+        else:
+            reduce(incoming, buffer, out=buffer)
+        mask <<= 1
+    if rank < 2 * extra:
+        comm.Send(buffer, dest=rank - 1)
+    return buffer
+
+
+def reduce_broadcast_allreduce(comm, buffer, op: str = "sum", check: bool = True, root: int = 0):
+    """Reduce to ``root`` and broadcast back, with plain Send/Recv: 2 (P - 1) whole-buffer messages."""
+    if check:
+        check_buffer(comm, buffer, op)
+    size, rank = comm.size, comm.rank
+    if rank != root:
+        comm.Send(buffer, dest=root)
+        comm.Recv(buffer, source=root)
+        return buffer
+    reduce = REDUCE[op]
+    incoming = np.empty_like(buffer)
+    for other in range(size):  # in rank order, so the sum does not depend on who arrives first
+        if other != root:
+            comm.Recv(incoming, source=other)
+            reduce(buffer, incoming, out=buffer)
+    for other in range(size):
+        if other != root:
+            comm.Send(buffer, dest=other)
+    return buffer
+
+
+def allreduce(comm, buffer, algorithm: str = "ring", op: str = "sum", check: bool = True):
+    """In-place Allreduce of ``buffer`` (n,) with one of ALGORITHMS, or "mpi" for comm.Allreduce."""
+    if algorithm == "mpi":
+        if check:
+            check_buffer(comm, buffer, op)
+        mpi_op = {"sum": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN, "prod": MPI.PROD}[op]
+        comm.Allreduce(MPI.IN_PLACE, buffer, op=mpi_op)
+        return buffer
+    functions = {"ring": ring_allreduce, "recursive_doubling": recursive_doubling_allreduce,
+                 "reduce_broadcast": reduce_broadcast_allreduce}
+    if algorithm not in functions:
+        raise ValueError(f"algorithm must be 'mpi' or one of {', '.join(ALGORITHMS)}; got {algorithm!r}")
+    return functions[algorithm](comm, buffer, op, check)
+
+
+# -- measuring ---------------------------------------------------------------------------------
+
+def bus_bandwidth(n_bytes, seconds, ranks):
+    """nccl-tests' "bus bandwidth" of an Allreduce, in bytes per second.
+
+    algorithm bandwidth = n / t (the buffer's size over the time); a ring moves 2 (P - 1) / P
+    of the buffer through every rank's link, so bus bandwidth = n / t * 2 (P - 1) / P: the
+    speed each link really ran at, comparable across P (and with the link's own peak).
+    """
+    ranks = np.asarray(ranks, dtype=np.float64)
+    return np.asarray(n_bytes, dtype=np.float64) / np.asarray(seconds, dtype=np.float64) * 2 * (ranks - 1) / ranks
+
+
+def time_algorithms(comm, sizes_in_bytes, algorithms=("mpi", *ALGORITHMS), repeats: int = 10,
+                    dtype=np.float32) -> dict:
+    """Median seconds of one in-place Allreduce per (algorithm, size), the same on every rank.
+
+    Returns {algorithm: array (len(sizes),)}; NaN where the algorithm cannot take the size (the
+    ring needs one element per rank). Each buffer is checked once, then timed with check=False,
+    so the times are the algorithms' own. Large sizes get fewer repeats (at least 3).
+    """
+    from nnlib.lesson04_collectives.timing import time_collective
+
+    itemsize = np.dtype(dtype).itemsize
+    times = {algorithm: np.full(len(sizes_in_bytes), np.nan) for algorithm in algorithms}
+    for index, size in enumerate(sizes_in_bytes):
+        buffer = np.ones(max(1, int(size) // itemsize), dtype=dtype)
+        count = max(3, min(repeats, int(repeats * 2**20 / max(size, 1))))
+        for algorithm in algorithms:
+            if algorithm == "ring" and buffer.size < comm.size:
+                continue
+            allreduce(comm, buffer, algorithm)  # checked once (and a warm-up)
+            times[algorithm][index] = time_collective(
+                comm, lambda: allreduce(comm, buffer, algorithm, check=False), repeats=count)
+    return times
+
+
+def read_timings(path) -> list[dict]:
+    """The rows of a CSV written by ``allreduce-timing --csv``: TIMING_FIELDS, numbers converted."""
+    from nnlib.lesson01_mnist.files import read_csv
+
+    return read_csv(path, TIMING_FIELDS, integers=("bytes", "ranks"), floats=("seconds", "bus_bandwidth"),
+                    what="Allreduce timings")
+
+
+def main(argv=None) -> int:
+    """``mpiexec -n P python -m nnlib allreduce-timing [--csv FILE]``: time every algorithm, 8 B to 16 MB."""
+    import argparse
+
+    from nnlib.lesson01_mnist.files import write_csv
+
+    parser = argparse.ArgumentParser(prog="python -m nnlib allreduce-timing",
+                                     description="Time MPI's Allreduce against the hand-built ones (run under mpiexec).")
+    parser.add_argument("--smallest", type=int, default=8, help="smallest message in bytes (default 8)")
+    parser.add_argument("--largest", type=int, default=16 * 2**20, help="largest message in bytes (default 16 MiB)")
+    parser.add_argument("--repeats", type=int, default=10, help="timed calls per size (fewer for large sizes)")
+    parser.add_argument("--csv", default=None, help="write size,algorithm,ranks,seconds,bus_bandwidth rows here")
+    args = parser.parse_args(argv)
+    if not 4 <= args.smallest <= args.largest:
+        parser.error("need 4 <= --smallest <= --largest (bytes of float32)")
+    comm = MPI.COMM_WORLD
+    sizes = [int(args.smallest * 2**k) for k in range(64) if args.smallest * 2**k <= args.largest]
+    times = time_algorithms(comm, sizes, repeats=args.repeats)
+    if comm.rank == 0:
+        rows = []
+        print(f"{comm.size} ranks; median seconds of one in-place Allreduce of float32")
+        print(f"{'bytes':>10s}" + "".join(f"{name:>20s}" for name in times))
+        for index, size in enumerate(sizes):
+            print(f"{size:10d}" + "".join(f"{seconds[index]:20.3e}" for seconds in times.values()))
+            for name, seconds in times.items():
+                if np.isfinite(seconds[index]):
+                    rows.append({"bytes": size, "algorithm": name, "ranks": comm.size, "seconds": seconds[index],
+                                 "bus_bandwidth": float(bus_bandwidth(size, seconds[index], comm.size))})
+        if args.csv:
+            write_csv(rows, args.csv, TIMING_FIELDS)
+            print(f"wrote {args.csv}")
+    return 0

@@ -1,0 +1,49 @@
+"""Where a data-parallel step's communication time goes: waiting for a slower rank, or the transfer itself.
+
+A collective ends on every rank about when the last rank has arrived and the data has moved, so the
+rank that arrived last hardly waited: the shortest duration of a collective over the ranks is its
+transfer, the rest of each rank's duration is waiting. Lesson 08 uses this to say what bounds the
+efficiency of data parallelism.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from mpi4py import MPI
+
+from nnlib.lesson04_collectives.collectives import fail_together
+from nnlib.lesson05_data_parallel.data_parallel import ParallelHistory
+
+LESSON = 8
+NOTEBOOKS_ONLY = True  # used by notebook 08 and benchmarks/data_parallel.py, by no other nnlib module
+
+
+def communication_split(comm, history: ParallelHistory):
+    """Split the communicate phase into waiting for the other ranks and the transfer itself.
+
+    A collective ends on every rank about when the last rank has arrived and the data has moved,
+    so the rank that arrived last hardly waited. For every communication c of the run
+    (one per step for allreduce, two for zero), with d_r(c) its duration on rank r:
+
+        transfer(c)  = min over ranks r of d_r(c)
+        waiting_r(c) = d_r(c) - transfer(c)         (rank r waiting for a slower rank)
+
+    Needs the timeline of every step: ``train_parallel(..., timeline_steps=steps)`` or more.
+    Every rank calls it. Returns (transfer, waiting): seconds per step, the transfer the same on
+    every rank, and waiting (size,) per rank; their sum is that rank's communicate phase per step.
+    """
+    durations = np.array([end - start for _, phase, start, end in history.timeline if phase == "communicate"])
+    recorded = {step for step, *_ in history.timeline}
+    problem = None
+    if history.steps == 0 or len(recorded) < history.steps:
+        problem = (f"the timeline holds {len(recorded)} of the run's {history.steps} steps; train with "
+                   f"timeline_steps={max(history.steps, 1)} (or more) to split its communication")
+    fail_together(comm, problem)
+    counts = comm.allgather(len(durations))
+    fail_together(comm, None if len(set(counts)) == 1 else
+                  f"the ranks' timelines hold different numbers of communications ({counts}): "
+                  "pass every rank the history of the same run")
+    transfer = np.empty_like(durations)
+    comm.Allreduce(durations, transfer, op=MPI.MIN)
+    waiting = np.array(comm.allgather(float(np.sum(durations - transfer))))
+    return float(np.sum(transfer)) / history.steps, waiting / history.steps

@@ -1,0 +1,105 @@
+"""ZeRO (stages 1 and 2): each rank updates, and keeps optimizer state for, only 1/P of the parameters.
+
+With lesson 05's :class:`~nnlib.lesson05_data_parallel.data_parallel.Allreduce` every rank receives the whole summed gradient g, then repeats
+the same update on the whole parameter vector p and keeps a whole copy of the optimizer's state
+(the momentum velocity v): P ranks do the same work P times and hold P copies.
+
+ZeRO (Rajbhandari et al., 2020) cuts p, g and v into P slices [s_r, e_r) (uneven when P does not
+divide the number of parameters, as ``collectives.split_counts``) and, per step:
+
+    1. reduce-scatter the gradients:   g_r = sum over ranks of g[s_r:e_r]        (e_r - s_r,)
+       (stage 2: no rank ever holds the whole summed gradient, only its slice)
+    2. update only that slice:         v_r <- mu v_r - eta g_r;  p[s_r:e_r] += v_r
+       (stage 1: rank r keeps only v_r, 1/P of the optimizer's state)
+    3. allgather the parameter slices: every rank has the whole new p again.
+
+A ring Allreduce *is* a reduce-scatter followed by an allgather, so ZeRO sends the same bytes as
+the ``allreduce`` strategy; what it removes is the repeated update and the repeated optimizer
+state. Steps 1 and 3 are exactly the two halves of nnlib.lesson08_inside_allreduce.allreduce's ring
+(:func:`~nnlib.lesson08_inside_allreduce.allreduce.ring_reduce_scatter`, :func:`~nnlib.lesson08_inside_allreduce.allreduce.ring_allgather`), run
+on whatever communicator the run has. (MPI's own ``Reduce_scatter`` + ``Allgatherv`` compute the same;
+with this MPICH on 2 ranks they took 4.5 times as long as one ``Allreduce`` of a 400 kB
+gradient, the ring's halves about as long: see ``benchmarks/data_parallel.py``.) Each slice is updated with exactly the formula of
+``nnlib.lesson03_training.training.SGD``, so the result equals the ``allreduce`` strategy up to the order in which
+MPI adds the ranks' gradients (within 1e-10 in float64; tests/mpi/check_parallel.py).
+
+``train_parallel(..., strategy=ZeRO)`` trains this way.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from nnlib.lesson02_network.arrays import through_host, to_numpy
+from nnlib.lesson03_training.training import check_learning_rate, check_momentum, sgd_update
+from nnlib.lesson05_data_parallel.data_parallel import DataParallel
+from nnlib.lesson08_inside_allreduce.allreduce import chunk_bounds, ring_allgather, ring_reduce_scatter
+
+LESSON = 8
+
+
+class ZeRO(DataParallel):
+    """A step: reduce-scatter the gradients, update this rank's slice only, allgather the parameters."""
+
+    name = "zero"
+
+    def optimizer(self, network, learning_rate: float, momentum: float):
+        return ShardedSGD(network, learning_rate, momentum, self.size, self.rank)
+
+    def step(self, run) -> None:
+        run.phase("communicate")
+        through_host(self.network.grads, lambda grads: ring_reduce_scatter(self.comm, grads))  # my slice: its sum
+        run.phase("update")
+        run.optimizer.step()  # this rank's slice only
+        run.phase("communicate")
+        through_host(self.network.params, lambda params: ring_allgather(self.comm, params))  # every rank's slice
+
+
+class ShardedSGD:
+    """SGD with momentum on this rank's slice of the parameters only (ZeRO stages 1 and 2).
+
+    network:   the rank's full network replica; only params[start:stop] is updated here.
+    size/rank: the number of ranks and this rank. Attributes: counts, starts (every rank's
+    slice: the ring's chunks), start, stop, velocity (stop - start,) or None.
+    """
+
+    sharded = True  # a checkpoint gathers the velocity from every rank's slice
+
+    def __init__(self, network, learning_rate: float, momentum: float, size: int, rank: int):
+        check_learning_rate(learning_rate)
+        check_momentum(momentum)
+        self.network = network
+        self.learning_rate, self.momentum = float(learning_rate), float(momentum)
+        self.counts, self.starts = chunk_bounds(network.num_params, size)  # the ring's chunks
+        self.start = self.starts[rank]
+        self.stop = self.start + self.counts[rank]
+        self.velocity = network.xp.zeros(self.stop - self.start, dtype=network.params.dtype) if momentum else None
+
+    @property
+    def state_bytes(self) -> int:
+        """Bytes of optimizer state on this rank (the velocity slice; 0 without momentum)."""
+        return 0 if self.velocity is None else int(self.velocity.nbytes)
+
+    def step(self) -> None:
+        """Update params[start:stop] from the summed grads[start:stop] (SGD's formula, on the slice)."""
+        mine = slice(self.start, self.stop)
+        sgd_update(self.network.params[mine], self.network.grads[mine], self.velocity, self.learning_rate,
+                   self.momentum)
+
+    def full_velocity(self, comm):
+        """The whole velocity (num_params,) on every rank, gathered from the slices (for checkpoints)."""
+        if self.velocity is None:
+            return None
+        whole = np.empty(self.network.num_params, dtype=to_numpy(self.velocity[:1]).dtype)
+        comm.Allgatherv(to_numpy(self.velocity), [whole, (self.counts, self.starts)])
+        return whole
+
+    def load_velocity(self, whole) -> None:
+        """Take this rank's slice of a whole velocity vector (from a checkpoint)."""
+        if self.velocity is not None:
+            self.velocity[...] = self.network.xp.asarray(whole[self.start:self.stop])
+
+
+def replicated_state_bytes(network, momentum: float) -> int:
+    """Bytes of optimizer state on every rank without ZeRO: a whole velocity vector (0 without momentum)."""
+    return int(network.params.nbytes) if momentum else 0

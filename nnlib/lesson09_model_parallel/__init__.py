@@ -1,0 +1,9 @@
+"""Lesson 09 (notebooks/09_model_and_pipeline_parallelism.ipynb): the network itself split over the ranks.
+
+    tensor     the hidden units of each layer split over the ranks (Megatron's MLP)
+    pipeline   consecutive layers on consecutive ranks; GPipe and 1F1B as instruction lists
+    grid       a data x tensor or data x pipeline grid of ranks made with Comm.Split
+    tradeoffs  bytes, memory and time per rank of each kind of parallelism
+"""
+
+LESSON = 9

@@ -1,0 +1,186 @@
+"""When each kind of parallelism wins: bytes, memory and time per rank for one training step.
+
+For a fully connected network with layer widths n_0, ..., n_L (W weights and biases in all), a
+global batch of N samples, P ranks, values of ``itemsize`` bytes (4: float32):
+
+data      every rank holds the whole network and N/P samples. Per step it hands MPI the whole
+          gradient, W values, in one Allreduce.
+tensor    hidden units split (nnlib.lesson09_model_parallel.tensor). Per step: for each column/row pair one
+          Allreduce of the pair's (N, n_out) output forward, and one of its (N, n_in) input
+          gradient backward unless the pair comes first. Weights: 1/P of each split layer.
+pipeline  consecutive layers per stage (nnlib.lesson09_model_parallel.pipeline). Per step a stage sends its output
+          activations (N, n_boundary) forward and receives their gradient back (and likewise
+          with the stage before it). Weights: its own layers only; activations kept: the whole
+          batch (GPipe) or min(P - s, m) of m micro-batches (1F1B).
+
+:func:`handed_bytes` counts exactly what the implementations hand to MPI per step (tests compare
+it with counters on the real calls); :func:`parallel_step_time` turns it into seconds with nnlib.lesson04_collectives.costmodel's
+formulas, and nothing else: a ring Allreduce per collective message, alpha + n beta per
+point-to-point message, the FLOPs of a step at a given rate divided over the ranks, and for
+pipelines the bubble (P - 1) / (m + P - 1).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from nnlib.lesson02_network.network import count_parameters
+from nnlib.lesson04_collectives.collectives import split_counts
+from nnlib.lesson04_collectives.costmodel import (Machine, bubble_fraction, flops_per_sample, predicted_time,
+                                                  ring_allreduce_time, step_time)
+from nnlib.lesson09_model_parallel.pipeline import stage_layers
+from nnlib.lesson09_model_parallel.tensor import layer_kinds
+
+LESSON = 9
+NOTEBOOKS_ONLY = True  # used by notebook 09, by no other nnlib module
+
+
+KINDS = ("data", "tensor", "pipeline")
+
+
+def check_pipeline_depth(kind: str, layer_sizes, ranks: int) -> None:
+    """A pipeline needs a layer per stage: ValueError otherwise (as nnlib.lesson09_model_parallel.pipeline.PipelineMLP)."""
+    if kind == "pipeline" and ranks > len(layer_sizes) - 1:
+        raise ValueError(f"a pipeline of {ranks} stages needs at least {ranks} weight layers; "
+                         f"this network has {len(layer_sizes) - 1}")
+
+
+def allreduce_messages(kind: str, layer_sizes, batch: int, ranks: int, itemsize: int = 4) -> list[int]:
+    """The bytes of each Allreduce one step makes (data: the gradient; tensor: the pairs' activations and
+    input gradients; pipeline: none), in the order the step makes them."""
+    check_pipeline_depth(kind, layer_sizes, ranks)
+    if kind == "data":
+        return [count_parameters(layer_sizes) * itemsize]
+    if kind == "pipeline":
+        return []
+    if kind != "tensor":
+        raise ValueError(f"kind must be one of {', '.join(KINDS)}; got {kind!r}")
+    shapes = list(zip(layer_sizes[:-1], layer_sizes[1:]))
+    messages = []
+    for layer, split in enumerate(layer_kinds(len(shapes))):
+        if split == "row":
+            messages.append(batch * shapes[layer][1] * itemsize)       # forward: complete the partial sums
+        if split == "column" and layer > 0:
+            messages.append(batch * shapes[layer][0] * itemsize)       # backward: the pair's input gradient
+    return messages
+
+
+def handed_bytes(kind: str, layer_sizes, batch: int, ranks: int, itemsize: int = 4) -> dict:
+    """What one step hands to MPI on the busiest rank: {"collective": bytes, "point_to_point": bytes}.
+
+    (Besides the pipeline's 16-byte broadcast of the loss at the end of each step.)
+
+    collective: buffers given to Allreduce (:func:`allreduce_messages`); point_to_point: bytes a
+    pipeline stage sends (forward and backward). Both per step.
+    """
+    collective = sum(allreduce_messages(kind, layer_sizes, batch, ranks, itemsize))
+    if kind != "pipeline":
+        return {"collective": collective, "point_to_point": 0}
+    shapes = list(zip(layer_sizes[:-1], layer_sizes[1:]))
+    sent = []
+    for stage, (first, stop) in enumerate(stage_layers(len(shapes), ranks)):
+        forward = batch * shapes[stop - 1][1] if stage < ranks - 1 else 0
+        backward = batch * shapes[first][0] if stage > 0 else 0
+        sent.append(forward + backward)
+    return {"collective": 0, "point_to_point": max(sent) * itemsize}
+
+
+def memory_per_rank(kind: str, layer_sizes, batch: int, ranks: int, itemsize: int = 4, momentum: bool = True,
+                    micro_batches: int = 4, schedule: str = "1f1b") -> dict:
+    """Bytes on the busiest rank: {"parameters": weights + gradients (+ momentum), "activations": kept for backward}."""
+    check_pipeline_depth(kind, layer_sizes, ranks)
+    shapes = list(zip(layer_sizes[:-1], layer_sizes[1:]))
+    copies = 3 if momentum else 2
+    if kind == "data":
+        local_batch = int(split_counts(batch, ranks)[0])  # the largest shard
+        activations = local_batch * sum(layer_sizes)
+        return {"parameters": copies * count_parameters(layer_sizes) * itemsize, "activations": activations * itemsize}
+    if kind == "tensor":
+        per_rank = np.zeros(ranks)
+        activations = np.full(ranks, batch * layer_sizes[0], dtype=float)
+        for layer, split in enumerate(layer_kinds(len(shapes))):
+            n_in, n_out = shapes[layer]
+            if split == "column":
+                units = split_counts(n_out, ranks)
+                per_rank += units * (n_in + 1)
+                activations += batch * units
+            elif split == "row":
+                units = split_counts(n_in, ranks)
+                per_rank += units * n_out + n_out
+                activations += batch * n_out
+            else:
+                per_rank += n_in * n_out + n_out
+                activations += batch * n_out
+        busiest = int(np.argmax(per_rank))
+        return {"parameters": int(copies * per_rank[busiest] * itemsize),
+                "activations": int(activations.max() * itemsize)}
+    if kind == "pipeline":
+        parameters, activations = [], []
+        for stage, (first, stop) in enumerate(stage_layers(len(shapes), ranks)):
+            parameters.append(sum(n_in * n_out + n_out for n_in, n_out in shapes[first:stop]))
+            widths = sum(layer_sizes[first:stop + 1])
+            alive = micro_batches if schedule == "gpipe" else min(ranks - stage, micro_batches)
+            activations.append(batch * widths * alive / micro_batches)
+        return {"parameters": int(copies * max(parameters) * itemsize), "activations": int(max(activations) * itemsize)}
+    raise ValueError(f"kind must be one of {', '.join(KINDS)}; got {kind!r}")
+
+
+def parallel_step_time(kind: str, layer_sizes, batch: int, ranks: int, machine: Machine, itemsize: int = 4,
+                       micro_batches: int = 4) -> float:
+    """Predicted seconds per step of ``kind`` parallelism on P ranks, with nnlib.lesson04_collectives.costmodel's formulas:
+
+        T = F N / rate / (P (1 - bubble)) + communication
+
+    F: costmodel.flops_per_sample; rate: machine.flops_per_second. Communication: a ring
+    Allreduce (machine.alpha, machine.beta) for each of :func:`allreduce_messages`; for a
+    pipeline, the busiest stage's point-to-point bytes in 2 m messages (m forward, m backward),
+    each alpha + n beta, and the bubble (P - 1) / (m + P - 1).
+    """
+    check_pipeline_depth(kind, layer_sizes, ranks)
+    compute = flops_per_sample(layer_sizes) * batch / machine.flops_per_second
+    if ranks == 1:
+        return float(step_time(1, compute))
+    if kind == "pipeline":
+        messages = 2 * micro_batches
+        sent = handed_bytes(kind, layer_sizes, batch, ranks, itemsize)["point_to_point"]
+        communication = messages * predicted_time(sent / messages, machine.alpha, machine.beta)
+        return float(step_time(ranks, compute, communication, bubble=bubble_fraction(ranks, micro_batches)))
+    communication = sum(ring_allreduce_time(n_bytes, ranks, machine.alpha, machine.beta)
+                        for n_bytes in allreduce_messages(kind, layer_sizes, batch, ranks, itemsize))
+    return float(step_time(ranks, compute, communication))
+
+
+def fastest(layer_sizes_of, hidden_sizes, rank_counts, batch: int, alpha: float, beta: float,
+            flops_per_second: float, micro_batches: int = 8):
+    """For each (hidden size, ranks): the index in KINDS of the fastest predicted step, and all the times.
+
+    Returns (choice (hidden sizes, ranks) ints, times (hidden sizes, ranks, kinds) seconds; inf where
+    a pipeline has more stages than layers).
+    """
+    machine = Machine(alpha, beta, flops_per_second)
+    times = np.full((len(hidden_sizes), len(rank_counts), len(KINDS)), np.inf)
+    for row, hidden in enumerate(hidden_sizes):
+        for column, ranks in enumerate(rank_counts):
+            for index, kind in enumerate(KINDS):
+                if kind == "pipeline" and ranks > len(layer_sizes_of(hidden)) - 1:
+                    continue
+                times[row, column, index] = parallel_step_time(kind, layer_sizes_of(hidden), batch, ranks, machine,
+                                                               micro_batches=micro_batches)
+    return np.argmin(times, axis=2), times
+
+
+def largest_hidden_size(kind: str, layer_sizes_of, ranks: int, budget_bytes: float, batch: int,
+                        itemsize: int = 4, micro_batches: int = 8) -> int:
+    """The widest hidden size (a multiple of 64) whose parameters and activations fit ``budget_bytes`` per rank.
+
+    0 if none fits (or a pipeline has more stages than the network has layers).
+    """
+    if kind == "pipeline" and ranks > len(layer_sizes_of(64)) - 1:
+        return 0
+    hidden, best = 64, 0
+    while hidden <= 1 << 16:
+        memory = memory_per_rank(kind, layer_sizes_of(hidden), batch, ranks, itemsize, micro_batches=micro_batches)
+        if memory["parameters"] + memory["activations"] > budget_bytes:
+            break
+        best, hidden = hidden, hidden + 64
+    return best
