@@ -39,8 +39,8 @@ OWNER = textwrap.dedent("""
         mpi.stop()
         print("stopped", flush=True)
         sys.exit(0)
-    if mode == "stuck":  # rank 1 fails, rank 0 waits in a plain (blocking) Barrier for ever
-        mpi.view.execute("if rank == 1:\\n    raise RuntimeError('rank 1 failed')\\ncomm.Barrier()", block=False)
+    if mode == "stuck":  # rank 1 fails, rank 0 waits in MPI's own blocking Barrier (no deadline) for ever
+        mpi.view.execute("if rank == 1:\\n    raise RuntimeError('rank 1 failed')\\ncomm.world.Barrier()", block=False)
         time.sleep(2)
     print("waiting", flush=True)
     time.sleep(600)
@@ -175,8 +175,8 @@ def test_a_jupyter_kernel_restarted_or_shut_down_while_a_cell_is_stuck_leaves_no
         kernel = psutil.Process(manager.provisioner.process.pid)
         tag = tag_of(kernel)
         assert len(tagged_processes(tag)) >= 4
-        client.execute("%%px\nif rank == 1:\n    raise RuntimeError('rank 1 failed')\ncomm.Barrier()")
-        time.sleep(3)  # the cell is stuck: rank 0 waits in Barrier for rank 1
+        client.execute("%%px\nif rank == 1:\n    raise RuntimeError('rank 1 failed')\ncomm.world.Barrier()")
+        time.sleep(3)  # the cell is stuck: rank 0 waits in MPI's own Barrier (no deadline) for rank 1
         if how == "restart":
             manager.restart_kernel(now=False)
         else:

@@ -15,8 +15,9 @@ What it takes care of:
   order, and no progress bar, so notebooks can be tested against their saved outputs;
 * a start-up failure raises :class:`ClusterStartError` within ``timeout`` seconds, with the
   ``mpiexec`` command, the engines' own log lines and the likely fix;
-* every watched collective on the engines has a classroom deadline ($NNLIB_TIMEOUT =
-  CLASSROOM_TIMEOUT seconds; lesson 10's nnlib.lesson10_faults.watchdog), so a failing rank stops a cell instead of hanging it;
+* the engines' ``comm`` and ``MPI.COMM_WORLD`` have a classroom deadline ($NNLIB_TIMEOUT = CLASSROOM_TIMEOUT
+  seconds; nnlib.lesson04_collectives.classroom): a rank that raises or stalls stops the cell on every
+  rank instead of hanging it, and the next cell finds the communicator usable again;
 * stopping is quiet (no engine log in the notebook) and leaves no process behind, and no process
   outlives the kernel however it ends (killed, restarted, out of memory): see nnlib.lesson04_collectives.reaper.
 """
@@ -31,9 +32,13 @@ import time
 LESSON = 4
 
 
-#: Seconds a collective of nnlib waits in the notebook cluster ($NNLIB_TIMEOUT of its engines; nnlib.lesson10_faults.watchdog).
+#: Seconds a collective waits in the notebook cluster ($NNLIB_TIMEOUT of its engines; nnlib.lesson04_collectives.deadline).
 CLASSROOM_TIMEOUT = 20.0
-ENGINE_SETUP = "from mpi4py import MPI\ncomm = MPI.COMM_WORLD\nrank, size = comm.rank, comm.size\n"
+ENGINE_SETUP = ("from mpi4py import MPI\nfrom nnlib.lesson04_collectives.classroom import install\n"
+                "comm = install()  # MPI.COMM_WORLD, with the classroom deadline\nrank, size = comm.rank, comm.size\n")
+
+
+RENEW_COMMUNICATOR = "__import__('nnlib.lesson04_collectives.classroom', fromlist=['renew']).renew()"
 
 
 class ClusterStartError(RuntimeError):
@@ -81,7 +86,7 @@ class MPICluster:
 
     def __init__(self, cluster, client, n: int, timeout: float, reaper=None):
         self.cluster, self.client, self.n, self.timeout = cluster, client, n, timeout
-        self.view, self.rank_of = None, {}
+        self.view, self.rank_of, self.renewing = None, {}, None
         self.reaper = reaper  # ends this kernel's cluster processes if the kernel dies (nnlib.lesson04_collectives.reaper)
 
     # -- context manager -----------------------------------------------------
@@ -149,6 +154,21 @@ class MPICluster:
             return
         self.view.activate()
         shell.run_line_magic("pxconfig", "--no-stream --progress-after -1")
+        if self.after_cell not in shell.events.callbacks["post_run_cell"]:
+            shell.events.register("post_run_cell", self.after_cell)
+        from ipyparallel.error import CompositeError
+
+        shell.set_custom_exc((CompositeError,), show_failing_rank_first)
+
+    def after_cell(self, result=None) -> None:
+        """After a cell (IPython's post_run_cell) that raised, or left engines busy (Interrupt Kernel): every
+        engine renews its communicator, so that the next collective starts afresh on every rank together
+        (nnlib.lesson04_collectives.classroom). A script calls ``after_cell()`` after an engine's error."""
+        if self.cluster is None or self.view is None:
+            return
+        busy = set(self.client.outstanding) - set(self.renewing.msg_ids if self.renewing is not None else ())
+        if result is None or result.error_in_exec is not None or busy:
+            self.renewing = self.view.execute(RENEW_COMMUNICATOR, block=False)
 
     # -- recovery and stop ----------------------------------------------------
     def restart(self):
@@ -195,6 +215,23 @@ class MPICluster:
     def __repr__(self):
         state = "stopped" if self.cluster is None else f"{self.n} MPI engines"
         return f"<MPICluster: {state}>"
+
+
+def show_failing_rank_first(shell, kind, error, trace, tb_offset=None):
+    """IPython's handler for a %%px cell's errors: the ranks whose own code raised come first, with their
+    traceback; each rank that only stopped waiting for them (CollectiveTimeout) gets one line after them."""
+    def waited(entry):
+        return entry[0] == "CollectiveTimeout"
+
+    for index, (name, value, _, info) in enumerate(error.elist):
+        if waited(error.elist[index]):
+            lines = str(value).splitlines() or [""]
+            summary = [line for line in lines if " stopped waiting in " in line][:1] or \
+                [lines[0], *(line for line in lines[1:] if " was waiting in " in line or line.startswith("Make "))]
+            error.elist[index] = (name, value, f"{name}: " + "\n".join(summary), info)
+    error.elist.sort(key=waited)
+    error.tb_limit = len(error.elist)
+    shell.showtraceback((kind, error, trace), tb_offset=tb_offset)
 
 
 def _has_exited(process) -> bool:

@@ -1,8 +1,8 @@
 """Run under mpiexec (2 or more ranks): no collective of nnlib waits forever.
 
 Each fault is made to happen on the last rank, while the others train (nnlib.lesson05_data_parallel, under
-nlib.watchdog.train_watched) or wait in
-a watched collective (nnlib.lesson10_faults.watchdog), and every rank checks what it was told and how soon:
+nnlib.lesson10_faults.watchdog.train_watched) or wait in a watched collective (nnlib.lesson04_collectives.deadline),
+and every rank checks what it was told and how soon:
 
 * a rank raising between two steps, and inside a step's compute (others in the Allreduce):
   the others stop at once with the failing rank's traceback; then the same ranks train again,

@@ -1,0 +1,101 @@
+"""The engines' ``comm`` in the notebook cluster: a student's own collectives never hang the class.
+
+A collective returns only when every rank has called it. In a first MPI class one rank often
+raises before it (a shape error on an uneven shard), or two ranks both ``Send`` first, and the
+other ranks would wait for ever. On every engine of :func:`nnlib.lesson04_collectives.cluster.start`:
+
+    comm = MPI.COMM_WORLD = ClassroomComm(the real COMM_WORLD)
+
+so ``comm.Allreduce(...)``, ``MPI.COMM_WORLD.Bcast(...)``, ``comm.Send``/``Recv``/``Sendrecv``,
+``comm.bcast``/``allreduce``... all run under the classroom deadline (nnlib.lesson04_collectives.deadline):
+
+* a rank whose cell raised tells the others at once (after the cell, IPython's ``post_run_cell``),
+  and they stop with its traceback: no wait at all;
+* a rank that waits longer than the deadline ($NNLIB_TIMEOUT, 20 s in the cluster) stops with an
+  error naming the ranks that did not come, or, when every rank was waiting (a deadlock), the call
+  each one was waiting in;
+* Interrupt Kernel (the engines get SIGINT) ends a wait at once.
+
+A collective that was abandoned can never be cancelled, so the communicator it ran on is dropped:
+after a cell in which a rank raised or was interrupted, the client (the notebook's kernel, which sees
+every rank's outcome) has every engine :func:`renew` it: a fresh duplicate of COMM_WORLD, made by all
+ranks together. (A rank whose own call was abandoned also renews at its next call.) Any other method (``Isend``, ``Split_type``...)
+runs on the current duplicate, without a deadline. ``view.apply`` functions get the deadline too, but
+a rank raising in one is only noticed at the deadline (no cell ended, so no notice is sent).
+"""
+
+from __future__ import annotations
+
+from nnlib.lesson04_collectives.deadline import WatchedComm
+
+LESSON = 4
+
+
+class ClassroomComm:
+    """``world``'s ranks with a deadline on every call (see the module docstring); rank and size as usual.
+
+    watched: the current :class:`WatchedComm` (a duplicate of ``world``), replaced after an abandoned call.
+    """
+
+    def __init__(self, world, timeout=None):
+        self.world, self.timeout = world, timeout
+        self.rank, self.size = world.rank, world.size
+        self.generation, self.dropped = 0, False
+        self.watched = WatchedComm(world, timeout)
+
+    def current(self) -> WatchedComm:
+        """The watched duplicate to use now (a fresh one if the last was abandoned here)."""
+        if self.dropped or self.watched.broken:
+            self.renew()
+        return self.watched
+
+    def renew(self) -> None:
+        """Make a fresh duplicate of ``world``, every rank together. The cluster's client asks every engine at
+        once, after a cell in which a rank raised or was interrupted. If not every rank comes, this raises
+        CollectiveTimeout and the next call tries again (each try has its own generation of notices)."""
+        self.dropped, self.generation = True, self.generation + 1
+        self.watched = WatchedComm(self.world, self.timeout, generation=self.generation)
+        self.dropped = False
+
+    def __getattr__(self, name):
+        """Every other attribute: the watched method if there is one, else the MPI communicator's own."""
+        if name.startswith("__") or "watched" not in self.__dict__:
+            raise AttributeError(name)
+        watched = self.current()
+        return getattr(watched, name) if hasattr(watched, name) else getattr(watched.comm, name)
+
+    def after_cell(self, result) -> None:
+        """IPython's post_run_cell: if this rank's cell raised, tell the other ranks at once."""
+        error = result.error_in_exec
+        if error is not None and not self.watched.broken:
+            self.watched.tell_others(error)
+
+    def __repr__(self):
+        return f"<ClassroomComm rank {self.rank} of {self.size}, deadline {self.watched.timeout:g} s>"
+
+
+def renew() -> None:
+    """On an engine: :meth:`ClassroomComm.renew` the installed ``MPI.COMM_WORLD`` (what the client runs)."""
+    from mpi4py import MPI
+
+    if isinstance(MPI.COMM_WORLD, ClassroomComm):
+        MPI.COMM_WORLD.renew()
+
+
+def install(shell=None) -> ClassroomComm:
+    """On an engine: make ``MPI.COMM_WORLD`` a :class:`ClassroomComm` (once) and return it.
+
+    ``shell`` (default: the running IPython) calls its ``after_cell`` after every cell.
+    """
+    from mpi4py import MPI
+
+    if isinstance(MPI.COMM_WORLD, ClassroomComm):
+        return MPI.COMM_WORLD
+    comm = MPI.COMM_WORLD = ClassroomComm(MPI.COMM_WORLD)
+    if shell is None:
+        from IPython import get_ipython
+
+        shell = get_ipython()
+    if shell is not None:
+        shell.events.register("post_run_cell", comm.after_cell)
+    return comm

@@ -1,0 +1,433 @@
+"""A deadline for every collective: no rank waits forever, and the error names who did not come.
+
+Lesson 04's notebook cluster gives every student's ``comm`` this deadline (nnlib.lesson04_collectives.classroom);
+lesson 10 takes it apart and puts it around whole training runs (nnlib.lesson10_faults.watchdog).
+
+A blocking collective (``comm.Allreduce``) returns only when *every* rank has called it. If one
+rank died, raised, or hangs, the others wait forever and a notebook cell shows ``[*]`` for ever.
+The cure, as in PyTorch's collective timeouts and ``monitored_barrier``:
+
+1. start the collective without blocking: ``request = comm.Iallreduce(...)``;
+2. poll ``request.Test()`` until it completes or the deadline passes;
+3. when the deadline passes, find out who *did* arrive: each waiting rank sends every other rank a
+   short notice ("I am waiting in collective #k, at epoch e, step s") and listens for the others'
+   notices for a short grace period. A rank that sent none did not arrive. Nothing in this
+   blocks, so finding the missing ranks cannot hang either;
+4. raise :class:`CollectiveTimeout`, naming the missing ranks, where the run was and what to do.
+
+A rank whose own code raises inside :meth:`WatchedComm.guard` sends a "failed" notice with its
+traceback first, so the other ranks stop at once (not at the deadline) and show that traceback.
+
+:func:`watch` gives a :class:`WatchedComm`: a communicator with the same methods
+(``Allreduce``, ``Bcast``, ``Gather``, ``allgather``...) that all run this way, on a *duplicate*
+of the communicator made for the run. A collective abandoned at the deadline can never be
+cancelled, so that duplicate is dropped afterwards; the original communicator stays usable if
+every rank is still alive (a rank that raised can run the next cell with the others). If a
+rank's process died, the MPI job is lost: restart the engines (``mpi.restart()``) or the job.
+
+The cost on a normal step is one ``Test`` per poll instead of MPI's own wait loop (measured in
+benchmarks/data_parallel.py).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import pickle
+import threading
+import time
+import traceback
+
+import numpy as np
+from mpi4py import MPI
+
+from nnlib.lesson04_collectives.cluster import CLASSROOM_TIMEOUT
+
+LESSON = 4
+
+#: Seconds a collective may wait when no timeout is given and $NNLIB_TIMEOUT is not set. The
+#: notebook cluster (nnlib.lesson04_collectives.cluster.start) sets $NNLIB_TIMEOUT to CLASSROOM_TIMEOUT for its engines.
+DEFAULT_TIMEOUT = 120.0
+LONGEST_TIMEOUT = 24 * 3600.0
+NOTICE_TAG = 31_415  # point-to-point tag of the notices, on the run's own duplicate communicator
+LOOK_EVERY = 0.005  # seconds between looks for other ranks' notices while waiting
+
+
+class CollectiveTimeout(RuntimeError):
+    """A collective did not complete before the deadline, or another rank failed while we waited.
+
+    missing: the ranks that did not arrive; failed: {rank: its error text} of ranks that raised.
+    """
+
+    def __init__(self, message: str, missing=(), failed=None):
+        super().__init__(message)
+        self.missing, self.failed = list(missing), dict(failed or {})
+
+
+def default_timeout() -> float:
+    """$NNLIB_TIMEOUT if set (the notebook cluster sets it), else DEFAULT_TIMEOUT seconds."""
+    text = os.environ.get("NNLIB_TIMEOUT")
+    return check_timeout(float(text)) if text else DEFAULT_TIMEOUT
+
+
+def check_timeout(timeout) -> float:
+    """Return ``timeout`` as a float, or raise ValueError unless 0 < timeout <= one day."""
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not math.isfinite(timeout) \
+            or not 0 < timeout <= LONGEST_TIMEOUT:
+        raise ValueError(
+            f"timeout must be a number of seconds above 0 and at most {LONGEST_TIMEOUT:.0f} (a day); got {timeout!r}. "
+            "It is how long a rank waits in a collective for the others before it stops with an error; "
+            f"{DEFAULT_TIMEOUT:g} s suits a batch job, {CLASSROOM_TIMEOUT:g} s a notebook."
+        )
+    return float(timeout)
+
+
+def describe(where: dict) -> str:
+    """'epoch 2, step 17, communicate' from {'phase': 'communicate', 'epoch': 2, 'step': 17}."""
+    parts = [f"{key} {where[key]}" for key in ("epoch", "step") if key in where]
+    parts += [str(value) for key, value in where.items() if key not in ("epoch", "step")]
+    return ", ".join(parts)
+
+
+class WatchedComm:
+    """A duplicate of ``comm`` whose collectives all run under a deadline (see the module docstring).
+
+    Buffer methods: Barrier, Bcast, Allreduce, Reduce, Gather, Gatherv, Scatter, Scatterv,
+    Allgather, Allgatherv. Small Python objects: bcast, allgather, gather (pickled, then sent as
+    bytes with the buffer methods, so they are watched too). ``rank`` and ``size`` as usual.
+
+    where:  what the run is doing, e.g. {'epoch': 1, 'step': 3, 'phase': 'communicate'}; the
+            :class:`RunNotes` keeps it current in a training run (:meth:`at`), and every error quotes it.
+    """
+
+    def __init__(self, comm, timeout=None, grace=None, generation: int = 0):
+        self.timeout = default_timeout() if timeout is None else check_timeout(timeout)
+        self.grace = min(2.0, max(0.5, self.timeout / 4)) if grace is None else float(grace)
+        self.parent, self.generation = comm, generation  # notices of another generation are old news
+        self.rank, self.size = comm.rank, comm.size
+        self.where: dict = {}
+        self.broken = None  # why it may not be used any more
+        self._heard: dict = {}  # rank -> notice received from it
+        self._sent: list = []  # notices' send requests (kept alive until complete)
+        self.comm = None
+        self.comm = self._wait_for(*comm.Idup(), "Idup (making the run's own communicator)")
+
+    # -- where the run is -------------------------------------------------------------------
+    def at(self, **where) -> None:
+        """Record where the run is (epoch=, step=, phase=...), quoted by any error."""
+        self.where.update(where)
+
+    # -- the deadline -----------------------------------------------------------------------
+    def wait(self, request, what: str) -> None:
+        """Complete ``request`` (a started collective) within the deadline, or raise CollectiveTimeout."""
+        self._wait_for(None, request, what)
+
+    def _wait_for(self, result, request, what):
+        if self.broken:
+            raise RuntimeError(f"this communicator cannot be used any more: {self.broken}")
+        began = time.monotonic()
+        deadline, next_look = began + self.timeout, began + LOOK_EVERY
+        try:
+            while not request.Test():
+                now = time.monotonic()
+                if now >= next_look:
+                    next_look = now + LOOK_EVERY
+                    self._read_notices(what, waited_long=now - began >= self.timeout / 2)
+                    if now >= deadline:
+                        self._give_up(what, at_deadline=True)
+                if now - began > 0.05:  # a long wait: sleep between looks, leaving the core to others
+                    time.sleep(0.001)
+                elif now - began > 0.002:  # let another rank on this core run, without a sleep's delay
+                    os.sched_yield()
+        except KeyboardInterrupt:  # Interrupt Kernel: abandoned, as at the deadline (a collective cannot be cancelled)
+            self.broken = f"{what} was interrupted"
+            raise
+        return result
+
+    @property
+    def _channel(self):
+        """Where notices travel: the run's own communicator (its parent while that is being made)."""
+        return self.comm if self.comm is not None else self.parent
+
+    def _take_notices(self) -> None:
+        """Receive every notice that has come in, without waiting."""
+        status = MPI.Status()
+        while self._channel.iprobe(source=MPI.ANY_SOURCE, tag=NOTICE_TAG, status=status):
+            notice = self._channel.recv(source=status.Get_source(), tag=NOTICE_TAG)
+            if notice["generation"] == self.generation:
+                self._heard[notice["rank"]] = notice
+
+    def _read_notices(self, what: str, waited_long: bool = False) -> None:
+        """A notice ("failed", or "waiting": another rank gave up) ends this wait too. ``waited_long``: this
+        rank has waited most of the timeout itself (so it did not come late: it is in a deadlock too)."""
+        self._take_notices()
+        if self._heard:
+            self._give_up(what, at_deadline=waited_long)
+
+    def _send_notice(self, **notice) -> None:
+        notice.update(rank=self.rank, where=dict(self.where), generation=self.generation)
+        for other in range(self.size):
+            if other != self.rank:
+                self._sent.append(self._channel.isend(notice, dest=other, tag=NOTICE_TAG))
+        flush_until = time.monotonic() + 0.2  # small messages go out at once; give them a moment
+        while not MPI.Request.Testall(self._sent) and time.monotonic() < flush_until:
+            time.sleep(0.001)
+        if self._sent and not MPI.Request.Testall(self._sent):  # e.g. a receiver idle in a notebook: it may
+            sending, self._sent = self._sent, []  # need this rank's progress later, when this rank is idle too
+            threading.Thread(target=_deliver, args=(sending, 10 * self.timeout), daemon=True).start()
+
+    def _give_up(self, what: str, at_deadline: bool = False) -> None:
+        """Tell the others we are waiting, listen for their notices for ``grace`` seconds, then raise.
+        ``at_deadline``: this rank waited the whole timeout (else another rank's notice ended the wait)."""
+        here = describe(self.where)
+        here = f" at {here}" if here else ""
+        self._send_notice(kind="waiting", what=what)
+        listen_until = time.monotonic() + self.grace
+        while time.monotonic() < listen_until:
+            self._take_notices()
+            if len(self._heard) == self.size - 1:
+                break
+            time.sleep(0.001)
+        failed = {rank: notice for rank, notice in self._heard.items() if notice["kind"] == "failed"}
+        missing = [rank for rank in range(self.size) if rank != self.rank and rank not in self._heard]
+        peer = point_to_point_peer(what)  # a Send or Recv waits for one rank only
+        deadlock = at_deadline and not failed and self._in_a_cycle(what, missing)
+        self.broken = f"a collective was abandoned in {what}{here}"
+        waited_for_me = sorted(rank for rank, notice in self._heard.items() if notice["kind"] == "waiting")
+        lines = []
+        for rank, notice in sorted(failed.items()):
+            lines.append(f"rank {rank} failed{' at ' + describe(notice['where']) if notice['where'] else ''}:\n{notice['text'].rstrip()}\n")
+        if missing and not deadlock:
+            names = ", ".join(map(str, missing))
+            lines.append(f"rank{'s' if len(missing) > 1 else ''} {names} did not arrive in {what} within "
+                         f"{self.timeout:g} s (rank {self.rank} waited there{here}).")
+        elif deadlock:
+            others = "every other rank" if peer is None else f"rank {peer}"
+            lines.append(f"no rank could go on: rank {self.rank} waited {self.timeout:g} s in {what}{here}, and {others} "
+                         "was waiting too (a deadlock: each waits for a call that another does not make).")
+        elif not failed:
+            lines.append(f"rank {self.rank} came to {what}{here}, but rank{'s' if len(waited_for_me) > 1 else ''} "
+                         f"{', '.join(map(str, waited_for_me))} had stopped waiting for it after {self.timeout:g} s.")
+        if deadlock:
+            lines += [f"rank {rank} was waiting in {notice['what']}." for rank, notice in sorted(self._heard.items())
+                      if notice["kind"] == "waiting" and notice["what"] != what and peer in (None, rank)]
+        if failed:
+            lines.append(f"Rank {self.rank} stopped waiting in {what}{here}. Fix the error above and run again; "
+                         "every rank is still alive and can (this run's communicator is dropped).")
+        elif deadlock:
+            lines.append("Make the calls match: one rank sends while the other receives (or both use Sendrecv), "
+                         "and every rank makes the same collectives in the same order, with the same root.")
+        else:
+            lines.append(
+                "A rank that did not arrive has died (in a notebook: cluster.restart(); a batch job ends by itself), "
+                "hangs, or is much slower than the others (then give a longer timeout=, or --timeout).")
+        lines.append("The network's parameters are undefined now: build a new network or resume from a checkpoint.")
+        raise CollectiveTimeout("\n".join(lines), missing=missing,
+                                failed={rank: notice["text"] for rank, notice in failed.items()})
+
+    def _in_a_cycle(self, what: str, missing) -> bool:
+        """Whether the waits heard form a cycle through this rank: every rank waiting (a collective), or
+        point-to-point calls each waiting for the next rank, back to this one (rank 0 -> 1 -> 0)."""
+        peer = point_to_point_peer(what)
+        if peer is None:
+            return not missing
+        waiting = {rank: point_to_point_peer(notice["what"]) for rank, notice in self._heard.items()
+                   if notice["kind"] == "waiting"}
+        seen = {self.rank}
+        while peer in waiting and peer not in seen:
+            seen.add(peer)
+            peer = waiting[peer]
+        return peer == self.rank
+
+    def guard(self):
+        """A context manager: if this rank's code raises, tell the other ranks before re-raising."""
+        return _Guard(self)
+
+    def tell_others(self, error: BaseException) -> None:
+        """Send a 'failed' notice with this rank's traceback to every other rank (they stop at once)."""
+        if self.broken or self.size == 1:
+            return
+        text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
+        self._send_notice(kind="failed", text=text)
+        self.broken = f"rank {self.rank} failed" + (f" at {describe(self.where)}" if self.where else "")
+
+    # -- buffer collectives -------------------------------------------------------------------
+    def Split(self, color: int = 0, key: int = 0) -> WatchedComm:
+        """MPI's Split on this run's communicator: the ranks of one color, watched with the same deadline."""
+        return WatchedComm(self.comm.Split(color, key), self.timeout)
+
+    def Barrier(self):
+        self.wait(self.comm.Ibarrier(), "Barrier")
+
+    def Bcast(self, buffer, root=0):
+        self.wait(self.comm.Ibcast(buffer, root=root), "Bcast" if root == 0 else f"Bcast from rank {root}")
+
+    def Allreduce(self, sendbuf, recvbuf, op=MPI.SUM):
+        self.wait(self.comm.Iallreduce(sendbuf, recvbuf, op=op), "Allreduce")
+
+    def Reduce(self, sendbuf, recvbuf, op=MPI.SUM, root=0):
+        self.wait(self.comm.Ireduce(sendbuf, recvbuf, op=op, root=root), "Reduce")
+
+    def Gather(self, sendbuf, recvbuf, root=0):
+        self.wait(self.comm.Igather(sendbuf, recvbuf, root=root), "Gather")
+
+    def Gatherv(self, sendbuf, recvbuf, root=0):
+        self.wait(self.comm.Igatherv(sendbuf, recvbuf, root=root), "Gatherv")
+
+    def Scatter(self, sendbuf, recvbuf, root=0):
+        self.wait(self.comm.Iscatter(sendbuf, recvbuf, root=root), "Scatter")
+
+    def Scatterv(self, sendbuf, recvbuf, root=0):
+        self.wait(self.comm.Iscatterv(sendbuf, recvbuf, root=root), "Scatterv")
+
+    def Allgather(self, sendbuf, recvbuf):
+        self.wait(self.comm.Iallgather(sendbuf, recvbuf), "Allgather")
+
+    def Allgatherv(self, sendbuf, recvbuf):
+        self.wait(self.comm.Iallgatherv(sendbuf, recvbuf), "Allgatherv")
+
+    # -- point-to-point, for collectives built by hand (nnlib.lesson08_inside_allreduce.allreduce's ring) ------------------
+    def Sendrecv(self, sendbuf, dest, sendtag=0, recvbuf=None, source=MPI.ANY_SOURCE, recvtag=0):
+        """Send to ``dest`` and receive from ``source`` at once, within the deadline.
+
+        The receive matches tag 0 by default (never ANY_TAG): the watchdog's own notices use
+        another tag on this communicator and must not be taken for data.
+        """
+        receiving = self.comm.Irecv(recvbuf, source=source, tag=recvtag)
+        sending = self.comm.Isend(sendbuf, dest=dest, tag=sendtag)
+        self.wait_all([receiving, sending], "Sendrecv")
+
+    def Recv(self, buffer, source, tag=0):
+        """Receive into ``buffer`` from ``source`` within the deadline (nnlib.lesson09_model_parallel.pipeline's stages)."""
+        self.wait(self.comm.Irecv(buffer, source=source, tag=tag), f"Recv from rank {source}")
+
+    def Send(self, buffer, dest, tag=0):
+        """MPI's Send within the deadline: a small message may leave at once, a large one waits for its Recv."""
+        self.wait(self.comm.Isend(buffer, dest=dest, tag=tag), f"Send to rank {dest}")
+
+    def Isend(self, buffer, dest, tag=0):
+        """Start sending ``buffer`` to ``dest``; complete it with :meth:`wait_all`."""
+        return self.comm.Isend(buffer, dest=dest, tag=tag)
+
+    # -- started now, completed later (to overlap communication with computation) --------------
+    def Iallreduce(self, sendbuf, recvbuf, op=MPI.SUM):
+        """Start an Allreduce and return its request; complete it with :meth:`wait_all`."""
+        return self.comm.Iallreduce(sendbuf, recvbuf, op=op)
+
+    def wait_any(self, requests, what: str) -> int:
+        """The index of one completed request of ``requests`` (as MPI's Waitany), within the deadline."""
+        any_of = _AnyOf(requests)
+        self._wait_for(None, any_of, what)
+        return any_of.index
+
+    def wait_all(self, requests, what: str = "Iallreduce") -> None:
+        """Complete started collectives, each within the deadline (or raise CollectiveTimeout)."""
+        for request in requests:
+            self.wait(request, what)
+
+    # -- small Python objects, as pickled bytes through the buffer methods ----------------------
+    def bcast(self, obj=None, root=0):
+        data = _pickled(obj) if self.rank == root else None
+        length = np.array([0 if data is None else data.size], dtype=np.int64)
+        self.Bcast(length, root)
+        if data is None:
+            data = np.empty(int(length[0]), dtype=np.uint8)
+        self.Bcast(data, root)
+        return pickle.loads(data.tobytes())
+
+    def allgather(self, obj):
+        data = _pickled(obj)
+        lengths = np.empty(self.size, dtype=np.int64)
+        self.Allgather(np.array([data.size], dtype=np.int64), lengths)
+        everything = np.empty(int(lengths.sum()), dtype=np.uint8)
+        self.Allgatherv(data, [everything, (lengths, _starts(lengths))])
+        return [pickle.loads(everything[start:start + length].tobytes())
+                for start, length in zip(_starts(lengths), lengths)]
+
+    def allreduce(self, obj, op=MPI.SUM):
+        """MPI's allreduce of Python objects: every rank's ``obj``, combined in rank order by ``op``."""
+        values = self.allgather(obj)
+        result = values[0]
+        for value in values[1:]:
+            result = op(result, value)
+        return result
+
+    def gather(self, obj, root=0):
+        data = _pickled(obj)
+        lengths = np.empty(self.size, dtype=np.int64) if self.rank == root else None
+        self.Gather(np.array([data.size], dtype=np.int64), lengths, root)
+        if self.rank != root:
+            self.Gatherv(data, None, root)
+            return None
+        everything = np.empty(int(lengths.sum()), dtype=np.uint8)
+        self.Gatherv(data, [everything, (lengths, _starts(lengths))], root)
+        return [pickle.loads(everything[start:start + length].tobytes())
+                for start, length in zip(_starts(lengths), lengths)]
+
+    def __repr__(self):
+        return f"<WatchedComm rank {self.rank} of {self.size}, timeout {self.timeout:g} s>"
+
+
+class _AnyOf:
+    """Something with a ``Test()`` that is true once any of ``requests`` has completed (its ``index``)."""
+
+    def __init__(self, requests):
+        self.requests, self.index = requests, None
+
+    def Test(self) -> bool:
+        index, done = MPI.Request.Testany(self.requests)
+        if done and index != MPI.UNDEFINED:
+            self.index = index
+            return True
+        return False
+
+
+class _Guard:
+    def __init__(self, watched: WatchedComm):
+        self.watched = watched
+
+    def __enter__(self):
+        return self.watched
+
+    def __exit__(self, kind, error, trace):
+        if error is not None and not isinstance(error, CollectiveTimeout) and not getattr(error, "on_every_rank", False):
+            self.watched.tell_others(error)
+        return False
+
+
+def watch(comm, timeout=None) -> WatchedComm:
+    """A :class:`WatchedComm` over a fresh duplicate of ``comm`` (itself made under the deadline).
+
+    ``comm`` may be a WatchedComm already: the duplicate is then made from its communicator,
+    with its timeout unless another is given.
+    """
+    if hasattr(type(comm), "current"):  # the notebook cluster's comm (nnlib.lesson04_collectives.classroom)
+        comm = comm.current()
+    if isinstance(comm, WatchedComm):
+        return WatchedComm(comm.comm, comm.timeout if timeout is None else timeout)
+    if not isinstance(comm, MPI.Comm):
+        raise TypeError(f"watch() takes an MPI communicator or a WatchedComm, not a {type(comm).__name__}: wrap the "
+                        "watched one instead, e.g. HostStaging(watch(comm), xp) (train_watched's wrap= does that)")
+    return WatchedComm(comm, timeout)
+
+
+def point_to_point_peer(what: str) -> int | None:
+    """The rank a point-to-point call waits for ('Send to rank 3' -> 3), or None for a collective."""
+    words = what.split()
+    return int(words[3]) if len(words) == 4 and words[:3] in (["Send", "to", "rank"], ["Recv", "from", "rank"]) \
+        else None
+
+
+def _deliver(requests, seconds: float) -> None:
+    """Keep testing started sends (which makes MPI progress) until they complete, for ``seconds`` at most."""
+    give_up = time.monotonic() + seconds
+    while not MPI.Request.Testall(requests) and time.monotonic() < give_up:
+        time.sleep(0.01)
+
+
+def _pickled(obj) -> np.ndarray:
+    return np.frombuffer(bytearray(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)), dtype=np.uint8)
+
+
+def _starts(lengths) -> np.ndarray:
+    return np.concatenate(([0], np.cumsum(lengths)[:-1])).astype(np.int64)

@@ -1,0 +1,137 @@
+"""A student's own MPI code never hangs the class (nnlib.lesson04_collectives.classroom).
+
+Driven as JupyterLab drives it: a real Jupyter kernel (jupyter_client) starts a cluster of 4 MPI
+engines with a 4 s deadline, and runs cells in which a rank raises before a collective, stalls,
+or deadlocks, on ``comm`` and on ``MPI.COMM_WORLD``, with ``%%px`` and with ``view.apply_sync``;
+one cell is interrupted (Interrupt Kernel). Each must end within the deadline plus 10 s, show the
+failing rank's own error first, and leave a cluster whose next collective works. When the kernel
+shuts down, no MPI process is left.
+"""
+
+import os
+import re
+import time
+
+import psutil
+import pytest
+
+from nnlib.lesson04_collectives.reaper import TAG, tag_of, tagged_processes
+
+DEADLINE = 4
+WORKS = "%%px\nimport numpy as np\ntotal = np.zeros(1)\ncomm.Allreduce(np.ones(1), total)\nprint(int(total[0]))"
+
+
+@pytest.fixture(scope="module")
+def kernel(tmp_path_factory):
+    from jupyter_client.manager import start_new_kernel
+
+    folder = tmp_path_factory.mktemp("classroom")
+    environment = dict(os.environ, IPYTHONDIR=str(folder / "ipython"), NNLIB_TIMEOUT=str(DEADLINE))
+    environment.pop(TAG, None)
+    manager, client = start_new_kernel(kernel_name="python3", env=environment, cwd=str(folder))
+    tag = tag_of(psutil.Process(manager.provisioner.process.pid))
+    try:
+        status, text, _ = run(client, "from nnlib.lesson04_collectives import cluster\nmpi = cluster.start(n=4, timeout=90)",
+                              timeout=120)
+        assert status == "ok", text
+        yield manager, client
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=False)
+        deadline = time.monotonic() + 30
+        while tagged_processes(tag) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not tagged_processes(tag), "MPI processes left after the kernel shut down"
+
+
+def run(client, code, timeout=DEADLINE + 10):
+    """Run ``code`` in the kernel: (status, everything it showed, seconds it took)."""
+    shown = []
+
+    def keep(message):
+        content = message["content"]
+        if message["msg_type"] == "stream":
+            shown.append(content["text"])
+        elif message["msg_type"] == "error":
+            shown.append("\n".join(content["traceback"]))
+        elif message["msg_type"] in ("execute_result", "display_data"):
+            shown.append(content["data"].get("text/plain", ""))
+
+    began = time.monotonic()
+    reply = client.execute_interactive(code, timeout=timeout, output_hook=keep)
+    return reply["content"]["status"], re.sub(r"\x1b\[[0-9;]*m", "", "".join(shown)), time.monotonic() - began
+
+
+def assert_it_works_again(client):
+    status, text, _ = run(client, WORKS)
+    assert status == "ok" and text.count("4") >= 4, text
+
+
+RAISING = [  # (the collective as the student writes it, on which communicator; the rank that raises before it)
+    ("comm.Allreduce(np.ones(3), np.zeros(3))", 2),
+    ("MPI.COMM_WORLD.Bcast(np.ones(3), root=0)", 0),
+    ("comm.Scatterv([np.ones(10), [3, 3, 2, 2]], np.zeros(3 if rank < 2 else 2), root=0)", 0),
+    ("MPI.COMM_WORLD.Barrier()", 2),
+]
+
+
+@pytest.mark.parametrize("collective, failing", RAISING)
+def test_a_rank_raising_before_a_collective_stops_every_rank_at_once(kernel, collective, failing):
+    _, client = kernel
+    code = f"%%px\nimport numpy as np\nif rank == {failing}:\n    raise ValueError('rank {failing} has a bad shard')\n{collective}"
+    status, text, seconds = run(client, code)
+    assert status == "error" and seconds < DEADLINE + 10, (seconds, text)
+    assert f"ValueError: rank {failing} has a bad shard" in text, text
+    first_error = min(text.find(word) for word in ("ValueError", "CollectiveTimeout") if word in text)
+    assert text.find("ValueError") == first_error, text  # the failing rank's own error comes first
+    assert text.count("CollectiveTimeout: Rank") == 3, text  # then one line for each rank that waited for it
+    assert_it_works_again(client)
+
+
+def test_a_stalled_rank_is_named_at_the_deadline(kernel):
+    _, client = kernel
+    code = f"%%px\nimport time\nif rank == 1:\n    time.sleep({DEADLINE + 2})\ncomm.Allreduce(np.ones(3), np.zeros(3))"
+    status, text, seconds = run(client, code)
+    assert status == "error" and DEADLINE <= seconds < DEADLINE + 10, (seconds, text)
+    assert f"rank 1 did not arrive in Allreduce within {DEADLINE} s" in text, text
+    assert_it_works_again(client)
+
+
+def test_a_barrier_on_only_some_ranks_names_the_missing_one(kernel):
+    _, client = kernel
+    status, text, seconds = run(client, "%%px\nif rank != 3:\n    comm.Barrier()")
+    assert status == "error" and seconds < DEADLINE + 10, (seconds, text)
+    assert f"rank 3 did not arrive in Barrier within {DEADLINE} s" in text, text
+    assert_it_works_again(client)
+
+
+def test_two_ranks_both_sending_first_is_named_a_deadlock(kernel):
+    _, client = kernel
+    code = ("%%px\nbig = np.ones(1_000_000)\nif rank < 2:\n    comm.Send(big, dest=1 - rank)\n"
+            "    comm.Recv(big, source=1 - rank)")
+    status, text, seconds = run(client, code)
+    assert status == "error" and seconds < DEADLINE + 10, (seconds, text)
+    assert "waited 4 s in Send to rank" in text and "was waiting too (a deadlock" in text, text
+    assert "rank 1 was waiting in Send to rank 0" in text or "rank 0 was waiting in Send to rank 1" in text, text
+    assert_it_works_again(client)
+
+
+def test_a_function_applied_to_all_engines_ends_at_the_deadline(kernel):
+    _, client = kernel
+    code = ("def step():  # run on every engine, with the engine's rank and comm\n    if rank == 1:\n"
+            "        raise ValueError('rank 1 failed')\n    comm.Barrier()\n\nmpi.view.apply_sync(step)")
+    status, text, seconds = run(client, code)
+    assert status == "error" and seconds < DEADLINE + 10, (seconds, text)
+    assert "ValueError: rank 1 failed" in text and "rank 1 did not arrive in Barrier" in text, text
+    assert_it_works_again(client)
+
+
+def test_interrupt_kernel_ends_a_stuck_cell_and_the_cluster_works(kernel):
+    manager, client = kernel
+    client.execute("%%px\nimport time\nif rank == 0:\n    time.sleep(60)\ncomm.Barrier()")
+    time.sleep(1.5)  # ranks 1-3 wait in Barrier for rank 0, which sleeps
+    began = time.monotonic()
+    manager.interrupt_kernel()
+    reply = client.get_shell_msg(timeout=DEADLINE + 10)
+    assert reply["content"]["status"] in ("ok", "error") and time.monotonic() - began < 5, reply["content"]
+    assert_it_works_again(client)
