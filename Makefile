@@ -66,6 +66,7 @@ benchmark: data
 	$(BIN)/python benchmarks/allreduce.py
 	$(BIN)/python benchmarks/pipeline.py
 	$(BIN)/python benchmarks/tensor_parallel.py
+	$(BIN)/python benchmarks/classroom_deadline.py
 
 multihost: data
 	$(BIN)/python -m pytest -v -rs tests/test_multihost.py

@@ -6,6 +6,8 @@
     collectives_demo  the lesson's collectives as a plain mpiexec script
     timing            warm-up, then the median of timed calls
     costmodel         every prediction of the series: alpha-beta, the ring, FLOPs, step time, the bubble
+    deadline          WatchedComm: every collective under a deadline; the error names who did not come
+    classroom         the engines' comm: a student's own collectives never hang the class
 """
 
 LESSON = 4

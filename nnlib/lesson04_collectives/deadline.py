@@ -137,7 +137,7 @@ class WatchedComm:
                         self._give_up(what, at_deadline=True)
                 if now - began > 0.05:  # a long wait: sleep between looks, leaving the core to others
                     time.sleep(0.001)
-                elif now - began > 0.002:  # let another rank on this core run, without a sleep's delay
+                else:  # let another rank on this core run (more ranks than cores), without a sleep's delay
                     os.sched_yield()
         except KeyboardInterrupt:  # Interrupt Kernel: abandoned, as at the deadline (a collective cannot be cancelled)
             self.broken = f"{what} was interrupted"
