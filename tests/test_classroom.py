@@ -28,13 +28,15 @@ def kernel(tmp_path_factory):
     folder = tmp_path_factory.mktemp("classroom")
     environment = dict(os.environ, IPYTHONDIR=str(folder / "ipython"), NNLIB_TIMEOUT=str(DEADLINE))
     environment.pop(TAG, None)
-    manager, client = start_new_kernel(kernel_name="python3", env=environment, cwd=str(folder))
+    server_log = open(folder / "kernel-stderr.log", "w")  # what the Jupyter server's log would show
+    manager, client = start_new_kernel(kernel_name="python3", env=environment, cwd=str(folder), stderr=server_log)
     tag = tag_of(psutil.Process(manager.provisioner.process.pid))
     try:
         status, text, _ = run(client, "from nnlib.lesson04_collectives import cluster\nmpi = cluster.start(n=4, timeout=90)",
                               timeout=120)
         assert status == "ok", text
         yield manager, client
+        assert "without topic" not in (folder / "kernel-stderr.log").read_text()
     finally:
         client.stop_channels()
         manager.shutdown_kernel(now=False)
@@ -135,3 +137,13 @@ def test_interrupt_kernel_ends_a_stuck_cell_and_the_cluster_works(kernel):
     reply = client.get_shell_msg(timeout=DEADLINE + 10)
     assert reply["content"]["status"] in ("ok", "error") and time.monotonic() - began < 5, reply["content"]
     assert_it_works_again(client)
+
+
+def test_stopping_the_cluster_is_quiet(kernel):
+    """Last: no "Monitor message without topic: iopub_welcome" in the controller's log, nothing printed on stop."""
+    _, client = kernel
+    status, text, _ = run(client, "print([line for line in mpi.cluster.controller.get_output(remove=False).splitlines()"
+                                  " if 'without topic' in line])")
+    assert status == "ok" and text.strip() == "[]", text
+    status, text, _ = run(client, "mpi.stop()")
+    assert status == "ok" and text == "", text

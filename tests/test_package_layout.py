@@ -24,8 +24,9 @@ def test_modules_only_the_notebooks_use_say_so():
     users = {name: {user for user, path in known.items() if name in imports(user, path, known)} for name in known}
     marked = {name for name, path in known.items() if constant(path, "NOTEBOOKS_ONLY") is True}
     assert {name: users[name] for name in marked if users[name] - {"nnlib.__main__"}} == {}
-    for name in known:  # code that another module has the engines run names its module in a string
-        users[name] |= {user for user, path in known.items() if f"'{name}'" in path.read_text() and user != name}
+    for name in known:  # a module that another has the engines (or the controller) load is named in a string
+        users[name] |= {user for user, path in known.items() if user != name
+                        and (f"'{name}'" in path.read_text() or f'"{name}"' in path.read_text())}
     unused = {name for name in known if not users[name]} - {"nnlib", "nnlib.__main__"} - set(lesson_folders())
     assert sorted(name for name in unused - marked if not name.startswith("nnlib.exercises.")) == []
 

@@ -7,6 +7,7 @@
     timing            warm-up, then the median of timed calls
     costmodel         every prediction of the series: alpha-beta, the ring, FLOPs, step time, the bubble
     deadline          WatchedComm: every collective under a deadline; the error names who did not come
+    quiet_controller  the controller's log without ipykernel 7's harmless iopub_welcome errors
     classroom         the engines' comm: a student's own collectives never hang the class
 """
 

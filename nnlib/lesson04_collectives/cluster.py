@@ -24,6 +24,7 @@ What it takes care of:
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 import subprocess
@@ -274,7 +275,8 @@ def start(n: int = 4, timeout: float = 30.0, mpiexec: str | None = None, environ
     reaper.clean_up_orphans()  # clusters left behind by a dead kernel of this user
     owner = os.environ[reaper.TAG] = reaper.tag_of()  # inherited by the controller, mpiexec and every engine
     environment = {"NNLIB_TIMEOUT": os.environ.get("NNLIB_TIMEOUT", str(CLASSROOM_TIMEOUT)), **(environment or {})}
-    cluster = ipyparallel.Cluster(engines="mpi", n=n, controller_args=["--HeartMonitor.period=500"],
+    quiet = importlib.util.find_spec("nnlib.lesson04_collectives.quiet_controller").origin  # a config file
+    cluster = ipyparallel.Cluster(engines="mpi", n=n, controller_args=["--HeartMonitor.period=500", f"--config={quiet}"],
                                   log_level=logging.ERROR)
     cluster.config.MPIEngineSetLauncher.mpi_cmd = [mpiexec]
     cluster.config.MPIEngineSetLauncher.environment = engine_environment(mpiexec, environment)
