@@ -148,3 +148,39 @@ def test_close_and_shut_down_ends_the_kernel(lab, page):
     while time.monotonic() < deadline and mine & {kernel["id"] for kernel in lab.kernels()}:
         time.sleep(0.5)
     assert not mine & {kernel["id"] for kernel in lab.kernels()}, "the notebook's kernel is still running"
+
+
+def test_a_failing_rank_in_a_px_cell_stops_every_rank_and_the_next_cell_works(lab, page):
+    """Issue 22 in the browser: rank 2 raises before an Allreduce in a %%px cell (tagged raises-exception, so
+    Run All goes on). The cell ends at once with rank 2's own error first, the next %%px Allreduce works, and
+    closing the notebook leaves no MPI process."""
+    from nnlib.lesson04_collectives.reaper import tagged_processes
+
+    cells = ["import os\nos.environ['NNLIB_TIMEOUT'] = '4'\nfrom nnlib.lesson04_collectives import cluster\n"
+             "mpi = cluster.start(n=4)",
+             "%%px\nimport numpy as np\nif rank == 2:\n    raise ValueError('rank 2 has a bad shard')\n"
+             "comm.Allreduce(np.ones(3), np.zeros(3))",
+             "%%px\ntotal = np.zeros(1)\ncomm.Allreduce(np.ones(1), total)\nprint('the sum is', int(total[0]))",
+             "mpi.stop()"]
+    notebook = {"cells": [{"cell_type": "code", "execution_count": None, "id": f"cell{index}", "outputs": [],
+                           "metadata": {"tags": ["raises-exception"] if index == 1 else []}, "source": source}
+                          for index, source in enumerate(cells)],
+                "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
+                "nbformat": 4, "nbformat_minor": 5}
+    (lab.root_dir / "deadline_in_class.ipynb").write_text(json.dumps(notebook))
+    others = {process.pid for process, _ in tagged_processes()}  # e.g. another test's cluster
+    open_notebook(page, lab, "deadline_in_class.ipynb")
+    began = time.monotonic()
+    restart_and_run_all(page, timeout_s=120)
+    shown = what_the_page_shows(page)
+    assert shown["prompts"] == ["[1]:", "[2]:", "[3]:", "[4]:"], shown["prompts"]
+    assert time.monotonic() - began < 60, "the failing cell waited"  # start-up, the cells, stop; no 20 s wait
+    text = shown["text"]
+    assert "ValueError: rank 2 has a bad shard" in text and "CollectiveTimeout: Rank" in text, text[-3000:]
+    assert text.index("ValueError: rank 2 has a bad shard") < text.index("CollectiveTimeout: Rank"), text[-3000:]
+    assert text.count("the sum is 4") == 4, text[-3000:]
+    close_and_shut_down(page)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and {process.pid for process, _ in tagged_processes()} - others:
+        time.sleep(0.5)
+    assert not {process.pid for process, _ in tagged_processes()} - others, "MPI processes are left"
