@@ -92,7 +92,7 @@ def test_a_rank_raising_before_a_collective_stops_every_rank_at_once(kernel, col
 
 def test_a_stalled_rank_is_named_at_the_deadline(kernel):
     _, client = kernel
-    code = f"%%px\nimport time\nif rank == 1:\n    time.sleep({DEADLINE + 2})\ncomm.Allreduce(np.ones(3), np.zeros(3))"
+    code = f"%%px\nimport time\nimport numpy as np\nif rank == 1:\n    time.sleep({DEADLINE + 2})\ncomm.Allreduce(np.ones(3), np.zeros(3))"
     status, text, seconds = run(client, code)
     assert status == "error" and DEADLINE <= seconds < DEADLINE + 10, (seconds, text)
     assert f"rank 1 did not arrive in Allreduce within {DEADLINE} s" in text, text
@@ -109,12 +109,21 @@ def test_a_barrier_on_only_some_ranks_names_the_missing_one(kernel):
 
 def test_two_ranks_both_sending_first_is_named_a_deadlock(kernel):
     _, client = kernel
-    code = ("%%px\nbig = np.ones(1_000_000)\nif rank < 2:\n    comm.Send(big, dest=1 - rank)\n"
+    code = ("%%px\nimport numpy as np\nbig = np.ones(1_000_000)\nif rank < 2:\n    comm.Send(big, dest=1 - rank)\n"
             "    comm.Recv(big, source=1 - rank)")
     status, text, seconds = run(client, code)
     assert status == "error" and seconds < DEADLINE + 10, (seconds, text)
     assert "waited 4 s in Send to rank" in text and "was waiting too (a deadlock" in text, text
     assert "rank 1 was waiting in Send to rank 0" in text or "rank 0 was waiting in Send to rank 1" in text, text
+    assert_it_works_again(client)
+
+
+def test_broadcasts_from_different_roots_are_named(kernel):
+    _, client = kernel
+    status, text, seconds = run(client, "%%px\nimport numpy as np\ncomm.Bcast(np.ones(1_000_000), root=0 if rank < 2 else 1)")
+    assert status == "error" and seconds < 2, (seconds, text)  # MPI would not hang, but give wrong data
+    assert text.count("RootMismatch: Bcast with different roots (rank 0: root=0, rank 1: root=0, rank 2: root=1, "
+                      "rank 3: root=1)") == 4, text
     assert_it_works_again(client)
 
 
@@ -128,14 +137,36 @@ def test_a_function_applied_to_all_engines_ends_at_the_deadline(kernel):
     assert_it_works_again(client)
 
 
-def test_interrupt_kernel_ends_a_stuck_cell_and_the_cluster_works(kernel):
-    manager, client = kernel
-    client.execute("%%px\nimport time\nif rank == 0:\n    time.sleep(60)\ncomm.Barrier()")
-    time.sleep(1.5)  # ranks 1-3 wait in Barrier for rank 0, which sleeps
+def interrupted(manager, client, code):
+    """Run ``code``, press Interrupt Kernel after 1.5 s: (seconds from the interrupt to the end, what it showed)."""
+    message_id = client.execute(code)
+    time.sleep(1.5)
     began = time.monotonic()
     manager.interrupt_kernel()
-    reply = client.get_shell_msg(timeout=DEADLINE + 10)
-    assert reply["content"]["status"] in ("ok", "error") and time.monotonic() - began < 5, reply["content"]
+    shown = []
+    while True:
+        message = client.get_iopub_msg(timeout=DEADLINE + 10)
+        if message["parent_header"].get("msg_id") != message_id:
+            continue
+        if message["msg_type"] == "stream":
+            shown.append(message["content"]["text"])
+        if message["msg_type"] == "status" and message["content"]["execution_state"] == "idle":
+            return time.monotonic() - began, "".join(shown)
+
+
+def test_interrupt_kernel_ends_a_cell_waiting_in_comm_and_the_cluster_works(kernel):
+    manager, client = kernel
+    seconds, _ = interrupted(manager, client, "%%px\nimport time\nif rank == 0:\n    time.sleep(60)\ncomm.Barrier()")
+    assert seconds < 5, seconds
+    assert_it_works_again(client)
+
+
+def test_interrupt_kernel_on_a_cell_stuck_outside_comm_says_what_to_run(kernel):
+    manager, client = kernel
+    seconds, text = interrupted(manager, client, "%%px\nif rank != 0:\n    comm.world.Barrier()  # MPI's own: no deadline")
+    assert seconds < 10 and "run mpi.restart()" in text, (seconds, text)
+    status, text, _ = run(client, "mpi.restart()", timeout=120)
+    assert status == "ok", text
     assert_it_works_again(client)
 
 

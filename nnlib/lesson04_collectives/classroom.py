@@ -14,7 +14,9 @@ so ``comm.Allreduce(...)``, ``MPI.COMM_WORLD.Bcast(...)``, ``comm.Send``/``Recv`
 * a rank that waits longer than the deadline ($NNLIB_TIMEOUT, 20 s in the cluster) stops with an
   error naming the ranks that did not come, or, when every rank was waiting (a deadlock), the call
   each one was waiting in;
-* Interrupt Kernel (the engines get SIGINT) ends a wait at once.
+* Interrupt Kernel (the engines get SIGINT) ends a wait at once;
+* a rooted collective (Bcast, Reduce, Gather, Scatter and their v forms) first checks that every rank
+  names the same root (one small Allgather): MPI does not, and a mismatch need not hang.
 
 A collective that was abandoned can never be cancelled, so the communicator it ran on is dropped:
 after a cell in which a rank raised or was interrupted, the client (the notebook's kernel, which sees
@@ -26,9 +28,16 @@ a rank raising in one is only noticed at the deadline (no cell ended, so no noti
 
 from __future__ import annotations
 
+import numpy as np
+from mpi4py import MPI
+
 from nnlib.lesson04_collectives.deadline import WatchedComm
 
 LESSON = 4
+
+
+class RootMismatch(ValueError):
+    """The ranks named different roots for one rooted collective (raised on every rank)."""
 
 
 class ClassroomComm:
@@ -63,6 +72,36 @@ class ClassroomComm:
             raise AttributeError(name)
         watched = self.current()
         return getattr(watched, name) if hasattr(watched, name) else getattr(watched.comm, name)
+
+    # -- the rooted collectives: MPI does not check that every rank names the same root -------------
+    def same_root(self, root: int, what: str) -> WatchedComm:
+        """Every rank's ``root``, gathered (one small Allgather); raise on every rank if they differ.
+        Mismatched roots need not hang (MPICH completes a Bcast with them, with wrong data)."""
+        watched = self.current()
+        roots = np.empty(self.size, dtype=np.int64)
+        watched.Allgather(np.array([root], dtype=np.int64), roots)
+        if len(set(roots.tolist())) > 1:
+            said = ", ".join(f"rank {rank}: root={int(given)}" for rank, given in enumerate(roots))
+            raise RootMismatch(f"{what} with different roots ({said}): every rank must name the same root.")
+        return watched
+
+    def Bcast(self, buffer, root=0):
+        self.same_root(root, "Bcast").Bcast(buffer, root)
+
+    def Reduce(self, sendbuf, recvbuf, op=MPI.SUM, root=0):
+        self.same_root(root, "Reduce").Reduce(sendbuf, recvbuf, op, root)
+
+    def Gather(self, sendbuf, recvbuf, root=0):
+        self.same_root(root, "Gather").Gather(sendbuf, recvbuf, root)
+
+    def Gatherv(self, sendbuf, recvbuf, root=0):
+        self.same_root(root, "Gatherv").Gatherv(sendbuf, recvbuf, root)
+
+    def Scatter(self, sendbuf, recvbuf, root=0):
+        self.same_root(root, "Scatter").Scatter(sendbuf, recvbuf, root)
+
+    def Scatterv(self, sendbuf, recvbuf, root=0):
+        self.same_root(root, "Scatterv").Scatterv(sendbuf, recvbuf, root)
 
     def after_cell(self, result) -> None:
         """IPython's post_run_cell: if this rank's cell raised, tell the other ranks at once."""

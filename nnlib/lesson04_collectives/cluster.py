@@ -28,6 +28,7 @@ import importlib.util
 import logging
 import os
 import subprocess
+import sys
 import time
 
 LESSON = 4
@@ -168,6 +169,9 @@ class MPICluster:
         if self.cluster is None or self.view is None:
             return
         busy = set(self.client.outstanding) - set(self.renewing.msg_ids if self.renewing is not None else ())
+        if busy and not self.client.wait(list(busy), timeout=3):  # an interrupted wait in comm ends at once
+            print("Some ranks are still busy in that cell (stuck in MPI outside comm?): if they do not finish, "
+                  "run mpi.restart()", file=sys.stderr)
         if result is None or result.error_in_exec is not None or busy:
             self.renewing = self.view.execute(RENEW_COMMUNICATOR, block=False)
 
