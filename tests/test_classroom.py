@@ -69,24 +69,27 @@ def assert_it_works_again(client):
     assert status == "ok" and text.count("4") >= 4, text
 
 
-RAISING = [  # (the collective as the student writes it, on which communicator; the rank that raises before it)
-    ("comm.Allreduce(np.ones(3), np.zeros(3))", 2),
-    ("MPI.COMM_WORLD.Bcast(np.ones(3), root=0)", 0),
-    ("comm.Scatterv([np.ones(10), [3, 3, 2, 2]], np.zeros(3 if rank < 2 else 2), root=0)", 0),
-    ("MPI.COMM_WORLD.Barrier()", 2),
+RAISING = [  # (the collective, written on COMMUNICATOR; the rank that raises before it: the root, if any)
+    ("COMMUNICATOR.Allreduce(np.ones(3), np.zeros(3))", 2),
+    ("COMMUNICATOR.Bcast(np.ones(3), root=0)", 0),
+    ("COMMUNICATOR.Scatterv([np.ones(10), [3, 3, 2, 2]], np.zeros(3 if rank < 2 else 2), root=0)", 0),
+    ("COMMUNICATOR.Barrier()", 2),
 ]
 
 
+@pytest.mark.parametrize("communicator", ["comm", "MPI.COMM_WORLD"])
 @pytest.mark.parametrize("collective, failing", RAISING)
-def test_a_rank_raising_before_a_collective_stops_every_rank_at_once(kernel, collective, failing):
+def test_a_rank_raising_before_a_collective_stops_every_rank_at_once(kernel, collective, failing, communicator):
     _, client = kernel
-    code = f"%%px\nimport numpy as np\nif rank == {failing}:\n    raise ValueError('rank {failing} has a bad shard')\n{collective}"
+    code = (f"%%px\nimport numpy as np\nif rank == {failing}:\n    raise ValueError('rank {failing} has a bad shard')\n"
+            + collective.replace("COMMUNICATOR", communicator))
     status, text, seconds = run(client, code)
     assert status == "error" and seconds < DEADLINE + 10, (seconds, text)
     assert f"ValueError: rank {failing} has a bad shard" in text, text
     first_error = min(text.find(word) for word in ("ValueError", "CollectiveTimeout") if word in text)
     assert text.find("ValueError") == first_error, text  # the failing rank's own error comes first
     assert text.count("CollectiveTimeout: Rank") == 3, text  # then one line for each rank that waited for it
+    assert text.count(f"stopped waiting in {collective.split('.')[1].split('(')[0]}") == 3, text  # in its call
     assert_it_works_again(client)
 
 

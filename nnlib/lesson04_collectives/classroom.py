@@ -79,7 +79,7 @@ class ClassroomComm:
         Mismatched roots need not hang (MPICH completes a Bcast with them, with wrong data)."""
         watched = self.current()
         roots = np.empty(self.size, dtype=np.int64)
-        watched.Allgather(np.array([root], dtype=np.int64), roots)
+        watched.wait(watched.comm.Iallgather(np.array([root], dtype=np.int64), roots), what)  # errors say `what`
         if len(set(roots.tolist())) > 1:
             said = ", ".join(f"rank {rank}: root={int(given)}" for rank, given in enumerate(roots))
             raise RootMismatch(f"{what} with different roots ({said}): every rank must name the same root.")
