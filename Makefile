@@ -6,7 +6,9 @@
 #   make browser-test  every notebook run from JupyterLab's menu in headless Chromium (screenshots in
 #                   build/browser; make test runs a few of them)
 #   make benchmark  nnlib versus PyTorch on the CPU, and 1 versus 2 MPI ranks against PyTorch DDP
-#                   (installs torch==2.13.0 into .venv)
+#                   (installs torch==2.13.0 into .venv), on the CPU's own BLAS kernel (OPENBLAS_CORETYPE
+#                   and OPENBLAS_L2_SIZE unset for the benchmarks alone); appends the results, dated,
+#                   to benchmarks/RESULTS.md
 #   make multihost  as root: the batch job across 2 and 3 hosts (network namespaces on this machine),
 #                   its bytes on the links, and a pulled cable caught by the watchdog (also in make test)
 #   make gpu        on a machine with an NVIDIA GPU: install CuPy, run the GPU tests, record the GPU
@@ -61,12 +63,7 @@ rehearse: data
 
 benchmark: data
 	$(BIN)/python -m pip install --quiet -e '.[benchmark]'
-	$(BIN)/python benchmarks/cpu_throughput.py --threads 1
-	$(BIN)/python benchmarks/data_parallel.py
-	$(BIN)/python benchmarks/allreduce.py
-	$(BIN)/python benchmarks/pipeline.py
-	$(BIN)/python benchmarks/tensor_parallel.py
-	$(BIN)/python benchmarks/classroom_deadline.py
+	$(BIN)/python benchmarks/record.py
 
 multihost: data
 	$(BIN)/python -m pytest -v -rs tests/test_multihost.py

@@ -40,7 +40,7 @@ def main() -> None:
 
     machine = describe()
     cores = os.cpu_count()
-    print(f"machine: {machine['machine']}; {machine['MPI library']}; float32 buffers; medians of {args.runs} runs\n")
+    print(f"machine: {machine['machine']}; BLAS kernel {machine['BLAS kernel']}; {machine['MPI library']}; float32 buffers; medians of {args.runs} runs\n")
     print(f"{'ranks':>5s} {'size':>7s} {'MPI us':>9s} {'ring us':>9s} {'ring/MPI':>8s} {'MPI busbw GB/s':>15s} "
           f"{'ring busbw GB/s':>16s}")
     with tempfile.TemporaryDirectory() as folder:

@@ -35,7 +35,9 @@ def worker(rounds: int) -> None:
         ratios.append(deadline / plain)
         plain_seconds.append(plain)
     if world.rank == 0:
-        print(f"{world.size} ranks, Allreduce of {VALUES * 8 / 1e3:.0f} kB, {rounds} interleaved rounds of 50 calls: "
+        from nnlib.environment import blas_kernel
+
+        print(f"BLAS kernel {blas_kernel()} (unused here); {world.size} ranks, Allreduce of {VALUES * 8 / 1e3:.0f} kB, {rounds} interleaved rounds of 50 calls: "
               f"plain {np.median(plain_seconds) * 1e6:.0f} us; watched / plain = {np.median(ratios):.3f} "
               f"(min {min(ratios):.3f}, max {max(ratios):.3f})")
 

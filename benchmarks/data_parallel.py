@@ -241,7 +241,7 @@ def main() -> None:
     from nnlib.environment import describe
 
     machine = describe()
-    print(f"machine: {machine['machine']}; {machine['BLAS']}; {machine['MPI library']}; 1 BLAS thread per rank\n")
+    print(f"machine: {machine['machine']}; {machine['BLAS']}, kernel {machine['BLAS kernel']}; {machine['MPI library']}; 1 BLAS thread per rank\n")
     header = (f"{'case':24s} {'mode':20s} {'1 rank s/epoch':>14s} {'2 ranks s/epoch':>15s} {'speedup':>8s} "
               f"{'efficiency':>10s} {'comm/step us':>12s} {'waiting us':>10s} {'transfer us':>11s} "
               f"{'bare Allreduce us':>17s} {'cold us':>7s} {'comm/bare':>9s} {'transfer/bare':>13s} {'transfer/cold':>13s}")

@@ -78,7 +78,7 @@ def main() -> None:
     from nnlib.environment import describe, mpiexec_path
 
     machine = describe()
-    print(f"machine: {machine['machine']}; {machine['BLAS']}; {machine['MPI library']}; 2 stages, float32; "
+    print(f"machine: {machine['machine']}; {machine['BLAS']}, kernel {machine['BLAS kernel']}; {machine['MPI library']}; 2 stages, float32; "
           f"medians of {args.rounds} rounds\n", flush=True)
     subprocess.run([mpiexec_path(), "-n", "2", sys.executable, __file__, "--worker", "--rounds", str(args.rounds)],
                    check=True, timeout=900 * args.rounds)

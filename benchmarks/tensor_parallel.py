@@ -95,7 +95,7 @@ def main() -> None:
     from nnlib.environment import describe
 
     machine = describe()
-    print(f"machine: {machine['machine']}; {machine['BLAS']}; {machine['MPI library']}")
+    print(f"machine: {machine['machine']}; {machine['BLAS']}, kernel {machine['BLAS kernel']}; {machine['MPI library']}")
     print(f"float32, batch {BATCH}, 1 BLAS thread per rank; medians of {rounds} rounds of {STEPS} steps\n")
     one, two = [], []
     for _ in range(rounds):

@@ -40,6 +40,90 @@ def blas() -> str:
     return f"{info.get('internal_api')} {info.get('version')} ({info.get('num_threads')} threads)"
 
 
+# OpenBLAS's x86 kernels (threadpoolctl's "architecture") and the instruction set each is written for,
+# oldest first; the variables that can force one (https://github.com/OpenMathLib/OpenBLAS, USAGE.md).
+INSTRUCTION_SETS = ("SSE2", "SSE3", "SSE4.2", "AVX", "AVX2", "AVX-512")
+KERNEL_INSTRUCTIONS = {"Prescott": "SSE3", "Core2": "SSE3", "Penryn": "SSE3", "Dunnington": "SSE3", "Atom": "SSE3",
+                       "Nehalem": "SSE4.2", "Opteron": "SSE3", "Barcelona": "SSE3", "Bobcat": "SSE3",
+                       "Sandybridge": "AVX", "Bulldozer": "AVX", "Piledriver": "AVX", "Steamroller": "AVX",
+                       "Excavator": "AVX", "Haswell": "AVX2", "Zen": "AVX2", "SkylakeX": "AVX-512",
+                       "Cooperlake": "AVX-512", "SapphireRapids": "AVX-512"}
+FORCING_VARIABLES = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
+CPU_FLAGS = {"avx512f": "AVX-512", "avx2": "AVX2", "avx": "AVX", "sse4_2": "SSE4.2", "pni": "SSE3", "sse2": "SSE2"}
+
+
+def blas_kernel() -> str:
+    """The BLAS kernel NumPy runs (threadpoolctl's architecture, e.g. 'SkylakeX'), or 'unknown'."""
+    import numpy  # noqa: F401  (threadpoolctl sees only the libraries already loaded)
+    from threadpoolctl import threadpool_info
+
+    libraries = [info for info in threadpool_info() if info.get("user_api") == "blas"]
+    return str(libraries[0].get("architecture") or "unknown") if libraries else "unknown"
+
+
+def cpu_instruction_set() -> str:
+    """The CPU's best vector instruction set the kernels use ('AVX-512', 'AVX2', ...), from /proc/cpuinfo."""
+    try:
+        with open("/proc/cpuinfo") as info:
+            flags = next((line.split(":", 1)[1].split() for line in info if line.startswith("flags")), [])
+    except OSError:
+        return "unknown"
+    return next((name for flag, name in CPU_FLAGS.items() if flag in flags), "unknown")
+
+
+def forced_older_kernel() -> str | None:
+    """'OPENBLAS_CORETYPE=Haswell' if an environment variable makes OpenBLAS run a kernel for an older
+    instruction set than this CPU has (so products run slower than they could); else None."""
+    kernel, best = blas_kernel(), cpu_instruction_set()
+    forced = [f"{name}={os.environ[name]}" for name in FORCING_VARIABLES if os.environ.get(name)]
+    if not forced or kernel not in KERNEL_INSTRUCTIONS or best not in INSTRUCTION_SETS:
+        return None
+    older = INSTRUCTION_SETS.index(KERNEL_INSTRUCTIONS[kernel]) < INSTRUCTION_SETS.index(best)
+    return " and ".join(forced) if older else None
+
+
+def product_seconds(size: int = 768, repeats: int = 7) -> float:
+    """Median seconds of one float32 (the series' dtype) (size x size) @ (size x size) product, one BLAS thread."""
+    import time
+
+    import numpy
+    from threadpoolctl import threadpool_limits
+
+    a = numpy.random.default_rng(0).random((size, size), dtype=numpy.float32)
+    times = []
+    with threadpool_limits(1, user_api="blas"):
+        for _ in range(repeats + 1):
+            began = time.perf_counter()
+            a @ a
+            times.append(time.perf_counter() - began)
+    return float(numpy.median(times[1:]))
+
+
+def kernel_note(measure: bool = True) -> str | None:
+    """One line if a variable forces an older BLAS kernel than the CPU supports: which, what it costs
+    (``measure``: one product here and in a subprocess without the variables), and how to change it."""
+    forced = forced_older_kernel()
+    if forced is None:
+        return None
+    kernel, best = blas_kernel(), cpu_instruction_set()
+    cost = ""
+    if measure:
+        import subprocess
+
+        own = {name: value for name, value in os.environ.items() if name not in FORCING_VARIABLES}
+        code = "from nnlib import environment as e; print(e.blas_kernel(), e.product_seconds())"
+        reply = subprocess.run([sys.executable, "-c", code], env=own, capture_output=True, text=True, timeout=120)
+        if reply.returncode == 0:
+            own_kernel, own_seconds = reply.stdout.split()
+            here = product_seconds()
+            cost = (f"; a float32 768x768 product takes {here * 1e3:.1f} ms on it against {float(own_seconds) * 1e3:.1f}"
+                    f" ms on the CPU's own {own_kernel} kernel ({here / float(own_seconds):.1f}x as long)")
+    verb = "force" if " and " in forced else "forces"
+    return (f"{forced} {verb} OpenBLAS's {kernel} kernel ({KERNEL_INSTRUCTIONS[kernel]}) on a CPU with {best}{cost}. "
+            f"Unset {' and '.join(FORCING_VARIABLES)} to run the CPU's own kernel (some old OpenBLAS builds "
+            "needed them on some CPUs).")
+
+
 def describe() -> dict:
     """A dictionary describing the machine and the packages the series uses."""
     import numpy
@@ -56,6 +140,7 @@ def describe() -> dict:
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.system()} {platform.release()}",
         **versions,
         "BLAS": blas(),
+        "BLAS kernel": f"{blas_kernel()}, on a CPU with {cpu_instruction_set()}",
         "MPI library": mpi_library(),
         "mpiexec": mpiexec_path() or "not found",
         "GPU": reason if usable else f"none usable: {reason}",
@@ -73,9 +158,13 @@ def mpiexec_path() -> str | None:
 
 
 def print_report() -> None:
-    """Print :func:`describe` as aligned lines."""
+    """Print :func:`describe` as aligned lines, and the kernel note if a variable forces an older kernel."""
     for key, value in describe().items():
         print(f"{key:12s} {value}")
+    note = kernel_note()
+    if note:
+        print(f"note         {note}")
+
 
 def gpu_status(refresh: bool = False):
     """(usable, reason): whether CuPy is installed and a matrix product runs on the GPU."""

@@ -1,0 +1,50 @@
+"""nnlib.environment knows which BLAS kernel runs, and says so when a variable forces an older one.
+
+Each case runs in a subprocess, with OPENBLAS_CORETYPE set to a kernel older than this CPU's best, or
+with the forcing variables unset (OpenBLAS reads them once, when it loads).
+"""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from nnlib import environment
+
+OLDER = {"AVX-512": "Haswell", "AVX2": "Sandybridge", "AVX": "Nehalem"}  # a kernel older than the CPU's best
+REPORT = "from nnlib import environment as e; print(e.blas_kernel()); print(e.kernel_note())"
+
+
+def report(**variables):
+    own = {name: value for name, value in os.environ.items() if name not in environment.FORCING_VARIABLES}
+    reply = subprocess.run([sys.executable, "-c", REPORT], env={**own, **variables}, capture_output=True, text=True,
+                           timeout=300, check=True)
+    kernel, note = reply.stdout.strip().split("\n", 1)
+    return kernel, note
+
+
+def own_kernel():
+    return report()[0]
+
+
+@pytest.mark.skipif(environment.cpu_instruction_set() not in OLDER or own_kernel() not in environment.KERNEL_INSTRUCTIONS,
+                    reason="needs OpenBLAS on an x86 CPU with AVX or newer (an older kernel to force)")
+def test_a_variable_forcing_an_older_kernel_is_named_with_what_it_costs():
+    older = OLDER[environment.cpu_instruction_set()]
+    kernel, note = report(OPENBLAS_CORETYPE=older)
+    assert kernel == older
+    assert note.startswith(f"OPENBLAS_CORETYPE={older} forces OpenBLAS's {older} kernel"), note
+    assert f"on a CPU with {environment.cpu_instruction_set()}" in note and "x as long)" in note, note
+    assert "Unset OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE" in note and "\n" not in note, note
+
+
+def test_the_cpus_own_kernel_gives_no_note():
+    kernel, note = report()
+    assert note == "None", note
+    assert kernel == environment.blas_kernel() or environment.forced_older_kernel() is not None
+
+
+def test_the_report_names_the_kernel_and_the_cpus_instructions():
+    described = environment.describe()
+    assert described["BLAS kernel"] == f"{environment.blas_kernel()}, on a CPU with {environment.cpu_instruction_set()}"
