@@ -14,6 +14,7 @@ torch==2.13.0) it also trains the same network with DistributedDataParallel (glo
 Cases:
   784-128-10 on full MNIST, global batch 256, mini-batch SGD (momentum 0.9)
   400-25-10 full-batch gradient descent on 60,000 samples (the seed workload, 20x20 crops)
+  784-1024-10 on full MNIST, global batch 1,024 (compute dominates: how close 2 ranks come to 100%)
 
 Then the cost of surviving faults, on 2 ranks, 784-128-10, global batch 256, one epoch per call,
 the variants interleaved over several repeats (medians):
@@ -42,7 +43,10 @@ MODES = [("allreduce", "exact"), ("zero", "exact"), ("overlap", "exact"), ("allr
 CASES = {
     "784-128-10, batch 256": dict(sizes=(784, 128, 10), batch=256, epochs=4, crop=False, learning_rate=0.1),
     "400-25-10, full batch": dict(sizes=(400, 25, 10), batch=None, epochs=40, crop=True, learning_rate=2.0),
+    "784-1024-10, batch 1024": dict(sizes=(784, 1024, 10), batch=1024, epochs=3, crop=False, learning_rate=0.1),
 }
+FEW_MODES = {"400-25-10, full batch": [("allreduce", "exact"), ("zero", "exact")],
+             "784-1024-10, batch 1024": [("allreduce", "exact")]}  # the compute-dominated case: its bound
 
 
 def load(crop: bool):
@@ -243,7 +247,7 @@ def main() -> None:
     machine = describe()
     print(f"machine: {machine['machine']}; {machine['BLAS']}, kernel {machine['BLAS kernel']}; {machine['MPI library']}; 1 BLAS thread per rank\n")
     header = (f"{'case':24s} {'mode':20s} {'1 rank s/epoch':>14s} {'2 ranks s/epoch':>15s} {'speedup':>8s} "
-              f"{'efficiency':>10s} {'comm/step us':>12s} {'waiting us':>10s} {'transfer us':>11s} "
+              f"{'efficiency':>10s} {'bound':>6s} {'comm/step us':>12s} {'waiting us':>10s} {'transfer us':>11s} "
               f"{'bare Allreduce us':>17s} {'cold us':>7s} {'comm/bare':>9s} {'transfer/bare':>13s} {'transfer/cold':>13s}")
     if have_torch:
         header += f" {'DDP s/epoch':>11s} {'DDP/nnlib':>9s}"
@@ -254,7 +258,7 @@ def main() -> None:
     print(header)
     print("-" * len(header))
     for name in CASES:
-        modes = MODES if CASES[name]["batch"] else [("allreduce", "exact"), ("zero", "exact")]
+        modes = FEW_MODES.get(name, MODES)
         one, two = [], {mode: [] for mode in modes}
         for _ in range(args.repeats):  # interleaved, so that a slow minute of the machine hits every mode alike
             one.append(run_ranks(1, name))
@@ -273,13 +277,17 @@ def main() -> None:
                 for key, reference in (("communicate_per_step", "bare_allreduce"), ("transfer_per_step", "bare_allreduce"),
                                        ("transfer_per_step", "cold_allreduce")))
             speedup = one_epoch / epoch
+            steps = float(np.median([run["steps_per_epoch"] for run in two[mode]]))
+            bound = 1 / (1 + 2 * transfer * steps / one_epoch)  # half the compute, plus only the transfer
             line = (f"{name:24s} {mode[0] + ', ' + mode[1]:20s} {one_epoch:14.3f} {epoch:15.3f} {speedup:8.2f} "
-                    f"{speedup / 2:10.0%} {communicate * 1e6:12.1f} {waiting * 1e6:10.1f} {transfer * 1e6:11.1f} "
+                    f"{speedup / 2:10.0%} {bound:6.0%} {communicate * 1e6:12.1f} {waiting * 1e6:10.1f} {transfer * 1e6:11.1f} "
                     f"{bare * 1e6:17.1f} {cold * 1e6:7.1f} {comm_ratio:9.2f} {transfer_ratio:13.2f} {transfer_cold:13.2f}")
             if ddp is not None:
                 line += f" {ddp:11.3f} {ddp / epoch:9.2f}"
             print(line, flush=True)
-    print("\ncomm/step: the communicate phase per step of the rank with the most (zero: both ring halves), "
+    print("\nbound: the efficiency 2 ranks would reach if each did exactly half of the 1-rank epoch's work and "
+          "then only the measured transfer per step (no waiting): T1 / (T1 + 2 steps transfer).")
+    print("comm/step: the communicate phase per step of the rank with the most (zero: both ring halves), "
           "waiting included; waiting: that rank's time waiting for the other to arrive; transfer: the rest, "
           "what the rank that arrived last spent (nnlib.lesson05_data_parallel.data_parallel.communication_split); bare Allreduce: "
           "100 Allreduces of the same gradient buffer on the same 2 ranks before training and 100 after, the mean "
