@@ -69,6 +69,14 @@ def assert_it_works_again(client):
     assert status == "ok" and text.count("4") >= 4, text
 
 
+def stops_in_time_and_recovers(client, code, within=DEADLINE + 10):
+    """Run ``code``: it must fail within ``within`` seconds; then the next collective must work. Its text."""
+    status, text, seconds = run(client, code)
+    assert status == "error" and seconds < within, (seconds, text)
+    assert_it_works_again(client)
+    return text
+
+
 RAISING = [  # (the collective, written on COMMUNICATOR; the rank that raises before it: the root, if any)
     ("COMMUNICATOR.Allreduce(np.ones(3), np.zeros(3))", 2),
     ("COMMUNICATOR.Bcast(np.ones(3), root=0)", 0),
@@ -83,61 +91,45 @@ def test_a_rank_raising_before_a_collective_stops_every_rank_at_once(kernel, col
     _, client = kernel
     code = (f"%%px\nimport numpy as np\nif rank == {failing}:\n    raise ValueError('rank {failing} has a bad shard')\n"
             + collective.replace("COMMUNICATOR", communicator))
-    status, text, seconds = run(client, code)
-    assert status == "error" and seconds < DEADLINE + 10, (seconds, text)
+    text = stops_in_time_and_recovers(client, code)
     assert f"ValueError: rank {failing} has a bad shard" in text, text
     first_error = min(text.find(word) for word in ("ValueError", "CollectiveTimeout") if word in text)
     assert text.find("ValueError") == first_error, text  # the failing rank's own error comes first
     assert text.count("CollectiveTimeout: Rank") == 3, text  # then one line for each rank that waited for it
     assert text.count(f"stopped waiting in {collective.split('.')[1].split('(')[0]}") == 3, text  # in its call
-    assert_it_works_again(client)
 
 
 def test_a_stalled_rank_is_named_at_the_deadline(kernel):
-    _, client = kernel
     code = f"%%px\nimport time\nimport numpy as np\nif rank == 1:\n    time.sleep({DEADLINE + 2})\ncomm.Allreduce(np.ones(3), np.zeros(3))"
-    status, text, seconds = run(client, code)
-    assert status == "error" and DEADLINE <= seconds < DEADLINE + 10, (seconds, text)
+    text = stops_in_time_and_recovers(kernel[1], code)
     assert f"rank 1 did not arrive in Allreduce within {DEADLINE} s" in text, text
-    assert_it_works_again(client)
 
 
 def test_a_barrier_on_only_some_ranks_names_the_missing_one(kernel):
-    _, client = kernel
-    status, text, seconds = run(client, "%%px\nif rank != 3:\n    comm.Barrier()")
-    assert status == "error" and seconds < DEADLINE + 10, (seconds, text)
+    text = stops_in_time_and_recovers(kernel[1], "%%px\nif rank != 3:\n    comm.Barrier()")
     assert f"rank 3 did not arrive in Barrier within {DEADLINE} s" in text, text
-    assert_it_works_again(client)
 
 
 def test_two_ranks_both_sending_first_is_named_a_deadlock(kernel):
-    _, client = kernel
     code = ("%%px\nimport numpy as np\nbig = np.ones(1_000_000)\nif rank < 2:\n    comm.Send(big, dest=1 - rank)\n"
             "    comm.Recv(big, source=1 - rank)")
-    status, text, seconds = run(client, code)
-    assert status == "error" and seconds < DEADLINE + 10, (seconds, text)
+    text = stops_in_time_and_recovers(kernel[1], code)
     assert "waited 4 s in Send to rank" in text and "was waiting too (a deadlock" in text, text
     assert "rank 1 was waiting in Send to rank 0" in text or "rank 0 was waiting in Send to rank 1" in text, text
-    assert_it_works_again(client)
 
 
 def test_broadcasts_from_different_roots_are_named(kernel):
-    _, client = kernel
-    status, text, seconds = run(client, "%%px\nimport numpy as np\ncomm.Bcast(np.ones(1_000_000), root=0 if rank < 2 else 1)")
-    assert status == "error" and seconds < 2, (seconds, text)  # MPI would not hang, but give wrong data
+    code = "%%px\nimport numpy as np\ncomm.Bcast(np.ones(1_000_000), root=0 if rank < 2 else 1)"
+    text = stops_in_time_and_recovers(kernel[1], code, within=2)  # MPI would not hang here, but give wrong data
     assert text.count("RootMismatch: Bcast with different roots (rank 0: root=0, rank 1: root=0, rank 2: root=1, "
                       "rank 3: root=1)") == 4, text
-    assert_it_works_again(client)
 
 
 def test_a_function_applied_to_all_engines_ends_at_the_deadline(kernel):
-    _, client = kernel
     code = ("def step():  # run on every engine, with the engine's rank and comm\n    if rank == 1:\n"
             "        raise ValueError('rank 1 failed')\n    comm.Barrier()\n\nmpi.view.apply_sync(step)")
-    status, text, seconds = run(client, code)
-    assert status == "error" and seconds < DEADLINE + 10, (seconds, text)
+    text = stops_in_time_and_recovers(kernel[1], code)
     assert "ValueError: rank 1 failed" in text and "rank 1 did not arrive in Barrier" in text, text
-    assert_it_works_again(client)
 
 
 def interrupted(manager, client, code):
