@@ -19,9 +19,10 @@ so ``comm.Allreduce(...)``, ``MPI.COMM_WORLD.Bcast(...)``, ``comm.Send``/``Recv`
   names the same root (one small Allgather): MPI does not, and a mismatch need not hang.
 
 A collective that was abandoned can never be cancelled, so the communicator it ran on is dropped:
-after a cell in which a rank raised or was interrupted, the client (the notebook's kernel, which sees
-every rank's outcome) has every engine :func:`renew` it: a fresh duplicate of COMM_WORLD, made by all
-ranks together. (A rank whose own call was abandoned also renews at its next call.) Any other method (``Isend``, ``Split_type``...)
+after every cell that ran on the engines, the client (the notebook's kernel) has every engine
+:func:`settle`: the ranks agree, under the deadline, whether any of them abandoned a call (or was
+told another did), and if so all make a fresh duplicate of COMM_WORLD together. A rank that does not
+come to that agreement is stuck or dead: every later call then says to run ``mpi.restart()``. Any other method (``Isend``, ``Split_type``...)
 runs on the current duplicate, without a deadline. ``view.apply`` functions get the deadline too, but
 a rank raising in one is only noticed at the deadline (no cell ended, so no notice is sent).
 """
@@ -39,32 +40,49 @@ LESSON = 4
 class RootMismatch(ValueError):
     """The ranks named different roots for one rooted collective (raised on every rank)."""
 
+    on_every_rank = True  # every rank raises it: no rank needs to tell the others
+
 
 class ClassroomComm:
     """``world``'s ranks with a deadline on every call (see the module docstring); rank and size as usual.
 
-    watched: the current :class:`WatchedComm` (a duplicate of ``world``), replaced after an abandoned call.
+    watched: the current :class:`WatchedComm` (a duplicate of ``world``), replaced by :meth:`settle` after a
+    cell that abandoned a call; agreement: a duplicate of ``world`` for settle's own small collective.
     """
 
     def __init__(self, world, timeout=None):
         self.world, self.timeout = world, timeout
         self.rank, self.size = world.rank, world.size
-        self.generation, self.dropped = 0, False
+        self.generation, self.unusable = 0, None
+        self.agreement = world.Dup()
         self.watched = WatchedComm(world, timeout)
 
     def current(self) -> WatchedComm:
-        """The watched duplicate to use now (a fresh one if the last was abandoned here)."""
-        if self.dropped or self.watched.broken:
-            self.renew()
+        """The watched duplicate to use now."""
+        if self.unusable:
+            raise RuntimeError(self.unusable)
         return self.watched
 
-    def renew(self) -> None:
-        """Make a fresh duplicate of ``world``, every rank together. The cluster's client asks every engine at
-        once, after a cell in which a rank raised or was interrupted. If not every rank comes, this raises
-        CollectiveTimeout and the next call tries again (each try has its own generation of notices)."""
-        self.dropped, self.generation = True, self.generation + 1
-        self.watched = WatchedComm(self.world, self.timeout, generation=self.generation)
-        self.dropped = False
+    def settle(self) -> str:
+        """After a cell, on every engine (the client sends it): do all ranks keep the duplicate? If any rank
+        abandoned a call on it, or heard that another did, every rank makes a fresh one, together.
+
+        The ranks agree with one small Iallreduce (MAX) on ``agreement``, under the deadline. If a rank
+        does not come (stuck in MPI outside comm, or dead), the communicator is marked unusable: every
+        later call says to run mpi.restart()."""
+        if self.unusable:
+            return self.unusable
+        abandoned = np.array([int(bool(self.watched.broken) or self.watched.heard_from_others())], dtype=np.int64)
+        request = self.agreement.Iallreduce(MPI.IN_PLACE, abandoned, op=MPI.MAX)
+        try:
+            self.watched.wait_alone(request, self.watched.timeout)
+            if abandoned[0]:
+                self.generation += 1
+                self.watched = WatchedComm(self.world, self.watched.timeout, generation=self.generation)
+        except TimeoutError:
+            self.unusable = ("a rank did not come back after the last cell (stuck in MPI outside comm, or "
+                             "dead): run mpi.restart()")
+        return self.unusable or ("renewed" if abandoned[0] else "kept")
 
     def __getattr__(self, name):
         """Every other attribute: the watched method if there is one, else the MPI communicator's own."""
@@ -106,19 +124,18 @@ class ClassroomComm:
     def after_cell(self, result) -> None:
         """IPython's post_run_cell: if this rank's cell raised, tell the other ranks at once."""
         error = result.error_in_exec
-        if error is not None and not self.watched.broken:
+        if error is not None and not self.watched.broken and not getattr(error, "on_every_rank", False):
             self.watched.tell_others(error)
 
     def __repr__(self):
         return f"<ClassroomComm rank {self.rank} of {self.size}, deadline {self.watched.timeout:g} s>"
 
 
-def renew() -> None:
-    """On an engine: :meth:`ClassroomComm.renew` the installed ``MPI.COMM_WORLD`` (what the client runs)."""
+def settle() -> str:
+    """On an engine: :meth:`ClassroomComm.settle` the installed ``MPI.COMM_WORLD`` (the client sends it)."""
     from mpi4py import MPI
 
-    if isinstance(MPI.COMM_WORLD, ClassroomComm):
-        MPI.COMM_WORLD.renew()
+    return MPI.COMM_WORLD.settle() if isinstance(MPI.COMM_WORLD, ClassroomComm) else "not installed"
 
 
 def install(shell=None) -> ClassroomComm:

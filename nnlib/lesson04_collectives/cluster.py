@@ -40,7 +40,7 @@ ENGINE_SETUP = ("from mpi4py import MPI\nfrom nnlib.lesson04_collectives.classro
                 "comm = install()  # MPI.COMM_WORLD, with the classroom deadline\nrank, size = comm.rank, comm.size\n")
 
 
-RENEW_COMMUNICATOR = "__import__('nnlib.lesson04_collectives.classroom', fromlist=['renew']).renew()"
+SETTLE_COMMUNICATOR = "__import__('nnlib.lesson04_collectives.classroom', fromlist=['settle']).settle()"
 
 
 class ClusterStartError(RuntimeError):
@@ -88,7 +88,7 @@ class MPICluster:
 
     def __init__(self, cluster, client, n: int, timeout: float, reaper=None):
         self.cluster, self.client, self.n, self.timeout = cluster, client, n, timeout
-        self.view, self.rank_of, self.renewing = None, {}, None
+        self.view, self.rank_of, self.sent = None, {}, 0
         self.reaper = reaper  # ends this kernel's cluster processes if the kernel dies (nnlib.lesson04_collectives.reaper)
 
     # -- context manager -----------------------------------------------------
@@ -157,23 +157,28 @@ class MPICluster:
         self.view.activate()
         shell.run_line_magic("pxconfig", "--no-stream --progress-after -1")
         if self.after_cell not in shell.events.callbacks["post_run_cell"]:
+            shell.events.register("pre_run_cell", self.before_cell)
             shell.events.register("post_run_cell", self.after_cell)
         from ipyparallel.error import CompositeError
 
         shell.set_custom_exc((CompositeError,), show_failing_rank_first)
 
+    def before_cell(self, info=None) -> None:
+        """IPython's pre_run_cell: remember how many tasks the engines had been sent."""
+        self.sent = len(self.client.history) if self.client is not None else 0
+
     def after_cell(self, result=None) -> None:
-        """After a cell (IPython's post_run_cell) that raised, or left engines busy (Interrupt Kernel): every
-        engine renews its communicator, so that the next collective starts afresh on every rank together
-        (nnlib.lesson04_collectives.classroom). A script calls ``after_cell()`` after an engine's error."""
-        if self.cluster is None or self.view is None:
+        """After a cell that sent the engines anything (IPython's post_run_cell): every engine settles its
+        communicator (nnlib.lesson04_collectives.classroom.settle), so that after an abandoned call all
+        ranks start the next cell afresh, together. A script calls ``after_cell()`` after each use."""
+        if self.cluster is None or self.view is None or len(self.client.history) == self.sent:
             return
-        busy = set(self.client.outstanding) - set(self.renewing.msg_ids if self.renewing is not None else ())
+        busy = set(self.client.outstanding)
         if busy and not self.client.wait(list(busy), timeout=3):  # an interrupted wait in comm ends at once
             print("Some ranks are still busy in that cell (stuck in MPI outside comm?): if they do not finish, "
                   "run mpi.restart()", file=sys.stderr)
-        if result is None or result.error_in_exec is not None or busy:
-            self.renewing = self.view.execute(RENEW_COMMUNICATOR, block=False)
+        self.view.execute(SETTLE_COMMUNICATOR, block=False)
+        self.sent = len(self.client.history)
 
     # -- recovery and stop ----------------------------------------------------
     def restart(self):

@@ -157,6 +157,19 @@ class WatchedComm:
             if notice["generation"] == self.generation:
                 self._heard[notice["rank"]] = notice
 
+    def heard_from_others(self) -> bool:
+        """Whether another rank has said (by a notice) that it failed, gave up or was interrupted here."""
+        self._take_notices()
+        return bool(self._heard)
+
+    def wait_alone(self, request, seconds: float) -> None:
+        """Complete ``request`` within ``seconds`` or raise TimeoutError, with no notices (a check of its own)."""
+        give_up = time.monotonic() + seconds
+        while not request.Test():
+            if time.monotonic() > give_up:
+                raise TimeoutError(f"not complete within {seconds:g} s")
+            time.sleep(0.001)
+
     def _read_notices(self, what: str, waited_long: bool = False) -> None:
         """A notice ("failed", or "waiting": another rank gave up) ends this wait too. ``waited_long``: this
         rank has waited most of the timeout itself (so it did not come late: it is in a deadlock too)."""
@@ -172,8 +185,9 @@ class WatchedComm:
         flush_until = time.monotonic() + 0.2  # small messages go out at once; give them a moment
         while not MPI.Request.Testall(self._sent) and time.monotonic() < flush_until:
             time.sleep(0.001)
-        if self._sent and not MPI.Request.Testall(self._sent):  # e.g. a receiver idle in a notebook: it may
-            sending, self._sent = self._sent, []  # need this rank's progress later, when this rank is idle too
+        if self._sent and not MPI.Request.Testall(self._sent) and MPI.Query_thread() == MPI.THREAD_MULTIPLE:
+            # a receiver idle in a notebook may need this rank's progress later, when this rank is idle too
+            sending, self._sent = self._sent, []
             threading.Thread(target=_deliver, args=(sending, 10 * self.timeout), daemon=True).start()
 
     def _give_up(self, what: str, at_deadline: bool = False) -> None:
@@ -190,7 +204,8 @@ class WatchedComm:
             time.sleep(0.001)
         failed = {rank: notice for rank, notice in self._heard.items() if notice["kind"] == "failed"}
         missing = [rank for rank in range(self.size) if rank != self.rank and rank not in self._heard]
-        peer = point_to_point_peer(what)  # a Send or Recv waits for one rank only
+        peer = point_to_point_peer(what)  # a Send or Recv waits for one rank only: name it, if it is silent
+        missing = [peer] if peer is not None and peer not in self._heard else missing
         deadlock = at_deadline and not failed and self._in_a_cycle(what, missing)
         self.broken = f"a collective was abandoned in {what}{here}"
         waited_for_me = sorted(rank for rank, notice in self._heard.items() if notice["kind"] == "waiting")
@@ -212,16 +227,18 @@ class WatchedComm:
             lines += [f"rank {rank} was waiting in {notice['what']}." for rank, notice in sorted(self._heard.items())
                       if notice["kind"] == "waiting" and notice["what"] != what and peer in (None, rank)]
         if failed:
-            lines.append(f"Rank {self.rank} stopped waiting in {what}{here}. Fix the error above and run again; "
-                         "every rank is still alive and can (this run's communicator is dropped).")
+            lines.append(f"Rank {self.rank} stopped waiting in {what}{here}. Fix the error above and run again: "
+                         "every rank is still alive (this communicator is dropped, and a fresh one made).")
         elif deadlock:
             lines.append("Make the calls match: one rank sends while the other receives (or both use Sendrecv), "
                          "and every rank makes the same collectives in the same order, with the same root.")
         else:
             lines.append(
-                "A rank that did not arrive has died (in a notebook: cluster.restart(); a batch job ends by itself), "
-                "hangs, or is much slower than the others (then give a longer timeout=, or --timeout).")
-        lines.append("The network's parameters are undefined now: build a new network or resume from a checkpoint.")
+                "A rank that did not arrive has died (in a notebook: mpi.restart(); a batch job ends by itself), "
+                "hangs, or is much slower than the others (then a longer timeout: timeout=, --timeout, or "
+                "$NNLIB_TIMEOUT before the cluster starts).")
+        if self.where:  # a training run
+            lines.append("The network's parameters are undefined now: build a new network or resume from a checkpoint.")
         raise CollectiveTimeout("\n".join(lines), missing=missing,
                                 failed={rank: notice["text"] for rank, notice in failed.items()})
 
