@@ -1,4 +1,6 @@
-"""What can be checked mechanically about the lessons' prose: the series map in lesson 00 lists every lesson."""
+"""What can be checked mechanically about the lessons' prose: the series map in lesson 00 lists every lesson,
+and every cell fits a classroom (issue 23): no output line wider than 100 characters (a projector shows
+about that much), no code cell longer than 25 lines, no markdown cell longer than 150 words."""
 
 import re
 from pathlib import Path
@@ -61,3 +63,85 @@ def test_the_summary_under_the_map_names_the_last_lesson():
                  if cell.cell_type == "markdown" and cell.source.startswith("Lessons 01")]
     assert len(summaries) == 1 and re.search(rf"\b{last}\b", summaries[0]), \
         f"lesson 00's summary of the series should say what lesson {last} does"
+
+
+# -- classroom fitness -----------------------------------------------------------------------------
+
+MAX_OUTPUT_WIDTH = 100  # characters of one output line
+MAX_CODE_LINES = 25  # lines of one code cell
+MAX_MARKDOWN_WORDS = 150  # words of one markdown cell
+# Lines nnlib itself writes, which a notebook cannot wrap without changing nnlib: the exercise
+# checker's verdict ("✗ 04.1 scatterv_counts: not written yet: ...") and its hint. Only these are let through.
+NNLIB_OWN_LINES = re.compile(r"^(✗ \d{2}\.\d \w+: |  Hint: )")
+ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
+WORD = re.compile(r"\w")  # a word has a letter or a digit: table rules and bullets are not words
+
+
+def all_notebooks(folder: Path = NOTEBOOKS) -> list[Path]:
+    return sorted(folder.glob("[0-9][0-9]_*.ipynb"))
+
+
+def output_lines(cell):
+    """Every line a code cell's saved outputs show: streams and the text form of results."""
+    for output in cell.get("outputs", []):
+        text = output.get("text") or output.get("data", {}).get("text/plain", "")
+        yield from ANSI_ESCAPE.sub("", "".join(text)).splitlines()
+
+
+def wide_output_lines(cells, width: int = MAX_OUTPUT_WIDTH) -> list[tuple[int, int]]:
+    """(cell index, characters) of each saved output line wider than ``width``, nnlib's own lines aside."""
+    return [(index, len(line)) for index, cell in enumerate(cells) if cell.cell_type == "code"
+            for line in output_lines(cell) if len(line) > width and not NNLIB_OWN_LINES.match(line)]
+
+
+def long_code_cells(cells, limit: int = MAX_CODE_LINES) -> list[tuple[int, int]]:
+    """(cell index, lines) of each code cell longer than ``limit`` lines."""
+    return [(index, len(cell.source.splitlines())) for index, cell in enumerate(cells)
+            if cell.cell_type == "code" and len(cell.source.splitlines()) > limit]
+
+
+def markdown_words(source: str) -> int:
+    return sum(1 for token in source.split() if WORD.search(token))
+
+
+def long_markdown_cells(cells, limit: int = MAX_MARKDOWN_WORDS) -> list[tuple[int, int]]:
+    """(cell index, words) of each markdown cell longer than ``limit`` words."""
+    return [(index, markdown_words(cell.source)) for index, cell in enumerate(cells)
+            if cell.cell_type == "markdown" and markdown_words(cell.source) > limit]
+
+
+@pytest.mark.parametrize("path", all_notebooks(), ids=lambda path: path.name[:2])
+def test_every_cell_fits_a_classroom(path):
+    cells = nbformat.read(path, 4).cells
+    found = {f"output lines over {MAX_OUTPUT_WIDTH} characters": wide_output_lines(cells),
+             f"code cells over {MAX_CODE_LINES} lines": long_code_cells(cells),
+             f"markdown cells over {MAX_MARKDOWN_WORDS} words": long_markdown_cells(cells)}
+    assert {limit: cells for limit, cells in found.items() if cells} == {}, \
+        f"{path.name}: (cell index, size) of each cell over a classroom limit"
+
+
+def synthetic_cells(code_lines: int, words: int, width: int, nnlib_line: str = ""):
+    """A notebook's cells: one markdown cell of ``words`` words, one code cell of ``code_lines``
+    lines whose output has a line of ``width`` characters (and ``nnlib_line`` after it)."""
+    from nbformat.v4 import new_code_cell, new_markdown_cell, new_output
+    code = new_code_cell("\n".join(f"x{line} = {line}" for line in range(code_lines)))
+    code.outputs = [new_output("stream", name="stdout", text="x" * width + "\n" + nnlib_line)]
+    return [new_markdown_cell(" ".join(["word"] * words) + "\n\n| a | b |\n|---|---|"), code]
+
+
+def test_the_limits_hold_at_the_limit():
+    cells = synthetic_cells(MAX_CODE_LINES, MAX_MARKDOWN_WORDS - 2, MAX_OUTPUT_WIDTH)
+    assert (wide_output_lines(cells), long_code_cells(cells), long_markdown_cells(cells)) == ([], [], [])
+
+
+def test_the_checks_notice_a_cell_one_over_each_limit():
+    cells = synthetic_cells(MAX_CODE_LINES + 1, MAX_MARKDOWN_WORDS - 1, MAX_OUTPUT_WIDTH + 1)
+    assert wide_output_lines(cells) == [(1, MAX_OUTPUT_WIDTH + 1)]
+    assert long_code_cells(cells) == [(1, MAX_CODE_LINES + 1)]
+    assert long_markdown_cells(cells) == [(0, MAX_MARKDOWN_WORDS + 1)]  # the table's two cells count too
+
+
+def test_only_the_exercise_checkers_own_lines_may_be_wide():
+    verdict = "✗ 04.1 scatterv_counts: not written yet: it returns None. " + "x" * MAX_OUTPUT_WIDTH
+    assert wide_output_lines(synthetic_cells(1, 1, 10, verdict)) == []
+    assert wide_output_lines(synthetic_cells(1, 1, 10, "rank 0: " + verdict)) == [(1, len(verdict) + 8)]
