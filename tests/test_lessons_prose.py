@@ -1,6 +1,7 @@
 """What can be checked mechanically about the lessons' prose: the series map in lesson 00 lists every lesson,
 and every cell fits a classroom (issue 23): no output line wider than 100 characters (a projector shows
-about that much), no code cell longer than 25 lines, no markdown cell longer than 150 words."""
+about that much), no code cell longer than 25 lines, no markdown cell longer than 150 words; and no
+output that nbval compares is a timing (it would differ on the next run and on every other machine)."""
 
 import re
 from pathlib import Path
@@ -145,3 +146,47 @@ def test_only_the_exercise_checkers_own_lines_may_be_wide():
     verdict = "✗ 04.1 scatterv_counts: not written yet: it returns None. " + "x" * MAX_OUTPUT_WIDTH
     assert wide_output_lines(synthetic_cells(1, 1, 10, verdict)) == []
     assert wide_output_lines(synthetic_cells(1, 1, 10, "rank 0: " + verdict)) == [(1, len(verdict) + 8)]
+
+
+# -- no timing in the outputs nbval compares ---------------------------------------------------------
+
+TIMING = re.compile(r"\b\d+(\.\d+)?\s?(s|ms|us|µs|[GM]B/s)\b")  # "0.58 s", "87 us", "11.98 GB/s"
+# A stated deadline is a setting, not a measurement: "within 3 s", "after 3 s.", "the 20 s deadline".
+DEADLINE = re.compile(r"\b(within|after) \d+ s\b|\b\d+ s deadline")
+
+
+def compared(cell) -> bool:
+    """Whether nbval compares this code cell's outputs (it does unless the cell says NBVAL_IGNORE_OUTPUT or NBVAL_SKIP)."""
+    tags = cell.get("metadata", {}).get("tags", [])
+    return not ("NBVAL_IGNORE_OUTPUT" in cell.source or "NBVAL_SKIP" in cell.source
+                or "nbval-ignore-output" in tags or "nbval-skip" in tags)
+
+
+def compared_timings(cells) -> list[tuple[int, str]]:
+    """(cell index, line) of each compared output line that holds a time or a rate, deadlines aside.
+
+    A verdict about a time ("...: True") is what a robust cell prints instead, and is allowed."""
+    return [(index, line) for index, cell in enumerate(cells) if cell.cell_type == "code" and compared(cell)
+            for line in output_lines(cell)
+            if TIMING.search(DEADLINE.sub("", line)) and not line.rstrip().endswith(("True", "False"))]
+
+
+@pytest.mark.parametrize("path", all_notebooks(), ids=lambda path: path.name[:2])
+def test_no_compared_output_is_a_timing(path):
+    assert compared_timings(nbformat.read(path, 4).cells) == [], \
+        f"{path.name}: print a verdict or a rounded fact instead, or tag the cell NBVAL_IGNORE_OUTPUT with a reason"
+
+
+@pytest.mark.parametrize("line, source_start, flagged", [
+    ("epoch 0.58 s; communicate 2.03 ms", "", True),
+    ("1/beta 11.98 GB/s", "", True),
+    ("epoch 0.58 s", "# NBVAL_IGNORE_OUTPUT\n", False),
+    ("rank 1 did not arrive in Barrier within 3 s (rank 0 waited there).", "", False),
+    ("stopped long before the 20 s deadline: True", "", False),
+    ("rank 0 waited 0.6 s for the others", "", True),
+])
+def test_the_timing_check_tells_a_measurement_from_a_setting(line, source_start, flagged):
+    from nbformat.v4 import new_code_cell, new_output
+    cell = new_code_cell(source_start + "print(line)")
+    cell.outputs = [new_output("stream", name="stdout", text=line + "\n")]
+    assert compared_timings([cell]) == ([(0, line)] if flagged else [])
