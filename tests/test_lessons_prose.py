@@ -1,4 +1,7 @@
-"""What can be checked mechanically about the lessons' prose: the series map in lesson 00 lists every lesson."""
+"""What can be checked mechanically about the lessons' prose: the series map in lesson 00 lists every lesson,
+and every cell fits a classroom (issue 23): no output line wider than 100 characters (a projector shows
+about that much), no code cell longer than 25 lines, no markdown cell longer than 150 words; and no
+output that nbval compares is a timing (it would differ on the next run and on every other machine)."""
 
 import re
 from pathlib import Path
@@ -61,3 +64,129 @@ def test_the_summary_under_the_map_names_the_last_lesson():
                  if cell.cell_type == "markdown" and cell.source.startswith("Lessons 01")]
     assert len(summaries) == 1 and re.search(rf"\b{last}\b", summaries[0]), \
         f"lesson 00's summary of the series should say what lesson {last} does"
+
+
+# -- classroom fitness -----------------------------------------------------------------------------
+
+MAX_OUTPUT_WIDTH = 100  # characters of one output line
+MAX_CODE_LINES = 25  # lines of one code cell
+MAX_MARKDOWN_WORDS = 150  # words of one markdown cell
+# Lines nnlib itself writes, which a notebook cannot wrap without changing nnlib: the exercise
+# checker's verdict ("✗ 04.1 scatterv_counts: not written yet: ...") and its hint. Only these are let through.
+NNLIB_OWN_LINES = re.compile(r"^(✗ \d{2}\.\d \w+: |  Hint: )")
+ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
+WORD = re.compile(r"\w")  # a word has a letter or a digit: table rules and bullets are not words
+
+
+def all_notebooks(folder: Path = NOTEBOOKS) -> list[Path]:
+    return sorted(folder.glob("[0-9][0-9]_*.ipynb"))
+
+
+def output_lines(cell):
+    """Every line a code cell's saved outputs show: streams and the text form of results."""
+    for output in cell.get("outputs", []):
+        text = output.get("text") or output.get("data", {}).get("text/plain", "")
+        yield from ANSI_ESCAPE.sub("", "".join(text)).splitlines()
+
+
+def wide_output_lines(cells, width: int = MAX_OUTPUT_WIDTH) -> list[tuple[int, int]]:
+    """(cell index, characters) of each saved output line wider than ``width``, nnlib's own lines aside."""
+    return [(index, len(line)) for index, cell in enumerate(cells) if cell.cell_type == "code"
+            for line in output_lines(cell) if len(line) > width and not NNLIB_OWN_LINES.match(line)]
+
+
+def long_code_cells(cells, limit: int = MAX_CODE_LINES) -> list[tuple[int, int]]:
+    """(cell index, lines) of each code cell longer than ``limit`` lines."""
+    return [(index, len(cell.source.splitlines())) for index, cell in enumerate(cells)
+            if cell.cell_type == "code" and len(cell.source.splitlines()) > limit]
+
+
+def markdown_words(source: str) -> int:
+    return sum(1 for token in source.split() if WORD.search(token))
+
+
+def long_markdown_cells(cells, limit: int = MAX_MARKDOWN_WORDS) -> list[tuple[int, int]]:
+    """(cell index, words) of each markdown cell longer than ``limit`` words."""
+    return [(index, markdown_words(cell.source)) for index, cell in enumerate(cells)
+            if cell.cell_type == "markdown" and markdown_words(cell.source) > limit]
+
+
+@pytest.mark.parametrize("path", all_notebooks(), ids=lambda path: path.name[:2])
+def test_every_cell_fits_a_classroom(path):
+    cells = nbformat.read(path, 4).cells
+    found = {f"output lines over {MAX_OUTPUT_WIDTH} characters": wide_output_lines(cells),
+             f"code cells over {MAX_CODE_LINES} lines": long_code_cells(cells),
+             f"markdown cells over {MAX_MARKDOWN_WORDS} words": long_markdown_cells(cells)}
+    assert {limit: cells for limit, cells in found.items() if cells} == {}, \
+        f"{path.name}: (cell index, size) of each cell over a classroom limit"
+
+
+def synthetic_cells(code_lines: int, words: int, width: int, nnlib_line: str = ""):
+    """A notebook's cells: one markdown cell of ``words`` words, one code cell of ``code_lines``
+    lines whose output has a line of ``width`` characters (and ``nnlib_line`` after it)."""
+    from nbformat.v4 import new_code_cell, new_markdown_cell, new_output
+    code = new_code_cell("\n".join(f"x{line} = {line}" for line in range(code_lines)))
+    code.outputs = [new_output("stream", name="stdout", text="x" * width + "\n" + nnlib_line)]
+    return [new_markdown_cell(" ".join(["word"] * words) + "\n\n| a | b |\n|---|---|"), code]
+
+
+def test_the_limits_hold_at_the_limit():
+    cells = synthetic_cells(MAX_CODE_LINES, MAX_MARKDOWN_WORDS - 2, MAX_OUTPUT_WIDTH)
+    assert (wide_output_lines(cells), long_code_cells(cells), long_markdown_cells(cells)) == ([], [], [])
+
+
+def test_the_checks_notice_a_cell_one_over_each_limit():
+    cells = synthetic_cells(MAX_CODE_LINES + 1, MAX_MARKDOWN_WORDS - 1, MAX_OUTPUT_WIDTH + 1)
+    assert wide_output_lines(cells) == [(1, MAX_OUTPUT_WIDTH + 1)]
+    assert long_code_cells(cells) == [(1, MAX_CODE_LINES + 1)]
+    assert long_markdown_cells(cells) == [(0, MAX_MARKDOWN_WORDS + 1)]  # the table's two cells count too
+
+
+def test_only_the_exercise_checkers_own_lines_may_be_wide():
+    verdict = "✗ 04.1 scatterv_counts: not written yet: it returns None. " + "x" * MAX_OUTPUT_WIDTH
+    assert wide_output_lines(synthetic_cells(1, 1, 10, verdict)) == []
+    assert wide_output_lines(synthetic_cells(1, 1, 10, "rank 0: " + verdict)) == [(1, len(verdict) + 8)]
+
+
+# -- no timing in the outputs nbval compares ---------------------------------------------------------
+
+TIMING = re.compile(r"\b\d+(\.\d+)?\s?(s|ms|us|µs|[GM]B/s)\b")  # "0.58 s", "87 us", "11.98 GB/s"
+# A stated deadline is a setting, not a measurement: "within 3 s", "after 3 s.", "the 20 s deadline".
+DEADLINE = re.compile(r"\b(within|after) \d+ s\b|\b\d+ s deadline")
+
+
+def compared(cell) -> bool:
+    """Whether nbval compares this code cell's outputs (it does unless the cell says NBVAL_IGNORE_OUTPUT or NBVAL_SKIP)."""
+    tags = cell.get("metadata", {}).get("tags", [])
+    return not ("NBVAL_IGNORE_OUTPUT" in cell.source or "NBVAL_SKIP" in cell.source
+                or "nbval-ignore-output" in tags or "nbval-skip" in tags)
+
+
+def compared_timings(cells) -> list[tuple[int, str]]:
+    """(cell index, line) of each compared output line that holds a time or a rate, deadlines aside.
+
+    A verdict about a time ("...: True") is what a robust cell prints instead, and is allowed."""
+    return [(index, line) for index, cell in enumerate(cells) if cell.cell_type == "code" and compared(cell)
+            for line in output_lines(cell)
+            if TIMING.search(DEADLINE.sub("", line)) and not line.rstrip().endswith(("True", "False"))]
+
+
+@pytest.mark.parametrize("path", all_notebooks(), ids=lambda path: path.name[:2])
+def test_no_compared_output_is_a_timing(path):
+    assert compared_timings(nbformat.read(path, 4).cells) == [], \
+        f"{path.name}: print a verdict or a rounded fact instead, or tag the cell NBVAL_IGNORE_OUTPUT with a reason"
+
+
+@pytest.mark.parametrize("line, source_start, flagged", [
+    ("epoch 0.58 s; communicate 2.03 ms", "", True),
+    ("1/beta 11.98 GB/s", "", True),
+    ("epoch 0.58 s", "# NBVAL_IGNORE_OUTPUT\n", False),
+    ("rank 1 did not arrive in Barrier within 3 s (rank 0 waited there).", "", False),
+    ("stopped long before the 20 s deadline: True", "", False),
+    ("rank 0 waited 0.6 s for the others", "", True),
+])
+def test_the_timing_check_tells_a_measurement_from_a_setting(line, source_start, flagged):
+    from nbformat.v4 import new_code_cell, new_output
+    cell = new_code_cell(source_start + "print(line)")
+    cell.outputs = [new_output("stream", name="stdout", text=line + "\n")]
+    assert compared_timings([cell]) == ([(0, line)] if flagged else [])

@@ -10,7 +10,9 @@ lesson 04  one message of n bytes:  T(n) = alpha + beta n                      :
            message* (timing.time_messages). Not to a whole Allreduce: its time already holds
            the algorithm's several latencies, and a model built on that alpha counts them twice.
 lesson 05  the parameter server (gather to rank 0, broadcast back)            :func:`parameter_server_time`
-lesson 06  the FLOPs of a training step                                       :func:`flops_per_sample`
+lesson 06  assumed cluster networks (stated, not measured): ETHERNET_10G, INFINIBAND_100G,
+           ETHERNET_1G (lessons 06, 09, 11)
+           the FLOPs of a training step                                       :func:`flops_per_sample`
            the step on P ranks: compute / P + communication + update           :func:`step_time`
            the communication of a data-parallel strategy                      :func:`communication_time`
 lesson 08  Allreduce algorithms: ring, recursive doubling, reduce-then-broadcast, and the ring's
@@ -63,6 +65,14 @@ class Machine:
     alpha: float
     beta: float
     flops_per_second: float = float("nan")
+
+
+# Assumed figures of cluster networks for the lessons' predictions (lessons 06, 09 and 11), stated,
+# not measured here: MPI over TCP on Ethernet pays tens of microseconds per message; 100 Gbit/s
+# InfiniBand (EDR) a few. beta is the inverse of the link's bandwidth.
+ETHERNET_1G = Machine(alpha=50e-6, beta=1 / 125e6)
+ETHERNET_10G = Machine(alpha=30e-6, beta=1 / 1.25e9)
+INFINIBAND_100G = Machine(alpha=2e-6, beta=1 / 12.5e9)
 
 
 # -- lesson 05: the parameter server -----------------------------------------------------------

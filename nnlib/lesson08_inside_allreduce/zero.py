@@ -1,4 +1,5 @@
-"""ZeRO (stages 1 and 2): each rank updates, and keeps optimizer state for, only 1/P of the parameters.
+"""ZeRO, stage 1 with stage 2's communication: each rank updates, and keeps optimizer state for,
+only 1/P of the parameters.
 
 With lesson 05's :class:`~nnlib.lesson05_data_parallel.data_parallel.Allreduce` every rank receives the whole summed gradient g, then repeats
 the same update on the whole parameter vector p and keeps a whole copy of the optimizer's state
@@ -8,7 +9,9 @@ ZeRO (Rajbhandari et al., 2020) cuts p, g and v into P slices [s_r, e_r) (uneven
 divide the number of parameters, as ``collectives.split_counts``) and, per step:
 
     1. reduce-scatter the gradients:   g_r = sum over ranks of g[s_r:e_r]        (e_r - s_r,)
-       (stage 2: no rank ever holds the whole summed gradient, only its slice)
+       (stage 2's communication: the sum arrives only as rank r's slice; the whole
+       local gradient g is still held by every rank, so gradient memory is not cut as
+       in full stage 2)
     2. update only that slice:         v_r <- mu v_r - eta g_r;  p[s_r:e_r] += v_r
        (stage 1: rank r keeps only v_r, 1/P of the optimizer's state)
     3. allgather the parameter slices: every rank has the whole new p again.
@@ -18,8 +21,8 @@ the ``allreduce`` strategy; what it removes is the repeated update and the repea
 state. Steps 1 and 3 are exactly the two halves of nnlib.lesson08_inside_allreduce.allreduce's ring
 (:func:`~nnlib.lesson08_inside_allreduce.allreduce.ring_reduce_scatter`, :func:`~nnlib.lesson08_inside_allreduce.allreduce.ring_allgather`), run
 on whatever communicator the run has. (MPI's own ``Reduce_scatter`` + ``Allgatherv`` compute the same;
-with this MPICH on 2 ranks they took 4.5 times as long as one ``Allreduce`` of a 400 kB
-gradient, the ring's halves about as long: see ``benchmarks/data_parallel.py``.) Each slice is updated with exactly the formula of
+how long they take against one ``Allreduce`` of the same gradient depends on the MPI library and
+the machine: lesson 08 measures both against the ring's halves.) Each slice is updated with exactly the formula of
 ``nnlib.lesson03_training.training.SGD``, so the result equals the ``allreduce`` strategy up to the order in which
 MPI adds the ranks' gradients (within 1e-10 in float64; tests/mpi/check_parallel.py).
 
@@ -56,7 +59,7 @@ class ZeRO(DataParallel):
 
 
 class ShardedSGD:
-    """SGD with momentum on this rank's slice of the parameters only (ZeRO stages 1 and 2).
+    """SGD with momentum on this rank's slice of the parameters only (ZeRO stage 1: sharded optimizer state).
 
     network:   the rank's full network replica; only params[start:stop] is updated here.
     size/rank: the number of ranks and this rank. Attributes: counts, starts (every rank's
