@@ -82,6 +82,7 @@ RAISING = [  # (the collective, written on COMMUNICATOR; the rank that raises be
     ("COMMUNICATOR.Bcast(np.ones(3), root=0)", 0),
     ("COMMUNICATOR.Scatterv([np.ones(10), [3, 3, 2, 2]], np.zeros(3 if rank < 2 else 2), root=0)", 0),
     ("COMMUNICATOR.Barrier()", 2),
+    ("COMMUNICATOR.Reduce_scatter_block(np.ones(8), np.zeros(2))", 1),
 ]
 
 
@@ -116,6 +117,15 @@ def test_two_ranks_both_sending_first_is_named_a_deadlock(kernel):
     text = stops_in_time_and_recovers(kernel[1], code)
     assert "waited 4 s in Send to rank" in text and "was waiting too (a deadlock" in text, text
     assert "rank 1 was waiting in Send to rank 0" in text or "rank 0 was waiting in Send to rank 1" in text, text
+
+
+def test_python_objects_sent_and_received_and_a_receive_nobody_answers(kernel):
+    _, client = kernel
+    status, text, _ = run(client, "%%px\nif rank == 0:\n    comm.send({'a': 1}, dest=1)\nif rank == 1:\n"
+                                  "    print('got', comm.recv(source=0))")
+    assert status == "ok" and "got {'a': 1}" in text, text
+    text = stops_in_time_and_recovers(kernel[1], "%%px\nif rank == 1:\n    comm.recv(source=2)")
+    assert f"rank 2 did not arrive in Recv from rank 2 within {DEADLINE} s" in text, text
 
 
 def test_broadcasts_from_different_roots_are_named(kernel):

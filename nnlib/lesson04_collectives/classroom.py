@@ -6,8 +6,10 @@ other ranks would wait for ever. On every engine of :func:`nnlib.lesson04_collec
 
     comm = MPI.COMM_WORLD = ClassroomComm(the real COMM_WORLD)
 
-so ``comm.Allreduce(...)``, ``MPI.COMM_WORLD.Bcast(...)``, ``comm.Send``/``Recv``/``Sendrecv``,
-``comm.bcast``/``allreduce``... all run under the classroom deadline (nnlib.lesson04_collectives.deadline):
+so the collectives (``comm.Allreduce(...)``, ``MPI.COMM_WORLD.Bcast(...)``, ``Reduce_scatter``,
+``Alltoall``...), ``Send``/``Recv``/``Sendrecv`` and the object forms ``send``/``recv``/``bcast``/
+``gather``/``allgather``/``allreduce`` all run under the classroom deadline
+(nnlib.lesson04_collectives.deadline):
 
 * a rank whose cell raised tells the others at once (after the cell, IPython's ``post_run_cell``),
   and they stop with its traceback: no wait at all;
@@ -22,9 +24,11 @@ A collective that was abandoned can never be cancelled, so the communicator it r
 after every cell that ran on the engines, the client (the notebook's kernel) has every engine
 :func:`settle`: the ranks agree, under the deadline, whether any of them abandoned a call (or was
 told another did), and if so all make a fresh duplicate of COMM_WORLD together. A rank that does not
-come to that agreement is stuck or dead: every later call then says to run ``mpi.restart()``. Any other method (``Isend``, ``Split_type``...)
-runs on the current duplicate, without a deadline. ``view.apply`` functions get the deadline too, but
-a rank raising in one is only noticed at the deadline (no cell ended, so no notice is sent).
+come to that agreement is stuck or dead: every later call then says to run ``mpi.restart()``.
+
+Any other method (``Isend``, ``Split``, ``Scan``, ``scatter``, ``reduce``...) runs on the current
+duplicate without a deadline. ``view.apply`` functions get the deadline too, but a rank raising in
+one is only noticed at the deadline (no cell ended, so no notice is sent).
 """
 
 from __future__ import annotations

@@ -303,6 +303,15 @@ class WatchedComm:
     def Allgatherv(self, sendbuf, recvbuf):
         self.wait(self.comm.Iallgatherv(sendbuf, recvbuf), "Allgatherv")
 
+    def Reduce_scatter(self, sendbuf, recvbuf, recvcounts=None, op=MPI.SUM):
+        self.wait(self.comm.Ireduce_scatter(sendbuf, recvbuf, recvcounts, op=op), "Reduce_scatter")
+
+    def Reduce_scatter_block(self, sendbuf, recvbuf, op=MPI.SUM):
+        self.wait(self.comm.Ireduce_scatter_block(sendbuf, recvbuf, op=op), "Reduce_scatter_block")
+
+    def Alltoall(self, sendbuf, recvbuf):
+        self.wait(self.comm.Ialltoall(sendbuf, recvbuf), "Alltoall")
+
     # -- point-to-point, for collectives built by hand (nnlib.lesson08_inside_allreduce.allreduce's ring) ------------------
     def Sendrecv(self, sendbuf, dest, sendtag=0, recvbuf=None, source=MPI.ANY_SOURCE, recvtag=0):
         """Send to ``dest`` and receive from ``source`` at once, within the deadline.
@@ -317,6 +326,17 @@ class WatchedComm:
     def Recv(self, buffer, source, tag=0):
         """Receive into ``buffer`` from ``source`` within the deadline (nnlib.lesson09_model_parallel.pipeline's stages)."""
         self.wait(self.comm.Irecv(buffer, source=source, tag=tag), f"Recv from rank {source}")
+
+    def send(self, obj, dest, tag=0):
+        """MPI's send of a Python object (pickled) within the deadline."""
+        self.wait(self.comm.isend(obj, dest=dest, tag=tag), f"Send to rank {dest}")
+
+    def recv(self, buf=None, source=MPI.ANY_SOURCE, tag=0):
+        """MPI's recv of a Python object within the deadline: wait for a matching message, then take it.
+        The tag is 0 unless given (never ANY_TAG: the notices travel on this communicator too)."""
+        probe = _Probe(self.comm, source, tag)
+        self.wait(probe, "Recv" if source == MPI.ANY_SOURCE else f"Recv from rank {source}")
+        return probe.message.recv(buf)
 
     def Send(self, buffer, dest, tag=0):
         """MPI's Send within the deadline: a small message may leave at once, a large one waits for its Recv."""
@@ -397,6 +417,17 @@ class _AnyOf:
             self.index = index
             return True
         return False
+
+
+class _Probe:
+    """Something with a ``Test()`` that is true once a message from ``source`` with ``tag`` has come (``message``)."""
+
+    def __init__(self, comm, source, tag):
+        self.comm, self.source, self.tag, self.message = comm, source, tag, None
+
+    def Test(self) -> bool:
+        self.message = self.comm.improbe(source=self.source, tag=self.tag)
+        return self.message is not None
 
 
 class _Guard:
