@@ -29,14 +29,19 @@ def mpi_library() -> str:
     return " ".join(MPI.Get_library_version().strip().splitlines()[0].split())
 
 
-def blas() -> str:
-    """The BLAS library NumPy calls and its thread count (from threadpoolctl)."""
+def blas_library() -> dict:
+    """threadpoolctl's description of the BLAS library NumPy calls ({} if it sees none)."""
+    import numpy  # noqa: F401  (threadpoolctl sees only the libraries already loaded)
     from threadpoolctl import threadpool_info
 
-    libraries = [info for info in threadpool_info() if info.get("user_api") == "blas"]
-    if not libraries:
+    return next((info for info in threadpool_info() if info.get("user_api") == "blas"), {})
+
+
+def blas() -> str:
+    """The BLAS library NumPy calls and its thread count (from threadpoolctl)."""
+    info = blas_library()
+    if not info:
         return "unknown"
-    info = libraries[0]
     return f"{info.get('internal_api')} {info.get('version')} ({info.get('num_threads')} threads)"
 
 
@@ -54,11 +59,7 @@ CPU_FLAGS = {"avx512f": "AVX-512", "avx2": "AVX2", "avx": "AVX", "sse4_2": "SSE4
 
 def blas_kernel() -> str:
     """The BLAS kernel NumPy runs (threadpoolctl's architecture, e.g. 'SkylakeX'), or 'unknown'."""
-    import numpy  # noqa: F401  (threadpoolctl sees only the libraries already loaded)
-    from threadpoolctl import threadpool_info
-
-    libraries = [info for info in threadpool_info() if info.get("user_api") == "blas"]
-    return str(libraries[0].get("architecture") or "unknown") if libraries else "unknown"
+    return str(blas_library().get("architecture") or "unknown")
 
 
 def cpu_instruction_set() -> str:

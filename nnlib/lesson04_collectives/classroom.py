@@ -36,7 +36,7 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
-from nnlib.lesson04_collectives.deadline import WatchedComm
+from nnlib.lesson04_collectives.deadline import WatchedComm, completed_within
 
 LESSON = 4
 
@@ -55,7 +55,7 @@ class ClassroomComm:
     """
 
     def __init__(self, world, timeout=None):
-        self.world, self.timeout = world, timeout
+        self.world = world
         self.rank, self.size = world.rank, world.size
         self.generation, self.unusable = 0, None
         self.agreement = world.Dup()
@@ -78,14 +78,12 @@ class ClassroomComm:
             return self.unusable
         abandoned = np.array([int(bool(self.watched.broken) or self.watched.heard_from_others())], dtype=np.int64)
         request = self.agreement.Iallreduce(MPI.IN_PLACE, abandoned, op=MPI.MAX)
-        try:
-            self.watched.wait_alone(request, self.watched.timeout)
-            if abandoned[0]:
-                self.generation += 1
-                self.watched = WatchedComm(self.world, self.watched.timeout, generation=self.generation)
-        except TimeoutError:
+        if not completed_within(request.Test, self.watched.timeout):
             self.unusable = ("a rank did not come back after the last cell (stuck in MPI outside comm, or "
                              "dead): run mpi.restart()")
+        elif abandoned[0]:
+            self.generation += 1
+            self.watched = WatchedComm(self.world, self.watched.timeout, generation=self.generation)
         return self.unusable or ("renewed" if abandoned[0] else "kept")
 
     def __getattr__(self, name):
@@ -137,8 +135,6 @@ class ClassroomComm:
 
 def settle() -> str:
     """On an engine: :meth:`ClassroomComm.settle` the installed ``MPI.COMM_WORLD`` (the client sends it)."""
-    from mpi4py import MPI
-
     return MPI.COMM_WORLD.settle() if isinstance(MPI.COMM_WORLD, ClassroomComm) else "not installed"
 
 
@@ -147,8 +143,6 @@ def install(shell=None) -> ClassroomComm:
 
     ``shell`` (default: the running IPython) calls its ``after_cell`` after every cell.
     """
-    from mpi4py import MPI
-
     if isinstance(MPI.COMM_WORLD, ClassroomComm):
         return MPI.COMM_WORLD
     comm = MPI.COMM_WORLD = ClassroomComm(MPI.COMM_WORLD)

@@ -38,8 +38,6 @@ LESSON = 4
 CLASSROOM_TIMEOUT = 20.0
 ENGINE_SETUP = ("from mpi4py import MPI\nfrom nnlib.lesson04_collectives.classroom import install\n"
                 "comm = install()  # MPI.COMM_WORLD, with the classroom deadline\nrank, size = comm.rank, comm.size\n")
-
-
 SETTLE_COMMUNICATOR = "__import__('nnlib.lesson04_collectives.classroom', fromlist=['settle']).settle()"
 
 

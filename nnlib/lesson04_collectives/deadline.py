@@ -162,14 +162,6 @@ class WatchedComm:
         self._take_notices()
         return bool(self._heard)
 
-    def wait_alone(self, request, seconds: float) -> None:
-        """Complete ``request`` within ``seconds`` or raise TimeoutError, with no notices (a check of its own)."""
-        give_up = time.monotonic() + seconds
-        while not request.Test():
-            if time.monotonic() > give_up:
-                raise TimeoutError(f"not complete within {seconds:g} s")
-            time.sleep(0.001)
-
     def _read_notices(self, what: str, waited_long: bool = False) -> None:
         """A notice ("failed", or "waiting": another rank gave up) ends this wait too. ``waited_long``: this
         rank has waited most of the timeout itself (so it did not come late: it is in a deadlock too)."""
@@ -182,13 +174,13 @@ class WatchedComm:
         for other in range(self.size):
             if other != self.rank:
                 self._sent.append(self._channel.isend(notice, dest=other, tag=NOTICE_TAG))
-        flush_until = time.monotonic() + 0.2  # small messages go out at once; give them a moment
-        while not MPI.Request.Testall(self._sent) and time.monotonic() < flush_until:
-            time.sleep(0.001)
-        if self._sent and not MPI.Request.Testall(self._sent) and MPI.Query_thread() == MPI.THREAD_MULTIPLE:
+        sent = self._sent
+        flushed = completed_within(lambda: MPI.Request.Testall(sent), 0.2)  # small messages go out at once
+        if not flushed and MPI.Query_thread() == MPI.THREAD_MULTIPLE:
             # a receiver idle in a notebook may need this rank's progress later, when this rank is idle too
-            sending, self._sent = self._sent, []
-            threading.Thread(target=_deliver, args=(sending, 10 * self.timeout), daemon=True).start()
+            self._sent = []
+            delivered = (lambda: MPI.Request.Testall(sent), 10 * self.timeout, 0.01)
+            threading.Thread(target=completed_within, args=delivered, daemon=True).start()
 
     def _give_up(self, what: str, at_deadline: bool = False) -> None:
         """Tell the others we are waiting, listen for their notices for ``grace`` seconds, then raise.
@@ -196,12 +188,7 @@ class WatchedComm:
         here = describe(self.where)
         here = f" at {here}" if here else ""
         self._send_notice(kind="waiting", what=what)
-        listen_until = time.monotonic() + self.grace
-        while time.monotonic() < listen_until:
-            self._take_notices()
-            if len(self._heard) == self.size - 1:
-                break
-            time.sleep(0.001)
+        completed_within(lambda: self.heard_from_others() and len(self._heard) == self.size - 1, self.grace)
         failed = {rank: notice for rank, notice in self._heard.items() if notice["kind"] == "failed"}
         missing = [rank for rank in range(self.size) if rank != self.rank and rank not in self._heard]
         peer = point_to_point_peer(what)  # a Send or Recv waits for one rank only: name it, if it is silent
@@ -466,11 +453,15 @@ def point_to_point_peer(what: str) -> int | None:
         else None
 
 
-def _deliver(requests, seconds: float) -> None:
-    """Keep testing started sends (which makes MPI progress) until they complete, for ``seconds`` at most."""
+def completed_within(test, seconds: float, pause: float = 0.001) -> bool:
+    """Call ``test()`` (a Test of started requests: it makes MPI progress) until it is true, for ``seconds``
+    at most, sleeping ``pause`` between calls; whether it became true."""
     give_up = time.monotonic() + seconds
-    while not MPI.Request.Testall(requests) and time.monotonic() < give_up:
-        time.sleep(0.01)
+    while not test():
+        if time.monotonic() > give_up:
+            return False
+        time.sleep(pause)
+    return True
 
 
 def _pickled(obj) -> np.ndarray:
