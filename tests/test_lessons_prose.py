@@ -190,3 +190,67 @@ def test_the_timing_check_tells_a_measurement_from_a_setting(line, source_start,
     cell = new_code_cell(source_start + "print(line)")
     cell.outputs = [new_output("stream", name="stdout", text=line + "\n")]
     assert compared_timings([cell]) == ([(0, line)] if flagged else [])
+
+
+# -- every MPI lesson runs at the rank count its header and TEACHING name ------------------------------
+# nbval runs each notebook top to bottom at the count its own start(n=N) asks for, and every check in it
+# must hold there. TEACHING tells teachers to keep "the lesson's own number of ranks", and each lesson's
+# header says how many it needs; this ties the three together, so that no recommended count is one that
+# was never run.
+
+STARTED = re.compile(r"\bstart\(n=(\d+)\)")  # cluster.start(n=4) in a code cell
+NEEDS = re.compile(r"\*\*This lesson needs\*\* (\d+) MPI ranks")
+TEACHING = NOTEBOOKS.parent / "TEACHING.md"
+TEACHING_COUNTS = re.compile(r"the lesson's own number of ranks \(([^)]*)\)")  # "(04 and 05: 4; 08 and 09: 2; 10: 3)"
+
+
+def rank_counts_started(cells) -> set[int]:
+    return {int(n) for cell in cells if cell.cell_type == "code" for n in STARTED.findall(cell.source)}
+
+
+def rank_counts_needed(cells) -> set[int]:
+    return {int(n) for cell in cells if cell.cell_type == "markdown" for n in NEEDS.findall(cell.source)}
+
+
+def rank_counts_in_teaching(text: str) -> dict[str, int]:
+    """{"04": 4, ...} from TEACHING's sentence "(04 and 05: 4; 08 and 09: 2; 10: 3)"."""
+    found = TEACHING_COUNTS.search(text.replace("\n", " "))
+    assert found, "TEACHING.md should name each cluster lesson's own number of ranks"
+    counts = {}
+    for part in found.group(1).split(";"):
+        lessons, count = part.rsplit(":", 1)
+        counts.update({lesson: int(count) for lesson in re.findall(r"\d{2}", lessons)})
+    return counts
+
+
+def clusters_of_lessons(folder: Path = NOTEBOOKS) -> dict[str, tuple[set[int], set[int]]]:
+    """{"04": (counts started, counts the header needs)} of every notebook that starts a cluster."""
+    found = {}
+    for path in all_notebooks(folder):
+        cells = nbformat.read(path, 4).cells
+        if rank_counts_started(cells):
+            found[path.name[:2]] = (rank_counts_started(cells), rank_counts_needed(cells))
+    return found
+
+
+def rank_count_disagreements(lessons, teaching: dict[str, int]) -> list[str]:
+    problems = []
+    for number, (started, needed) in sorted(lessons.items()):
+        if len(started) != 1 or started != needed or teaching.get(number) not in started:
+            problems.append(f"{number}: starts {sorted(started)}, header needs {sorted(needed)}, "
+                            f"TEACHING says {teaching.get(number)}")
+    return problems + [f"{number}: in TEACHING but starts no cluster" for number in sorted(set(teaching) - set(lessons))]
+
+
+def test_each_cluster_lesson_runs_at_the_count_its_header_and_teaching_name():
+    lessons = clusters_of_lessons()
+    assert {"04", "05", "08", "09", "10"} <= set(lessons), sorted(lessons)
+    assert rank_count_disagreements(lessons, rank_counts_in_teaching(TEACHING.read_text())) == []
+
+
+def test_the_rank_count_check_notices_a_fallback_count():
+    lessons = clusters_of_lessons()
+    teaching = rank_counts_in_teaching(TEACHING.read_text())
+    assert rank_count_disagreements(lessons, {**teaching, "04": 2}) == ["04: starts [4], header needs [4], TEACHING says 2"]
+    changed = {**lessons, "10": ({2}, lessons["10"][1])}
+    assert rank_count_disagreements(changed, teaching) == ["10: starts [2], header needs [3], TEACHING says 3"]
