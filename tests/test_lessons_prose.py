@@ -254,3 +254,19 @@ def test_the_rank_count_check_notices_a_fallback_count():
     assert rank_count_disagreements(lessons, {**teaching, "04": 2}) == ["04: starts [4], header needs [4], TEACHING says 2"]
     changed = {**lessons, "10": ({2}, lessons["10"][1])}
     assert rank_count_disagreements(changed, teaching) == ["10: starts [2], header needs [3], TEACHING says 3"]
+
+
+# -- one notation, in lesson 00 and in TEACHING ---------------------------------------------------------
+
+def notation_rows(markdown: str) -> list[str]:
+    """The rows "| $N$ | ... |" of the table under the heading "## Notation" in ``markdown``."""
+    section = markdown.split("## Notation", 1)[1].split("\n## ", 1)[0]
+    return [line.strip() for line in section.splitlines() if line.startswith("| $")]
+
+
+def test_lesson_00_and_teaching_give_the_same_notation_table():
+    cell = next(cell.source for cell in start_here_cells() if cell.source.startswith("## Notation"))
+    rows = notation_rows(cell)
+    assert len(rows) >= 8 and rows == notation_rows(TEACHING.read_text())
+    symbols = [symbol for row in rows for symbol in re.findall(r"\$([^$]+)\$", row.split("|")[1])]
+    assert len(symbols) == len(set(symbols)), f"a symbol listed twice: {symbols}"
