@@ -113,3 +113,33 @@ def test_a_keyword_that_moved_to_a_later_lesson_says_where(keyword, where):
                        learning_rate=0.1, **{keyword: None})
     with pytest.raises(TypeError, match=r"unknown keywords \['epoch'\]; they are epochs, learning_rate"):
         train_parallel(MPI.COMM_WORLD, Network((4, 3)), inputs, labels, num_samples=6, start=0, epoch=1)
+
+
+@pytest.mark.parametrize("layers", [1, 3, 5])
+def test_the_overlap_diagram_ends_the_step_where_the_formula_says(layers):
+    from nnlib.lesson08_inside_allreduce.diagrams import overlap_spans
+
+    backward, transfer = 1.0, 0.8  # a bucket's transfer shorter than a layer's backward pass
+    for overlap, expected in [(False, layers * (backward + transfer)), (True, layers * backward + transfer)]:
+        compute, communicate = overlap_spans(layers, backward, transfer, overlap)
+        assert max(end for _, _, end in compute + communicate) == pytest.approx(expected)
+        assert [label for label, _, _ in communicate] == [f"bucket {layer}" for layer in range(layers, 0, -1)]
+
+
+def test_the_zero_diagram_leaves_each_rank_one_summed_chunk_and_everyone_all_updated():
+    from nnlib.lesson08_inside_allreduce.diagrams import zero_states
+
+    phases = dict(zero_states(3))
+    assert [[state == "summed gradient" for state in row] for row in phases["reduce-scatter"]] == \
+        [[c == r for c in range(3)] for r in range(3)]
+    assert all(state == "updated parameters" for row in phases["allgather"] for state in row)
+
+
+def test_a_ranking_of_noisy_runs_says_which_runs_the_rounds_cannot_tell_apart():
+    from nnlib.lesson08_inside_allreduce.waiting import ranking
+
+    samples = {"a": [0.70, 0.74, 0.72], "b": [0.80, 0.79, 0.83], "c": [0.75, 0.81, 0.77], "d": [0.60, 0.62, 0.61]}
+    order, tied = ranking(samples)
+    assert order == ["b", "c", "a", "d"]  # medians 0.80, 0.77, 0.72, 0.61
+    assert tied == ["c"]  # c's best round (0.81) reaches b's worst (0.79); a's (0.74) does not
+    assert ranking({"only": [1.0]}) == (["only"], [])

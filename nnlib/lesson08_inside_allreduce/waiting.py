@@ -47,3 +47,17 @@ def communication_split(comm, history: ParallelHistory):
     comm.Allreduce(durations, transfer, op=MPI.MIN)
     waiting = np.array(comm.allgather(float(np.sum(durations - transfer))))
     return float(np.sum(transfer)) / history.steps, waiting / history.steps
+
+
+def ranking(samples: dict) -> tuple[list, list]:
+    """What a few noisy measurements can say about which run is best.
+
+    samples: {run: measurements of it, higher is better} (e.g. efficiencies from interleaved rounds).
+    Returns (order, tied): the runs by median, best first; and the other runs whose highest
+    measurement reaches the best run's lowest. Between those and the best the measurements
+    cannot decide; a run not in ``tied`` is worse by more than the spread of its rounds.
+    """
+    medians = {run: float(np.median(values)) for run, values in samples.items()}
+    order = sorted(samples, key=medians.get, reverse=True)
+    best_low = min(samples[order[0]])
+    return order, [run for run in order[1:] if max(samples[run]) >= best_low]
