@@ -188,8 +188,10 @@ def summarize(records) -> list[dict]:
 
 
 def format_table(rows, kind: str) -> str:
-    """The seeds' table shape: samples, ranks, time, speedup, efficiency (oversubscribed points marked *)."""
-    lines = [f"{'samples':>8s} {'ranks':>5s} {'s/epoch':>9s} {'spread':>8s} {'speedup':>8s} {'efficiency':>10s}"]
+    """The original projects' table shape: samples, ranks, time, speedup, efficiency (oversubscribed points
+    marked *). Weak scaling's speedup is the *scaled* speedup P T1 / TP (the work grows with P)."""
+    speedup = "speedup" if kind == "strong" else "scaled speedup"
+    lines = [f"{'samples':>8s} {'ranks':>5s} {'s/epoch':>9s} {'spread':>8s} {speedup:>14s} {'efficiency':>10s}"]
     marked = False
     for row in rows:
         if row["kind"] != kind:
@@ -197,7 +199,7 @@ def format_table(rows, kind: str) -> str:
         star = "*" if row["oversubscribed"] else " "
         marked |= row["oversubscribed"]
         lines.append(f"{row['samples']:8d} {row['ranks']:4d}{star} {row['epoch_seconds']:9.3f} {row['spread']:8.3f} "
-                     f"{row['speedup']:8.2f} {row['efficiency']:10.0%}")
+                     f"{row['speedup']:14.2f} {row['efficiency']:10.0%}")
     if marked:
         lines.append("* more ranks than physical cores (oversubscribed): ranks take turns on the cores")
     return "\n".join(lines)
@@ -209,9 +211,9 @@ def format_table(rows, kind: str) -> str:
 
 
 def fit_amdahl(ranks, speedups) -> float:
-    """The serial fraction s of Amdahl's law, S(P) = 1 / (s + (1 - s) / P), fitted to strong scaling.
+    """The serial fraction f of Amdahl's law, S(P) = 1 / (f + (1 - f) / P), fitted to strong scaling.
 
-    1/S - 1/P = s (1 - 1/P) is linear in s: least squares through the origin.
+    1/S - 1/P = f (1 - 1/P) is linear in f: least squares through the origin.
     """
     ranks, speedups = np.asarray(ranks, dtype=float), np.asarray(speedups, dtype=float)
     x, y = 1 - 1 / ranks, 1 / speedups - 1 / ranks
@@ -221,13 +223,13 @@ def fit_amdahl(ranks, speedups) -> float:
 
 
 def amdahl_speedup(ranks, serial_fraction: float):
-    """S(P) = 1 / (s + (1 - s) / P): the speedup when a fraction s of the work cannot be shared."""
+    """S(P) = 1 / (f + (1 - f) / P): the speedup when a fraction f of the work cannot be shared."""
     ranks = np.asarray(ranks, dtype=float)
     return 1 / (serial_fraction + (1 - serial_fraction) / ranks)
 
 
 def fit_gustafson(ranks, scaled_speedups) -> float:
-    """The serial fraction s of Gustafson's law, S(P) = P - s (P - 1), fitted to weak scaling."""
+    """The serial fraction f of Gustafson's law, S(P) = P - f (P - 1), fitted to weak scaling."""
     ranks, scaled = np.asarray(ranks, dtype=float), np.asarray(scaled_speedups, dtype=float)
     x = ranks - 1
     if not np.any(x):
@@ -236,7 +238,7 @@ def fit_gustafson(ranks, scaled_speedups) -> float:
 
 
 def gustafson_speedup(ranks, serial_fraction: float):
-    """S(P) = P - s (P - 1): the scaled speedup when the work grows with the ranks."""
+    """S(P) = P - f (P - 1): the scaled speedup when the work grows with the ranks."""
     ranks = np.asarray(ranks, dtype=float)
     return ranks - serial_fraction * (ranks - 1)
 
