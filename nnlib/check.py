@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import inspect
 import sys
+import textwrap
 import traceback
 from dataclasses import dataclass
 from numbers import Number
@@ -38,6 +39,7 @@ NOTEBOOKS_ONLY = True  # used by the notebooks' exercise cells, by no other nnli
 
 
 PASS, FAIL = "✓", "✗"
+WIDTH = 100  # characters of one line of a verdict
 
 
 @dataclass(frozen=True)
@@ -74,11 +76,17 @@ def verdict(key: str, answer) -> Verdict:
     try:
         worst, cases = run_cases(exercise, answer)
     except Wrong as problem:
-        return Verdict(False, problem.reason, f"{FAIL} {heading}: {problem}\n  Hint: {exercise.hint}")
+        message = wrapped(f"{FAIL} {heading}: {problem}", "  ") + "\n" + wrapped(f"  Hint: {exercise.hint}", "        ")
+        return Verdict(False, problem.reason, message)
     if worst == 0:
         return Verdict(True, "right", f"{PASS} {heading}: right, exactly, on all {cases} cases")
     return Verdict(True, "right", f"{PASS} {heading}: right on all {cases} cases "
                                   f"(largest relative error {worst:.0e}, allowed {exercise.tolerance:.0e})")
+
+
+def wrapped(text: str, indent: str, width: int = WIDTH) -> str:
+    """``text`` in lines of at most ``width`` characters (a projector's width), later lines indented."""
+    return textwrap.fill(text, width, subsequent_indent=indent, break_long_words=False, break_on_hyphens=False)
 
 
 def solution(key: str) -> None:
@@ -114,7 +122,7 @@ def names_used(code) -> set[str]:
 def unknown(key) -> str:
     """The message for a key that names no exercise, with the keys that do."""
     known = ", ".join(sorted(all_exercises()))
-    return f"{FAIL} there is no exercise {key!r}; the exercises are {known}"
+    return wrapped(f"{FAIL} there is no exercise {key!r}; the exercises are {known}", "  ")
 
 
 def run_cases(exercise, answer) -> tuple[float, int]:
