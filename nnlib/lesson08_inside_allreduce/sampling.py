@@ -9,7 +9,7 @@
 
         imbalance = mean over steps of  max_r n_r(k) / (b / P)   - 1
 
-``per_rank`` (PyTorch's DistributedSampler; :class:`PerRankBatches`)
+``per_rank`` (even work per step, as PyTorch's DistributedSampler gives; :class:`PerRankBatches`)
     Rank r shuffles only its own shard, with a generator seeded by (seed, rank, epoch), and
     takes its next b_r = split_counts(b, P)[r] samples at every step: the work per step is even,
     every sample is still seen once per epoch, but the batches differ from the sequential ones,
