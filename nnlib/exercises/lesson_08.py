@@ -19,8 +19,8 @@ def chunk_bounds(length, parts):
 
 def ring_step(buffers, step):
     """One reduce-scatter step of the ring on every rank at once. buffers (P, n): row r is
-    rank r's buffer, cut into P chunks by chunk_bounds. In step s, rank r sends its chunk
-    (r - s - 1) mod P to rank (r + 1) mod P, which adds it to its own copy of that chunk.
+    rank r's buffer, cut into P chunks by chunk_bounds. In step k, rank r sends its chunk
+    (r - k - 1) mod P to rank (r + 1) mod P, which adds it to its own copy of that chunk.
     Returns the buffers after the step (a new array)."""
     ranks = buffers.shape[0]
     counts, starts = chunk_bounds(buffers.shape[1], ranks)
