@@ -117,6 +117,16 @@ def schedule_programs(name: str, stages: int, micro_batches: int, chunks: int = 
     return ALL_SCHEDULES[name](stages, micro_batches)
 
 
+def peak_alive(instructions) -> int:
+    """The most (micro-batch, chunk) pairs of one stage's list forwarded and not yet through their last
+    backward ("backward", or W of the split one): what PipelineMLP.peak_alive measures."""
+    alive = peak = 0
+    for instruction in instructions:
+        alive += {"forward": 1, "backward": -1, "backward_weight": -1}.get(instruction.kind, 0)
+        peak = max(peak, alive)
+    return peak
+
+
 # -- bubbles: formula and simulation ------------------------------------------------------------------
 
 def bubble_formula(name: str, stages: int, micro_batches: int, seconds=(1.0, 1.0, 1.0), chunks: int = 1) -> float:
@@ -164,7 +174,7 @@ class ScheduledPipeline(PipelineMLP):
 
     def __init__(self, comm, layer_sizes=(784, 128, 10), output: str = "sigmoid", dtype="float64",
                  seed: int = 0, micro_batches: int = 4, schedule: str = "1f1b", chunks: int = 1):
-        require_same_on_every_rank(comm, "the chunks per stage", chunks)
+        require_same_on_every_rank(comm, "the schedule and chunks per stage", (schedule, chunks))
         if not isinstance(chunks, int) or chunks < 1 or (chunks > 1 and schedule != "interleaved"):
             raise ValueError(f"chunks must be 1, or a positive integer with schedule 'interleaved'; got {chunks!r} "
                              f"with {schedule!r}")
