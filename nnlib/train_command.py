@@ -80,13 +80,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--schedule", choices=("gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2"), default="1f1b",
                         help="pipeline schedule (lesson 09: gpipe, 1f1b; lesson 13: interleaved 1F1B, the zero-bubble "
                              "ZB-H1 and ZB-H2)")
-    # -- lesson 13: pipeline schedules and traces --
-    parser.add_argument("--virtual-stages", type=int, default=None,
-                        help="with --schedule interleaved: model chunks per pipeline rank, v (default 2)")
-    parser.add_argument("--trace", default=None, metavar="FILE",
-                        help="write a Chrome trace-event JSON file (open it in ui.perfetto.dev): each rank's phases "
-                             f"of the first {TRACE_STEPS} steps, the pipeline stages' last step, or the parameter "
-                             "server's updates")
     parser.add_argument("--compression", default="none",
                         help="gradients sent as none (float64/32), float16, bfloat16 or topk (with --topk K and "
                              "error feedback); with --strategy allreduce (lesson 11)")
@@ -102,6 +95,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fault", default=None, metavar="RANK:STEP:KIND",
                         help="for lessons and tests: rank RANK fails after global step STEP; KIND is raise, exit, "
                              "kill (SIGKILL) or hang")
+    add_schedule_arguments(parser)
+
+
+def add_schedule_arguments(parser: argparse.ArgumentParser) -> None:
+    """Lesson 13's options: the interleaved schedule's chunks per rank, and a trace of the run."""
+    parser.add_argument("--virtual-stages", type=int, default=None,
+                        help="with --schedule interleaved: model chunks per pipeline rank, v (default 2)")
+    parser.add_argument("--trace", default=None, metavar="FILE",
+                        help="write a Chrome trace-event JSON file (open it in ui.perfetto.dev): each rank's phases "
+                             f"of the first {TRACE_STEPS} steps, the pipeline stages' last step, or the parameter "
+                             "server's updates")
 
 
 TRACE_STEPS = 20  # --trace: the data-parallel steps whose phases are written
