@@ -1,7 +1,9 @@
 """Timelines as Chrome trace-event JSON, which Perfetto (ui.perfetto.dev) and chrome://tracing open.
 
-The series records many timelines: each rank's phases of a data-parallel step (lessons 05, 06, 08:
-(step, phase, start, end) from train_parallel(..., timeline_steps=...)), each pipeline stage's
+The series records many timelines: each rank's phases of a data-parallel step ((step, phase, start,
+end) from train_parallel(..., timeline_steps=...): lessons 05 and 06, lesson 08's overlapped
+strategy, whose buckets' Iallreduces fall in its "communicate" phase, and lesson 10's stalled run,
+whose waits for the missing rank are the others' "communicate" phase), each pipeline stage's
 computations (lessons 09, 13: (letter, micro-batch, start, end) in PipelineMLP.timeline), the
 parameter server's updates (lesson 11: AsyncHistory.worker and .seconds). Drawn with matplotlib
 they are pictures of fixed size; written as a trace they can be zoomed, searched and measured.
