@@ -1,13 +1,13 @@
 """Timelines as Chrome trace-event JSON, which Perfetto (ui.perfetto.dev) and chrome://tracing open.
 
-The series records many timelines: each rank's phases of a data-parallel step ((step, phase, start,
-end) from train_parallel(..., timeline_steps=...): lessons 05 and 06, lesson 08's overlapped
-strategy, whose "communicate" phase is the wait for the buckets it did not finish during backpropagation
-(the buckets themselves are not timed), and lesson 10's stalled run,
-whose waits for the missing rank are the others' "communicate" phase), each pipeline stage's
-computations (lessons 09, 13: (letter, micro-batch, start, end) in PipelineMLP.timeline), the
-parameter server's updates (lesson 11: AsyncHistory.worker and .seconds). Drawn with matplotlib
-they are pictures of fixed size; written as a trace they can be zoomed, searched and measured.
+The series records many timelines: each rank's phases of a data-parallel step ((step, phase,
+start, end) from train_parallel(..., timeline_steps=...): lessons 05 and 06; lesson 08's overlapped
+strategy, whose "communicate" phase waits for the buckets' Iallreduces still in flight (the buckets
+themselves are not timed); lesson 10's stalled run, whose waits for the missing rank are the
+others' "communicate" phase), each pipeline stage's computations (lessons 09, 13: (letter,
+micro-batch, start, end) in PipelineMLP.timeline), the parameter server's updates (lesson 11:
+AsyncHistory.worker and .seconds). Drawn with matplotlib they are pictures of fixed size; written
+as a trace they can be zoomed, searched and measured.
 
 The format (the Trace Event Format; Horovod's timeline and PyTorch's profiler write it too):
 ``{"traceEvents": [...], "displayTimeUnit": "ms"}``, each event a dict with
