@@ -315,7 +315,7 @@ class PipelineMLP(Classifier):
         return self.schedules[self.schedule](self.stages, micro_batches)
 
     def _take_layers(self, whole: Network) -> None:
-        """This stage's chunks of ``whole``: params and grads (the chunks' slices, concatenated) and layers over them."""
+        """This stage's chunks of ``whole``: params and grads (the chunks' slices, concatenated), layers over them."""
         starts = parameter_offsets(whole.shapes)
         self.params = np.concatenate([whole.params[starts[first]:starts[stop]] for first, stop in self.chunk_ranges])
         self.grads = np.zeros_like(self.params)
@@ -402,7 +402,8 @@ class PipelineMLP(Classifier):
                        tag=chunk_tag(BACKWARD_TAG, chunk))
 
     def _output_delta(self, step: StepState, k: int, chunk: int, activations, logits):
-        """dJ/dz of the chunk's top layer for micro-batch k: from the loss (last virtual stage) or the received dJ/da."""
+        """dJ/dz of the chunk's top layer for micro-batch k: from the loss (the last virtual stage), else from the
+        received dJ/da."""
         if self.virtual(chunk) == self.stages * self.chunks - 1:
             loss, correct, delta = output_loss(logits, activations[-1], step.labels[step.rows(k)], step.scale,
                                                self.output)

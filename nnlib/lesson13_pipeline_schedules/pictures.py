@@ -12,7 +12,8 @@ STYLE = {"F": (0.4, ""), "B": (0.95, ""), "W": (0.6, "///")}
 def chunks_of(programs) -> list[list[int]]:
     """Each stage's chunk of every computation, in the order its timeline lists them."""
     work = ("forward", "backward", "backward_input", "backward_weight")
-    return [[instruction.chunk for instruction in instructions if instruction.kind in work] for instructions in programs]
+    return [[instruction.chunk for instruction in instructions if instruction.kind in work]
+            for instructions in programs]
 
 
 def draw_timelines(axis, timelines, title: str, chunks=None, unit: float = 1.0) -> None:
