@@ -37,7 +37,7 @@ import numpy as np
 
 from nnlib.lesson01_mnist.files import atomic_write
 
-LESSON = 11  # the batch job: it offers every lesson's options
+LESSON = 13  # the batch job: it offers every lesson's options
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -77,7 +77,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model-size", type=int, default=0,
                         help="ranks per model replica with --model-parallel (default 0: all ranks, one replica)")
     parser.add_argument("--micro-batches", type=int, default=4, help="micro-batches per step (pipeline)")
-    parser.add_argument("--schedule", choices=("gpipe", "1f1b"), default="1f1b", help="pipeline schedule")
+    parser.add_argument("--schedule", choices=("gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2"), default="1f1b",
+                        help="pipeline schedule (lesson 09: gpipe, 1f1b; lesson 13: interleaved 1F1B, the zero-bubble "
+                             "ZB-H1 and ZB-H2)")
     parser.add_argument("--compression", default="none",
                         help="gradients sent as none (float64/32), float16, bfloat16 or topk (with --topk K and "
                              "error feedback); with --strategy allreduce (lesson 11)")
@@ -93,6 +95,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fault", default=None, metavar="RANK:STEP:KIND",
                         help="for lessons and tests: rank RANK fails after global step STEP; KIND is raise, exit, "
                              "kill (SIGKILL) or hang")
+    add_schedule_arguments(parser)
+
+
+def add_schedule_arguments(parser: argparse.ArgumentParser) -> None:
+    """Lesson 13's options: the interleaved schedule's chunks per rank, and a trace of the run."""
+    parser.add_argument("--virtual-stages", type=int, default=None,
+                        help="with --schedule interleaved: model chunks per pipeline rank, v (default 2)")
+    parser.add_argument("--trace", default=None, metavar="FILE",
+                        help="write a Chrome trace-event JSON file (open it in ui.perfetto.dev): each rank's phases "
+                             f"of the first {TRACE_STEPS} steps, the pipeline stages' last step, or the parameter "
+                             "server's updates")
+
+
+TRACE_STEPS = 20  # --trace: the data-parallel steps whose phases are written
 
 
 JOB_STRATEGIES = ("parameter_server", "reduce_broadcast", "allreduce", "zero", "overlap")  # lessons 05 and 08
@@ -250,6 +266,7 @@ def check_settings(args, ranks: int) -> None:
     if args.model_parallel != "none":
         check_model_parallel(args)
     check_compression_and_asynchrony(args, ranks)
+    check_schedule_and_trace(args)
 
 
 def train_job(args) -> int:
@@ -369,7 +386,7 @@ def job_hooks(args, comm, network) -> list:
 def data_parallel_job(args, comm, settings, data, test) -> int:
     """The data-parallel job: shard, train (nnlib.lesson05_data_parallel.train_parallel), report."""
     from nnlib.lesson02_network.arrays import is_numpy
-    from nnlib.lesson05_data_parallel import gather_phase_seconds, shard, train_parallel
+    from nnlib.lesson05_data_parallel import gather_phase_seconds, gather_timeline, shard, train_parallel
     from nnlib.lesson07_gpu.backend import HostStaging
     from nnlib.lesson08_inside_allreduce.sampling import PerRankBatches
 
@@ -381,8 +398,13 @@ def data_parallel_job(args, comm, settings, data, test) -> int:
         history = train_parallel(HostStaging(comm, network.xp) if on_gpu else comm, network, local_inputs,
                                  local_labels, num_samples=args.samples, start=start, settings=settings,
                                  strategy=job_strategy(args), progress=True, hooks=job_hooks(args, comm, network),
-                                 batches=PerRankBatches if args.sampler == "per_rank" else None)
+                                 batches=PerRankBatches if args.sampler == "per_rank" else None,
+                                 timeline_steps=TRACE_STEPS if args.trace else 0)
     phases = gather_phase_seconds(comm, history)
+    timelines = gather_timeline(comm, history) if args.trace else None
+    if comm.rank == 0 and args.trace:
+        from nnlib.lesson04_collectives.trace import phase_spans
+        save_trace(args.trace, phase_spans(timelines))
     if comm.rank == 0:
         report(args, comm.size, history, phases, network.accuracy(*test), network.get_params(),
                network.layer_sizes, args.strategy)
@@ -444,8 +466,8 @@ def model_parallel_job(args, comm, settings, data, test) -> int:
     from nnlib.lesson05_data_parallel import gather_phase_seconds
     from nnlib.lesson08_inside_allreduce.sampling import PerRankBatches
     from nnlib.lesson09_model_parallel.grid import train_hybrid
-    from nnlib.lesson09_model_parallel.pipeline import PipelineMLP
     from nnlib.lesson09_model_parallel.tensor import TensorParallelMLP
+    from nnlib.lesson13_pipeline_schedules.schedules import ScheduledPipeline
 
     (inputs, labels), (test_inputs, test_labels) = [(broadcast_new(comm, first), broadcast_new(comm, second))
                                                     for first, second in (data, test)]
@@ -460,7 +482,8 @@ def model_parallel_job(args, comm, settings, data, test) -> int:
     def build_piece(model_comm):  # this rank's piece of its replica (model_comm is watched, as comm)
         if args.model_parallel == "tensor":
             return TensorParallelMLP(model_comm, **model)
-        return PipelineMLP(model_comm, **model, micro_batches=args.micro_batches, schedule=args.schedule)
+        return ScheduledPipeline(model_comm, **model, micro_batches=args.micro_batches, schedule=args.schedule,
+                                 chunks=pipeline_chunks(args))
 
     with comm.guard():  # the grid's communicators are split from the watched comm: every message has a deadline
         network, history = train_hybrid(
@@ -469,8 +492,12 @@ def model_parallel_job(args, comm, settings, data, test) -> int:
     test_accuracy = network.accuracy(test_inputs, test_labels)  # every piece of each replica takes part
     params = network.full_params()
     phases = gather_phase_seconds(comm, history)
+    timelines = comm.gather(network.timeline if args.trace else [], root=0)  # each stage's last step
     if comm.rank == 0:
         report(args, comm.size, history, phases, test_accuracy, params, sizes, f"{args.model_parallel} x {model_size}")
+        if args.trace:
+            from nnlib.lesson04_collectives.trace import pipeline_spans
+            save_trace(args.trace, pipeline_spans(timelines))
     return 0
 
 
@@ -491,6 +518,9 @@ def asynchronous_job(args, comm, settings, data, test) -> int:
     history = train_async(comm, network, inputs, labels, settings, staleness=args.staleness, slow=parse_slow(args.slow))
     if comm.rank == 0:
         report_asynchronous(args, comm.size, history, network, test)
+        if args.trace:
+            from nnlib.lesson04_collectives.trace import update_instants
+            save_trace(args.trace, [], update_instants(history.worker, history.seconds))
     return 0
 
 
@@ -511,6 +541,36 @@ def report_asynchronous(args, ranks: int, history, network, test) -> None:
                  update_seconds=np.array(history.seconds), test_accuracy=np.array(test_accuracy),
                  epoch_params=np.array(history.params), ranks=np.array(ranks), strategy=np.array("asynchronous"))
         print(f"wrote {args.output}")
+
+
+# -- lesson 13: pipeline schedules and traces ---------------------------------------------------------
+
+def check_schedule_and_trace(args) -> None:
+    """--virtual-stages only with --schedule interleaved (and --model-parallel pipeline); --trace not with tensor."""
+    if args.virtual_stages is not None and args.schedule != "interleaved":
+        raise ValueError(f"--virtual-stages goes with --schedule interleaved; got --schedule {args.schedule}")
+    if args.virtual_stages is not None and args.virtual_stages < 1:
+        raise ValueError(f"--virtual-stages must be a positive number; got {args.virtual_stages}")
+    if args.schedule in ("interleaved", "zb-h1", "zb-h2") and args.model_parallel != "pipeline":
+        raise ValueError(f"--schedule {args.schedule} needs --model-parallel pipeline")
+    if args.trace and args.model_parallel == "tensor":
+        raise ValueError("--trace records data-parallel phases, pipeline stages or asynchronous updates; "
+                         "tensor parallelism keeps no timeline: drop --trace")
+
+
+def pipeline_chunks(args) -> int:
+    """v, the model chunks per pipeline rank: --virtual-stages, 2 for interleaved by default, else 1."""
+    if args.schedule != "interleaved":
+        return 1
+    return args.virtual_stages or 2
+
+
+def save_trace(path, spans, instants=()) -> None:
+    """Write --trace (rank 0) and say so."""
+    from nnlib.lesson04_collectives.trace import write_trace
+
+    write_trace(path, spans, instants)
+    print(f"wrote the trace {path} (open it in ui.perfetto.dev or chrome://tracing)")
 
 
 def save_npz(path, **arrays) -> None:

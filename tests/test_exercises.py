@@ -24,6 +24,7 @@ from nnlib.lesson06_scaling import scaling
 from nnlib.lesson08_inside_allreduce import allreduce
 from nnlib.lesson09_model_parallel import pipeline
 from nnlib.lesson11_beyond_sync import compression
+from nnlib.lesson13_pipeline_schedules import schedules
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
@@ -51,6 +52,14 @@ def top_k_step_by_nnlib(gradient, residual, k):
     sent, chosen = np.zeros_like(corrected), compression.top_k(corrected, k)
     sent[chosen] = corrected[chosen]
     return sent, corrected - sent
+
+
+def zb_h1_order_by_nnlib(stages, stage, micro_batches):
+    """Stage s's work in nnlib's ZB-H1 lists, coded 0 = F, 1 = B, 2 = W, with the micro-batches."""
+    codes = {"forward": 0, "backward_input": 1, "backward_weight": 2}
+    work = [(codes[i.kind], i.micro_batch) for i in schedules.zb_h1(stages, micro_batches)[stage] if i.kind in codes]
+    kinds, micro = np.array(work).T
+    return kinds, micro
 
 
 def momentum_step_by_nnlib(params, velocity, grads, learning_rate, momentum):
@@ -82,6 +91,9 @@ NNLIB = {
     "09.3": pipeline.bubble_fraction,
     "11.1": compression.to_bfloat16,
     "11.2": top_k_step_by_nnlib,
+    "13.1": lambda stages, micro_batches, chunks: schedules.bubble_formula("interleaved", stages, micro_batches,
+                                                                          chunks=chunks),
+    "13.2": lambda stages, stage, micro_batches: zb_h1_order_by_nnlib(stages, stage, micro_batches),
 }
 
 # The others, on values worked out by hand: (key, arguments, the right result).

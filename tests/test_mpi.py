@@ -10,7 +10,8 @@ check_allreduce.py (1 to 7 ranks): the ring, recursive doubling and reduce-then-
 MPI's Allreduce; bad buffers fail on every rank at once.
 check_tensor_parallel.py, check_pipeline.py (1 to 4 ranks): hidden units split over the ranks, or
 layers over the stages of a pipeline, train exactly as sequential. check_hybrid.py (2 and 4 ranks):
-every (data x model) grid of both kinds does too.
+every (data x model) grid of both kinds does too. check_schedules.py (1 to 4 ranks): lesson 13's
+interleaved, ZB-H1 and ZB-H2 schedules train exactly as sequential.
 check_async.py (1 to 4 ranks): the parameter server with staleness bound 0 equals synchronous data
 parallelism; bounds are kept with a straggler. check_compression.py (1 to 4 ranks): compressed
 gradients equal the uncompressed ones where they must (float64, k = all), and learn otherwise.
@@ -27,6 +28,7 @@ RUNS += [("check_watchdog.py", ranks) for ranks in (2, 3)]
 RUNS += [("check_allreduce.py", ranks) for ranks in range(1, 8)]
 RUNS += [(checker, ranks) for checker in ("check_tensor_parallel.py", "check_pipeline.py") for ranks in (1, 2, 3, 4)]
 RUNS += [("check_hybrid.py", ranks) for ranks in (2, 4)]
+RUNS += [("check_schedules.py", ranks) for ranks in (1, 2, 3, 4)]
 RUNS += [(checker, ranks) for checker in ("check_async.py", "check_compression.py") for ranks in (1, 2, 3, 4)]
 
 

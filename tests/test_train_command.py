@@ -1,5 +1,6 @@
 """`mpiexec -n N python -m nnlib train`: the batch job, its output file and its errors; atomic writes."""
 
+import json
 import os
 import re
 import shlex
@@ -333,3 +334,33 @@ def test_the_slurm_examples_give_settings_the_batch_job_accepts(script):
     if args.model_parallel != "none":
         assert ranks % args.model_size == 0, f"{script}: {ranks} ranks do not split into replicas of {args.model_size}"
         check_pipeline_depth(args.model_parallel, (784, *args.hidden, 10), args.model_size)
+
+
+# -- lesson 13: the pipeline schedules and --trace in the batch job ------------------------------------
+
+@pytest.mark.parametrize("options", [("--schedule", "interleaved", "--virtual-stages", "2"), ("--schedule", "zb-h2")])
+def test_the_batch_job_runs_lesson_13s_schedules_equal_to_the_one_rank_run(tmp_path, options):
+    settings = ("--samples", "1001", "--epochs", "2", "--batch-size", "64", "--hidden", "16", "12", "8",
+                "--dtype", "float64")
+    alone = run_training(1, *settings, "--output", str(tmp_path / "alone.npz"))
+    trace = tmp_path / "stages.json"
+    split = run_training(2, *settings, "--model-parallel", "pipeline", "--micro-batches", "3", *options,
+                         "--trace", str(trace), "--output", str(tmp_path / "split.npz"))
+    assert alone.returncode == 0 and split.returncode == 0, alone.stderr + split.stderr
+    expected, got = final_params(tmp_path / "alone.npz"), final_params(tmp_path / "split.npz")
+    assert np.abs(got - expected).max() / np.abs(expected).max() <= 1e-10
+    spans = [event for event in json.loads(trace.read_text())["traceEvents"] if event["ph"] == "X"]
+    per_stage = 3 * 2 * 2 if "interleaved" in options else 3 * 3  # the last step's 3 micro-batches: F, B per chunk; F, B, W
+    assert sorted(event["pid"] for event in spans) == [0] * per_stage + [1] * per_stage
+
+
+@pytest.mark.parametrize("options, message", [
+    (("--schedule", "zb-h1"), "needs --model-parallel pipeline"),
+    (("--model-parallel", "pipeline", "--virtual-stages", "2"), "--virtual-stages goes with --schedule interleaved"),
+    (("--model-parallel", "pipeline", "--schedule", "interleaved", "--hidden", "16"), "every stage needs at least one"),
+    (("--model-parallel", "tensor", "--trace", "t.json"), "tensor parallelism keeps no timeline"),
+])
+def test_bad_schedule_settings_fail_clearly_on_every_rank(options, message):
+    run = run_training(2, "--epochs", "1", "--samples", "500", *options)
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert run.stderr.count(message) == 1, run.stderr

@@ -5,6 +5,7 @@
     collectives       collectives on NumPy arrays, uneven splits, one verdict on every rank
     collectives_demo  the lesson's collectives as a plain mpiexec script
     timing            warm-up, then the median of timed calls
+    trace             any timeline of the series as a Chrome trace (Perfetto): a process per rank, a thread per kind
     costmodel         every prediction of the series: alpha-beta, the ring, FLOPs, step time, the bubble
     deadline          WatchedComm: every collective under a deadline; the error names who did not come
     quiet_controller  the controller's log without ipykernel 7's harmless iopub_welcome errors

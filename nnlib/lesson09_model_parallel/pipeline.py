@@ -42,7 +42,7 @@ stages' vectors in rank order, which is exactly Network's flat layout.
 from __future__ import annotations
 
 import time
-from collections import defaultdict, deque
+from collections import Counter, defaultdict, deque
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -60,7 +60,7 @@ FORWARD_TAG, BACKWARD_TAG = 1, 2
 SENDS = {"send_forward": ("forward", +1), "send_backward": ("backward", -1)}
 RECEIVES = {"recv_forward": ("forward", -1), "recv_backward": ("backward", +1)}
 #: The computing instructions, and their letter in a timeline (F3: the forward of micro-batch 3).
-COMPUTE = {"forward": "F", "backward": "B"}
+COMPUTE = {"forward": "F", "backward": "B", "backward_input": "B", "backward_weight": "W"}
 
 
 def stage_layers(num_layers: int, stages: int):
@@ -75,12 +75,14 @@ def stage_layers(num_layers: int, stages: int):
 class Instruction:
     """One step of a stage's schedule.
 
-    kind:        "recv_forward", "forward", "send_forward", "recv_backward", "backward" or "send_backward"
+    kind:        "recv_forward", "forward", "send_forward", "recv_backward", "backward" or "send_backward";
+                 or the backward split in two: "backward_input" (every layer's delta and the input
+                 gradient sent back: B) and "backward_weight" (the weight gradients a_in.T @ delta: W),
+                 which a schedule may run later than B
     micro_batch: k, which micro-batch (0 .. m-1)
-    chunk:       which of the stage's model chunks (always 0 here: one slice of layers per stage;
-                 an interleaved schedule gives a stage several). A zero-bubble schedule would add a
-                 kind that computes the weight gradient only (Layer.weight_gradient), after "backward"
-                 has sent the input gradient on.
+    chunk:       which of the stage's model chunks (0 here: one slice of layers per stage). A stage
+                 with v chunks holds v slices of layers; chunk c of stage s is *virtual stage* c P + s
+                 of v P, and messages go from virtual stage j to j + 1 (forward) or j - 1 (backward).
     """
 
     kind: str
@@ -88,24 +90,47 @@ class Instruction:
     chunk: int = 0
 
 
-def forward_steps(stage: int, stages: int, micro_batch: int) -> list[Instruction]:
-    """Receive the activation (unless the first stage), run the forward, send it on (unless the last)."""
-    steps = [Instruction("recv_forward", micro_batch)] if stage > 0 else []
-    steps.append(Instruction("forward", micro_batch))
-    return steps + ([Instruction("send_forward", micro_batch)] if stage < stages - 1 else [])
+def forward_steps(stage: int, stages: int, micro_batch: int, chunk: int = 0, chunks: int = 1,
+                  kind: str = "forward") -> list[Instruction]:
+    """Receive the activation (unless the first virtual stage), run the forward, send it on (unless the last)."""
+    virtual = chunk * stages + stage
+    steps = [Instruction("recv_forward", micro_batch, chunk)] if virtual > 0 else []
+    steps.append(Instruction(kind, micro_batch, chunk))
+    return steps + ([Instruction("send_forward", micro_batch, chunk)] if virtual < chunks * stages - 1 else [])
 
 
-def backward_steps(stage: int, stages: int, micro_batch: int) -> list[Instruction]:
-    """Receive the output gradient (unless the last stage), run the backward, send the input gradient back."""
-    steps = [Instruction("recv_backward", micro_batch)] if stage < stages - 1 else []
-    steps.append(Instruction("backward", micro_batch))
-    return steps + ([Instruction("send_backward", micro_batch)] if stage > 0 else [])
+def backward_steps(stage: int, stages: int, micro_batch: int, chunk: int = 0, chunks: int = 1,
+                   kind: str = "backward") -> list[Instruction]:
+    """Receive the output gradient (unless the last virtual stage), run the backward, send the input gradient back.
+
+    kind: "backward", or "backward_input" (B of the split backward, which sends what "backward" sends).
+    """
+    virtual = chunk * stages + stage
+    steps = [Instruction("recv_backward", micro_batch, chunk)] if virtual < chunks * stages - 1 else []
+    steps.append(Instruction(kind, micro_batch, chunk))
+    return steps + ([Instruction("send_backward", micro_batch, chunk)] if virtual > 0 else [])
 
 
-def program(stage: int, stages: int, order) -> list[Instruction]:
-    """A stage's instructions from its order of work, [("forward" | "backward", k)], messages included."""
-    steps = {"forward": forward_steps, "backward": backward_steps}
-    return [instruction for kind, k in order for instruction in steps[kind](stage, stages, k)]
+def weight_steps(stage: int, stages: int, micro_batch: int, chunk: int = 0, chunks: int = 1,
+                 kind: str = "backward_weight") -> list[Instruction]:
+    """W of the split backward: no message, only this stage's weight gradients of micro-batch k."""
+    return [Instruction(kind, micro_batch, chunk)]
+
+
+STEPS = {"forward": forward_steps, "backward": backward_steps, "backward_input": backward_steps,
+         "backward_weight": weight_steps}
+
+
+def program(stage: int, stages: int, order, chunks: int = 1) -> list[Instruction]:
+    """A stage's instructions from its order of work, messages included.
+
+    order: [(kind, k)] or [(kind, k, chunk)], kind "forward", "backward", "backward_input" or
+    "backward_weight"; chunks: v, the model chunks of every stage (1 unless interleaved).
+    """
+    instructions = []
+    for kind, k, *chunk in order:
+        instructions += STEPS[kind](stage, stages, k, *(chunk or [0]), chunks, kind=kind)
+    return instructions
 
 
 def gpipe(stages: int, micro_batches: int) -> list[list[Instruction]]:
@@ -135,13 +160,14 @@ def simulate(programs, seconds) -> list[list[tuple]]:
 
     programs: a schedule's lists (one per stage). seconds(stage, kind): how long a computing
     instruction takes there. A send takes no time and never waits (MPI's Isend); a receive waits
-    until the message has been sent, and takes the oldest one on its channel (MPI's order), which
-    must be the micro-batch it names. Returns each stage's [(letter, k, start, end)] of its
-    computations, like PipelineMLP.timeline. Raises RuntimeError if the schedule deadlocks, receives
-    out of order, or sends what nobody receives.
+    until the message has been sent, and takes the oldest one on its channel (MPI's order: one
+    channel per sending and receiving virtual stage), which must be the micro-batch it names.
+    Returns each stage's [(letter, k, start, end)] of its computations, like PipelineMLP.timeline.
+    Raises RuntimeError if the schedule deadlocks, receives out of order, or sends what nobody receives.
     """
-    position, clock = [0] * len(programs), [0.0] * len(programs)
-    channels = defaultdict(deque)  # (direction, receiving stage) -> [(micro-batch, chunk, time sent)]
+    stages = len(programs)
+    position, clock = [0] * stages, [0.0] * stages
+    channels = defaultdict(deque)  # (direction, receiving virtual stage) -> [(micro-batch, time sent)]
     timelines = [[] for _ in programs]
     progressed = True
     while progressed:
@@ -149,14 +175,15 @@ def simulate(programs, seconds) -> list[list[tuple]]:
         for stage, instructions in enumerate(programs):
             while position[stage] < len(instructions):
                 instruction = instructions[position[stage]]
+                virtual = instruction.chunk * stages + stage
                 if instruction.kind in RECEIVES:
-                    channel = channels[RECEIVES[instruction.kind][0], stage]
+                    channel = channels[RECEIVES[instruction.kind][0], virtual]
                     if not channel:
                         break  # blocked: the message has not been sent yet
                     clock[stage] = max(clock[stage], received(channel, instruction, stage))
                 elif instruction.kind in SENDS:
                     direction, step = SENDS[instruction.kind]
-                    channels[direction, stage + step].append((instruction.micro_batch, instruction.chunk, clock[stage]))
+                    channels[direction, virtual + step].append((instruction.micro_batch, clock[stage]))
                 else:
                     began, clock[stage] = clock[stage], clock[stage] + seconds(stage, instruction.kind)
                     timelines[stage].append((COMPUTE[instruction.kind], instruction.micro_batch, began, clock[stage]))
@@ -168,10 +195,10 @@ def simulate(programs, seconds) -> list[list[tuple]]:
 
 def received(channel, instruction: Instruction, stage: int) -> float:
     """Take the oldest message of ``channel`` for ``instruction`` (a receive); the time it was sent."""
-    micro_batch, chunk, sent = channel.popleft()
-    if (micro_batch, chunk) != (instruction.micro_batch, instruction.chunk):
+    micro_batch, sent = channel.popleft()
+    if micro_batch != instruction.micro_batch:
         raise RuntimeError(f"stage {stage} runs {instruction} but the next message on its channel is micro-batch "
-                           f"{micro_batch} (chunk {chunk}): messages arrive in the order they were sent")
+                           f"{micro_batch}: messages arrive in the order they were sent")
     return sent
 
 
@@ -181,28 +208,52 @@ def check_finished(programs, position, channels) -> None:
              for stage, instructions in enumerate(programs) if position[stage] < len(instructions)]
     if stuck:
         raise RuntimeError("the schedule deadlocks: " + "; ".join(stuck))
-    unread = [f"{len(channel)} {direction} message(s) to stage {stage}"
-              for (direction, stage), channel in channels.items() if channel]
+    unread = [f"{len(channel)} {direction} message(s) to virtual stage {virtual}"
+              for (direction, virtual), channel in channels.items() if channel]
     if unread:
         raise RuntimeError("the schedule sends what no stage receives: " + "; ".join(unread))
 
 
 # -- the executor -----------------------------------------------------------------------------------
 
+def input_gradients(layers, activations, delta, input_gradient: bool):
+    """B of the split backward: every layer's delta, last to first, and no weight gradient.
+
+    activations: [a_0, ..., a_L] of forward_layers; delta: dJ/dz_L (N, n_L). Going down,
+    delta_{l-1} = (delta_l @ W_l.T) * a_{l-1} (1 - a_{l-1}), as in backward_layers. Returns
+    ([delta_1, ..., delta_L], dJ/da_0 = delta_1 @ W_1.T (N, n_0) if ``input_gradient`` else None).
+    """
+    deltas = [delta]
+    for index in range(len(layers) - 1, 0, -1):
+        deltas.insert(0, layers[index - 1].logits_gradient(layers[index].input_gradient(deltas[0]),
+                                                           activations[index]))
+    return deltas, (layers[0].input_gradient(deltas[0]) if input_gradient else None)
+
+
+def weight_gradients(layers, activations, deltas, accumulate: bool) -> None:
+    """W of the split backward: each layer's dJ/dW = a_in.T @ delta and dJ/db, written (or added) in its views."""
+    for layer, inputs, delta in zip(layers, activations, deltas):
+        layer.weight_gradient(inputs, delta, accumulate)
+
+
 @dataclass
 class StepState:
-    """What one step of a stage keeps between its instructions (see PipelineMLP.loss_and_gradient)."""
+    """What one step of a stage keeps between its instructions (see PipelineMLP.loss_and_gradient).
+
+    Every key names a micro-batch k and a chunk c (0 unless the stage holds several).
+    """
 
     inputs: object
     labels: object
     scale: float
     bounds: list                                       # (start, stop) rows of each micro-batch
-    arrived: dict = field(default_factory=dict)        # ("forward" | "backward", k) -> received array
-    kept: dict = field(default_factory=dict)           # k -> (activations, output logits or None)
-    outgoing: dict = field(default_factory=dict)       # k -> input gradient to send back
+    arrived: dict = field(default_factory=dict)        # ("forward" | "backward", k, c) -> received array
+    kept: dict = field(default_factory=dict)           # (k, c) -> (activations, output logits or None)
+    waiting: dict = field(default_factory=dict)        # (k, c) -> (layer inputs, deltas): a B whose W is to come
+    outgoing: dict = field(default_factory=dict)       # (k, c) -> input gradient to send back
     sends: list = field(default_factory=list)          # started Isends
     totals: np.ndarray = field(default_factory=lambda: np.zeros(2))  # loss, correct (last stage)
-    backwards: int = 0                                 # backward instructions run so far
+    backwards: Counter = field(default_factory=Counter)  # c -> weight gradients added so far
 
     def rows(self, k: int) -> slice:
         return slice(*self.bounds[k])
@@ -221,36 +272,71 @@ class PipelineMLP(Classifier):
 
     comm: the stages (rank s holds stage s), used as given (pass nnlib.lesson10_faults.watchdog.watch(comm, timeout)
     for a deadline on every message); layer_sizes, output, dtype, seed: as for Network (the same
-    initial weights); micro_batches: m; schedule: a name of SCHEDULES ("gpipe" or "1f1b").
+    initial weights); micro_batches: m; schedule: a name of ``schedules`` ("gpipe" or "1f1b").
     ``layers``: this stage's slice of the network's layers, over its own flat params and grads.
     After each step: ``timeline`` holds this stage's (kind, micro-batch, start, end) of its
     computations (waits excluded) in seconds of time.perf_counter, one clock for all processes of
     a host; ``peak_alive`` the most micro-batches whose activations were kept at once,
     ``peak_activation_bytes`` their bytes.
+
+    Generic points for other schedules: ``schedules`` (the names accepted), :meth:`programs` (the
+    instruction lists of a step), ``chunks`` and :meth:`layer_ranges` (a stage holding several
+    slices of layers, ``chunk_layers``; messages tagged per chunk).
     """
+
+    schedules = SCHEDULES
+    chunks = 1
 
     def __init__(self, comm, layer_sizes=(784, 128, 10), output: str = "sigmoid", dtype="float64",
                  seed: int = 0, micro_batches: int = 4, schedule: str = "1f1b"):
         whole = Network(layer_sizes, output, dtype, seed=seed)
-        check_pipeline_settings(comm.size, whole.num_layers, micro_batches, schedule)
+        check_pipeline_settings(comm.size, whole.num_layers, micro_batches, schedule, self.schedules, self.chunks)
         require_same_on_every_rank(comm, "the pipeline (layer sizes, output, dtype, seed, micro-batches, schedule)",
                                    (whole.layer_sizes, output, str(np.dtype(dtype)), seed, micro_batches, schedule))
         self.comm, self.layer_sizes, self.output, self.xp, self.dtype = comm, whole.layer_sizes, output, np, whole.dtype
         self.micro_batches, self.schedule = micro_batches, schedule
         self.stage, self.stages, self.num_layers = comm.rank, comm.size, whole.num_layers
-        self.first, self.stop = stage_layers(whole.num_layers, self.stages)[self.stage]
+        self.chunk_ranges = self.layer_ranges(self.stage)
+        self.first, self.stop = self.chunk_ranges[0]
         self.is_first, self.is_last = self.stage == 0, self.stage == self.stages - 1
-        layer_starts = parameter_offsets(whole.shapes)
-        self.params = whole.params[layer_starts[self.first]:layer_starts[self.stop]].copy()
-        self.grads = np.zeros_like(self.params)
-        self.num_params = self.params.size  # this rank's share
-        self.shapes = whole.shapes[self.first:self.stop]
-        self.layers = dense_layers(self.params, self.grads, self.shapes, output if self.is_last else "sigmoid")
+        self._take_layers(whole)
         self.weights, self.biases = [layer.weights for layer in self.layers], [layer.biases for layer in self.layers]
         self.grad_weights = [layer.grad_weights for layer in self.layers]
         self.grad_biases = [layer.grad_biases for layer in self.layers]
         self.last_correct, self.timeline, self.peak_alive, self.peak_activation_bytes = 0, [], 0, 0
         del whole
+
+    def layer_ranges(self, stage: int) -> list[tuple[int, int]]:
+        """[(first, stop)] weight layers of each chunk of ``stage``: one consecutive slice (stage_layers)."""
+        return [stage_layers(self.num_layers, self.stages)[stage]]
+
+    def programs(self, micro_batches: int) -> list[list[Instruction]]:
+        """Every stage's instructions for one step of ``micro_batches`` micro-batches."""
+        return self.schedules[self.schedule](self.stages, micro_batches)
+
+    def _take_layers(self, whole: Network) -> None:
+        """This stage's chunks of ``whole``: params and grads (the chunks' slices, concatenated), layers over them."""
+        starts = parameter_offsets(whole.shapes)
+        self.params = np.concatenate([whole.params[starts[first]:starts[stop]] for first, stop in self.chunk_ranges])
+        self.grads = np.zeros_like(self.params)
+        self.num_params = self.params.size  # this rank's share
+        self.shapes = [shape for first, stop in self.chunk_ranges for shape in whole.shapes[first:stop]]
+        self.chunk_layers, offset = [], 0
+        for chunk, (first, stop) in enumerate(self.chunk_ranges):
+            size, last = starts[stop] - starts[first], self.virtual(chunk) == self.stages * self.chunks - 1
+            self.chunk_layers.append(dense_layers(self.params[offset:offset + size], self.grads[offset:offset + size],
+                                                  whole.shapes[first:stop], self.output if last else "sigmoid"))
+            offset += size
+        self.layers = [layer for layers in self.chunk_layers for layer in layers]
+
+    def virtual(self, chunk: int) -> int:
+        """The virtual stage of this stage's chunk: chunk x P + stage (the stage itself when there is one chunk)."""
+        return chunk * self.stages + self.stage
+
+    def peer(self, chunk: int, step: int) -> tuple[int, int]:
+        """(rank, chunk there) of virtual stage virtual(chunk) + step (+1: the next, -1: the one before)."""
+        virtual = self.virtual(chunk) + step
+        return virtual % self.stages, virtual // self.stages
 
     # -- one step on a whole batch: the executor ------------------------------------------------
     def loss_and_gradient(self, inputs, labels, normalizer=None, check: bool = True, on_device: bool = False,
@@ -275,11 +361,12 @@ class PipelineMLP(Classifier):
                   zip(offsets(split_counts(total, count)), split_counts(total, count))]
         step = StepState(inputs, labels, 1.0 / (total if normalizer is None else normalizer), bounds)
         run = {"recv_forward": self._recv_forward, "forward": self._forward, "send_forward": self._send_forward,
-               "recv_backward": self._recv_backward, "backward": self._backward, "send_backward": self._send_backward}
+               "recv_backward": self._recv_backward, "backward": self._backward, "send_backward": self._send_backward,
+               "backward_input": self._backward_input, "backward_weight": self._backward_weight}
         self.timeline, self.peak_alive, self.peak_activation_bytes = [], 0, 0
-        for instruction in SCHEDULES[self.schedule](self.stages, count)[self.stage]:
+        for instruction in self.programs(count)[self.stage]:
             began = time.perf_counter()
-            run[instruction.kind](step, instruction.micro_batch)
+            run[instruction.kind](step, instruction.micro_batch, instruction.chunk)
             if instruction.kind in COMPUTE:
                 self.timeline.append((COMPUTE[instruction.kind], instruction.micro_batch, began, time.perf_counter()))
         wait_for_sends(self.comm, step.sends)
@@ -287,92 +374,152 @@ class PipelineMLP(Classifier):
         self.last_correct = int(step.totals[1])
         return float(step.totals[0])
 
-    def _recv_forward(self, step: StepState, k: int) -> None:
-        """Receive micro-batch k's activation (rows, n_in of this stage) from the stage before."""
+    def _recv_forward(self, step: StepState, k: int, chunk: int) -> None:
+        """Receive micro-batch k's activation (rows, n_in of the chunk) from the virtual stage before."""
         rows = step.bounds[k][1] - step.bounds[k][0]
-        step.arrived["forward", k] = np.empty((rows, self.shapes[0][0]), dtype=self.dtype)
-        self.comm.Recv(step.arrived["forward", k], source=self.stage - 1, tag=FORWARD_TAG)
+        step.arrived["forward", k, chunk] = np.empty((rows, self.chunk_layers[chunk][0].shape[0]), dtype=self.dtype)
+        self.comm.Recv(step.arrived["forward", k, chunk], source=self.peer(chunk, -1)[0],
+                       tag=chunk_tag(FORWARD_TAG, chunk))
 
-    def _forward(self, step: StepState, k: int) -> None:
-        """This stage's layers on micro-batch k; keep the activations (and, last, the logits) for backward."""
-        incoming = step.inputs[step.rows(k)] if self.is_first else step.arrived.pop(("forward", k))
-        activations, logits = forward_layers(self.layers, incoming)
-        step.kept[k] = (activations, logits if self.is_last else None)
-        self.peak_alive = max(self.peak_alive, len(step.kept))
-        self.peak_activation_bytes = max(self.peak_activation_bytes, self._kept_bytes(step.kept))
+    def _forward(self, step: StepState, k: int, chunk: int) -> None:
+        """The chunk's layers on micro-batch k; keep the activations (and, last, the logits) for backward."""
+        first, last = self.virtual(chunk) == 0, self.virtual(chunk) == self.stages * self.chunks - 1
+        incoming = step.inputs[step.rows(k)] if first else step.arrived.pop(("forward", k, chunk))
+        activations, logits = forward_layers(self.chunk_layers[chunk], incoming)
+        step.kept[k, chunk] = (activations, logits if last else None)
+        self._count_kept(step)
 
-    def _send_forward(self, step: StepState, k: int) -> None:
-        """Start sending micro-batch k's output activation to the next stage."""
-        step.sends.append(self.comm.Isend(step.kept[k][0][-1], dest=self.stage + 1, tag=FORWARD_TAG))
+    def _send_forward(self, step: StepState, k: int, chunk: int) -> None:
+        """Start sending micro-batch k's output activation to the next virtual stage."""
+        rank, there = self.peer(chunk, +1)
+        step.sends.append(self.comm.Isend(step.kept[k, chunk][0][-1], dest=rank, tag=chunk_tag(FORWARD_TAG, there)))
 
-    def _recv_backward(self, step: StepState, k: int) -> None:
-        """Receive dJ/da of this stage's output for micro-batch k (rows, n_out) from the next stage."""
+    def _recv_backward(self, step: StepState, k: int, chunk: int) -> None:
+        """Receive dJ/da of the chunk's output for micro-batch k (rows, n_out) from the next virtual stage."""
         rows = step.bounds[k][1] - step.bounds[k][0]
-        step.arrived["backward", k] = np.empty((rows, self.shapes[-1][1]), dtype=self.dtype)
-        self.comm.Recv(step.arrived["backward", k], source=self.stage + 1, tag=BACKWARD_TAG)
+        step.arrived["backward", k, chunk] = np.empty((rows, self.chunk_layers[chunk][-1].shape[1]), dtype=self.dtype)
+        self.comm.Recv(step.arrived["backward", k, chunk], source=self.peer(chunk, +1)[0],
+                       tag=chunk_tag(BACKWARD_TAG, chunk))
 
-    def _backward(self, step: StepState, k: int) -> None:
-        """Backpropagation through this stage for micro-batch k: add its gradient, keep the input gradient."""
-        activations, logits = step.kept.pop(k)
-        if self.is_last:
+    def _output_delta(self, step: StepState, k: int, chunk: int, activations, logits):
+        """dJ/dz of the chunk's top layer for micro-batch k: from the loss (the last virtual stage), else from the
+        received dJ/da."""
+        if self.virtual(chunk) == self.stages * self.chunks - 1:
             loss, correct, delta = output_loss(logits, activations[-1], step.labels[step.rows(k)], step.scale,
                                                self.output)
             step.totals += (float(loss), int(correct))
-        else:
-            delta = self.layers[-1].logits_gradient(step.arrived.pop(("backward", k)), activations[-1])
-        gradient = backward_layers(self.layers, activations, delta, accumulate=step.backwards > 0,
-                                   input_gradient=not self.is_first)
-        step.backwards += 1
+            return delta
+        return self.chunk_layers[chunk][-1].logits_gradient(step.arrived.pop(("backward", k, chunk)), activations[-1])
+
+    def _backward(self, step: StepState, k: int, chunk: int) -> None:
+        """Backpropagation through the chunk for micro-batch k: add its gradient, keep the input gradient."""
+        activations, logits = step.kept.pop((k, chunk))
+        delta = self._output_delta(step, k, chunk, activations, logits)
+        gradient = backward_layers(self.chunk_layers[chunk], activations, delta, accumulate=step.backwards[chunk] > 0,
+                                   input_gradient=self.virtual(chunk) > 0)
+        step.backwards[chunk] += 1
         if gradient is not None:
-            step.outgoing[k] = gradient
+            step.outgoing[k, chunk] = gradient
 
-    def _send_backward(self, step: StepState, k: int) -> None:
-        """Start sending micro-batch k's input gradient to the stage before."""
-        step.sends.append(self.comm.Isend(step.outgoing.pop(k), dest=self.stage - 1, tag=BACKWARD_TAG))
+    def _backward_input(self, step: StepState, k: int, chunk: int) -> None:
+        """B: the chunk's deltas and input gradient for micro-batch k; its layer inputs and deltas wait for W."""
+        activations, logits = step.kept.pop((k, chunk))
+        delta = self._output_delta(step, k, chunk, activations, logits)
+        deltas, gradient = input_gradients(self.chunk_layers[chunk], activations, delta, self.virtual(chunk) > 0)
+        step.waiting[k, chunk] = (activations[:-1], deltas)
+        self._count_kept(step)
+        if gradient is not None:
+            step.outgoing[k, chunk] = gradient
 
-    def _kept_bytes(self, kept) -> int:
-        """Bytes of the activations kept for backward (stage 0's inputs are the caller's, not counted)."""
-        return sum(array.nbytes for activations, logits in kept.values()
-                   for array in (activations[1:] if self.is_first else activations) + ([logits] if self.is_last else []))
+    def _backward_weight(self, step: StepState, k: int, chunk: int) -> None:
+        """W: the chunk's weight gradients of micro-batch k, from what its B left waiting; added to grads."""
+        activations, deltas = step.waiting.pop((k, chunk))
+        weight_gradients(self.chunk_layers[chunk], activations, deltas, accumulate=step.backwards[chunk] > 0)
+        step.backwards[chunk] += 1
+
+    def _send_backward(self, step: StepState, k: int, chunk: int) -> None:
+        """Start sending micro-batch k's input gradient to the virtual stage before."""
+        rank, there = self.peer(chunk, -1)
+        step.sends.append(self.comm.Isend(step.outgoing.pop((k, chunk)), dest=rank, tag=chunk_tag(BACKWARD_TAG, there)))
+
+    def _count_kept(self, step: StepState) -> None:
+        """Update peak_alive (micro-batches between their forward and their last backward) and their bytes.
+
+        Bytes: the activations kept for B, the layer inputs and deltas kept for W; the network's own
+        inputs (virtual stage 0's a_0, the caller's array) are not counted.
+        """
+        self.peak_alive = max(self.peak_alive, len(step.kept) + len(step.waiting))
+        held = 0
+        for (k, chunk), (activations, extra) in list(step.kept.items()) + list(step.waiting.items()):
+            arrays = activations[1:] if self.virtual(chunk) == 0 else activations
+            held += sum(array.nbytes for array in arrays)
+            extras = extra if isinstance(extra, list) else [] if extra is None else [extra]  # deltas, or the logits
+            held += sum(array.nbytes for array in extras)
+        self.peak_activation_bytes = max(self.peak_activation_bytes, held)
 
     # -- evaluation and comparison --------------------------------------------------------------
     def predict_probabilities(self, inputs):
-        """Output activations (N, n_L) on every rank: the whole batch forward through the stages.
+        """Output activations (N, n_L) on every rank: the whole batch forward through the (virtual) stages.
 
         Every rank passes the same inputs (and checks them, so that all agree on bad ones).
         """
         inputs = np.asarray(inputs)
         self.check_inputs(inputs)
-        if self.is_first:
-            activation = inputs
-        else:
-            activation = np.empty((inputs.shape[0], self.shapes[0][0]), dtype=self.dtype)
-            self.comm.Recv(activation, source=self.stage - 1, tag=FORWARD_TAG)
-        output = np.ascontiguousarray(forward_layers(self.layers, activation)[0][-1])
+        activation, sends = inputs, []
+        for chunk, layers in enumerate(self.chunk_layers):
+            if self.virtual(chunk) > 0:
+                activation = np.empty((inputs.shape[0], layers[0].shape[0]), dtype=self.dtype)
+                self.comm.Recv(activation, source=self.peer(chunk, -1)[0], tag=chunk_tag(FORWARD_TAG, chunk))
+            output = np.ascontiguousarray(forward_layers(layers, activation)[0][-1])
+            if self.virtual(chunk) < self.stages * self.chunks - 1:
+                rank, there = self.peer(chunk, +1)
+                sends.append(self.comm.Isend(output, dest=rank, tag=chunk_tag(FORWARD_TAG, there)))
+        wait_for_sends(self.comm, sends)
         if not self.is_last:
-            wait_for_sends(self.comm, [self.comm.Isend(output, dest=self.stage + 1, tag=FORWARD_TAG)])
             output = np.empty((inputs.shape[0], self.layer_sizes[-1]), dtype=self.dtype)
         self.comm.Bcast(output, root=self.stages - 1)
         return output
 
     def full_params(self) -> np.ndarray:
-        """Every stage's parameters, concatenated in rank (= layer) order: Network's flat layout."""
-        return allgather_rows(self.comm, self.params)
+        """Every stage's parameters put in layer order: Network's flat layout.
+
+        Each rank's params are its chunks' slices, in chunk order; with one chunk per stage the
+        concatenation in rank order is already the layer order.
+        """
+        gathered = allgather_rows(self.comm, self.params)
+        starts = parameter_offsets(list(zip(self.layer_sizes[:-1], self.layer_sizes[1:])))
+        pieces, at = [], 0
+        for stage in range(self.stages):
+            for first, stop in self.layer_ranges(stage):
+                pieces.append((first, gathered[at:at + starts[stop] - starts[first]]))
+                at += starts[stop] - starts[first]
+        return np.concatenate([piece for _, piece in sorted(pieces, key=lambda first_piece: first_piece[0])])
 
     def __repr__(self):
+        layers = ", ".join(f"{first + 1}-{stop}" for first, stop in self.chunk_ranges)
         return (f"PipelineMLP({'-'.join(map(str, self.layer_sizes))}, stage {self.stage} of {self.stages}: "
-                f"layers {self.first + 1}-{self.stop}, {self.micro_batches} micro-batches, {self.schedule})")
+                f"layers {layers}, {self.micro_batches} micro-batches, {self.schedule})")
 
 
-def check_pipeline_settings(stages: int, num_layers: int, micro_batches, schedule) -> None:
-    """The same ValueError on every rank (the same arguments give the same verdict) for unusable settings."""
+def chunk_tag(direction_tag: int, chunk: int) -> int:
+    """The MPI tag of a message (FORWARD_TAG or BACKWARD_TAG) to a stage's chunk: one channel per chunk."""
+    return direction_tag + 2 * chunk
+
+
+def check_pipeline_settings(stages: int, num_layers: int, micro_batches, schedule, schedules=SCHEDULES,
+                            chunks: int = 1) -> None:
+    """The same ValueError on every rank (the same arguments give the same verdict) for unusable settings.
+
+    schedules: the names accepted; chunks: the slices of layers per stage (a layer each, at least).
+    """
     problem = None
-    if schedule not in SCHEDULES:
-        problem = f"schedule must be one of {', '.join(SCHEDULES)}; got {schedule!r}"
+    if schedule not in schedules:
+        problem = f"schedule must be one of {', '.join(schedules)}; got {schedule!r}"
     elif not isinstance(micro_batches, int) or micro_batches < 1:
         problem = f"micro_batches must be a positive integer; got {micro_batches!r}"
-    elif stages > num_layers:
-        problem = (f"{stages} stages but the network has only {num_layers} weight layers: "
+    elif stages * chunks > num_layers:
+        wanted = f"{stages} stages" if chunks == 1 else f"{stages} stages x {chunks} chunks"
+        problem = (f"{wanted} but the network has only {num_layers} weight layers: "
                    "every stage needs at least one. Use fewer ranks or a deeper network")
     if problem:
         raise raised_on_every_rank(ValueError(problem))
@@ -409,23 +556,18 @@ def measure_bubbles(comm, layer_sizes, batch: int, micro_batch_counts=(1, 2, 4, 
     stage's median forward and backward times, step_seconds: the median :func:`step_span`,
     peak_alive: per stage, peak_bytes: per stage, timelines: the last step's); None elsewhere.
     """
-    rng = np.random.default_rng(seed)
-    inputs = rng.random((batch, layer_sizes[0])).astype(dtype)
-    labels = rng.integers(0, layer_sizes[-1], batch)
+    inputs, labels = random_batch(layer_sizes, batch, dtype, seed)
     rows = []
     for micro_batches in micro_batch_counts:
         pipeline = PipelineMLP(comm, layer_sizes, dtype=dtype, seed=seed, micro_batches=micro_batches,
                                schedule=schedule)
         measured, simulated, spans = [], [], []
         for repeat in range(repeats + 1):
-            pipeline.comm.Barrier()
-            pipeline.loss_and_gradient(inputs, labels, check=False)
-            timelines = pipeline.comm.gather(pipeline.timeline, root=0)
+            timelines = timed_step(pipeline, inputs, labels)
             if repeat and comm.rank == 0:
                 measured.append(measured_bubble(timelines))
                 spans.append(step_span(timelines))
-                durations = [{kind: float(np.median([end - begin for what, _, begin, end in timeline if what == kind]))
-                              for kind in "FB"} for timeline in timelines]
+                durations = [median_seconds(timeline) for timeline in timelines]
                 simulated.append(simulated_bubble([stage["F"] for stage in durations],
                                                   [stage["B"] for stage in durations], schedule, micro_batches))
         alive = pipeline.comm.gather((pipeline.peak_alive, pipeline.peak_activation_bytes), root=0)
@@ -436,6 +578,26 @@ def measure_bubbles(comm, layer_sizes, batch: int, micro_batch_counts=(1, 2, 4, 
                              peak_alive=[count for count, _ in alive], peak_bytes=[size for _, size in alive],
                              timelines=timelines))
     return rows if comm.rank == 0 else None
+
+
+def random_batch(layer_sizes, batch: int, dtype, seed: int):
+    """A random batch to time steps on: inputs (batch, n_0) uniform in [0, 1), labels (batch,) in 0..n_L-1."""
+    rng = np.random.default_rng(seed)
+    return rng.random((batch, layer_sizes[0])).astype(dtype), rng.integers(0, layer_sizes[-1], batch)
+
+
+def timed_step(pipeline: PipelineMLP, inputs, labels):
+    """One step of ``pipeline`` after a barrier: every stage's timeline, on rank 0 (None elsewhere)."""
+    pipeline.comm.Barrier()
+    pipeline.loss_and_gradient(inputs, labels, check=False)
+    return pipeline.comm.gather(pipeline.timeline, root=0)
+
+
+def median_seconds(timeline) -> dict:
+    """{letter: median seconds} of each kind of computation in one stage's timeline ("F", "B", "W")."""
+    letters = sorted({letter for letter, _, _, _ in timeline})
+    return {letter: float(np.median([end - begin for what, _, begin, end in timeline if what == letter]))
+            for letter in letters}
 
 
 def simulated_bubble(forward_seconds, backward_seconds, schedule: str, micro_batches: int) -> float:

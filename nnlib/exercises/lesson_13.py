@@ -1,0 +1,51 @@
+"""Lesson 13's exercises (notebook 13_pipeline_schedules): the interleaved schedule's bubble, and ZB-H1's
+order of work on one stage.
+"""
+
+import numpy as np
+
+from nnlib.exercises import Exercise
+
+LESSON = 13
+
+
+def interleaved_bubble(stages, micro_batches, chunks):
+    """The idle fraction of an interleaved 1F1B step with P equal stages, m micro-batches and v chunks per
+    stage: the fill and drain of (P - 1) chunk-steps, each 1/v of a stage's work, beside m whole ones."""
+    return (stages - 1) / (chunks * micro_batches + stages - 1)
+
+
+def zb_h1_order(stages, stage, micro_batches):
+    """ZB-H1's order of work on stage s of P, for m micro-batches: (kinds, micro) two int arrays (3m,),
+    kind 0 = F (forward), 1 = B (input gradient), 2 = W (weight gradient). The stage runs P - s - 1
+    forwards; then for k = 0 .. m-1: the next forward (if one is left), B of k, and the oldest waiting W
+    once more than s W's wait; then the W's still waiting, oldest first."""
+    ahead = min(stages - stage - 1, micro_batches)
+    order, waiting = [(0, k) for k in range(ahead)], []
+    for k in range(micro_batches):
+        order += [(0, ahead + k)] if ahead + k < micro_batches else []
+        order.append((1, k))
+        waiting.append(k)
+        if len(waiting) > stage:
+            order.append((2, waiting.pop(0)))
+    order += [(2, k) for k in waiting]
+    kinds, micro = np.array(order).T
+    return kinds, micro
+
+
+def interleaved_cases():
+    return [(2, 8, 2), (4, 8, 2), (4, 12, 3), (3, 5, 4), (1, 7, 2)]
+
+
+def zb_h1_cases():
+    return [(2, 0, 4), (2, 1, 4), (4, 0, 8), (4, 2, 8), (4, 3, 5), (3, 1, 2)]
+
+
+EXERCISES = [
+    Exercise("13.1", interleaved_bubble, interleaved_cases,
+             "1F1B idles (P - 1)/(m + P - 1) of a step; with v chunks each fill and drain step is 1/v as long, "
+             "so count the work in chunk-steps: v m of them, beside the P - 1 idle ones."),
+    Exercise("13.2", zb_h1_order, zb_h1_cases,
+             "keep a list of the micro-batches whose W waits; after each B, append to it, and run the oldest "
+             "W when the list holds more than s; the warm-up is 1F1B's (P - s - 1 forwards)."),
+]

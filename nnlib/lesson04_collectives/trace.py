@@ -1,0 +1,103 @@
+"""Timelines as Chrome trace-event JSON, which Perfetto (ui.perfetto.dev) and chrome://tracing open.
+
+The series records many timelines: each rank's phases of a data-parallel step ((step, phase,
+start, end) from train_parallel(..., timeline_steps=...): lessons 05 and 06; lesson 08's overlapped
+strategy, whose "communicate" phase waits for the buckets' Iallreduces still in flight (the buckets
+themselves are not timed); lesson 10's stalled run, whose waits for the missing rank are the
+others' "communicate" phase), each pipeline stage's computations (lessons 09, 13: (letter,
+micro-batch, start, end) in PipelineMLP.timeline), the parameter server's updates (lesson 11:
+AsyncHistory.worker and .seconds). Drawn with matplotlib they are pictures of fixed size; written
+as a trace they can be zoomed, searched and measured.
+
+The format (the Trace Event Format; Horovod's timeline and PyTorch's profiler write it too):
+``{"traceEvents": [...], "displayTimeUnit": "ms"}``, each event a dict with
+
+    ph    "X" a complete span (ts, dur), "i" an instant (ts), "M" metadata (names)
+    pid   the process: here one per rank
+    tid   the thread: here one per kind of work (a phase, "forward", "backward", ...)
+    ts    the start in microseconds; dur the length in microseconds (spans)
+    name  what it was ("F3": the forward of micro-batch 3); args: anything more, shown on click
+
+:class:`Span` is one piece of work; :func:`trace_events` turns spans into events (and names the
+processes and threads); :func:`write_trace` writes the file. The ``*_spans`` functions read the
+series' timelines.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+LESSON = 4
+
+#: A pipeline timeline's letters and the thread they go on.
+PIPELINE_THREADS = {"F": "forward", "B": "backward", "W": "weight gradient"}
+
+
+@dataclass(frozen=True)
+class Span:
+    """One piece of work: rank (the process), thread (the kind of work), name, start and end in seconds."""
+
+    rank: int
+    thread: str
+    name: str
+    start: float
+    end: float
+    args: dict = field(default_factory=dict, hash=False, compare=False)
+
+
+def trace_events(spans, instants=(), zero: float | None = None) -> list[dict]:
+    """Chrome trace events: process and thread names, then one "X" event per span, "i" per instant.
+
+    spans, instants: Span objects (an instant's end is ignored). Times become microseconds since
+    ``zero`` (default: the earliest start), so traces of different clocks all begin at 0.
+    Thread ids are given in order of first appearance, per rank.
+    """
+    spans, instants = list(spans), list(instants)
+    everything = spans + instants
+    if zero is None:
+        zero = min((span.start for span in everything), default=0.0)
+    threads: dict[tuple[int, str], int] = {}
+    for span in everything:
+        threads.setdefault((span.rank, span.thread), sum(rank == span.rank for rank, _ in threads) + 1)
+    events = [dict(ph="M", pid=rank, tid=0, name="process_name", args=dict(name=f"rank {rank}"))
+              for rank in sorted({rank for rank, _ in threads})]
+    events += [dict(ph="M", pid=rank, tid=tid, name="thread_name", args=dict(name=thread))
+               for (rank, thread), tid in threads.items()]
+    for span in spans:
+        events.append(dict(ph="X", pid=span.rank, tid=threads[span.rank, span.thread], name=span.name,
+                           ts=(span.start - zero) * 1e6, dur=(span.end - span.start) * 1e6, args=dict(span.args)))
+    for span in instants:
+        events.append(dict(ph="i", s="t", pid=span.rank, tid=threads[span.rank, span.thread], name=span.name,
+                           ts=(span.start - zero) * 1e6, args=dict(span.args)))
+    return events
+
+
+def write_trace(path, spans, instants=()) -> Path:
+    """Write the spans (and instants) as a Chrome trace-event JSON file; returns its path."""
+    path = Path(path)
+    path.write_text(json.dumps({"traceEvents": trace_events(spans, instants), "displayTimeUnit": "ms"}))
+    return path
+
+
+def phase_spans(timelines) -> list[Span]:
+    """Data-parallel phases: timelines[rank] = [(step, phase, start, end)] -> one span per phase, a thread per phase."""
+    return [Span(rank, phase, f"{phase} (step {step})", start, end, dict(step=step))
+            for rank, timeline in enumerate(timelines) for step, phase, start, end in timeline]
+
+
+def pipeline_spans(timelines) -> list[Span]:
+    """Pipeline stages: timelines[stage] = [(letter, micro-batch, start, end)] -> spans "F3", a thread per letter."""
+    return [Span(stage, PIPELINE_THREADS.get(letter, letter), f"{letter}{micro_batch}", start, end,
+                 dict(micro_batch=micro_batch))
+            for stage, timeline in enumerate(timelines) for letter, micro_batch, start, end in timeline]
+
+
+def update_instants(workers, seconds) -> list[Span]:
+    """The parameter server's updates (rank 0): one instant per update, on the thread of the worker that sent it.
+
+    workers[i], seconds[i]: who sent update i and when it was applied (AsyncHistory.worker, .seconds).
+    """
+    return [Span(0, f"updates from worker {worker}", f"update {index}", when, when, dict(worker=int(worker)))
+            for index, (worker, when) in enumerate(zip(workers, seconds))]

@@ -1,0 +1,56 @@
+"""Run under mpiexec with 1 to 4 ranks: lesson 13's schedules train exactly as sequential training.
+
+Interleaved 1F1B (v = 2 chunks per rank), ZB-H1 and ZB-H2 (the backward split into B and W, W
+deferred) on a network of 9 weight layers (uneven over 1-4 stages and over their 2-8 virtual
+stages), m = 3 and 7 micro-batches (not multiples of P), batches of 203 and 32 samples, sigmoid and
+softmax, float64: the parameters put together equal the sequential run's to 1e-10, and the peak of
+micro-batches alive on each stage is the schedule's (tests/test_pipeline_schedules.py). Bad settings
+fail on every rank at once.
+"""
+
+import numpy as np
+from harness import expect_error_everywhere, run_checks
+from mpi4py import MPI
+
+from nnlib import Network, train
+from nnlib.lesson13_pipeline_schedules.schedules import ScheduledPipeline, peak_alive, schedule_programs
+
+comm = MPI.COMM_WORLD
+rank, size = comm.rank, comm.size
+rng = np.random.default_rng(1)
+INPUTS, LABELS = rng.random((203, 10)), rng.integers(0, 3, 203)
+SIZES = (10, 9, 8, 8, 7, 7, 6, 6, 5, 3)  # 9 weight layers
+
+
+def test_equal_to_sequential_training():
+    for schedule, chunks in (("interleaved", 2), ("zb-h1", 1), ("zb-h2", 1)):
+        for output, micro_batches, settings in (("sigmoid", 3, dict(epochs=2, learning_rate=0.5)),
+                                                ("softmax", 7, dict(epochs=2, learning_rate=0.5, batch_size=32,
+                                                                    momentum=0.9, seed=5))):
+            sequential = Network(SIZES, output=output, dtype="float64", seed=3)
+            expected = train(sequential, INPUTS, LABELS, progress=False, **settings)
+            pipeline = ScheduledPipeline(comm, SIZES, output=output, dtype="float64", seed=3,
+                                         micro_batches=micro_batches, schedule=schedule, chunks=chunks)
+            history = train(pipeline, INPUTS, LABELS, progress=False, **settings)
+            full = pipeline.full_params()
+            error = np.abs(full - sequential.params).max() / np.abs(sequential.params).max()
+            where = f"{schedule} v={chunks} {output} m={micro_batches}"
+            assert error <= 1e-10, f"{where}: relative error {error:.1e}"
+            assert np.allclose(history.loss, expected.loss, rtol=1e-12), where
+            assert pipeline.accuracy(INPUTS, LABELS) == sequential.accuracy(INPUTS, LABELS), where
+            last_m = min(micro_batches, 203 % 32 if "batch_size" in settings else 203)
+            wanted = [peak_alive(instructions) for instructions in schedule_programs(schedule, size, last_m, chunks)]
+            assert comm.allgather(pipeline.peak_alive) == wanted, (where, wanted)
+
+
+def test_bad_settings_fail_on_every_rank():
+    expect_error_everywhere(lambda: ScheduledPipeline(comm, SIZES, schedule="zb-h3"), "schedule must be one of")
+    expect_error_everywhere(lambda: ScheduledPipeline(comm, SIZES, schedule="zb-h1", chunks=2), "chunks must be")
+    expect_error_everywhere(lambda: ScheduledPipeline(comm, (10, 3), schedule="interleaved", chunks=2),
+                            "every stage needs at least one")
+    if size > 1:
+        expect_error_everywhere(lambda: ScheduledPipeline(comm, SIZES, schedule="interleaved", chunks=1 + (rank == 0)),
+                                "the ranks disagree on the schedule and chunks")
+
+
+run_checks(globals())

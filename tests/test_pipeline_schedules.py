@@ -1,0 +1,150 @@
+"""Lesson 13's schedules on their own, without MPI: interleaved 1F1B, ZB-H1 and ZB-H2 as instruction lists.
+
+For P <= 8 stages, m <= 32 micro-batches (and v = 2, 3 chunks for interleaved): every (micro-batch,
+chunk) is forwarded, backwarded (B and W, or the whole backward) once per stage with the messages
+that carry it; every dependency holds on a clock (forward k of virtual stage j after that of j - 1,
+B after B of j + 1 and after its own forward, W after its B); the lists run to the end with
+blocking receives (no deadlock); the peak of micro-batches alive is as the module states. With equal
+stages the simulation gives the formulas exactly at P = 2 and 4. Each check is shown failing on a
+broken schedule.
+"""
+
+from collections import Counter
+
+import pytest
+
+from nnlib.lesson09_model_parallel.pipeline import Instruction, simulate
+from nnlib.lesson13_pipeline_schedules.schedules import (bubble_formula, interleaved, schedule_programs,
+                                                          simulated_bubble)
+
+CASES = [(stages, micro_batches) for stages in range(1, 9) for micro_batches in (1, 2, 3, 5, 8, 13, 32)]
+NEW = [("interleaved", 2), ("interleaved", 3), ("zb-h1", 1), ("zb-h2", 1)]
+SECONDS = {"forward": 1.0, "backward": 3.0, "backward_input": 1.5, "backward_weight": 1.5}
+
+
+def computed(instruction):
+    return instruction.kind in ("forward", "backward", "backward_input", "backward_weight")
+
+
+def count_problems(programs, micro_batches, chunks):
+    """Each (kind, k, chunk) of work once per stage; each message once, where a neighbour exists."""
+    stages, problems = len(programs), []
+    for stage, instructions in enumerate(programs):
+        split = any(i.kind == "backward_input" for i in instructions)
+        work = ("forward", "backward_input", "backward_weight") if split else ("forward", "backward")
+        expected = Counter()
+        for chunk in range(chunks):
+            virtual = chunk * stages + stage
+            kinds = list(work) + (["recv_forward", "send_backward"] if virtual > 0 else [])
+            kinds += ["send_forward", "recv_backward"] if virtual < chunks * stages - 1 else []
+            expected.update((kind, k, chunk) for kind in kinds for k in range(micro_batches))
+        got = Counter((i.kind, i.micro_batch, i.chunk) for i in instructions)
+        if got != expected:
+            problems.append(f"stage {stage}: {sorted((got - expected).items())[:3]} too many, "
+                            f"{sorted((expected - got).items())[:3]} missing")
+    return problems
+
+
+def dependency_problems(programs, chunks):
+    """Work that starts before what it needs has ended, from one run of the lists on a clock."""
+    stages = len(programs)
+    timelines = simulate(programs, lambda stage, kind: SECONDS[kind])
+    span = {}
+    for stage, (instructions, timeline) in enumerate(zip(programs, timelines)):
+        work = [i for i in instructions if computed(i)]
+        for instruction, (letter, k, start, end) in zip(work, timeline):
+            span[letter, k, instruction.chunk * stages + stage] = (start, end)
+    last, problems = chunks * stages - 1, []
+    for (letter, k, virtual), (start, _) in span.items():
+        needs = {"F": [("F", k, virtual - 1)] if virtual > 0 else [],
+                 "B": [("F", k, virtual)] + ([("B", k, virtual + 1)] if virtual < last else []),
+                 "W": [("B", k, virtual)]}[letter]
+        problems += [f"{letter}{k} of virtual stage {virtual} starts at {start} before {need} ends"
+                     for need in needs if need not in span or span[need][1] > start]
+    return problems
+
+
+def peaks(instructions):
+    """The most (micro-batch, chunk) pairs forwarded and not yet through their last backward."""
+    alive = peak = 0
+    for instruction in instructions:
+        alive += {"forward": 1, "backward": -1, "backward_weight": -1}.get(instruction.kind, 0)
+        peak = max(peak, alive)
+    return peak
+
+
+def expected_peak(name, stage, stages, m, chunks):
+    group = m if m < stages else -(-m // (m // stages))  # the first group: as even as possible, earlier larger
+    return {"interleaved": min((chunks - 1) * group + 2 * (stages - stage - 1) + 1, chunks * m),
+            "zb-h1": min(stages, m), "zb-h2": min(2 * stages - 1, m)}[name]
+
+
+@pytest.mark.parametrize("name, chunks", NEW)
+def test_every_unit_of_work_and_message_once(name, chunks):
+    for stages, m in CASES:
+        programs = schedule_programs(name, stages, m, chunks)
+        assert len(programs) == stages
+        assert count_problems(programs, m, chunks) == [], (stages, m)
+
+
+@pytest.mark.parametrize("name, chunks", NEW)
+def test_every_dependency_holds_and_nothing_deadlocks(name, chunks):
+    for stages, m in CASES:
+        assert dependency_problems(schedule_programs(name, stages, m, chunks), chunks) == [], (stages, m)
+
+
+@pytest.mark.parametrize("name, chunks", NEW)
+def test_peak_alive_is_as_stated(name, chunks):
+    for stages, m in CASES:
+        got = [peaks(instructions) for instructions in schedule_programs(name, stages, m, chunks)]
+        assert got == [expected_peak(name, s, stages, m, chunks) for s in range(stages)], (stages, m, got)
+
+
+def test_zb_h1_keeps_1f1b_count_waiting_for_b():
+    for stages, m in CASES:
+        for stage, instructions in enumerate(schedule_programs("zb-h1", stages, m)):
+            waiting = peak = 0
+            for instruction in instructions:
+                waiting += {"forward": 1, "backward_input": -1}.get(instruction.kind, 0)
+                peak = max(peak, waiting)
+            assert peak == min(stages - stage, m), (stages, m, stage)
+
+
+@pytest.mark.parametrize("stages", [2, 4])
+@pytest.mark.parametrize("name, chunks", [("1f1b", 1), ("gpipe", 1)] + NEW)
+def test_the_simulation_gives_the_formula_for_equal_stages(stages, name, chunks):
+    times = [(1.0, 1.0, 1.0), (1.0, 2.0, 1.0), (2.0, 1.0, 1.0), (1.0, 1.0, 0.5), (3.0, 2.0, 1.0)]
+    counts = (stages, 2 * stages, 3 * stages) if name != "zb-h2" else (2 * stages - 1, 2 * stages, 3 * stages)
+    for forward, backward, weight in times:
+        for m in counts:
+            equal = [dict(F=forward, B=backward, W=weight)] * stages
+            simulated = simulated_bubble(name, equal, m, chunks)
+            assert simulated == pytest.approx(bubble_formula(name, stages, m, (forward, backward, weight), chunks),
+                                              abs=1e-12), (forward, backward, weight, m)
+
+
+def test_the_new_schedules_shrink_the_bubble_as_stated():
+    one_f_one_b = bubble_formula("1f1b", 4, 8)
+    assert bubble_formula("zb-h1", 4, 8) < one_f_one_b and bubble_formula("interleaved", 4, 8, chunks=2) < one_f_one_b
+    zb_h1 = bubble_formula("zb-h1", 4, 8)  # idle / busy: a third of 1F1B's when F = B = W
+    assert zb_h1 / (1 - zb_h1) == pytest.approx(one_f_one_b / (1 - one_f_one_b) / 3)
+
+
+# -- each check fails on a broken schedule -----------------------------------------------------------
+
+def test_the_checks_catch_broken_lists():
+    programs = schedule_programs("zb-h1", 3, 4)
+    assert count_problems([p[:-1] if s == 1 else p for s, p in enumerate(programs)], 4, 1)
+    early = [list(p) for p in programs]  # stage 2's first W moved before its B
+    w, b = early[2].index(Instruction("backward_weight", 0)), early[2].index(Instruction("backward_input", 0))
+    early[2][w], early[2][b] = early[2][b], early[2][w]
+    assert any("W0 of virtual stage 2" in problem for problem in dependency_problems(early, 1))
+    assert peaks(schedule_programs("zb-h2", 3, 6)[0]) > peaks(schedule_programs("zb-h1", 3, 6)[0])
+
+
+def test_a_chunk_order_that_deadlocks_is_caught():
+    programs = interleaved(2, 2, 2)
+    stuck = [[i for i in p if not (i.kind == "send_forward" and i.chunk == 0)] if s == 1 else p
+             for s, p in enumerate(programs)]
+    with pytest.raises(RuntimeError, match="deadlocks"):
+        simulate(stuck, lambda stage, kind: 1.0)
