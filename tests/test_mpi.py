@@ -14,6 +14,8 @@ every (data x model) grid of both kinds does too.
 check_async.py (1 to 4 ranks): the parameter server with staleness bound 0 equals synchronous data
 parallelism; bounds are kept with a straggler. check_compression.py (1 to 4 ranks): compressed
 gradients equal the uncompressed ones where they must (float64, k = all), and learn otherwise.
+check_communication_light.py (1 to 4 ranks): local SGD with H = 1 equals synchronous training, PowerSGD
+at full rank the plain Allreduce; the bytes counted on the real calls are the formulas'.
 """
 
 from pathlib import Path
@@ -28,6 +30,7 @@ RUNS += [("check_allreduce.py", ranks) for ranks in range(1, 8)]
 RUNS += [(checker, ranks) for checker in ("check_tensor_parallel.py", "check_pipeline.py") for ranks in (1, 2, 3, 4)]
 RUNS += [("check_hybrid.py", ranks) for ranks in (2, 4)]
 RUNS += [(checker, ranks) for checker in ("check_async.py", "check_compression.py") for ranks in (1, 2, 3, 4)]
+RUNS += [("check_communication_light.py", ranks) for ranks in (1, 2, 3, 4)]
 
 
 @pytest.mark.parametrize("checker, ranks", RUNS)
