@@ -94,6 +94,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "default: unbounded)")
     parser.add_argument("--slow", default=None, metavar="RANK:SECONDS",
                         help="make rank RANK a straggler: SECONDS more per step")
+    add_talking_less_arguments(parser)
+    parser.add_argument("--fault", default=None, metavar="RANK:STEP:KIND",
+                        help="for lessons and tests: rank RANK fails after global step STEP; KIND is raise, exit, "
+                             "kill (SIGKILL) or hang")
+
+
+def add_talking_less_arguments(parser: argparse.ArgumentParser) -> None:
+    """Lesson 11's PowerSGD and local SGD / DiLoCo options."""
     parser.add_argument("--rank", type=int, default=None,
                         help="with --compression powersgd: R, the rank of each weight gradient's approximation")
     parser.add_argument("--local-steps", type=int, default=None, metavar="H",
@@ -103,9 +111,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --local-steps: average (local SGD) or nesterov (DiLoCo, outer momentum 0.9)")
     parser.add_argument("--outer-learning-rate", type=float, default=None,
                         help="with --local-steps: the outer step's rate (default 1 for average, 0.7 for nesterov)")
-    parser.add_argument("--fault", default=None, metavar="RANK:STEP:KIND",
-                        help="for lessons and tests: rank RANK fails after global step STEP; KIND is raise, exit, "
-                             "kill (SIGKILL) or hang")
 
 
 JOB_STRATEGIES = ("parameter_server", "reduce_broadcast", "allreduce", "zero", "overlap")  # lessons 05 and 08
