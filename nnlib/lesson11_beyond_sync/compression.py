@@ -34,8 +34,8 @@ import numpy as np
 from mpi4py import MPI
 
 from nnlib.lesson02_network.arrays import through_host, to_numpy
-from nnlib.lesson04_collectives.costmodel import ring_allgather_time, ring_allreduce_time
 from nnlib.lesson04_collectives.collectives import raised_on_every_rank
+from nnlib.lesson04_collectives.costmodel import ring_allgather_time, ring_allreduce_time
 from nnlib.lesson05_data_parallel.data_parallel import DataParallel
 
 LESSON = 11
