@@ -120,19 +120,22 @@ class CompressedAllreduce(DataParallel):
     """Data parallelism whose step sends compressed gradients (a :class:`Compressor`), then updates.
 
     ``train_parallel(..., strategy=compressed("topk", k=1000))`` trains this way. ``compressor``: another
-    object with ``allreduce(comm, grads)`` (nnlib.lesson11_beyond_sync.powersgd's), in place of a Compressor.
+    object with ``allreduce(comm, grads)``, a ``name`` and what it keeps between steps (``kept_between_steps``,
+    which checkpoints would lose), in place of a Compressor: nnlib.lesson11_beyond_sync.powersgd's.
     """
 
     def __init__(self, comm, network, method: str, k: int | None = None, compressor=None):
         super().__init__(comm, network)
-        self.compression, self.name = method, method if k is None else f"{method} (k = {k})"
+        self.compression = method
         if compressor is None:
-            compressor = Compressor(method, network.num_params, to_numpy(network.params[:1]).dtype, k)
-        self.compressor, self.name = compressor, getattr(compressor, "name", self.name)
+            self.name = method if k is None else f"{method} (k = {k})"
+            self.compressor = Compressor(method, network.num_params, to_numpy(network.params[:1]).dtype, k)
+        else:
+            self.name, self.compressor = compressor.name, compressor
 
     def begin(self, run) -> None:
         super().begin(run)
-        if getattr(self.compressor, "kept_between_steps", None):
+        if getattr(self.compressor, "kept_between_steps", None):  # (top-k's residual: refused by lesson 10's hook)
             refuse_checkpoints(run, self.compressor.kept_between_steps)
 
     def step(self, run) -> None:
