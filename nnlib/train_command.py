@@ -195,6 +195,9 @@ def check_talking_less(args) -> None:
         raise ValueError("--rank is PowerSGD's: add --compression powersgd, or drop --rank")
     if args.compression == "powersgd" and args.checkpoint_dir:
         raise ValueError("checkpoints do not keep PowerSGD's Q and residuals: drop --checkpoint-dir")
+    if args.compression != "none" and args.model_parallel != "none":
+        raise ValueError("--compression compresses data parallelism's gradients: it does not go with "
+                         "--model-parallel; drop one of them")
     if args.local_steps is None:
         if args.outer_optimizer != "average" or args.outer_learning_rate is not None:
             raise ValueError("--outer-optimizer and --outer-learning-rate are local SGD's: add --local-steps H")

@@ -112,6 +112,8 @@ def test_counting_comm_counts_the_messages_and_their_alpha_beta_time():
     (2, ["--compression", "powersgd", "--rank", "2", "--checkpoint-dir", "/tmp/never"],
      "checkpoints do not keep PowerSGD's Q and residuals"),
     (3, ["--compression", "powersgd", "--rank", "2", "--asynchronous"], "--asynchronous does not go with --compression"),
+    (2, ["--compression", "powersgd", "--rank", "2", "--model-parallel", "tensor"],
+     "--compression compresses data parallelism's gradients: it does not go with --model-parallel"),
 ])
 def test_the_new_flags_are_refused_on_every_rank_at_once(ranks, arguments, message):
     run = run_training(ranks, *SMALL, *arguments, timeout=60)
