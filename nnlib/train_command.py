@@ -21,6 +21,10 @@ Beyond synchronous SGD (lesson 11): ``--compression float16|bfloat16|topk`` (``-
 compressed gradients (nnlib.lesson11_beyond_sync.compression); ``--asynchronous`` makes rank 0 a parameter server
 applying each worker's gradient as it arrives, ``--staleness S`` bounds how far a worker may run
 ahead (nnlib.lesson11_beyond_sync.asynchronous); ``--slow RANK:SECONDS`` makes one rank a straggler, in either mode.
+Talking less (lesson 11): ``--compression powersgd --rank R`` sends each weight gradient as a rank-R
+approximation (nnlib.lesson11_beyond_sync.powersgd); ``--local-steps H --outer-optimizer average|nesterov
+--outer-learning-rate ETA`` is local SGD or DiLoCo (nnlib.lesson11_beyond_sync.local_sgd). With any
+compression or local steps the job counts the bytes each rank hands to Allreduce and Allgather.
 """
 
 from __future__ import annotations
@@ -81,8 +85,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="pipeline schedule (lesson 09: gpipe, 1f1b; lesson 13: interleaved 1F1B, the zero-bubble "
                              "ZB-H1 and ZB-H2)")
     parser.add_argument("--compression", default="none",
-                        help="gradients sent as none (float64/32), float16, bfloat16 or topk (with --topk K and "
-                             "error feedback); with --strategy allreduce (lesson 11)")
+                        help="gradients sent as none (float64/32), float16, bfloat16, topk (with --topk K and "
+                             "error feedback) or powersgd (with --rank R); with --strategy allreduce (lesson 11)")
     parser.add_argument("--topk", type=int, default=None, help="K, the gradient entries each rank sends (topk)")
     parser.add_argument("--asynchronous", action="store_true",
                         help="rank 0 is a parameter server applying each worker's gradient as it arrives; the "
@@ -92,6 +96,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "default: unbounded)")
     parser.add_argument("--slow", default=None, metavar="RANK:SECONDS",
                         help="make rank RANK a straggler: SECONDS more per step")
+    add_talking_less_arguments(parser)
     parser.add_argument("--fault", default=None, metavar="RANK:STEP:KIND",
                         help="for lessons and tests: rank RANK fails after global step STEP; KIND is raise, exit, "
                              "kill (SIGKILL) or hang")
@@ -109,6 +114,19 @@ def add_schedule_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 TRACE_STEPS = 20  # --trace: the data-parallel steps whose phases are written
+
+
+def add_talking_less_arguments(parser: argparse.ArgumentParser) -> None:
+    """Lesson 11's PowerSGD and local SGD / DiLoCo options."""
+    parser.add_argument("--rank", type=int, default=None,
+                        help="with --compression powersgd: R, the rank of each weight gradient's approximation")
+    parser.add_argument("--local-steps", type=int, default=None, metavar="H",
+                        help="local SGD / DiLoCo: each rank takes H steps alone, then the ranks average their "
+                             "parameter changes (one Allreduce); needs --sampler per_rank")
+    parser.add_argument("--outer-optimizer", choices=("average", "nesterov"), default="average",
+                        help="with --local-steps: average (local SGD) or nesterov (DiLoCo, outer momentum 0.9)")
+    parser.add_argument("--outer-learning-rate", type=float, default=None,
+                        help="with --local-steps: the outer step's rate (default 1 for average, 0.7 for nesterov)")
 
 
 JOB_STRATEGIES = ("parameter_server", "reduce_broadcast", "allreduce", "zero", "overlap")  # lessons 05 and 08
@@ -150,7 +168,8 @@ def check_compression_and_asynchrony(args, ranks: int) -> None:
     if args.dtype not in ("float32", "float64"):
         raise ValueError(f"--dtype must be float32 or float64 (the network's numbers; 16-bit formats are "
                          f"--compression float16 or bfloat16); got {args.dtype!r}")
-    problems = check_method(args.compression, args.topk, count_parameters((784, *args.hidden, 10)))
+    problems = [] if args.compression == "powersgd" else check_method(args.compression, args.topk,
+                                                                      count_parameters((784, *args.hidden, 10)))
     if problems:
         raise ValueError(problems[0].replace("compression=", "--compression ").replace("k=", "--topk ")
                          .replace("needs k", "needs --topk K"))
@@ -174,8 +193,43 @@ def check_compression_and_asynchrony(args, ranks: int) -> None:
                         (args.strategy != "allreduce", "--strategy"), (args.fault, "--fault")]:
         if given:
             raise ValueError(f"--asynchronous does not go with {name} (yet): drop one of them")
+    if args.local_steps is not None:
+        raise ValueError("--asynchronous does not go with --local-steps: the server applies every gradient as it "
+                         "arrives, local SGD averages every H steps together; drop one of them")
     if not args.batch_size:
         raise ValueError("--asynchronous needs mini-batches: give --batch-size (the global batch, shared by the workers)")
+
+
+def check_talking_less(args) -> None:
+    """--compression powersgd --rank, --local-steps and the outer optimizer: what each needs and refuses (lesson 11)."""
+    from nnlib.lesson11_beyond_sync.local_sgd import DILOCO_MOMENTUM, check_local_sgd
+    from nnlib.lesson11_beyond_sync.powersgd import check_rank
+
+    if args.compression == "powersgd" and check_rank(args.rank):
+        raise ValueError(f"--compression powersgd needs --rank R, a whole number, 1 or more; got {args.rank}")
+    if args.compression != "powersgd" and args.rank is not None:
+        raise ValueError("--rank is PowerSGD's: add --compression powersgd, or drop --rank")
+    if args.compression == "powersgd" and args.checkpoint_dir:
+        raise ValueError("checkpoints do not keep PowerSGD's Q and residuals: drop --checkpoint-dir")
+    if args.compression != "none" and args.model_parallel != "none":
+        raise ValueError("--compression compresses data parallelism's gradients: it does not go with "
+                         "--model-parallel; drop one of them")
+    if args.local_steps is None:
+        if args.outer_optimizer != "average" or args.outer_learning_rate is not None:
+            raise ValueError("--outer-optimizer and --outer-learning-rate are local SGD's: add --local-steps H")
+        return
+    problems = check_local_sgd(args.local_steps, args.outer_optimizer, args.outer_learning_rate, DILOCO_MOMENTUM)
+    if problems:
+        raise ValueError("; ".join(problems).replace("the local steps H", "--local-steps H")
+                         .replace("the outer learning rate", "--outer-learning-rate"))
+    for given, name in [(args.compression != "none", "--compression (it sends parameter changes, not gradients)"),
+                        (args.strategy != "allreduce", "--strategy"), (args.model_parallel != "none", "--model-parallel"),
+                        (args.checkpoint_dir, "--checkpoint-dir")]:
+        if given:
+            raise ValueError(f"--local-steps does not go with {name}: drop one of them")
+    if args.sampler != "per_rank" or not args.batch_size:
+        raise ValueError("--local-steps needs --sampler per_rank and mini-batches (--batch-size): each rank steps "
+                         "on batches of its own shard")
 
 
 def straggler(slow: dict, rank: int):
@@ -267,6 +321,7 @@ def check_settings(args, ranks: int) -> None:
         check_model_parallel(args)
     check_compression_and_asynchrony(args, ranks)
     check_schedule_and_trace(args)
+    check_talking_less(args)
 
 
 def train_job(args) -> int:
@@ -347,7 +402,15 @@ def job_network(args, comm):
 
 
 def job_strategy(args):
-    """What train_parallel takes for --strategy and --compression."""
+    """What train_parallel takes for --strategy, --compression and --local-steps."""
+    if args.local_steps is not None:
+        from nnlib.lesson11_beyond_sync.local_sgd import local_sgd
+
+        return local_sgd(args.local_steps, args.outer_optimizer, args.outer_learning_rate)
+    if args.compression == "powersgd":
+        from nnlib.lesson11_beyond_sync.powersgd import powersgd
+
+        return powersgd(args.rank, seed=args.seed)
     if args.compression != "none":
         from nnlib.lesson11_beyond_sync.compression import compressed
 
@@ -389,13 +452,15 @@ def data_parallel_job(args, comm, settings, data, test) -> int:
     from nnlib.lesson05_data_parallel import gather_phase_seconds, gather_timeline, shard, train_parallel
     from nnlib.lesson07_gpu.backend import HostStaging
     from nnlib.lesson08_inside_allreduce.sampling import PerRankBatches
+    from nnlib.lesson11_beyond_sync.compression import CountingComm
 
     network, gpu_index = job_network(args, comm)
     on_gpu = not is_numpy(network.xp)
     local_inputs, local_labels, start = shard(comm, *data)
     announce(args, comm, network, comm.gather(gpu_index if on_gpu else None, root=0))
+    counting = CountingComm(comm)  # (what each rank hands to Allreduce and Allgather: lesson 11)
     with comm.guard():  # a rank that raises tells the others, which stop at once
-        history = train_parallel(HostStaging(comm, network.xp) if on_gpu else comm, network, local_inputs,
+        history = train_parallel(HostStaging(counting, network.xp) if on_gpu else counting, network, local_inputs,
                                  local_labels, num_samples=args.samples, start=start, settings=settings,
                                  strategy=job_strategy(args), progress=True, hooks=job_hooks(args, comm, network),
                                  batches=PerRankBatches if args.sampler == "per_rank" else None,
@@ -407,8 +472,20 @@ def data_parallel_job(args, comm, settings, data, test) -> int:
         save_trace(args.trace, phase_spans(timelines))
     if comm.rank == 0:
         report(args, comm.size, history, phases, network.accuracy(*test), network.get_params(),
-               network.layer_sizes, args.strategy)
+               network.layer_sizes, dict(strategy=np.array(args.strategy), **sent_arrays(args, counting, history)))
     return 0
+
+
+def sent_arrays(args, counting, history) -> dict:
+    """With compression or local steps, rank 0 says what it handed to Allreduce and Allgather; the arrays to save:
+    sent_collectives (names), sent_message_bytes, sent_counts (one per kind of call), sent_bytes (the total)."""
+    calls = sorted(counting.calls.items())
+    if args.compression != "none" or args.local_steps is not None:
+        print(f"sent by rank 0: {counting.bytes_sent:,} bytes in {sum(count for _, count in calls)} calls "
+              f"({counting.bytes_sent / history.steps:,.0f} bytes per step on average)", flush=True)
+    return dict(sent_collectives=np.array([name for (name, _), _ in calls]),
+                sent_message_bytes=np.array([nbytes for (_, nbytes), _ in calls]),
+                sent_counts=np.array([count for _, count in calls]), sent_bytes=np.array(counting.bytes_sent))
 
 
 def announce(args, comm, network, gpus) -> None:
@@ -419,7 +496,9 @@ def announce(args, comm, network, gpus) -> None:
         return
     print(f"{comm.size} ranks, strategy {args.strategy}, network {'-'.join(map(str, network.layer_sizes))}, "
           f"{args.samples} samples, global batch {args.batch_size or 'full'}", flush=True)
-    if args.compression != "none":
+    if args.compression == "powersgd" or args.local_steps is not None:
+        announce_talking_less(args, network)
+    elif args.compression != "none":
         from nnlib.lesson11_beyond_sync.compression import message_bytes
 
         print(f"gradients compressed: {args.compression}{f' (k = {args.topk})' if args.topk else ''}, "
@@ -431,8 +510,23 @@ def announce(args, comm, network, gpus) -> None:
               flush=True)
 
 
-def report(args, ranks, history, phases, test_accuracy, params, layer_sizes, strategy) -> None:
-    """On rank 0: print the test accuracy and every rank's seconds per phase; write --output if given."""
+def announce_talking_less(args, network) -> None:
+    """Rank 0 says what PowerSGD sends per step, or how often local SGD talks."""
+    if args.local_steps is not None:
+        kind = "DiLoCo (Nesterov outer steps)" if args.outer_optimizer == "nesterov" else "local SGD (averaging)"
+        print(f"{kind}: each rank takes {args.local_steps} steps alone, then one Allreduce of "
+              f"{network.params.nbytes:,} bytes (and at the end of every epoch)", flush=True)
+        return
+    from nnlib.lesson11_beyond_sync.powersgd import message_bytes
+
+    first, second = message_bytes(network.layer_sizes, args.rank, network.params.dtype.itemsize)
+    print(f"gradients compressed: powersgd (rank {args.rank}), two Allreduces of {first:,} and {second:,} bytes "
+          f"per rank per step instead of {network.params.nbytes:,}", flush=True)
+
+
+def report(args, ranks, history, phases, test_accuracy, params, layer_sizes, more: dict) -> None:
+    """On rank 0: print the test accuracy and every rank's seconds per phase; write --output if given, with the
+    arrays of ``more`` (the strategy's name among them)."""
     from nnlib.lesson05_data_parallel import PHASES
 
     print(f"test accuracy {test_accuracy:.4f}; seconds per phase (summed over the run):")
@@ -443,7 +537,7 @@ def report(args, ranks, history, phases, test_accuracy, params, layer_sizes, str
         save_npz(args.output, params=params, layer_sizes=np.array(layer_sizes), loss=np.array(history.loss),
                  train_accuracy=np.array(history.train_accuracy), epoch_seconds=np.array(history.seconds),
                  phase_seconds=phases, phases=np.array(PHASES), test_accuracy=np.array(test_accuracy),
-                 ranks=np.array(ranks), strategy=np.array(strategy))
+                 ranks=np.array(ranks), **more)
         print(f"wrote {args.output}")
 
 
@@ -494,7 +588,8 @@ def model_parallel_job(args, comm, settings, data, test) -> int:
     phases = gather_phase_seconds(comm, history)
     timelines = comm.gather(network.timeline if args.trace else [], root=0)  # each stage's last step
     if comm.rank == 0:
-        report(args, comm.size, history, phases, test_accuracy, params, sizes, f"{args.model_parallel} x {model_size}")
+        report(args, comm.size, history, phases, test_accuracy, params, sizes,
+               dict(strategy=np.array(f"{args.model_parallel} x {model_size}")))
         if args.trace:
             from nnlib.lesson04_collectives.trace import pipeline_spans
             save_trace(args.trace, pipeline_spans(timelines))

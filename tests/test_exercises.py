@@ -23,7 +23,7 @@ from nnlib.lesson04_collectives import collectives, costmodel
 from nnlib.lesson06_scaling import scaling
 from nnlib.lesson08_inside_allreduce import allreduce
 from nnlib.lesson09_model_parallel import pipeline
-from nnlib.lesson11_beyond_sync import compression
+from nnlib.lesson11_beyond_sync import compression, local_sgd, powersgd
 from nnlib.lesson13_pipeline_schedules import schedules
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -68,6 +68,29 @@ def momentum_step_by_nnlib(params, velocity, grads, learning_rate, momentum):
     return params, velocity
 
 
+def powersgd_approximation_by_nnlib(gradients, q):
+    """nnlib's PowerSGD compressor on one rank holding the sum of the gradients: both of its Allreduces add up
+    products linear in the gradients, so one rank with the sum computes what the ranks compute together."""
+    class OneRank:
+        size = 1
+
+        def Allreduce(self, sendbuf, recvbuf, op=None):
+            pass  # one rank: the sum is its own
+
+    rows, columns = gradients.shape[1:]
+    compressor = powersgd.PowerSGDCompressor([(rows, columns)], q.shape[1], np.float64)
+    compressor.qs = [q.copy()]
+    flat = np.concatenate([gradients.sum(axis=0).ravel(), np.zeros(columns)])
+    compressor.allreduce(OneRank(), flat)
+    return flat[:rows * columns].reshape(rows, columns)
+
+
+def diloco_outer_step_by_nnlib(anchor, worker_params, velocity, learning_rate, momentum):
+    anchor, velocity = anchor.copy(), velocity.copy()
+    local_sgd.outer_step(anchor, (anchor - worker_params).mean(axis=0), velocity, learning_rate, momentum)
+    return anchor, velocity
+
+
 # nnlib's own function for each exercise that has one: the lesson and the check cannot disagree.
 NNLIB = {
     "00.1": count_parameters,
@@ -91,6 +114,8 @@ NNLIB = {
     "09.3": pipeline.bubble_fraction,
     "11.1": compression.to_bfloat16,
     "11.2": top_k_step_by_nnlib,
+    "11.3": powersgd_approximation_by_nnlib,
+    "11.4": diloco_outer_step_by_nnlib,
     "13.1": lambda stages, micro_batches, chunks: schedules.bubble_formula("interleaved", stages, micro_batches,
                                                                           chunks=chunks),
     "13.2": lambda stages, stage, micro_batches: zb_h1_order_by_nnlib(stages, stage, micro_batches),

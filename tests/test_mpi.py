@@ -15,6 +15,8 @@ interleaved, ZB-H1 and ZB-H2 schedules train exactly as sequential.
 check_async.py (1 to 4 ranks): the parameter server with staleness bound 0 equals synchronous data
 parallelism; bounds are kept with a straggler. check_compression.py (1 to 4 ranks): compressed
 gradients equal the uncompressed ones where they must (float64, k = all), and learn otherwise.
+check_communication_light.py (1 to 4 ranks): local SGD with H = 1 equals synchronous training, PowerSGD
+at full rank the plain Allreduce; the bytes counted on the real calls are the formulas'.
 """
 
 from pathlib import Path
@@ -30,6 +32,7 @@ RUNS += [(checker, ranks) for checker in ("check_tensor_parallel.py", "check_pip
 RUNS += [("check_hybrid.py", ranks) for ranks in (2, 4)]
 RUNS += [("check_schedules.py", ranks) for ranks in (1, 2, 3, 4)]
 RUNS += [(checker, ranks) for checker in ("check_async.py", "check_compression.py") for ranks in (1, 2, 3, 4)]
+RUNS += [("check_communication_light.py", ranks) for ranks in (1, 2, 3, 4)]
 
 
 @pytest.mark.parametrize("checker, ranks", RUNS)

@@ -21,14 +21,20 @@ decoded messages (an ``Allgather``: MPI cannot add float16, bfloat16 or sparse v
   everything and equals it to rounding (the sum's order differs); the tests check that.
 
 Bytes per step and the alpha-beta time of each exchange: :func:`message_bytes`, :func:`exchange_time`.
+What a whole run hands to MPI, counted on the real calls: :class:`CountingComm`; the alpha-beta time
+of those calls on any number of ranks: :func:`counted_seconds` (lesson 11's other ways of talking
+less, nnlib.lesson11_beyond_sync.powersgd and local_sgd, are counted the same way).
 """
 
 from __future__ import annotations
+
+from collections import Counter
 
 import numpy as np
 from mpi4py import MPI
 
 from nnlib.lesson02_network.arrays import through_host, to_numpy
+from nnlib.lesson04_collectives.collectives import raised_on_every_rank
 from nnlib.lesson04_collectives.costmodel import ring_allgather_time, ring_allreduce_time
 from nnlib.lesson05_data_parallel.data_parallel import DataParallel
 
@@ -113,13 +119,24 @@ class Compressor:
 class CompressedAllreduce(DataParallel):
     """Data parallelism whose step sends compressed gradients (a :class:`Compressor`), then updates.
 
-    ``train_parallel(..., strategy=compressed("topk", k=1000))`` trains this way.
+    ``train_parallel(..., strategy=compressed("topk", k=1000))`` trains this way. ``compressor``: another
+    object with ``allreduce(comm, grads)``, a ``name`` and what it keeps between steps (``kept_between_steps``,
+    which checkpoints would lose), in place of a Compressor: nnlib.lesson11_beyond_sync.powersgd's.
     """
 
-    def __init__(self, comm, network, method: str, k: int | None = None):
+    def __init__(self, comm, network, method: str, k: int | None = None, compressor=None):
         super().__init__(comm, network)
-        self.compression, self.name = method, method if k is None else f"{method} (k = {k})"
-        self.compressor = Compressor(method, network.num_params, to_numpy(network.params[:1]).dtype, k)
+        self.compression = method
+        if compressor is None:
+            self.name = method if k is None else f"{method} (k = {k})"
+            self.compressor = Compressor(method, network.num_params, to_numpy(network.params[:1]).dtype, k)
+        else:
+            self.name, self.compressor = compressor.name, compressor
+
+    def begin(self, run) -> None:
+        super().begin(run)
+        if getattr(self.compressor, "kept_between_steps", None):  # (top-k's residual: refused by lesson 10's hook)
+            refuse_checkpoints(run, self.compressor.kept_between_steps)
 
     def step(self, run) -> None:
         run.phase("communicate")
@@ -161,3 +178,50 @@ def exchange_time(method: str, num_params: int, ranks: int, alpha: float, beta: 
     else:
         parts = [message_bytes(method, num_params, k, itemsize)]
     return float(sum(ring_allgather_time(part, ranks, alpha, beta) for part in parts))
+
+
+class CountingComm:
+    """A communicator that counts what this rank hands to ``Allreduce`` and ``Allgather``; everything else is the
+    wrapped one's (``train_parallel(CountingComm(comm), ...)``, also around a watched or staging communicator).
+
+    ``calls`` is a Counter {(collective, bytes of this rank's message): how many calls}: the send buffer's
+    bytes (for an in-place Allreduce, the buffer summed in place). Every such call of a run is counted, the
+    loss's two numbers summed once per epoch included.
+    """
+
+    COUNTED = ("Allreduce", "Allgather")
+
+    def __init__(self, comm):
+        self.comm, self.calls = comm, Counter()
+
+    def __getattr__(self, name):
+        method = getattr(self.comm, name)
+        if name not in CountingComm.COUNTED:
+            return method
+
+        def counted(sendbuf, recvbuf, *args, **keywords):
+            message = recvbuf if sendbuf is MPI.IN_PLACE else sendbuf
+            self.calls[name, int(message.nbytes)] += 1
+            return method(sendbuf, recvbuf, *args, **keywords)
+
+        return counted
+
+    @property
+    def bytes_sent(self) -> int:
+        """The bytes of all counted messages of this rank: sum over calls of their message's bytes."""
+        return sum(nbytes * count for (_, nbytes), count in self.calls.items())
+
+
+def counted_seconds(calls, ranks: int, alpha: float, beta: float) -> float:
+    """The alpha-beta time of counted calls ({(collective, bytes): count}, :class:`CountingComm`) on ``ranks`` ranks:
+    a ring Allreduce of the message's n bytes, or a ring Allgather of every rank's b bytes, per call."""
+    formulas = {"Allreduce": ring_allreduce_time, "Allgather": ring_allgather_time}
+    return float(sum(count * formulas[name](nbytes, ranks, alpha, beta) for (name, nbytes), count in calls.items()))
+
+
+def refuse_checkpoints(run, what: str) -> None:
+    """The same ValueError on every rank if the run writes checkpoints (lesson 10): they would not keep ``what``."""
+    from nnlib.lesson10_faults.checkpoint import Checkpointing
+
+    if any(isinstance(hook, Checkpointing) for hook in run.hooks):
+        raise raised_on_every_rank(ValueError(f"checkpoints do not keep {what}: run it without checkpoints"))
