@@ -71,9 +71,6 @@ def test_the_summary_under_the_map_names_the_last_lesson():
 MAX_OUTPUT_WIDTH = 100  # characters of one output line
 MAX_CODE_LINES = 25  # lines of one code cell
 MAX_MARKDOWN_WORDS = 150  # words of one markdown cell
-# Lines nnlib itself writes, which a notebook cannot wrap without changing nnlib: the exercise
-# checker's verdict ("✗ 04.1 scatterv_counts: not written yet: ...") and its hint. Only these are let through.
-NNLIB_OWN_LINES = re.compile(r"^(✗ \d{2}\.\d \w+: |  Hint: )")
 ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
 WORD = re.compile(r"\w")  # a word has a letter or a digit: table rules and bullets are not words
 
@@ -90,9 +87,9 @@ def output_lines(cell):
 
 
 def wide_output_lines(cells, width: int = MAX_OUTPUT_WIDTH) -> list[tuple[int, int]]:
-    """(cell index, characters) of each saved output line wider than ``width``, nnlib's own lines aside."""
+    """(cell index, characters) of each saved output line wider than ``width``."""
     return [(index, len(line)) for index, cell in enumerate(cells) if cell.cell_type == "code"
-            for line in output_lines(cell) if len(line) > width and not NNLIB_OWN_LINES.match(line)]
+            for line in output_lines(cell) if len(line) > width]
 
 
 def long_code_cells(cells, limit: int = MAX_CODE_LINES) -> list[tuple[int, int]]:
@@ -121,12 +118,12 @@ def test_every_cell_fits_a_classroom(path):
         f"{path.name}: (cell index, size) of each cell over a classroom limit"
 
 
-def synthetic_cells(code_lines: int, words: int, width: int, nnlib_line: str = ""):
+def synthetic_cells(code_lines: int, words: int, width: int, extra_line: str = ""):
     """A notebook's cells: one markdown cell of ``words`` words, one code cell of ``code_lines``
-    lines whose output has a line of ``width`` characters (and ``nnlib_line`` after it)."""
+    lines whose output has a line of ``width`` characters (and ``extra_line`` after it)."""
     from nbformat.v4 import new_code_cell, new_markdown_cell, new_output
     code = new_code_cell("\n".join(f"x{line} = {line}" for line in range(code_lines)))
-    code.outputs = [new_output("stream", name="stdout", text="x" * width + "\n" + nnlib_line)]
+    code.outputs = [new_output("stream", name="stdout", text="x" * width + "\n" + extra_line)]
     return [new_markdown_cell(" ".join(["word"] * words) + "\n\n| a | b |\n|---|---|"), code]
 
 
@@ -142,10 +139,9 @@ def test_the_checks_notice_a_cell_one_over_each_limit():
     assert long_markdown_cells(cells) == [(0, MAX_MARKDOWN_WORDS + 1)]  # the table's two cells count too
 
 
-def test_only_the_exercise_checkers_own_lines_may_be_wide():
+def test_the_exercise_checkers_lines_are_held_to_the_width_too():
     verdict = "✗ 04.1 scatterv_counts: not written yet: it returns None. " + "x" * MAX_OUTPUT_WIDTH
-    assert wide_output_lines(synthetic_cells(1, 1, 10, verdict)) == []
-    assert wide_output_lines(synthetic_cells(1, 1, 10, "rank 0: " + verdict)) == [(1, len(verdict) + 8)]
+    assert wide_output_lines(synthetic_cells(1, 1, 10, verdict)) == [(1, len(verdict))]
 
 
 # -- no timing in the outputs nbval compares ---------------------------------------------------------
