@@ -1,0 +1,10 @@
+"""Lesson 12 (notebooks/12_memory.ipynb): training a network bigger than one rank can hold.
+
+    fsdp             ZeRO stage 3 / FSDP: parameters, gradients and momentum sharded; a layer gathered to compute
+    recompute        activation recomputation: keep every k-th layer's input, recompute the rest in backward
+    accumulation     gradient accumulation: k micro-batches per step, nothing sent before the last
+    mixed_precision  float16 storage, float32 compute and master weights, dynamic loss scaling
+    traffic          the bytes each rank sends, counted on the real MPI calls, against the formulas
+"""
+
+LESSON = 12
