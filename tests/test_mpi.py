@@ -14,6 +14,8 @@ every (data x model) grid of both kinds does too.
 check_async.py (1 to 4 ranks): the parameter server with staleness bound 0 equals synchronous data
 parallelism; bounds are kept with a straggler. check_compression.py (1 to 4 ranks): compressed
 gradients equal the uncompressed ones where they must (float64, k = all), and learn otherwise.
+check_memory.py (1 to 4 and 7 ranks): ZeRO-3 / FSDP, gradient accumulation and recomputation train
+exactly as sequential; FSDP's bytes sent, counted on the real calls, against the formula.
 """
 
 from pathlib import Path
@@ -28,6 +30,7 @@ RUNS += [("check_allreduce.py", ranks) for ranks in range(1, 8)]
 RUNS += [(checker, ranks) for checker in ("check_tensor_parallel.py", "check_pipeline.py") for ranks in (1, 2, 3, 4)]
 RUNS += [("check_hybrid.py", ranks) for ranks in (2, 4)]
 RUNS += [(checker, ranks) for checker in ("check_async.py", "check_compression.py") for ranks in (1, 2, 3, 4)]
+RUNS += [("check_memory.py", ranks) for ranks in (1, 2, 3, 4, 7)]
 
 
 @pytest.mark.parametrize("checker, ranks", RUNS)

@@ -164,7 +164,7 @@ class FullySharded(DataParallel):
     name = "fsdp"
 
     def __init__(self, comm, network):
-        if not isinstance(network, FullyShardedNetwork):
+        if not all(isinstance(layer, ShardedLayer) for layer in network.layers):  # (maybe wrapped: MicroBatched)
             raise TypeError(f"strategy fsdp trains a FullyShardedNetwork; got {type(network).__name__}")
         if network.comm.size != comm.size:
             raise ValueError(f"the network is sharded over {network.comm.size} ranks but the run has {comm.size}")
