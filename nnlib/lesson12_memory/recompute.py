@@ -93,3 +93,4 @@ def recomputed_backward(layers, kept, output, delta, accumulate: bool, tally: Ta
         gradient = backward_layers(layers[start:stop], segment, delta, accumulate, hook, input_gradient=start > 0)
         if start > 0:
             delta = layers[start - 1].logits_gradient(gradient, kept[start])
+        segment = gradient = None  # freed before the next segment is recomputed
