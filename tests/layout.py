@@ -1,6 +1,6 @@
 """Reading nnlib's structure from its source: each module's lesson, its imports, and its functions.
 
-Every module of nnlib says which lesson it belongs to with a line ``LESSON = N`` (N = 0..11, the
+Every module of nnlib says which lesson it belongs to with a line ``LESSON = N`` (N = 0..13, the
 notebook's number). The code of lesson N may import modules of lessons up to N, never a later one,
 whether the import is at the top of the module or inside a function.
 """
