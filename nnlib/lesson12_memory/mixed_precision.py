@@ -28,6 +28,7 @@ from nnlib.lesson02_network.network import Layer, backward_layers, dense_layers,
 from nnlib.lesson03_training.training import SGD, Batches, LocalUpdate, Run, Settings, train_loop
 
 LESSON = 12
+NOTEBOOKS_ONLY = True  # used by notebook 12 and the tests; no nnlib module imports it (no --precision in the batch job yet)
 
 HALF, SINGLE = np.float16, np.float32
 
