@@ -63,6 +63,7 @@ def one_fsdp_step(comm, local_inputs, local_labels, samples: int) -> dict:
     """One FSDP step on a fresh network with a counting communicator: bytes sent, formulas, what is held."""
     counting = CountingComm(comm)
     network = FullyShardedNetwork(counting, SIZES, seed=2)
+    network.log.recording = True
     network.loss_and_gradient(local_inputs[:100], local_labels[:100], normalizer=100 * comm.size)
     total = network.total_params
     return {"sent": counting.sent_bytes(), "fsdp_formula": fsdp_bytes(SIZES, comm.size, comm.rank),

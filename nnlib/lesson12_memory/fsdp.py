@@ -10,7 +10,7 @@ P does not divide n_l), and rank r keeps chunk r of every layer, its gradient an
     forward, layer l:   allgather W_l, b_l from the chunks  ->  z_l, a_l = Layer.forward  ->  free them
     backward, layer l:  allgather W_l, b_l again  ->  dJ/dW_l, dJ/db_l (whole, this rank's rows)
                         ->  reduce-scatter: chunk r of sum over ranks  ->  dJ/da_{l-1}  ->  free them
-    update:             SGD on the chunks only (no communication)
+    update:             SGD on the chunks only, layer by layer (no communication)
 
 At any moment a rank holds its chunks (about 1/P of the parameters, gradients and momentum) plus
 one layer's whole parameters and gradient. It sends 3 (n - c_r) values per step against
@@ -25,7 +25,8 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
-from nnlib.lesson02_network.network import LayerStack, Layer, initial_parameters, layer_views, parameter_offsets
+from nnlib.lesson02_network.network import Layer, LayerStack, initial_layers, layer_views, parameter_offsets
+from nnlib.lesson03_training.training import SGD, sgd_update
 from nnlib.lesson05_data_parallel.data_parallel import DataParallel
 from nnlib.lesson08_inside_allreduce.allreduce import chunk_bounds
 
@@ -33,16 +34,18 @@ LESSON = 12
 
 
 class GatherLog:
-    """What a rank holds over a step, beyond its chunks: ``events`` [(event, layer, whole bytes held after)],
-    event "gather forward", "gather backward", "free" or "reduce-scatter"; ``peak`` the most held at once."""
+    """What a rank holds beyond its chunks: ``held`` whole-layer bytes now, ``peak`` the most at once, and
+    (while ``recording``, for a picture of a step) ``events`` [(event, layer, whole bytes held after)], event
+    "gather forward", "gather backward", "free" or "reduce-scatter"."""
 
     def __init__(self):
-        self.events, self.held, self.peak = [], 0, 0
+        self.events, self.held, self.peak, self.recording = [], 0, 0, False
 
     def note(self, event: str, layer: int, change: int) -> None:
         self.held += change
         self.peak = max(self.peak, self.held)
-        self.events.append((event, layer, self.held))
+        if self.recording:
+            self.events.append((event, layer, self.held))
 
 
 class ShardedLayer(Layer):
@@ -126,13 +129,11 @@ class FullyShardedNetwork(LayerStack):
             raise ValueError(f"need at least two positive layer sizes and output 'sigmoid' or 'softmax'; "
                              f"got {layer_sizes}, {output!r}")
         shapes = list(zip(layer_sizes[:-1], layer_sizes[1:]))
-        whole, offsets = initial_parameters(shapes, seed), parameter_offsets(shapes)
         pieces = []
-        for layer in range(len(shapes)):
-            counts, starts = chunk_bounds(offsets[layer + 1] - offsets[layer], comm.size)
-            first = offsets[layer] + starts[comm.rank]
-            pieces.append(whole[first:first + counts[comm.rank]])
-        params = np.concatenate(pieces).astype(np.dtype(dtype))
+        for whole in initial_layers(shapes, seed):  # one whole layer at a time: keep this rank's chunk
+            counts, starts = chunk_bounds(whole.size, comm.size)
+            pieces.append(whole[starts[comm.rank]:starts[comm.rank] + counts[comm.rank]].astype(np.dtype(dtype)))
+        params = np.concatenate(pieces)
         grads = np.zeros_like(params)
         mine = np.cumsum([0] + [piece.size for piece in pieces])
         self.comm, self.log = comm, GatherLog()
@@ -140,7 +141,7 @@ class FullyShardedNetwork(LayerStack):
         layers = [ShardedLayer(comm, layer, shape, (params[mine[layer]:mine[layer + 1]], grads[mine[layer]:mine[layer + 1]]),
                                activation, self.log) for layer, (shape, activation) in enumerate(zip(shapes, activations))]
         super().__init__(layer_sizes, output, layers, params, grads, np)
-        self.total_params = offsets[-1]
+        self.total_params = parameter_offsets(shapes)[-1]
 
     def chunks(self, num_samples: int):
         """One piece, whatever the rows: every rank must make the same collective calls, and ranks hold
@@ -157,6 +158,18 @@ class FullyShardedNetwork(LayerStack):
         return np.concatenate(wholes)
 
 
+class ChunkwiseSGD(SGD):
+    """Lesson 03's SGD on this rank's chunks, one layer's chunk at a time: the update's temporary eta g is one
+    chunk long, not all of them (``velocity`` is still one flat vector, as SGD's)."""
+
+    def step(self) -> None:
+        offset = 0
+        for layer in self.network.layers:
+            velocity = None if self.velocity is None else self.velocity[offset:offset + layer.shard.size]
+            sgd_update(layer.shard, layer.grad_shard, velocity, self.learning_rate, self.momentum)
+            offset += layer.shard.size
+
+
 class FullySharded(DataParallel):
     """The sync of a :class:`FullyShardedNetwork` under lesson 05's ``train_parallel(..., strategy=FullySharded)``:
     the gradients arrive reduce-scattered during backpropagation, so a step is only SGD on this rank's chunks."""
@@ -169,6 +182,9 @@ class FullySharded(DataParallel):
         if network.comm.size != comm.size:
             raise ValueError(f"the network is sharded over {network.comm.size} ranks but the run has {comm.size}")
         super().__init__(comm, network)
+
+    def optimizer(self, network, learning_rate: float, momentum: float):
+        return ChunkwiseSGD(network, learning_rate, momentum)
 
     def begin(self, run) -> None:
         pass  # every rank drew the same starting weights and kept its own chunks

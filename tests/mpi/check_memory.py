@@ -17,7 +17,9 @@ from nnlib import Network, train
 from nnlib.lesson05_data_parallel import shard, train_parallel
 from nnlib.lesson08_inside_allreduce.allreduce import chunk_bounds
 from nnlib.lesson08_inside_allreduce.overlap import Overlap
+from nnlib.lesson08_inside_allreduce.zero import ZeRO
 from nnlib.lesson12_memory.accumulation import MicroBatched
+from nnlib.lesson12_memory.budget import measured_peak, predicted_bytes, predicted_peak
 from nnlib.lesson12_memory.fsdp import FullySharded, FullyShardedNetwork
 from nnlib.lesson12_memory.traffic import CountingComm, allreduce_bytes, fsdp_bytes
 
@@ -60,6 +62,7 @@ def test_fsdp_equals_sequential_training():
 
 def test_fsdp_holds_its_chunks_and_one_layer_at_a_time():
     network = FullyShardedNetwork(comm, SIZES, seed=3)
+    network.log.recording = True
     network.loss_and_gradient(INPUTS[:20], LABELS[:20])
     layer_params = [n_in * n_out + n_out for n_in, n_out in zip(SIZES[:-1], SIZES[1:])]
     assert network.params.size == sum(chunk_bounds(count, size)[0][rank] for count in layer_params)
@@ -112,6 +115,52 @@ def test_fsdp_with_accumulation_and_recomputation_equals_sequential():
         parallel(network, FullySharded, **settings)
         error = relative_error(network.full_params(), expected)
         assert error <= 1e-10, f"fsdp k={micro_batches} every={every}: relative error {error:.1e}"
+
+
+WIDE = rng.random((256, 64)), rng.integers(0, 10, 256)
+BUDGET_SIZES = (64,) + (128,) * 8 + (10,)
+
+
+def test_measured_peak_memory_is_within_10_percent_of_the_prediction():
+    """tracemalloc's peak over building the network and a step of 256 samples, on every rank (up to 4 ranks:
+    with more ranks than cores, tracemalloc's bookkeeping makes the busy-waiting ranks slow)."""
+    if size > 4:
+        return
+    local_inputs, local_labels, start = shard(comm, *(WIDE if rank == 0 else (None, None)))
+    syncs = {"allreduce": "allreduce", "zero": ZeRO, "fsdp": FullySharded}
+    for strategy, every, micro_batches in (("allreduce", None, 1), ("zero", None, 1), ("fsdp", None, 1),
+                                           ("allreduce", 3, 4), ("fsdp", 3, 4)):
+        def work():
+            network = (FullyShardedNetwork(comm, BUDGET_SIZES) if strategy == "fsdp"
+                       else Network(BUDGET_SIZES, dtype="float64"))
+            train_parallel(comm, MicroBatched(network, micro_batches, every), local_inputs, local_labels,
+                           num_samples=256, start=start, strategy=syncs[strategy], epochs=1, learning_rate=0.1,
+                           batch_size=256, momentum=0.9)
+
+        peak, _ = measured_peak(work)
+        rows = -(-256 // size) + 1  # the most rows of a batch a rank can hold
+        predicted = predicted_peak(predicted_bytes(BUDGET_SIZES, rows, size, rank, strategy, every, micro_batches))
+        where = f"{strategy} every={every} k={micro_batches}"
+        assert abs(peak - predicted) <= 0.1 * predicted, f"{where}: measured {peak:,} predicted {predicted:,}"
+
+
+def test_fsdp_trains_a_network_twice_the_budget_equal_to_sequential():
+    """On 4 ranks a rank may hold less than half the parameters and momentum (measured: tracemalloc's peak over
+    the training, plus the chunks built before it); FSDP + recomputation + accumulation trains under it."""
+    if size != 4:
+        return
+    sizes, (inputs, labels) = (64,) * 33, WIDE
+    expected = Network(sizes, dtype="float64", seed=1)
+    train(expected, inputs, labels, progress=False, epochs=1, learning_rate=0.1, batch_size=64, momentum=0.9)
+    local_inputs, local_labels, start = shard(comm, inputs if rank == 0 else None, labels if rank == 0 else None)
+    network = MicroBatched(FullyShardedNetwork(comm, sizes, seed=1), 2, 6)
+    budget = 0.49 * 2 * network.total_params * 8  # params and momentum are more than twice the budget
+    peak, _ = measured_peak(lambda: train_parallel(
+        comm, network, local_inputs, local_labels, num_samples=256, start=start, strategy=FullySharded,
+        epochs=1, learning_rate=0.1, batch_size=64, momentum=0.9))
+    peak += network.params.nbytes + network.grads.nbytes
+    assert peak <= budget, f"rank {rank} held {peak:,} bytes, over its budget of {budget:,.0f}"
+    assert relative_error(network.full_params(), expected.params) <= 1e-10
 
 
 def test_fsdp_refuses_a_network_that_is_not_sharded():
