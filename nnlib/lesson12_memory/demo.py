@@ -15,7 +15,9 @@ from mpi4py import MPI
 from nnlib import Network, train
 from nnlib.lesson01_mnist import data
 from nnlib.lesson05_data_parallel import shard, train_parallel
+from nnlib.lesson08_inside_allreduce.zero import ZeRO
 from nnlib.lesson12_memory.accumulation import MicroBatched
+from nnlib.lesson12_memory.budget import measured_peak, predicted_bytes
 from nnlib.lesson12_memory.fsdp import FullySharded, FullyShardedNetwork
 from nnlib.lesson12_memory.traffic import CountingComm, allreduce_bytes, fsdp_bytes
 
@@ -54,6 +56,7 @@ def main(path: str, samples: int = 2000) -> None:
         results[name] = {"error": relative_error(params, expected), "steps": history.steps,
                          "gradient_allreduces": len(gradient_calls)}
     results["ranks"] = comm.gather(one_fsdp_step(comm, local_inputs, local_labels, samples))
+    results["budgets"] = budgets(comm)
     if comm.rank == 0:
         with open(path, "w") as file:
             json.dump(results, file)
@@ -69,6 +72,32 @@ def one_fsdp_step(comm, local_inputs, local_labels, samples: int) -> dict:
     return {"sent": counting.sent_bytes(), "fsdp_formula": fsdp_bytes(SIZES, comm.size, comm.rank),
             "allreduce_formula": allreduce_bytes(total, comm.size, comm.rank), "held_params": int(network.params.size),
             "total_params": total, "events": network.log.events}
+
+
+BUDGET_SIZES = (64,) + (128,) * 8 + (10,)
+PLANS = {"data parallel": ("allreduce", None, 1), "ZeRO-1 (08)": ("zero", None, 1), "FSDP": ("fsdp", None, 1),
+         "FSDP, k = 3": ("fsdp", 3, 1), "FSDP, k = 3, 4 micro": ("fsdp", 3, 4)}
+
+
+def budgets(comm) -> dict:
+    """Rank 0's measured peak (tracemalloc) and predicted bytes by kind, for one step of 256 samples of each plan."""
+    rng = np.random.default_rng(0)
+    whole = (rng.random((256, 64)), rng.integers(0, 10, 256)) if comm.rank == 0 else (None, None)
+    local_inputs, local_labels, start = shard(comm, *whole)
+    syncs = {"allreduce": "allreduce", "zero": ZeRO, "fsdp": FullySharded}
+    found = {}
+    for name, (strategy, every, micro_batches) in PLANS.items():
+        def work():
+            network = (FullyShardedNetwork(comm, BUDGET_SIZES) if strategy == "fsdp"
+                       else Network(BUDGET_SIZES, dtype="float64"))
+            train_parallel(comm, MicroBatched(network, micro_batches, every), local_inputs, local_labels,
+                           num_samples=256, start=start, strategy=syncs[strategy], epochs=1, learning_rate=0.1,
+                           batch_size=256, momentum=0.9)
+        peak, _ = measured_peak(work)
+        rows = -(-256 // comm.size)
+        found[name] = {"measured": peak, "predicted": predicted_bytes(BUDGET_SIZES, rows, comm.size, comm.rank,
+                                                                      strategy, every, micro_batches)}
+    return found
 
 
 if __name__ == "__main__":
