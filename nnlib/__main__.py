@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-LESSON = 11  # the command line: every lesson's commands
+LESSON = 12  # the command line: every lesson's commands
 
 
 def fetch_data(args) -> int:

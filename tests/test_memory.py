@@ -2,6 +2,7 @@
 precision's loss scaler, underflow count, accuracy and bytes per parameter; gradient accumulation's
 micro-batches. (Equality with sequential training on many ranks: tests/mpi/check_memory.py.)"""
 
+import re
 import tracemalloc
 
 import numpy as np
@@ -118,3 +119,52 @@ def test_mixed_precision_learns_as_float32_does_and_holds_the_bytes_predicted():
     assert mixed.accuracy(inputs, labels) > 0.9
     held = mixed.state_bytes(optimizer)
     assert {kind: held[kind] / mixed.num_params for kind in held} == SGD_MOMENTUM_BYTES
+
+
+# -- the batch job's memory options ----------------------------------------------------------------
+
+def job_arguments(*arguments):
+    import argparse
+
+    from nnlib.train_command import add_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return parser.parse_args(list(arguments))
+
+
+@pytest.mark.parametrize("arguments, message", [
+    (["--recompute", "-1"], "--recompute must be 0 (keep every activation) or K >= 1"),
+    (["--accumulate", "0"], "--accumulate must be at least 1"),
+    (["--strategy", "fsdp", "--asynchronous"], "--asynchronous does not go with --strategy"),  # lesson 11's check
+    (["--accumulate", "2", "--model-parallel", "tensor"], "--recompute/--accumulate does not combine with --model-par"),
+    (["--recompute", "2", "--asynchronous"], "--recompute/--accumulate does not combine with --asynchronous"),
+    (["--recompute", "2", "--compression", "float16"], "--recompute/--accumulate does not combine with --compression"),
+    (["--strategy", "fsdp", "--device", "gpu"], "--strategy fsdp runs on --device cpu"),
+    (["--strategy", "fsdp", "--checkpoint-dir", "somewhere"], "without --checkpoint-dir"),
+])
+def test_the_batch_job_refuses_memory_options_that_do_not_combine(arguments, message):
+    from nnlib.train_command import check_settings
+
+    with pytest.raises(ValueError, match=re.escape(message)):
+        check_settings(job_arguments("--epochs", "1", *arguments), 2)
+
+
+def test_the_batch_job_with_fsdp_recomputation_and_accumulation_equals_allreduce(tmp_path):
+    import subprocess
+    import sys
+
+    from nnlib.environment import mpiexec_path
+
+    saved = {}
+    for name, extra in (("plain", []), ("memory", ["--strategy", "fsdp", "--recompute", "2", "--accumulate", "3"])):
+        output = tmp_path / f"{name}.npz"
+        run = subprocess.run([mpiexec_path(), "-n", "3", sys.executable, "-m", "nnlib", "train", "--samples", "1001",
+                              "--epochs", "1", "--batch-size", "100", "--hidden", "16", "8", "--dtype", "float64",
+                              "--output", str(output), *extra], capture_output=True, text=True, timeout=180)
+        assert run.returncode == 0, run.stderr
+        with np.load(output) as file:
+            saved[name] = (file["params"], float(file["test_accuracy"]))
+    assert "memory: strategy fsdp, recompute every 2, 3 micro-batch(es) per step" in run.stdout
+    assert np.abs(saved["memory"][0] - saved["plain"][0]).max() <= 1e-10 * np.abs(saved["plain"][0]).max()
+    assert saved["memory"][1] == saved["plain"][1]
