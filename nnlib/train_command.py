@@ -24,7 +24,8 @@ ahead (nnlib.lesson11_beyond_sync.asynchronous); ``--slow RANK:SECONDS`` makes o
 
 Memory (lesson 12): ``--strategy fsdp`` shards every layer's parameters, gradients and momentum over the
 ranks (ZeRO-3); ``--recompute K`` keeps every K-th layer's activations and recomputes the rest;
-``--accumulate K`` runs each step as K micro-batches (nnlib.lesson12_memory).
+``--accumulate K`` runs each step as K micro-batches; ``--precision float16`` stores the network in
+float16 with float32 master weights and dynamic loss scaling (nnlib.lesson12_memory).
 """
 
 from __future__ import annotations
@@ -353,6 +354,11 @@ def job_strategy(args):
         from nnlib.lesson12_memory.fsdp import FullySharded
 
         return FullySharded
+    if args.precision == "float16":
+        from nnlib.lesson05_data_parallel.data_parallel import Allreduce
+        from nnlib.lesson12_memory.mixed_precision import loss_scaled
+
+        return loss_scaled(Allreduce)
     return args.strategy
 
 
@@ -415,7 +421,7 @@ def announce(args, comm, network, gpus) -> None:
               f"bytes per rank per step instead of {network.params.nbytes:,}", flush=True)
     if memory_options_used(args):
         print(f"memory: strategy {args.strategy}, recompute every {args.recompute or 'none'}, "
-              f"{args.accumulate} micro-batch(es) per step", flush=True)
+              f"{args.accumulate} micro-batch(es) per step, precision {args.precision}", flush=True)
     if any(gpu is not None for gpu in gpus):
         print(f"on the GPU ({gpu_status()[1]}); GPU of each rank: {gpus}; gradients "
               f"{'passed directly (CUDA-aware MPI)' if cuda_aware_mpi() else 'staged through host memory'}",
@@ -536,15 +542,18 @@ def save_npz(path, **arrays) -> None:
 
 
 def add_memory_arguments(parser: argparse.ArgumentParser) -> None:
-    """--recompute K and --accumulate K (--strategy fsdp is one of JOB_STRATEGIES)."""
+    """--recompute K, --accumulate K, --precision (--strategy fsdp is one of JOB_STRATEGIES)."""
     parser.add_argument("--recompute", type=int, default=0, metavar="K",
                         help="keep every K-th layer's activations, recompute the rest in backward (0: keep all)")
     parser.add_argument("--accumulate", type=int, default=1, metavar="K",
                         help="K micro-batches per step, nothing sent before the last (lesson 12)")
+    parser.add_argument("--precision", choices=("float32", "float16", "bfloat16"), default="float32",
+                        help="float16: weights, activations, gradients stored in float16, float32 master weights "
+                             "and dynamic loss scaling (lesson 12; with --strategy allreduce)")
 
 
 def memory_options_used(args) -> bool:
-    return args.strategy == "fsdp" or args.recompute > 0 or args.accumulate > 1
+    return args.strategy == "fsdp" or args.recompute > 0 or args.accumulate > 1 or args.precision != "float32"
 
 
 def check_memory_options(args) -> None:
@@ -563,13 +572,31 @@ def check_memory_options(args) -> None:
     if args.strategy == "fsdp" and (args.device != "cpu" or args.checkpoint_dir):
         raise ValueError("--strategy fsdp runs on --device cpu and without --checkpoint-dir "
                          "(a sharded network's checkpoint is not written yet)")
+    check_precision(args)
+
+
+def check_precision(args) -> None:
+    """--precision float16 goes with --strategy allreduce, float32 master weights, on the CPU, alone."""
+    if args.precision == "bfloat16":
+        raise ValueError("--precision bfloat16: NumPy has no bfloat16 arrays, so lesson 12 stores float16 only "
+                         "(lesson 11 sends bfloat16 gradients: --compression bfloat16)")
+    if args.precision == "float16" and (args.strategy != "allreduce" or args.recompute or args.accumulate > 1):
+        raise ValueError("--precision float16 goes with --strategy allreduce (every rank must see the summed "
+                         "gradient's overflow) and without --recompute or --accumulate")
+    if args.precision == "float16" and (args.dtype != "float32" or args.device != "cpu" or args.checkpoint_dir):
+        raise ValueError("--precision float16 keeps float32 master weights (--dtype float32), on --device cpu, "
+                         "without --checkpoint-dir (the loss scale is not checkpointed yet)")
 
 
 def job_memory_network(args, comm):
     """The network for lesson 12's options: sharded (fsdp) or not, wrapped in MicroBatched; (network, GPU index)."""
     from nnlib.lesson12_memory.accumulation import MicroBatched
     from nnlib.lesson12_memory.fsdp import FullyShardedNetwork
+    from nnlib.lesson12_memory.mixed_precision import MixedPrecision
 
+    if args.precision == "float16":
+        network, gpu_index = job_network(args, comm)
+        return MixedPrecision(network), gpu_index
     if args.strategy == "fsdp":
         network, gpu_index = FullyShardedNetwork(comm, (784, *args.hidden, 10), output=args.output_layer,
                                                  dtype=args.dtype, seed=args.seed), None

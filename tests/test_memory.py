@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 
 from nnlib import Network, train
-from nnlib.lesson03_training.training import Settings
+from nnlib.lesson03_training.training import SGD, Settings
 from nnlib.lesson12_memory.accumulation import MicroBatched, micro_batch_bounds
-from nnlib.lesson12_memory.mixed_precision import SGD_MOMENTUM_BYTES, MixedPrecision, train_mixed, underflow_per_layer
+from nnlib.lesson12_memory.mixed_precision import (SGD_MOMENTUM_BYTES, MixedPrecision, ScaledStep, train_mixed,
+                                                   underflow_per_layer)
 from nnlib.lesson12_memory.recompute import (checkpoint_layers, extra_forward_flops, peak_activation_arrays,
                                              sqrt_every)
 
@@ -81,13 +82,16 @@ def test_accumulation_equals_the_whole_batch_within_1e_12():
 
 def test_the_loss_scaler_skips_and_halves_on_overflow_and_doubles_after_good_steps():
     mixed = MixedPrecision(Network((16, 9, 16)), loss_scale=1024.0, growth_interval=3)
+    step = ScaledStep(SGD(mixed, 0.1), mixed)
     verdicts = []
-    for half_gradient in (np.inf, 2.0, 2.0, 2.0, np.nan, 4.0):
-        mixed.half_grads[...] = half_gradient
-        mixed.scaler_update()
-        verdicts.append((mixed.overflowed, mixed.loss_scale))
-    assert verdicts == [(True, 512.0), (False, 512.0), (False, 512.0), (False, 1024.0), (True, 512.0), (False, 512.0)]
-    assert mixed.skipped == 2 and np.all(mixed.grads == np.float32(4.0 / 512.0))  # unscaled in float32
+    for gradient in (np.inf, 2.0, 2.0, 2.0, np.nan, 4.0):
+        before = mixed.params.copy()
+        mixed.grads[...] = gradient
+        step.step()
+        verdicts.append((mixed.overflowed, mixed.loss_scale, not np.array_equal(before, mixed.params)))
+    assert verdicts == [(True, 512.0, False), (False, 512.0, True), (False, 512.0, True), (False, 1024.0, True),
+                        (True, 512.0, False), (False, 512.0, True)]
+    assert mixed.skipped == 2
 
 
 def test_training_from_a_huge_scale_skips_steps_then_learns():
@@ -142,6 +146,10 @@ def job_arguments(*arguments):
     (["--recompute", "2", "--compression", "float16"], "--recompute/--accumulate does not combine with --compression"),
     (["--strategy", "fsdp", "--device", "gpu"], "--strategy fsdp runs on --device cpu"),
     (["--strategy", "fsdp", "--checkpoint-dir", "somewhere"], "without --checkpoint-dir"),
+    (["--precision", "bfloat16"], "--precision bfloat16: NumPy has no bfloat16 arrays"),
+    (["--precision", "float16", "--strategy", "zero"], "--precision float16 goes with --strategy allreduce"),
+    (["--precision", "float16", "--accumulate", "2"], "without --recompute or --accumulate"),
+    (["--precision", "float16", "--dtype", "float64"], "keeps float32 master weights (--dtype float32)"),
 ])
 def test_the_batch_job_refuses_memory_options_that_do_not_combine(arguments, message):
     from nnlib.train_command import check_settings
@@ -165,6 +173,26 @@ def test_the_batch_job_with_fsdp_recomputation_and_accumulation_equals_allreduce
         assert run.returncode == 0, run.stderr
         with np.load(output) as file:
             saved[name] = (file["params"], float(file["test_accuracy"]))
-    assert "memory: strategy fsdp, recompute every 2, 3 micro-batch(es) per step" in run.stdout
+    assert "memory: strategy fsdp, recompute every 2, 3 micro-batch(es) per step, precision float32" in run.stdout
     assert np.abs(saved["memory"][0] - saved["plain"][0]).max() <= 1e-10 * np.abs(saved["plain"][0]).max()
     assert saved["memory"][1] == saved["plain"][1]
+
+
+def test_the_batch_job_in_float16_learns_as_float32_does(tmp_path):
+    import subprocess
+    import sys
+
+    from nnlib.environment import mpiexec_path
+
+    accuracy = {}
+    for precision in ("float32", "float16"):
+        output = tmp_path / f"{precision}.npz"
+        run = subprocess.run([mpiexec_path(), "-n", "2", sys.executable, "-m", "nnlib", "train", "--samples", "2000",
+                              "--epochs", "2", "--batch-size", "50", "--hidden", "32", "--precision", precision,
+                              "--output", str(output)], capture_output=True, text=True, timeout=180)
+        assert run.returncode == 0, run.stderr
+        with np.load(output) as saved:
+            accuracy[precision] = float(saved["test_accuracy"])
+            assert saved["loss"][1] < saved["loss"][0]
+    assert "precision float16" in run.stdout
+    assert accuracy["float32"] > 0.6 and abs(accuracy["float16"] - accuracy["float32"]) <= 0.02, accuracy

@@ -8,9 +8,9 @@ Per step, with the loss scale S:
                                                       (as tensor cores accumulate in float32) and stores
                                                       its result in float16; the loss is float32
     the backward starts from S * dJ/dz_L, so half_grads = float16(S * g)
-    overflow (an inf or NaN in half_grads):  skip the step, S <- S / 2
-    otherwise:  grads = float32(half_grads) / S;  SGD on the float32 master;  after every
-                ``growth_interval`` good steps in a row, S <- 2 S
+    grads = float32(half_grads) / S   (summed over the ranks by the sync, if any)
+    overflow (an inf or NaN in grads):  skip the step, S <- S / 2
+    otherwise:  SGD on the float32 master;  after every ``growth_interval`` good steps in a row, S <- 2 S
 
 Why scale: float16's smallest subnormal is 2^-24 (about 6e-8), and a gradient below half of it
 rounds to 0 (:func:`underflow_per_layer` counts them, layer by layer). Scaling moves the gradients
@@ -25,10 +25,9 @@ from __future__ import annotations
 import numpy as np
 
 from nnlib.lesson02_network.network import Layer, backward_layers, dense_layers, forward_layers, output_loss
-from nnlib.lesson03_training.training import SGD, Batches, LocalUpdate, Run, Settings, train_loop
+from nnlib.lesson03_training.training import Batches, LocalUpdate, Run, Settings, train_loop
 
 LESSON = 12
-NOTEBOOKS_ONLY = True  # used by notebook 12 and the tests; no nnlib module imports it (no --precision in the batch job yet)
 
 HALF, SINGLE = np.float16, np.float32
 
@@ -88,19 +87,18 @@ class MixedPrecision:
         loss, correct, delta = output_loss(logits, activations[-1].astype(SINGLE), labels, scale, self.network.output)
         with np.errstate(over="ignore", invalid="ignore"):  # an overflow is what the loss scaler looks for
             backward_layers(self.layers, activations, delta, False, on_layer_done)
+            np.divide(self.half_grads, SINGLE(self.loss_scale), out=self.network.grads)  # inf stays inf
         self.last_correct = int(correct)
-        self.scaler_update()
         return float(loss) / self.loss_scale
 
-    def scaler_update(self) -> None:
-        """Overflow: skip, halve S. Otherwise unscale into the float32 grads; double S after enough good steps."""
-        self.overflowed = not bool(np.isfinite(self.half_grads).all())
-        if self.overflowed:
+    def scaler_update(self, overflowed: bool) -> None:
+        """The verdict on the (summed) gradient: overflow: skip, halve S; else double S after enough good steps."""
+        self.overflowed = overflowed
+        if overflowed:
             self.skipped += 1
             self.good_steps = 0
             self.loss_scale /= 2 if self.dynamic else 1
             return
-        np.divide(self.half_grads, SINGLE(self.loss_scale), out=self.network.grads)
         self.good_steps += 1
         if self.dynamic and self.good_steps % self.growth_interval == 0:
             self.loss_scale *= 2
@@ -113,18 +111,51 @@ class MixedPrecision:
                 "float32 momentum": velocity}
 
 
-class SkipOnOverflow(LocalUpdate):
-    """One process's sync for :class:`MixedPrecision`: the update runs only if the step did not overflow."""
+class ScaledStep:
+    """An optimizer that updates only when the gradient it is given is finite, and tells the loss scaler.
 
-    def step(self, run) -> None:
-        run.phase("update")
-        if not run.network.overflowed:
-            run.optimizer.step()
+    It looks at the gradient the sync hands it: after lesson 05's Allreduce that is the sum over the ranks,
+    the same on every rank, and an inf or NaN on any rank makes the sum non-finite everywhere, so every rank
+    skips together, with no extra message. (ZeRO's slices would not see the others' overflow: not offered.)
+    """
+
+    def __init__(self, optimizer, mixed: MixedPrecision):
+        self.optimizer, self.mixed = optimizer, mixed
+
+    @property
+    def learning_rate(self) -> float:
+        return self.optimizer.learning_rate
+
+    @learning_rate.setter
+    def learning_rate(self, rate: float) -> None:
+        self.optimizer.learning_rate = rate
+
+    @property
+    def velocity(self):
+        return self.optimizer.velocity
+
+    def step(self) -> None:
+        overflowed = not bool(np.isfinite(self.mixed.grads).all())
+        self.mixed.scaler_update(overflowed)
+        if not overflowed:
+            self.optimizer.step()
+
+
+def loss_scaled(sync_class):
+    """``sync_class`` (lesson 03's LocalUpdate, lesson 05's Allreduce) whose optimizer is a :class:`ScaledStep`."""
+
+    class LossScaled(sync_class):
+        def optimizer(self, network, learning_rate: float, momentum: float):
+            return ScaledStep(super().optimizer(network, learning_rate, momentum), network)
+
+    LossScaled.__name__ = f"LossScaled{sync_class.__name__}"
+    return LossScaled
 
 
 def train_mixed(mixed: MixedPrecision, inputs, labels, settings: Settings) -> tuple:
     """Train ``mixed`` in one process with lesson 03's loop, skipping overflowed steps: (history, optimizer)."""
-    run = Run(mixed, settings, Batches(inputs.shape[0], settings.batch_size, settings.seed), sync=SkipOnOverflow())
+    run = Run(mixed, settings, Batches(inputs.shape[0], settings.batch_size, settings.seed),
+              sync=loss_scaled(LocalUpdate)())
     history = train_loop(run, inputs, labels)
     return history, run.optimizer
 
