@@ -5,6 +5,8 @@
     accumulation     gradient accumulation: k micro-batches per step, nothing sent before the last
     mixed_precision  float16 storage, float32 compute and master weights, dynamic loss scaling
     traffic          the bytes each rank sends, counted on the real MPI calls, against the formulas
+    budget           a rank's memory by kind: predicted from the arrays' sizes, measured with tracemalloc
+    demo             the notebook's multi-rank runs as one MPI script
 """
 
 LESSON = 12
