@@ -77,7 +77,8 @@ class MixedPrecision:
 
     def loss_and_gradient(self, inputs, labels, normalizer=None, check: bool = True, on_device: bool = False,
                           on_layer_done=None):
-        """One float16 forward and backward from S dJ/dz_L; then the loss scaler's verdict. Returns J."""
+        """One float16 forward and backward from S dJ/dz_L, unscaled into the float32 grads (an overflow stays inf
+        for the optimizer, :class:`ScaledStep`, to see). Returns J."""
         if check:
             self.network.check_inputs(inputs)
             self.network.check_labels(labels, inputs.shape[0])
