@@ -25,6 +25,11 @@ Talking less (lesson 11): ``--compression powersgd --rank R`` sends each weight 
 approximation (nnlib.lesson11_beyond_sync.powersgd); ``--local-steps H --outer-optimizer average|nesterov
 --outer-learning-rate ETA`` is local SGD or DiLoCo (nnlib.lesson11_beyond_sync.local_sgd). With any
 compression or local steps the job counts the bytes each rank hands to Allreduce and Allgather.
+
+Memory (lesson 12): ``--strategy fsdp`` shards every layer's parameters, gradients and momentum over the
+ranks (ZeRO-3); ``--recompute K`` keeps every K-th layer's activations and recomputes the rest;
+``--accumulate K`` runs each step as K micro-batches; ``--precision float16`` stores the network in
+float16 with float32 master weights and dynamic loss scaling (nnlib.lesson12_memory).
 """
 
 from __future__ import annotations
@@ -97,6 +102,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--slow", default=None, metavar="RANK:SECONDS",
                         help="make rank RANK a straggler: SECONDS more per step")
     add_talking_less_arguments(parser)
+    add_memory_arguments(parser)
     parser.add_argument("--fault", default=None, metavar="RANK:STEP:KIND",
                         help="for lessons and tests: rank RANK fails after global step STEP; KIND is raise, exit, "
                              "kill (SIGKILL) or hang")
@@ -129,7 +135,7 @@ def add_talking_less_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --local-steps: the outer step's rate (default 1 for average, 0.7 for nesterov)")
 
 
-JOB_STRATEGIES = ("parameter_server", "reduce_broadcast", "allreduce", "zero", "overlap")  # lessons 05 and 08
+JOB_STRATEGIES = ("parameter_server", "reduce_broadcast", "allreduce", "zero", "overlap", "fsdp")  # lessons 05, 08, 12
 FAULTS = ("raise", "exit", "kill", "hang")
 ABORT_GRACE = 10  # seconds MPI_Abort may take before the rank ends itself (SIGALRM)
 RELAY_PAUSE = 1.0  # seconds for mpiexec to relay what a rank printed before MPI_Abort ends the job
@@ -322,6 +328,7 @@ def check_settings(args, ranks: int) -> None:
     check_compression_and_asynchrony(args, ranks)
     check_schedule_and_trace(args)
     check_talking_less(args)
+    check_memory_options(args)
 
 
 def train_job(args) -> int:
@@ -423,6 +430,15 @@ def job_strategy(args):
         from nnlib.lesson08_inside_allreduce.overlap import Overlap
 
         return Overlap
+    if args.strategy == "fsdp":
+        from nnlib.lesson12_memory.fsdp import FullySharded
+
+        return FullySharded
+    if args.precision == "float16":
+        from nnlib.lesson05_data_parallel.data_parallel import Allreduce
+        from nnlib.lesson12_memory.mixed_precision import loss_scaled
+
+        return loss_scaled(Allreduce)
     return args.strategy
 
 
@@ -454,7 +470,7 @@ def data_parallel_job(args, comm, settings, data, test) -> int:
     from nnlib.lesson08_inside_allreduce.sampling import PerRankBatches
     from nnlib.lesson11_beyond_sync.compression import CountingComm
 
-    network, gpu_index = job_network(args, comm)
+    network, gpu_index = job_memory_network(args, comm) if memory_options_used(args) else job_network(args, comm)
     on_gpu = not is_numpy(network.xp)
     local_inputs, local_labels, start = shard(comm, *data)
     announce(args, comm, network, comm.gather(gpu_index if on_gpu else None, root=0))
@@ -470,9 +486,10 @@ def data_parallel_job(args, comm, settings, data, test) -> int:
     if comm.rank == 0 and args.trace:
         from nnlib.lesson04_collectives.trace import phase_spans
         save_trace(args.trace, phase_spans(timelines))
+    test_accuracy, params = job_results(args, comm, network, test)
     if comm.rank == 0:
-        report(args, comm.size, history, phases, network.accuracy(*test), network.get_params(),
-               network.layer_sizes, dict(strategy=np.array(args.strategy), **sent_arrays(args, counting, history)))
+        report(args, comm.size, history, phases, test_accuracy, params, network.layer_sizes,
+               dict(strategy=np.array(args.strategy), **sent_arrays(args, counting, history)))
     return 0
 
 
@@ -504,6 +521,9 @@ def announce(args, comm, network, gpus) -> None:
         print(f"gradients compressed: {args.compression}{f' (k = {args.topk})' if args.topk else ''}, "
               f"{message_bytes(args.compression, network.num_params, args.topk, network.params.dtype.itemsize):,} "
               f"bytes per rank per step instead of {network.params.nbytes:,}", flush=True)
+    if memory_options_used(args):
+        print(f"memory: strategy {args.strategy}, recompute every {args.recompute or 'none'}, "
+              f"{args.accumulate} micro-batch(es) per step, precision {args.precision}", flush=True)
     if any(gpu is not None for gpu in gpus):
         print(f"on the GPU ({gpu_status()[1]}); GPU of each rank: {gpus}; gradients "
               f"{'passed directly (CUDA-aware MPI)' if cuda_aware_mpi() else 'staged through host memory'}",
@@ -672,3 +692,84 @@ def save_npz(path, **arrays) -> None:
     """Write arrays to ``path`` (.npz) atomically (see nnlib.lesson01_mnist.files.atomic_write)."""
     with atomic_write(path) as stream:
         np.savez(stream, **arrays)
+
+
+# -- lesson 12's memory options ---------------------------------------------------------------------
+
+
+def add_memory_arguments(parser: argparse.ArgumentParser) -> None:
+    """--recompute K, --accumulate K, --precision (--strategy fsdp is one of JOB_STRATEGIES)."""
+    parser.add_argument("--recompute", type=int, default=0, metavar="K",
+                        help="keep every K-th layer's activations, recompute the rest in backward (0: keep all)")
+    parser.add_argument("--accumulate", type=int, default=1, metavar="K",
+                        help="K micro-batches per step, nothing sent before the last (lesson 12)")
+    parser.add_argument("--precision", choices=("float32", "float16", "bfloat16"), default="float32",
+                        help="float16: weights, activations, gradients stored in float16, float32 master weights "
+                             "and dynamic loss scaling (lesson 12; with --strategy allreduce)")
+
+
+def memory_options_used(args) -> bool:
+    return args.strategy == "fsdp" or args.recompute > 0 or args.accumulate > 1 or args.precision != "float32"
+
+
+def check_memory_options(args) -> None:
+    """What --strategy fsdp, --recompute and --accumulate need, and what they do not combine with."""
+    if args.recompute < 0:
+        raise ValueError(f"--recompute must be 0 (keep every activation) or K >= 1; got {args.recompute}")
+    if args.accumulate < 1:
+        raise ValueError(f"--accumulate must be at least 1 (micro-batches per step); got {args.accumulate}")
+    if not memory_options_used(args):
+        return
+    used = "--strategy fsdp" if args.strategy == "fsdp" else "--recompute/--accumulate"
+    for given, name in [(args.model_parallel != "none", "--model-parallel"), (args.asynchronous, "--asynchronous"),
+                        (args.compression != "none", "--compression")]:
+        if given:
+            raise ValueError(f"{used} does not combine with {name} in the batch job")
+    if args.strategy == "fsdp" and (args.device != "cpu" or args.checkpoint_dir):
+        raise ValueError("--strategy fsdp runs on --device cpu and without --checkpoint-dir "
+                         "(a sharded network's checkpoint is not written yet)")
+    check_precision(args)
+
+
+def check_precision(args) -> None:
+    """--precision float16 goes with --strategy allreduce, float32 master weights, on the CPU, alone."""
+    if args.precision == "bfloat16":
+        raise ValueError("--precision bfloat16: NumPy has no bfloat16 arrays, so lesson 12 stores float16 only "
+                         "(lesson 11 sends bfloat16 gradients: --compression bfloat16)")
+    if args.precision == "float16" and (args.strategy != "allreduce" or args.recompute or args.accumulate > 1):
+        raise ValueError("--precision float16 goes with --strategy allreduce (every rank must see the summed "
+                         "gradient's overflow) and without --recompute or --accumulate")
+    if args.precision == "float16" and (args.dtype != "float32" or args.device != "cpu" or args.checkpoint_dir):
+        raise ValueError("--precision float16 keeps float32 master weights (--dtype float32), on --device cpu, "
+                         "without --checkpoint-dir (the loss scale is not checkpointed yet)")
+
+
+def job_memory_network(args, comm):
+    """The network for lesson 12's options: sharded (fsdp) or not, wrapped in MicroBatched; (network, GPU index)."""
+    from nnlib.lesson12_memory.accumulation import MicroBatched
+    from nnlib.lesson12_memory.fsdp import FullyShardedNetwork
+    from nnlib.lesson12_memory.mixed_precision import MixedPrecision
+
+    if args.precision == "float16":
+        network, gpu_index = job_network(args, comm)
+        return MixedPrecision(network), gpu_index
+    if args.strategy == "fsdp":
+        network, gpu_index = FullyShardedNetwork(comm, (784, *args.hidden, 10), output=args.output_layer,
+                                                 dtype=args.dtype, seed=args.seed), None
+    else:
+        network, gpu_index = job_network(args, comm)
+    return MicroBatched(network, args.accumulate, args.recompute or None), gpu_index
+
+
+def job_results(args, comm, network, test):
+    """(test accuracy, the whole parameter vector) on rank 0 (None elsewhere); collective for fsdp."""
+    if args.strategy == "fsdp":  # every rank scores its share of the test set: the forward pass is collective
+        from nnlib.lesson05_data_parallel import shard
+
+        local_inputs, local_labels, _ = shard(comm, *test)
+        correct = comm.allreduce(round(network.accuracy(local_inputs, local_labels) * len(local_labels)))
+        params = network.full_params()
+        return correct / comm.allreduce(len(local_labels)), params
+    if comm.rank != 0:
+        return None, None
+    return network.accuracy(*test), network.get_params()

@@ -24,6 +24,7 @@ from nnlib.lesson06_scaling import scaling
 from nnlib.lesson08_inside_allreduce import allreduce
 from nnlib.lesson09_model_parallel import pipeline
 from nnlib.lesson11_beyond_sync import compression, local_sgd, powersgd
+from nnlib.lesson12_memory import recompute
 from nnlib.lesson13_pipeline_schedules import schedules
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -116,6 +117,10 @@ NNLIB = {
     "11.2": top_k_step_by_nnlib,
     "11.3": powersgd_approximation_by_nnlib,
     "11.4": diloco_outer_step_by_nnlib,
+    "12.1": lambda sizes, ranks, rank: np.array([(allreduce.chunk_bounds(n_in * n_out + n_out, ranks)[1][rank],
+                                                  sum(allreduce.chunk_bounds(n_in * n_out + n_out, ranks)[i][rank]
+                                                      for i in (0, 1))) for n_in, n_out in zip(sizes[:-1], sizes[1:])]),
+    "12.2": recompute.peak_activation_arrays,
     "13.1": lambda stages, micro_batches, chunks: schedules.bubble_formula("interleaved", stages, micro_batches,
                                                                           chunks=chunks),
     "13.2": lambda stages, stage, micro_batches: zb_h1_order_by_nnlib(stages, stage, micro_batches),
@@ -135,6 +140,9 @@ BY_HAND = [
     ("10.1", ([3, 1, 0], 4), [2]),
     ("10.1", ([1, 0], 2), []),
     ("10.2", (50.0, 40_000.0, 4), 1000.0),  # sqrt(2 * 50 * 10 000)
+    ("12.3", (1024.0, 5, True, 10), (512.0, 0, True)),
+    ("12.3", (1024.0, 9, False, 10), (2048.0, 10, False)),
+    ("12.3", (1024.0, 3, False, 10), (1024.0, 4, False)),
 ]
 
 
@@ -225,7 +233,7 @@ def test_checking_an_exercise_loads_no_later_lessons_code():
     assert "nnlib.exercises.lesson_02" in loaded
     lessons_of = {name: lesson_of(path) for name, path in modules(PACKAGE).items()}
     assert [name for name in loaded if lessons_of.get(name, 0) > 2] == []
-    assert find("02.9") is None and find("12.1") is None and find("2.1") is None and find(None) is None
+    assert find("02.9") is None and find("99.1") is None and find("2.1") is None and find(None) is None
 
 
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda path: path.stem)

@@ -17,6 +17,10 @@ parallelism; bounds are kept with a straggler. check_compression.py (1 to 4 rank
 gradients equal the uncompressed ones where they must (float64, k = all), and learn otherwise.
 check_communication_light.py (1 to 4 ranks): local SGD with H = 1 equals synchronous training, PowerSGD
 at full rank the plain Allreduce; the bytes counted on the real calls are the formulas'.
+check_memory.py (1 to 4 and 7 ranks): ZeRO-3 / FSDP, gradient accumulation and recomputation train
+exactly as sequential; FSDP's bytes sent, counted on the real calls, against the formula; mixed-precision
+ranks skip the same steps; peak memory per rank within 10% of the prediction; on 4 ranks, a network over
+twice the per-rank budget trains under it.
 """
 
 from pathlib import Path
@@ -33,6 +37,7 @@ RUNS += [("check_hybrid.py", ranks) for ranks in (2, 4)]
 RUNS += [("check_schedules.py", ranks) for ranks in (1, 2, 3, 4)]
 RUNS += [(checker, ranks) for checker in ("check_async.py", "check_compression.py") for ranks in (1, 2, 3, 4)]
 RUNS += [("check_communication_light.py", ranks) for ranks in (1, 2, 3, 4)]
+RUNS += [("check_memory.py", ranks) for ranks in (1, 2, 3, 4, 7)]
 
 
 @pytest.mark.parametrize("checker, ranks", RUNS)

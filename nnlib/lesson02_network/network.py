@@ -471,10 +471,13 @@ def layer_views(flat, shapes, xp=np):
 
 def initial_parameters(shapes, seed: int) -> np.ndarray:
     """The flat float64 starting vector: Glorot-uniform weights, zero biases, drawn on the CPU."""
+    return np.concatenate(list(initial_layers(shapes, seed)))
+
+
+def initial_layers(shapes, seed: int):
+    """Each layer's flat float64 starting [W_l, b_l] in turn (W_l uniform in +-sqrt(6 / (n_in + n_out)), b_l = 0),
+    drawn from one default_rng(seed): one layer at a time in memory (lesson 12's sharded network keeps a slice of each)."""
     rng = np.random.default_rng(seed)
-    pieces = []
     for n_in, n_out in shapes:
         limit = math.sqrt(6.0 / (n_in + n_out))
-        pieces.append(rng.uniform(-limit, limit, size=n_in * n_out))
-        pieces.append(np.zeros(n_out))
-    return np.concatenate(pieces)
+        yield np.concatenate([rng.uniform(-limit, limit, size=n_in * n_out), np.zeros(n_out)])

@@ -1,0 +1,12 @@
+"""Lesson 12 (notebooks/12_memory.ipynb): training a network bigger than one rank can hold.
+
+    fsdp             ZeRO stage 3 / FSDP: parameters, gradients and momentum sharded; a layer gathered to compute
+    recompute        activation recomputation: keep every k-th layer's input, recompute the rest in backward
+    accumulation     gradient accumulation: k micro-batches per step, nothing sent before the last
+    mixed_precision  float16 storage, float32 compute and master weights, dynamic loss scaling
+    traffic          the bytes each rank sends, counted on the real MPI calls, against the formulas
+    budget           a rank's memory by kind: predicted from the arrays' sizes, measured with tracemalloc
+    demo             the notebook's multi-rank runs as one MPI script
+"""
+
+LESSON = 12

@@ -1,0 +1,83 @@
+"""Gradient accumulation: one optimizer step from k micro-batches, holding the activations of one at a time.
+
+A step's gradient is a sum over its samples, so it splits into sums over k micro-batches of the batch
+(uneven where k does not divide it: ``split_evenly``), computed one after another and added up in
+``grads``; each divides by the whole batch's size, so the sum is the big batch's gradient (equal to
+one step on it within 1e-12 in float64, the additions being in another order):
+
+    grads  = sum over micro-batches m of  dJ_m/dparams      (backward_layers with accumulate=True)
+    update once, with the whole sum
+
+Activations are held for one micro-batch only: B / k rows instead of B. In data parallelism the
+ranks need to agree only on the final sum, so nothing is sent until the last micro-batch's backward
+(PyTorch DDP's ``no_sync``): a gradient hook (``on_layer_done``, lesson 08's overlap) hears only the
+last micro-batch, and the sync's one Allreduce follows it. Sending after every micro-batch would
+send k times the bytes (nnlib.lesson12_memory.traffic counts them on the real calls).
+
+:class:`MicroBatched` wraps a network (lesson 02's, or a fully sharded one) for the training loop;
+with ``recompute_every`` it also keeps only checkpointed activations (nnlib.lesson12_memory.recompute).
+"""
+
+from __future__ import annotations
+
+from nnlib.lesson02_network.network import backward_layers, forward_layers, output_loss
+from nnlib.lesson04_collectives.collectives import split_evenly
+from nnlib.lesson12_memory.recompute import Tally, checkpointed_forward, recomputed_backward
+
+LESSON = 12
+
+
+def micro_batch_bounds(rows: int, micro_batches: int):
+    """(start, stop) of each of the k micro-batches of ``rows`` rows (the first rows mod k one row longer;
+    some empty when k > rows, which then add nothing)."""
+    counts, starts = split_evenly(rows, micro_batches)
+    return [(start, start + count) for count, start in zip(counts, starts)]
+
+
+class MicroBatched:
+    """``network`` trained k = ``micro_batches`` micro-batches per step (and, with ``recompute_every`` = k_r,
+    keeping every k_r-th layer's input only). Everything but :meth:`loss_and_gradient` is the network's own
+    (params, grads, layers, accuracy, ...). ``tally``: what recomputation did (nnlib.lesson12_memory.recompute.Tally)."""
+
+    def __init__(self, network, micro_batches: int = 1, recompute_every: int | None = None):
+        if int(micro_batches) != micro_batches or micro_batches < 1:
+            raise ValueError(f"micro_batches must be a whole number >= 1; got {micro_batches!r}")
+        if recompute_every is not None and (int(recompute_every) != recompute_every or recompute_every < 1):
+            raise ValueError(f"recompute_every must be a whole number >= 1 (or None); got {recompute_every!r}")
+        self.network, self.micro_batches, self.recompute_every = network, int(micro_batches), recompute_every
+        self.tally, self.last_correct = Tally(), 0
+
+    def __getattr__(self, name):
+        return getattr(self.network, name)
+
+    def loss_and_gradient(self, inputs, labels, normalizer=None, check: bool = True, on_device: bool = False,
+                          on_layer_done=None):
+        """As lesson 02's ``loss_and_gradient`` (the sums divided by ``normalizer``, default N), micro-batch by
+        micro-batch; ``on_layer_done`` hears the last micro-batch only (no_sync before it)."""
+        if check:
+            self.network.check_inputs(inputs)
+            self.network.check_labels(labels, inputs.shape[0])
+        scale = 1.0 / (inputs.shape[0] if normalizer is None else normalizer)
+        loss, self.last_correct = 0.0, 0
+        bounds = micro_batch_bounds(inputs.shape[0], self.micro_batches)
+        for number, (start, stop) in enumerate(bounds):
+            hook = on_layer_done if number == len(bounds) - 1 else None
+            loss += self.micro_batch(inputs[start:stop], labels[start:stop], scale, number > 0, hook)
+        if on_device:
+            return loss
+        self.last_correct = int(self.last_correct)
+        return float(loss)
+
+    def micro_batch(self, inputs, labels, scale: float, accumulate: bool, on_layer_done):
+        """Forward, loss and backward of one micro-batch, adding its gradient (after the first); its loss."""
+        layers = self.network.layers
+        if self.recompute_every is None:
+            activations, logits = forward_layers(layers, inputs)
+            loss, correct, delta = output_loss(logits, activations[-1], labels, scale, self.network.output)
+            backward_layers(layers, activations, delta, accumulate, on_layer_done)
+        else:
+            kept, output, logits = checkpointed_forward(layers, inputs, self.recompute_every, self.tally)
+            loss, correct, delta = output_loss(logits, output, labels, scale, self.network.output)
+            recomputed_backward(layers, kept, output, delta, accumulate, self.tally, on_layer_done)
+        self.last_correct += correct
+        return loss

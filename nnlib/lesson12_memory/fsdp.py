@@ -1,0 +1,197 @@
+"""ZeRO stage 3, or fully sharded data parallelism (FSDP): every rank holds 1/P of the parameters, of
+their gradients and of the optimizer state; a layer's whole parameters exist only while it computes.
+
+Lesson 08's ZeRO cuts the optimizer state (stage 1) and sends the gradient as a reduce-scatter
+(stage 2's communication), but every rank still holds the whole parameter vector. Here (Rajbhandari
+et al. 2020, stage 3; PyTorch's FullyShardedDataParallel) each layer's flat parameters
+[W_l, b_l] (n_l = n_in n_out + n_out values) are cut into P chunks (``chunk_bounds``: uneven where
+P does not divide n_l), and rank r keeps chunk r of every layer, its gradient and its momentum:
+
+    forward, layer l:   allgather W_l, b_l from the chunks  ->  z_l, a_l = Layer.forward  ->  free them
+    backward, layer l:  allgather W_l, b_l again  ->  dJ/dW_l, dJ/db_l (whole, this rank's rows)
+                        ->  reduce-scatter: chunk r of sum over ranks  ->  dJ/da_{l-1}  ->  free them
+    update:             SGD on the chunks only, layer by layer (no communication)
+
+At any moment a rank holds its chunks (about 1/P of the parameters, gradients and momentum) plus
+one layer's whole parameters and gradient. It sends 3 (n - c_r) values per step against
+data parallelism's 2 (n - c_r) (nnlib.lesson12_memory.traffic). :class:`ShardedLayer` is lesson 02's
+:class:`~nnlib.lesson02_network.network.Layer` whose weights are gathered on use, so the forward and
+backward passes are lesson 02's ``forward_layers`` and ``backward_layers`` unchanged. Equal to
+sequential training within 1e-10 in float64 (tests/mpi/check_memory.py).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from mpi4py import MPI
+
+from nnlib.lesson02_network.network import Layer, LayerStack, initial_layers, layer_views, parameter_offsets
+from nnlib.lesson03_training.training import SGD, sgd_update
+from nnlib.lesson05_data_parallel.data_parallel import DataParallel
+from nnlib.lesson08_inside_allreduce.allreduce import chunk_bounds
+
+LESSON = 12
+
+
+class GatherLog:
+    """What a rank holds beyond its chunks: ``held`` whole-layer bytes now, ``peak`` the most at once, and
+    (while ``recording``, for a picture of a step) ``events`` [(event, layer, whole bytes held after)], event
+    "gather forward", "gather backward", "free" or "reduce-scatter"."""
+
+    def __init__(self):
+        self.events, self.held, self.peak, self.recording = [], 0, 0, False
+
+    def note(self, event: str, layer: int, change: int) -> None:
+        self.held += change
+        self.peak = max(self.peak, self.held)
+        if self.recording:
+            self.events.append((event, layer, self.held))
+
+
+class ShardedLayer(Layer):
+    """Layer ``index`` of a fully sharded network: this rank holds chunk r of its flat [W, b] (``shard``) and of
+    its gradient (``grad_shard``); ``weights`` and ``biases`` are views into the gathered whole, and exist only
+    from a gather to its free (None otherwise). shape (n_in, n_out); counts, starts: the chunks of n_in n_out + n_out.
+    """
+
+    def __init__(self, comm, index: int, shape, views, activation: str, log: GatherLog):
+        if activation not in ("sigmoid", "softmax"):
+            raise ValueError(f"a layer's activation must be 'sigmoid' or 'softmax'; got {activation!r}")
+        self.comm, self.index, self.full_shape, self.log = comm, index, tuple(shape), log
+        self.shard, self.grad_shard = views
+        self.activation, self.xp = activation, np
+        self.size = self.full_shape[0] * self.full_shape[1] + self.full_shape[1]
+        self.counts, self.starts = chunk_bounds(self.size, comm.size)
+        self.weights = self.biases = self.grad_weights = self.grad_biases = None
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.full_shape
+
+    def gather(self, why: str) -> None:
+        """Allgather the whole [W, b] (n_l,) from every rank's chunk; W and b become views into it."""
+        whole = np.empty(self.size, dtype=self.shard.dtype)
+        self.comm.Allgatherv(self.shard, [whole, (self.counts, self.starts)])
+        (self.weights,), (self.biases,) = layer_views(whole, [self.full_shape])
+        self.log.note(f"gather {why}", self.index, whole.nbytes)
+
+    def free(self) -> None:
+        """Drop the whole [W, b]: only this rank's chunk stays."""
+        if self.weights is not None:
+            self.weights = self.biases = None
+            self.log.note("free", self.index, -self.size * self.shard.itemsize)
+
+    def forward(self, inputs):
+        """Gather, lesson 02's forward (z, a), free."""
+        self.gather("forward")
+        try:
+            return super().forward(inputs)
+        finally:
+            self.free()
+
+    def weight_gradient(self, inputs, delta, accumulate: bool = False) -> None:
+        """Gather W, b again; dJ/dW, dJ/db of this rank's rows into a whole buffer; reduce-scatter its
+        chunk of the sum over ranks into ``grad_shard`` (or add it). W stays for :meth:`input_gradient`
+        (layer 0, whose input gradient nobody needs, frees it here)."""
+        self.gather("backward")
+        whole = np.empty(self.size, dtype=self.shard.dtype)
+        (self.grad_weights,), (self.grad_biases,) = layer_views(whole, [self.full_shape])
+        super().weight_gradient(inputs, delta)
+        summed = np.empty_like(self.grad_shard) if accumulate else self.grad_shard
+        self.comm.Reduce_scatter(whole, summed, recvcounts=self.counts, op=MPI.SUM)
+        self.log.note("reduce-scatter", self.index, 0)
+        if accumulate:
+            self.grad_shard += summed
+        self.grad_weights = self.grad_biases = None
+        if self.index == 0:
+            self.free()
+
+    def input_gradient(self, delta):
+        """dJ/da_in = delta @ W.T with the gathered W, then free it."""
+        try:
+            return super().input_gradient(delta)
+        finally:
+            self.free()
+
+
+class FullyShardedNetwork(LayerStack):
+    """Lesson 02's network with every layer sharded over ``comm``'s ranks (ZeRO-3 / FSDP).
+
+    layer_sizes, output, dtype, seed: as :class:`nnlib.Network` (the same starting weights: every rank
+    draws them and keeps its chunks). ``params`` and ``grads`` are this rank's chunks, layer after layer
+    (sum over layers of c_{l,r} values); ``layers`` are :class:`ShardedLayer`; ``log`` a :class:`GatherLog`.
+    Every call of forward, loss_and_gradient, accuracy is collective: every rank makes it at once.
+    """
+
+    def __init__(self, comm, layer_sizes, output: str = "sigmoid", dtype="float64", seed: int = 0):
+        layer_sizes = tuple(int(size) for size in layer_sizes)
+        if len(layer_sizes) < 2 or min(layer_sizes) < 1 or output not in ("sigmoid", "softmax"):
+            raise ValueError(f"need at least two positive layer sizes and output 'sigmoid' or 'softmax'; "
+                             f"got {layer_sizes}, {output!r}")
+        shapes = list(zip(layer_sizes[:-1], layer_sizes[1:]))
+        pieces = []
+        for whole in initial_layers(shapes, seed):  # one whole layer at a time: keep this rank's chunk
+            counts, starts = chunk_bounds(whole.size, comm.size)
+            pieces.append(whole[starts[comm.rank]:starts[comm.rank] + counts[comm.rank]].astype(np.dtype(dtype)))
+        params = np.concatenate(pieces)
+        grads = np.zeros_like(params)
+        mine = np.cumsum([0] + [piece.size for piece in pieces])
+        self.comm, self.log = comm, GatherLog()
+        activations = ["sigmoid"] * (len(shapes) - 1) + [output]
+        layers = [ShardedLayer(comm, layer, shape, (params[mine[layer]:mine[layer + 1]], grads[mine[layer]:mine[layer + 1]]),
+                               activation, self.log) for layer, (shape, activation) in enumerate(zip(shapes, activations))]
+        super().__init__(layer_sizes, output, layers, params, grads, np)
+        self.total_params = parameter_offsets(shapes)[-1]
+
+    def chunks(self, num_samples: int):
+        """One piece, whatever the rows: every rank must make the same collective calls, and ranks hold
+        different numbers of rows."""
+        return [(0, num_samples)]
+
+    def full_params(self) -> np.ndarray:
+        """The whole flat vector [W_1, b_1, ...] (num_params of the unsharded network), on every rank (collective)."""
+        wholes = []
+        for layer in self.layers:
+            layer.gather("inspection")
+            wholes += [np.ravel(layer.weights), layer.biases]
+            layer.free()
+        return np.concatenate(wholes)
+
+
+class ChunkwiseSGD(SGD):
+    """Lesson 03's SGD on this rank's chunks, one layer's chunk at a time: the update's temporary eta g is one
+    chunk long, not all of them (``velocity`` is still one flat vector, as SGD's)."""
+
+    def step(self) -> None:
+        offset = 0
+        for layer in self.network.layers:
+            velocity = None if self.velocity is None else self.velocity[offset:offset + layer.shard.size]
+            sgd_update(layer.shard, layer.grad_shard, velocity, self.learning_rate, self.momentum)
+            offset += layer.shard.size
+
+
+class FullySharded(DataParallel):
+    """The sync of a :class:`FullyShardedNetwork` under lesson 05's ``train_parallel(..., strategy=FullySharded)``:
+    the gradients arrive reduce-scattered during backpropagation, so a step is only SGD on this rank's chunks."""
+
+    name = "fsdp"
+
+    def __init__(self, comm, network):
+        if not all(isinstance(layer, ShardedLayer) for layer in network.layers):  # (maybe wrapped: MicroBatched)
+            raise TypeError(f"strategy fsdp trains a FullyShardedNetwork; got {type(network).__name__}")
+        if network.comm.size != comm.size:
+            raise ValueError(f"the network is sharded over {network.comm.size} ranks but the run has {comm.size}")
+        super().__init__(comm, network)
+
+    def optimizer(self, network, learning_rate: float, momentum: float):
+        return ChunkwiseSGD(network, learning_rate, momentum)
+
+    def begin(self, run) -> None:
+        pass  # every rank drew the same starting weights and kept its own chunks
+
+    def step(self, run) -> None:
+        run.phase("update")
+        run.optimizer.step()  # SGD on the chunks: params, grads and velocity are all this rank's
+
+    def score(self, network, validation) -> float:
+        return network.accuracy(*validation)  # collective: every rank runs the forward pass

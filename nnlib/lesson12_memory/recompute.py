@@ -1,0 +1,96 @@
+"""Activation recomputation (checkpointing): keep every k-th layer's input, recompute the rest in backward.
+
+Backpropagation needs every layer's input a_{l-1} (for dJ/dW_l = a_{l-1}.T @ delta_l and for the
+sigmoid's a (1 - a)). Keeping them all costs L arrays of (N, n). Instead (Chen et al. 2016) keep only
+the inputs of layers 0, k, 2k, ... (the checkpoints) and, going backward segment by segment, rerun
+the forward pass of each segment from its checkpoint, then backpropagate through it:
+
+    kept while backward runs:   ceil(L / k) checkpoints + the output a_L
+    recomputed at the peak:     k - 1 activations of one segment
+    extra forward work:         every layer whose input is not a checkpoint runs forward twice:
+                                sum over those layers of 2 N n_in n_out multiply-adds' FLOPs
+
+With k = 1 nothing is recomputed (every input is kept); k near sqrt(L) makes ceil(L / k) + k - 1, the
+peak, smallest: about 2 sqrt(L) arrays instead of L, for about one more forward pass. The forward runs
+are lesson 02's ``Layer.forward`` (through ``forward_layers``) and the backward is ``backward_layers`` on
+each segment, so the gradients, and the parameters after training, are bit-identical to keeping everything.
+"""
+
+from __future__ import annotations
+
+import math
+
+from nnlib.lesson02_network.network import backward_layers, forward_layers
+
+LESSON = 12
+
+
+def checkpoint_layers(num_layers: int, every: int) -> list[int]:
+    """The layers whose input a_l is kept: 0, k, 2k, ... below L (every = k >= 1)."""
+    if every < 1:
+        raise ValueError(f"checkpoint every k >= 1 layers; got {every}")
+    return list(range(0, num_layers, every))
+
+
+def sqrt_every(num_layers: int) -> int:
+    """The k that makes ceil(L / k) + k - 1, the arrays held at the peak, smallest (about sqrt(L))."""
+    return min(range(1, num_layers + 1), key=lambda every: (math.ceil(num_layers / every) + every - 1, every))
+
+
+def forward_flops(rows: int, shapes) -> int:
+    """The matrix products' FLOPs of a forward pass through layers of ``shapes`` [(n_in, n_out)]: sum 2 N n_in n_out."""
+    return sum(2 * rows * n_in * n_out for n_in, n_out in shapes)
+
+
+def extra_forward_flops(rows: int, shapes, every: int) -> int:
+    """The formula: every layer whose input is not a checkpoint runs forward once more."""
+    kept = set(checkpoint_layers(len(shapes), every))
+    return forward_flops(rows, [shape for layer, shape in enumerate(shapes) if layer not in kept])
+
+
+def peak_activation_arrays(num_layers: int, every: int) -> int:
+    """The formula: arrays a_l held at the peak of backward: the checkpoints after a_0 (the batch itself),
+    the output a_L, and the k - 1 recomputed inputs of the longest segment (L of them without recomputation)."""
+    checkpoints = checkpoint_layers(num_layers, every)
+    longest = max(stop - start for start, stop in zip(checkpoints, checkpoints[1:] + [num_layers]))
+    return len(checkpoints) - 1 + 1 + longest - 1
+
+
+class Tally:
+    """What a recomputing pass did: ``recomputed_flops`` (FLOPs of the forward runs in backward) and
+    ``peak_bytes`` (the most bytes of activations a_1 .. a_L held at once)."""
+
+    def __init__(self):
+        self.recomputed_flops, self.peak_bytes = 0, 0
+
+
+def checkpointed_forward(layers, inputs, every: int, tally: Tally):
+    """Forward through ``layers``, keeping only the checkpoints: ({l: a_l for l in checkpoints}, a_L, z_L)."""
+    kept, activation, logits = {}, inputs, None
+    positions = set(checkpoint_layers(len(layers), every))
+    for index, layer in enumerate(layers):
+        if index in positions:
+            kept[index] = activation
+        logits, activation = layer.forward(activation)
+    tally.peak_bytes = max(tally.peak_bytes, sum(kept[index].nbytes for index in kept if index) + activation.nbytes)
+    return kept, activation, logits
+
+
+def recomputed_backward(layers, kept, output, delta, accumulate: bool, tally: Tally, on_layer_done=None) -> None:
+    """Backpropagation segment by segment, last first: recompute a_start .. a_{stop-1} from the checkpoint
+    a_start, run ``backward_layers`` on the segment, and carry dJ/da_start down as the next delta.
+
+    kept: the checkpoints of :func:`checkpointed_forward`; output a_L (N, n_L); delta = dJ/dz_L (N, n_L).
+    ``on_layer_done(l)`` as in ``backward_layers``, with the whole network's layer numbers.
+    """
+    starts = sorted(kept)
+    held = sum(kept[index].nbytes for index in starts if index) + output.nbytes
+    for start, stop in reversed(list(zip(starts, starts[1:] + [len(layers)]))):
+        segment, _ = forward_layers(layers[start:stop - 1], kept[start])  # [a_start, ..., a_{stop-1}]
+        tally.recomputed_flops += forward_flops(kept[start].shape[0], [layer.shape for layer in layers[start:stop - 1]])
+        tally.peak_bytes = max(tally.peak_bytes, held + sum(array.nbytes for array in segment[1:]))
+        hook = None if on_layer_done is None else (lambda index, start=start: on_layer_done(start + index))
+        gradient = backward_layers(layers[start:stop], segment, delta, accumulate, hook, input_gradient=start > 0)
+        if start > 0:
+            delta = layers[start - 1].logits_gradient(gradient, kept[start])
+        segment = gradient = None  # freed before the next segment is recomputed

@@ -1,0 +1,206 @@
+"""Run under mpiexec with 1 to 4 (and 7) ranks: lesson 12's memory savers train exactly as sequential.
+
+ZeRO-3 / FSDP (every layer's parameters sharded, gathered on use): equal to sequential training within
+1e-10 in float64, for uneven layer sizes (117, 80, 63, 32 parameters per layer) and rank counts, sigmoid
+and softmax, full batch and mini-batch with momentum; a rank holds its chunks and at most one whole layer;
+the bytes it sends, counted on the real calls, are 3 (n_l - c_{l,r}) per layer, against the Allreduce's
+2 (n - c_r). Gradient accumulation (k micro-batches, with the Allreduce and with lesson 08's overlap):
+equal to one step on the whole batch within 1e-12, one Allreduce per step. Everything together
+(FSDP + accumulation + recomputation) equal to sequential. Mixed precision: every rank skips the same
+overflowed steps. The peak bytes per rank (tracemalloc) within 10% of the prediction, and on 4 ranks a
+network over twice the per-rank budget trains under it. A bad setup fails on every rank at once.
+"""
+
+import numpy as np
+from harness import expect_error_everywhere, run_checks
+from mpi4py import MPI
+
+from nnlib import Network, train
+from nnlib.lesson03_training.training import Settings
+from nnlib.lesson05_data_parallel import shard, train_parallel
+from nnlib.lesson05_data_parallel.data_parallel import Allreduce
+from nnlib.lesson08_inside_allreduce.allreduce import chunk_bounds
+from nnlib.lesson08_inside_allreduce.overlap import Overlap
+from nnlib.lesson08_inside_allreduce.zero import ZeRO
+from nnlib.lesson12_memory.accumulation import MicroBatched
+from nnlib.lesson12_memory.budget import measured_peak, predicted_bytes, predicted_peak
+from nnlib.lesson12_memory.fsdp import FullySharded, FullyShardedNetwork
+from nnlib.lesson12_memory.mixed_precision import MixedPrecision, loss_scaled, train_mixed
+from nnlib.lesson12_memory.traffic import CountingComm, allreduce_bytes, fsdp_bytes
+
+comm = MPI.COMM_WORLD
+rank, size = comm.rank, comm.size
+rng = np.random.default_rng(0)
+N = 203
+INPUTS, LABELS = rng.random((N, 12)), rng.integers(0, 4, N)
+SIZES = (12, 9, 8, 7, 4)
+SETTINGS = (dict(epochs=3, learning_rate=0.5),
+            dict(epochs=2, learning_rate=0.5, batch_size=32, momentum=0.9, seed=5))
+
+
+def sequential(output="sigmoid", **settings):
+    network = Network(SIZES, output=output, dtype="float64", seed=3)
+    history = train(network, INPUTS, LABELS, progress=False, **settings)
+    return network.params, history
+
+
+def parallel(network, strategy, **settings):
+    local_inputs, local_labels, start = shard(comm, INPUTS if rank == 0 else None, LABELS if rank == 0 else None)
+    return train_parallel(comm, network, local_inputs, local_labels, num_samples=N, start=start,
+                          strategy=strategy, **settings)
+
+
+def relative_error(params, expected) -> float:
+    return float(np.abs(params - expected).max() / np.abs(expected).max())
+
+
+def test_fsdp_equals_sequential_training():
+    for output in ("sigmoid", "softmax"):
+        for settings in SETTINGS:
+            expected, history = sequential(output, **settings)
+            network = FullyShardedNetwork(comm, SIZES, output=output, seed=3)
+            got = parallel(network, FullySharded, validation=(INPUTS[:50], LABELS[:50]), **settings)
+            error = relative_error(network.full_params(), expected)
+            assert error <= 1e-10, f"fsdp {output} {settings}: relative error {error:.1e}"
+            assert np.allclose(got.loss, history.loss, rtol=1e-12) and got.train_accuracy == history.train_accuracy
+
+
+def test_fsdp_holds_its_chunks_and_one_layer_at_a_time():
+    network = FullyShardedNetwork(comm, SIZES, seed=3)
+    network.log.recording = True
+    network.loss_and_gradient(INPUTS[:20], LABELS[:20])
+    layer_params = [n_in * n_out + n_out for n_in, n_out in zip(SIZES[:-1], SIZES[1:])]
+    assert network.params.size == sum(chunk_bounds(count, size)[0][rank] for count in layer_params)
+    assert network.log.peak == max(layer_params) * 8, (network.log.peak, layer_params)
+    assert network.log.held == 0  # everything gathered was freed
+    events = [event for event, _, _ in network.log.events]
+    assert events.count("gather forward") == events.count("gather backward") == len(layer_params)
+
+
+def test_fsdp_sends_three_times_the_parameters_and_allreduce_two():
+    counting = CountingComm(comm)
+    network = FullyShardedNetwork(counting, SIZES, seed=3)
+    network.loss_and_gradient(INPUTS[:20], LABELS[:20], normalizer=20 * size)
+    assert counting.sent_bytes() == fsdp_bytes(SIZES, size, rank), (counting.calls, fsdp_bytes(SIZES, size, rank))
+    names = [name for name, _, _ in counting.calls]
+    assert names.count("Allgatherv") == 2 * 4 and names.count("Reduce_scatter") == 4
+    replica = Network(SIZES, dtype="float64", seed=3)
+    replica.loss_and_gradient(INPUTS[:20], LABELS[:20])
+    counting = CountingComm(comm)
+    counting.Allreduce(MPI.IN_PLACE, replica.grads)
+    assert counting.sent_bytes() == allreduce_bytes(replica.num_params, size, rank)
+
+
+def test_accumulation_equals_one_step_on_the_whole_batch():
+    for settings in SETTINGS:
+        expected, _ = sequential(**settings)
+        for strategy in ("allreduce", Overlap):
+            for micro_batches in (1, 3, 40):  # 40: more micro-batches than some ranks have rows
+                counting = CountingComm(comm)
+                network = MicroBatched(Network(SIZES, dtype="float64", seed=3), micro_batches)
+                history = parallel_counted(counting, network, strategy, **settings)
+                error = relative_error(network.params, expected)
+                assert error <= 1e-12, f"{strategy} k={micro_batches} {settings}: relative error {error:.1e}"
+                if strategy == "allreduce":
+                    gradient_calls = [call for call in counting.calls if call[1] == network.num_params]
+                    assert len(gradient_calls) == history.steps, (len(gradient_calls), history.steps)
+
+
+def parallel_counted(counting, network, strategy, **settings):
+    local_inputs, local_labels, start = shard(comm, INPUTS if rank == 0 else None, LABELS if rank == 0 else None)
+    return train_parallel(counting, network, local_inputs, local_labels, num_samples=N, start=start,
+                          strategy=strategy, **settings)
+
+
+def test_fsdp_with_accumulation_and_recomputation_equals_sequential():
+    settings = SETTINGS[1]
+    expected, _ = sequential(**settings)
+    for micro_batches, every in ((3, 2), (2, 1), (1, 3)):
+        network = MicroBatched(FullyShardedNetwork(comm, SIZES, seed=3), micro_batches, every)
+        parallel(network, FullySharded, **settings)
+        error = relative_error(network.full_params(), expected)
+        assert error <= 1e-10, f"fsdp k={micro_batches} every={every}: relative error {error:.1e}"
+
+
+WIDE = rng.random((256, 64)), rng.integers(0, 10, 256)
+BUDGET_SIZES = (64,) + (128,) * 8 + (10,)
+
+
+def test_measured_peak_memory_is_within_10_percent_of_the_prediction():
+    """tracemalloc's peak over building the network and a step of 256 samples, on every rank (up to 4 ranks:
+    with more ranks than cores, tracemalloc's bookkeeping makes the busy-waiting ranks slow)."""
+    if size > 4:
+        return
+    local_inputs, local_labels, start = shard(comm, *(WIDE if rank == 0 else (None, None)))
+    syncs = {"allreduce": "allreduce", "zero": ZeRO, "fsdp": FullySharded}
+    for strategy, every, micro_batches in (("allreduce", None, 1), ("zero", None, 1), ("fsdp", None, 1),
+                                           ("allreduce", 3, 4), ("fsdp", 3, 4)):
+        def work():
+            network = (FullyShardedNetwork(comm, BUDGET_SIZES) if strategy == "fsdp"
+                       else Network(BUDGET_SIZES, dtype="float64"))
+            train_parallel(comm, MicroBatched(network, micro_batches, every), local_inputs, local_labels,
+                           num_samples=256, start=start, strategy=syncs[strategy], epochs=1, learning_rate=0.1,
+                           batch_size=256, momentum=0.9)
+
+        peak, _ = measured_peak(work)
+        rows = -(-256 // size) + 1  # the most rows of a batch a rank can hold
+        predicted = predicted_peak(predicted_bytes(BUDGET_SIZES, rows, size, rank, strategy, every, micro_batches))
+        where = f"{strategy} every={every} k={micro_batches}"
+        assert abs(peak - predicted) <= 0.1 * predicted, f"{where}: measured {peak:,} predicted {predicted:,}"
+
+
+def test_fsdp_trains_a_network_twice_the_budget_equal_to_sequential():
+    """On 4 ranks a rank may hold less than half the parameters and momentum (measured: tracemalloc's peak over
+    the training, plus the chunks built before it); FSDP + recomputation + accumulation trains under it."""
+    if size != 4:
+        return
+    sizes, (inputs, labels) = (64,) * 33, WIDE
+    expected = Network(sizes, dtype="float64", seed=1)
+    train(expected, inputs, labels, progress=False, epochs=1, learning_rate=0.1, batch_size=64, momentum=0.9)
+    local_inputs, local_labels, start = shard(comm, inputs if rank == 0 else None, labels if rank == 0 else None)
+    network = MicroBatched(FullyShardedNetwork(comm, sizes, seed=1), 2, 6)
+    budget = 0.49 * 2 * network.total_params * 8  # params and momentum are more than twice the budget
+    peak, _ = measured_peak(lambda: train_parallel(
+        comm, network, local_inputs, local_labels, num_samples=256, start=start, strategy=FullySharded,
+        epochs=1, learning_rate=0.1, batch_size=64, momentum=0.9))
+    peak += network.params.nbytes + network.grads.nbytes
+    assert peak <= budget, f"rank {rank} held {peak:,} bytes, over its budget of {budget:,.0f}"
+    assert relative_error(network.full_params(), expected.params) <= 1e-10
+
+
+def mixed_run(loss_scale: float, parallel: bool):
+    settings = dict(epochs=2, learning_rate=0.5, batch_size=32, momentum=0.9, seed=5)
+    mixed = MixedPrecision(Network(SIZES, seed=3), loss_scale=loss_scale, growth_interval=4)
+    if not parallel:
+        train_mixed(mixed, INPUTS.astype(np.float32), LABELS, Settings(**settings))
+        return mixed
+    local_inputs, local_labels, start = shard(comm, INPUTS.astype(np.float32) if rank == 0 else None,
+                                              LABELS if rank == 0 else None)
+    train_parallel(comm, mixed, local_inputs, local_labels, num_samples=N, start=start,
+                   strategy=loss_scaled(Allreduce), **settings)
+    return mixed
+
+
+def test_mixed_precision_ranks_skip_together_and_hold_the_same_weights():
+    """Loss scaling under lesson 05's Allreduce: from a scale that overflows at first, every rank skips the same
+    steps (the verdict is taken on the summed gradient: a rank's own float16 gradient is a partial sum, which
+    may overflow at another scale than one process's) and ends with the same weights; from a scale that never
+    overflows, the weights are near one process's (float16 rounds the ranks' partial sums differently)."""
+    mixed = mixed_run(2.0 ** 24, parallel=True)
+    verdicts = comm.allgather((mixed.skipped, mixed.loss_scale))
+    assert mixed.skipped >= 1 and verdicts == [verdicts[0]] * size, verdicts
+    assert np.array_equal(mixed.params, comm.bcast(mixed.params if rank == 0 else None))
+    assert np.isfinite(mixed.params).all()
+    unscaled_parallel, single = mixed_run(2.0 ** 8, parallel=True), mixed_run(2.0 ** 8, parallel=False)
+    assert unscaled_parallel.skipped == single.skipped == 0
+    error = relative_error(unscaled_parallel.params, single.params)
+    assert error <= 1e-2, error
+
+
+def test_fsdp_refuses_a_network_that_is_not_sharded():
+    expect_error_everywhere(lambda: parallel(Network(SIZES, dtype="float64"), FullySharded, **SETTINGS[0]),
+                            "strategy fsdp trains a FullyShardedNetwork")
+
+
+if __name__ == "__main__":
+    run_checks(globals())

@@ -1,0 +1,198 @@
+"""Lesson 12 in one process: recomputation is bit-identical and costs what the formulas say; mixed
+precision's loss scaler, underflow count, accuracy and bytes per parameter; gradient accumulation's
+micro-batches. (Equality with sequential training on many ranks: tests/mpi/check_memory.py.)"""
+
+import re
+import tracemalloc
+
+import numpy as np
+import pytest
+
+from nnlib import Network, train
+from nnlib.lesson03_training.training import SGD, Settings
+from nnlib.lesson12_memory.accumulation import MicroBatched, micro_batch_bounds
+from nnlib.lesson12_memory.mixed_precision import (SGD_MOMENTUM_BYTES, MixedPrecision, ScaledStep, train_mixed,
+                                                   underflow_per_layer)
+from nnlib.lesson12_memory.recompute import (checkpoint_layers, extra_forward_flops, peak_activation_arrays,
+                                             sqrt_every)
+
+rng = np.random.default_rng(0)
+DEEP = (16,) * 17  # 16 layers, 16 wide: a deep narrow network (16 classes)
+INPUTS, LABELS = rng.random((203, 16)), rng.integers(0, 16, 203)
+SHAPES = list(zip(DEEP[:-1], DEEP[1:]))
+
+
+@pytest.mark.parametrize("every", [1, 2, 3, 4, 16])
+def test_recomputation_gives_bit_identical_parameters(every):
+    settings = dict(epochs=2, learning_rate=0.5, batch_size=32, momentum=0.9, progress=False)
+    plain = Network(DEEP, dtype="float64", seed=1)
+    train(plain, INPUTS, LABELS, **settings)
+    recomputed = MicroBatched(Network(DEEP, dtype="float64", seed=1), recompute_every=every)
+    train(recomputed, INPUTS, LABELS, **settings)
+    assert np.array_equal(plain.params, recomputed.params)
+
+
+@pytest.mark.parametrize("every", [1, 2, 3, 4, 5, 16])
+def test_peak_activations_and_extra_flops_are_the_formulas(every):
+    network = MicroBatched(Network(DEEP, dtype="float64"), recompute_every=every)
+    network.loss_and_gradient(INPUTS, LABELS)
+    assert network.tally.peak_bytes == peak_activation_arrays(16, every) * 203 * 16 * 8
+    assert network.tally.recomputed_flops == extra_forward_flops(203, SHAPES, every)
+    assert extra_forward_flops(203, SHAPES, every) == 2 * 203 * 16 * 16 * (16 - len(checkpoint_layers(16, every)))
+
+
+def test_sqrt_l_checkpoints_hold_the_fewest_arrays():
+    assert sqrt_every(16) == 4 and checkpoint_layers(16, 4) == [0, 4, 8, 12] and checkpoint_layers(7, 3) == [0, 3, 6]
+    assert peak_activation_arrays(16, 1) == 16 and peak_activation_arrays(16, 4) == 7
+    assert min(peak_activation_arrays(16, every) for every in range(1, 17)) == 7
+
+
+@pytest.mark.parametrize("every", [1, 4, 16])
+def test_tracemalloc_measures_the_activations_plus_a_few_temporaries(every):
+    """What NumPy really allocates (tracemalloc) lies between the activations the formula counts and the
+    formula plus 7 arrays of the backward pass's temporaries (delta, dJ/da, a (1 - a), ...)."""
+    rows, width = 1024, 64
+    network = MicroBatched(Network((width,) * 17, dtype="float64"), recompute_every=every)
+    inputs, labels = rng.random((rows, width)), rng.integers(0, width, rows)
+    network.loss_and_gradient(inputs, labels)
+    tracemalloc.start()
+    network.loss_and_gradient(inputs, labels)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    array = rows * width * 8
+    assert peak_activation_arrays(16, every) * array <= peak <= (peak_activation_arrays(16, every) + 7.1) * array
+
+
+def test_micro_batches_cover_the_batch_unevenly():
+    assert micro_batch_bounds(10, 3) == [(0, 4), (4, 7), (7, 10)]
+    assert micro_batch_bounds(2, 3) == [(0, 1), (1, 2), (2, 2)]
+    with pytest.raises(ValueError, match="micro_batches must be a whole number"):
+        MicroBatched(Network((4, 3)), 0)
+
+
+def test_accumulation_equals_the_whole_batch_within_1e_12():
+    settings = dict(epochs=2, learning_rate=0.5, batch_size=50, momentum=0.9, progress=False)
+    whole = Network((16, 9, 7, 16), dtype="float64", seed=2)
+    train(whole, INPUTS, LABELS, **settings)
+    for micro_batches in (2, 3, 7, 60):
+        accumulated = MicroBatched(Network((16, 9, 7, 16), dtype="float64", seed=2), micro_batches)
+        train(accumulated, INPUTS, LABELS, **settings)
+        assert np.abs(accumulated.params - whole.params).max() <= 1e-12 * np.abs(whole.params).max()
+
+
+def test_the_loss_scaler_skips_and_halves_on_overflow_and_doubles_after_good_steps():
+    mixed = MixedPrecision(Network((16, 9, 16)), loss_scale=1024.0, growth_interval=3)
+    step = ScaledStep(SGD(mixed, 0.1), mixed)
+    verdicts = []
+    for gradient in (np.inf, 2.0, 2.0, 2.0, np.nan, 4.0):
+        before = mixed.params.copy()
+        mixed.grads[...] = gradient
+        step.step()
+        verdicts.append((mixed.overflowed, mixed.loss_scale, not np.array_equal(before, mixed.params)))
+    assert verdicts == [(True, 512.0, False), (False, 512.0, True), (False, 512.0, True), (False, 1024.0, True),
+                        (True, 512.0, False), (False, 512.0, True)]
+    assert mixed.skipped == 2
+
+
+def test_training_from_a_huge_scale_skips_steps_then_learns():
+    mixed = MixedPrecision(Network((16, 9, 16)), loss_scale=2.0 ** 24)  # S * g overflows float16 at first
+    before = mixed.params.copy()
+    history, _ = train_mixed(mixed, INPUTS.astype(np.float32), LABELS, Settings(epochs=2, learning_rate=0.5,
+                                                                                  batch_size=20))
+    assert 1 <= mixed.skipped < history.steps and mixed.loss_scale == 2.0 ** (24 - mixed.skipped)
+    assert not np.array_equal(before, mixed.params) and np.isfinite(mixed.params).all()
+
+
+def test_without_scaling_the_lower_layers_gradients_flush_to_zero():
+    network = Network((16,) + (32,) * 15 + (16,), seed=0)
+    unscaled = underflow_per_layer(network, INPUTS[:100].astype(np.float32), LABELS[:100])
+    scaled = underflow_per_layer(network, INPUTS[:100].astype(np.float32), LABELS[:100], loss_scale=2.0 ** 15)
+    assert unscaled[0] > 0.5 and unscaled[-1] == 0.0  # the first layer's gradients vanish in float16
+    assert all(with_scale <= without for with_scale, without in zip(scaled, unscaled)) and scaled[0] < unscaled[0]
+
+
+def test_mixed_precision_learns_as_float32_does_and_holds_the_bytes_predicted():
+    settings = Settings(epochs=3, learning_rate=0.5, batch_size=20, momentum=0.9)
+    inputs = (INPUTS[:, :1] > 0.5).astype(np.float32) * np.ones((1, 16), np.float32) + INPUTS.astype(np.float32)
+    labels = (INPUTS[:, 0] > 0.5).astype(np.int64)  # learnable: the class is the first input's half
+    single = Network((16, 12, 2), seed=4)
+    train(single, inputs, labels, settings, progress=False)
+    mixed = MixedPrecision(Network((16, 12, 2), seed=4))
+    _, optimizer = train_mixed(mixed, inputs, labels, settings)
+    assert abs(mixed.accuracy(inputs, labels) - single.accuracy(inputs, labels)) <= 0.02
+    assert mixed.accuracy(inputs, labels) > 0.9
+    held = mixed.state_bytes(optimizer)
+    assert {kind: held[kind] / mixed.num_params for kind in held} == SGD_MOMENTUM_BYTES
+
+
+# -- the batch job's memory options ----------------------------------------------------------------
+
+def job_arguments(*arguments):
+    import argparse
+
+    from nnlib.train_command import add_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return parser.parse_args(list(arguments))
+
+
+@pytest.mark.parametrize("arguments, message", [
+    (["--recompute", "-1"], "--recompute must be 0 (keep every activation) or K >= 1"),
+    (["--accumulate", "0"], "--accumulate must be at least 1"),
+    (["--strategy", "fsdp", "--asynchronous"], "--asynchronous does not go with --strategy"),  # lesson 11's check
+    (["--accumulate", "2", "--model-parallel", "tensor"], "--recompute/--accumulate does not combine with --model-par"),
+    (["--recompute", "2", "--asynchronous"], "--recompute/--accumulate does not combine with --asynchronous"),
+    (["--recompute", "2", "--compression", "float16"], "--recompute/--accumulate does not combine with --compression"),
+    (["--strategy", "fsdp", "--device", "gpu"], "--strategy fsdp runs on --device cpu"),
+    (["--strategy", "fsdp", "--checkpoint-dir", "somewhere"], "without --checkpoint-dir"),
+    (["--precision", "bfloat16"], "--precision bfloat16: NumPy has no bfloat16 arrays"),
+    (["--precision", "float16", "--strategy", "zero"], "--precision float16 goes with --strategy allreduce"),
+    (["--precision", "float16", "--accumulate", "2"], "without --recompute or --accumulate"),
+    (["--precision", "float16", "--dtype", "float64"], "keeps float32 master weights (--dtype float32)"),
+])
+def test_the_batch_job_refuses_memory_options_that_do_not_combine(arguments, message):
+    from nnlib.train_command import check_settings
+
+    with pytest.raises(ValueError, match=re.escape(message)):
+        check_settings(job_arguments("--epochs", "1", *arguments), 2)
+
+
+def test_the_batch_job_with_fsdp_recomputation_and_accumulation_equals_allreduce(tmp_path):
+    import subprocess
+    import sys
+
+    from nnlib.environment import mpiexec_path
+
+    saved = {}
+    for name, extra in (("plain", []), ("memory", ["--strategy", "fsdp", "--recompute", "2", "--accumulate", "3"])):
+        output = tmp_path / f"{name}.npz"
+        run = subprocess.run([mpiexec_path(), "-n", "3", sys.executable, "-m", "nnlib", "train", "--samples", "1001",
+                              "--epochs", "1", "--batch-size", "100", "--hidden", "16", "8", "--dtype", "float64",
+                              "--output", str(output), *extra], capture_output=True, text=True, timeout=180)
+        assert run.returncode == 0, run.stderr
+        with np.load(output) as file:
+            saved[name] = (file["params"], float(file["test_accuracy"]))
+    assert "memory: strategy fsdp, recompute every 2, 3 micro-batch(es) per step, precision float32" in run.stdout
+    assert np.abs(saved["memory"][0] - saved["plain"][0]).max() <= 1e-10 * np.abs(saved["plain"][0]).max()
+    assert saved["memory"][1] == saved["plain"][1]
+
+
+def test_the_batch_job_in_float16_learns_as_float32_does(tmp_path):
+    import subprocess
+    import sys
+
+    from nnlib.environment import mpiexec_path
+
+    accuracy = {}
+    for precision in ("float32", "float16"):
+        output = tmp_path / f"{precision}.npz"
+        run = subprocess.run([mpiexec_path(), "-n", "2", sys.executable, "-m", "nnlib", "train", "--samples", "2000",
+                              "--epochs", "2", "--batch-size", "50", "--hidden", "32", "--precision", precision,
+                              "--output", str(output)], capture_output=True, text=True, timeout=180)
+        assert run.returncode == 0, run.stderr
+        with np.load(output) as saved:
+            accuracy[precision] = float(saved["test_accuracy"])
+            assert saved["loss"][1] < saved["loss"][0]
+    assert "precision float16" in run.stdout
+    assert accuracy["float32"] > 0.6 and abs(accuracy["float16"] - accuracy["float32"]) <= 0.02, accuracy
