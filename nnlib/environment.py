@@ -9,6 +9,7 @@ import os
 import platform
 import re
 import sys
+import textwrap
 
 LESSON = 0  # notebook 00's environment check
 
@@ -159,12 +160,13 @@ def mpiexec_path() -> str | None:
 
 
 def print_report() -> None:
-    """Print :func:`describe` as aligned lines, and the kernel note if a variable forces an older kernel."""
-    for key, value in describe().items():
-        print(f"{key:12s} {value}")
-    note = kernel_note()
-    if note:
-        print(f"note         {note}")
+    """Print :func:`describe` as aligned lines of at most 100 characters (a projector's width), and the
+    kernel note if a variable forces an older kernel."""
+    rows = dict(describe())
+    if kernel_note():
+        rows["note"] = kernel_note()
+    for key, value in rows.items():
+        print(textwrap.fill(f"{key:12s} {value}", 100, subsequent_indent=" " * 13, break_long_words=False))
 
 
 def gpu_status(refresh: bool = False):

@@ -48,3 +48,14 @@ def test_the_cpus_own_kernel_gives_no_note():
 def test_the_report_names_the_kernel_and_the_cpus_instructions():
     described = environment.describe()
     assert described["BLAS kernel"] == f"{environment.blas_kernel()}, on a CPU with {environment.cpu_instruction_set()}"
+
+
+def test_the_report_fits_a_projector_with_and_without_the_note():
+    """Lesson 00's environment check: every line at most 100 characters, the long kernel note wrapped."""
+    own = {name: value for name, value in os.environ.items() if name not in environment.FORCING_VARIABLES}
+    older = OLDER.get(environment.cpu_instruction_set())
+    for variables in ([{}, {"OPENBLAS_CORETYPE": older}] if older else [{}]):
+        reply = subprocess.run([sys.executable, "-c", "from nnlib import environment; environment.print_report()"],
+                               env={**own, **variables}, capture_output=True, text=True, timeout=300, check=True)
+        lines = reply.stdout.splitlines()
+        assert lines and max(len(line) for line in lines) <= 100, lines
