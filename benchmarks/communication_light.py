@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from nnlib.environment import mpiexec_path
+from nnlib.environment import blas_kernel, mpiexec_path
 from nnlib.lesson04_collectives.costmodel import ETHERNET_1G, INFINIBAND_100G
 from nnlib.lesson11_beyond_sync.compression import counted_seconds
 
@@ -74,7 +74,8 @@ def main() -> None:
     num_params = 784 * args.hidden + args.hidden + args.hidden * 10 + 10
     steps = args.epochs * -(-args.samples // args.batch_size)
     print(f"784-{args.hidden}-10 ({num_params:,} parameters), {args.samples} samples, {args.epochs} epochs of "
-          f"batches of {args.batch_size} ({steps} steps), {args.ranks} workers, float32", flush=True)
+          f"batches of {args.batch_size} ({steps} steps), {args.ranks} workers, float32; BLAS kernel {blas_kernel()} "
+          "(accuracy and bytes do not depend on it; the times are the alpha-beta model's)", flush=True)
     header = "".join(f"{f'{name}, {workers}':>16s}" for name in NETWORKS for workers in WORKERS)
     print(f"{'method':18s}{'test acc.':>10s}{'bytes/step':>12s}{'fewer':>8s}   model ms/step:{header}", flush=True)
     reference = None
