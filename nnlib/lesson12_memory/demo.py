@@ -79,25 +79,32 @@ PLANS = {"data parallel": ("allreduce", None, 1), "ZeRO-1 (08)": ("zero", None, 
          "FSDP, k = 3": ("fsdp", 3, 1), "FSDP, k = 3, 4 micro": ("fsdp", 3, 4)}
 
 
+def step_peak(comm, plan, shard_of_batch, samples: int = 256) -> int:
+    """tracemalloc's peak on this rank over building BUDGET_SIZES's network for ``plan`` = (strategy, every,
+    micro_batches) and one step of ``samples`` rows; shard_of_batch: this rank's (inputs, labels, start)."""
+    strategy, every, micro_batches = plan
+    syncs = {"allreduce": "allreduce", "zero": ZeRO, "fsdp": FullySharded}
+    local_inputs, local_labels, start = shard_of_batch
+
+    def work():
+        network = (FullyShardedNetwork(comm, BUDGET_SIZES) if strategy == "fsdp"
+                   else Network(BUDGET_SIZES, dtype="float64"))
+        train_parallel(comm, MicroBatched(network, micro_batches, every), local_inputs, local_labels,
+                       num_samples=samples, start=start, strategy=syncs[strategy], epochs=1, learning_rate=0.1,
+                       batch_size=samples, momentum=0.9)
+
+    return measured_peak(work)[0]
+
+
 def budgets(comm) -> dict:
     """Rank 0's measured peak (tracemalloc) and predicted bytes by kind, for one step of 256 samples of each plan."""
     rng = np.random.default_rng(0)
     whole = (rng.random((256, 64)), rng.integers(0, 10, 256)) if comm.rank == 0 else (None, None)
-    local_inputs, local_labels, start = shard(comm, *whole)
-    syncs = {"allreduce": "allreduce", "zero": ZeRO, "fsdp": FullySharded}
-    found = {}
-    for name, (strategy, every, micro_batches) in PLANS.items():
-        def work():
-            network = (FullyShardedNetwork(comm, BUDGET_SIZES) if strategy == "fsdp"
-                       else Network(BUDGET_SIZES, dtype="float64"))
-            train_parallel(comm, MicroBatched(network, micro_batches, every), local_inputs, local_labels,
-                           num_samples=256, start=start, strategy=syncs[strategy], epochs=1, learning_rate=0.1,
-                           batch_size=256, momentum=0.9)
-        peak, _ = measured_peak(work)
-        rows = -(-256 // comm.size)
-        found[name] = {"measured": peak, "predicted": predicted_bytes(BUDGET_SIZES, rows, comm.size, comm.rank,
-                                                                      strategy, every, micro_batches)}
-    return found
+    shard_of_batch = shard(comm, *whole)
+    rows = -(-256 // comm.size)
+    return {name: {"measured": step_peak(comm, plan, shard_of_batch),
+                   "predicted": predicted_bytes(BUDGET_SIZES, rows, comm.size, comm.rank, *plan)}
+            for name, plan in PLANS.items()}
 
 
 if __name__ == "__main__":

@@ -21,9 +21,9 @@ from nnlib.lesson05_data_parallel import shard, train_parallel
 from nnlib.lesson05_data_parallel.data_parallel import Allreduce
 from nnlib.lesson08_inside_allreduce.allreduce import chunk_bounds
 from nnlib.lesson08_inside_allreduce.overlap import Overlap
-from nnlib.lesson08_inside_allreduce.zero import ZeRO
 from nnlib.lesson12_memory.accumulation import MicroBatched
 from nnlib.lesson12_memory.budget import measured_peak, predicted_bytes, predicted_peak
+from nnlib.lesson12_memory.demo import BUDGET_SIZES, step_peak
 from nnlib.lesson12_memory.fsdp import FullySharded, FullyShardedNetwork
 from nnlib.lesson12_memory.mixed_precision import MixedPrecision, loss_scaled, train_mixed
 from nnlib.lesson12_memory.traffic import CountingComm, allreduce_bytes, fsdp_bytes
@@ -123,7 +123,6 @@ def test_fsdp_with_accumulation_and_recomputation_equals_sequential():
 
 
 WIDE = rng.random((256, 64)), rng.integers(0, 10, 256)
-BUDGET_SIZES = (64,) + (128,) * 8 + (10,)
 
 
 def test_measured_peak_memory_is_within_10_percent_of_the_prediction():
@@ -131,18 +130,10 @@ def test_measured_peak_memory_is_within_10_percent_of_the_prediction():
     with more ranks than cores, tracemalloc's bookkeeping makes the busy-waiting ranks slow)."""
     if size > 4:
         return
-    local_inputs, local_labels, start = shard(comm, *(WIDE if rank == 0 else (None, None)))
-    syncs = {"allreduce": "allreduce", "zero": ZeRO, "fsdp": FullySharded}
+    shard_of_batch = shard(comm, *(WIDE if rank == 0 else (None, None)))
     for strategy, every, micro_batches in (("allreduce", None, 1), ("zero", None, 1), ("fsdp", None, 1),
                                            ("allreduce", 3, 4), ("fsdp", 3, 4)):
-        def work():
-            network = (FullyShardedNetwork(comm, BUDGET_SIZES) if strategy == "fsdp"
-                       else Network(BUDGET_SIZES, dtype="float64"))
-            train_parallel(comm, MicroBatched(network, micro_batches, every), local_inputs, local_labels,
-                           num_samples=256, start=start, strategy=syncs[strategy], epochs=1, learning_rate=0.1,
-                           batch_size=256, momentum=0.9)
-
-        peak, _ = measured_peak(work)
+        peak = step_peak(comm, (strategy, every, micro_batches), shard_of_batch)
         rows = -(-256 // size) + 1  # the most rows of a batch a rank can hold
         predicted = predicted_peak(predicted_bytes(BUDGET_SIZES, rows, size, rank, strategy, every, micro_batches))
         where = f"{strategy} every={every} k={micro_batches}"
