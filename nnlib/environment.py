@@ -162,9 +162,9 @@ def mpiexec_path() -> str | None:
 def print_report() -> None:
     """Print :func:`describe` as aligned lines of at most 100 characters (a projector's width), and the
     kernel note if a variable forces an older kernel."""
-    rows = dict(describe())
-    if kernel_note():
-        rows["note"] = kernel_note()
+    rows, note = dict(describe()), kernel_note()  # the note times a product at both kernels: once
+    if note:
+        rows["note"] = note
     for key, value in rows.items():
         print(textwrap.fill(f"{key:12s} {value}", 100, subsequent_indent=" " * 13, break_long_words=False))
 
