@@ -64,10 +64,10 @@ def overlap_spans(layers: int, backward: float = 1.0, transfer: float = 0.8, ove
     compute = [(f"backward layer {layer}", (layers - layer) * backward, (layers - layer + 1) * backward)
                for layer in range(layers, 0, -1)]
     communicate, link_free = [], 0.0
-    for label, _, end in compute:
+    for layer, (_, _, end) in zip(range(layers, 0, -1), compute):
         start = max(end if overlap else layers * backward, link_free)
         link_free = start + transfer
-        communicate.append((f"bucket {label.rsplit(' ', 1)[1]}", start, link_free))
+        communicate.append((f"bucket {layer}", start, link_free))
     return compute, communicate
 
 
