@@ -5,18 +5,22 @@ or, inside the environment:   python benchmarks/cpu_throughput.py --threads 1
 
 Both libraries train the same network (same sizes, same starting weights, float32,
 sigmoid outputs with cross-entropy, plain SGD) on the same MNIST samples in the
-same order, with the same number of BLAS threads, in this one process. Each case
-reports the best epoch of a few after a warm-up epoch.
+same order, with the same number of BLAS threads, in this one process. The cases run in R
+interleaved rounds (default 5): in each round every case trains in nnlib, then in PyTorch, then
+NumPy's matmul rate at its shapes is measured, each giving its best epoch of a few after a warm-up
+epoch. The table gives the median over the rounds, with the range (lowest-highest) beside it.
 """
 
 import argparse
 import os
 import platform
 import sys
+from statistics import median
 
 parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 parser.add_argument("--threads", type=int, default=1, help="BLAS / PyTorch threads (default 1)")
-parser.add_argument("--epochs", type=int, default=3, help="timed epochs per case (after one warm-up)")
+parser.add_argument("--epochs", type=int, default=2, help="timed epochs per case and round (after one warm-up)")
+parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds; medians over them (default 5)")
 parser.add_argument("--data-dir", default=None, help="folder with the MNIST files (default: NNLIB_DATA or the cache)")
 parser.add_argument("--no-torch", action="store_true", help="skip PyTorch (nnlib figures only)")
 args = parser.parse_args()
@@ -31,7 +35,7 @@ from nnlib.environment import blas_kernel  # noqa: E402
 from nnlib.lesson01_mnist import data  # noqa: E402
 from nnlib.lesson02_network.network import Network  # noqa: E402
 from nnlib.lesson04_collectives.costmodel import flops_per_sample  # noqa: E402
-from nnlib.lesson06_scaling.benchmarks import matmul_rate, torch_copy, training_throughput  # noqa: E402
+from nnlib.lesson06_scaling.benchmarks import matmul_rate, step_matmul_shapes, torch_copy, training_throughput  # noqa: E402
 
 SEED_NETWORK = (400, 25, 10)  # the seed scripts trained only this network
 
@@ -99,6 +103,39 @@ def torch_throughput(torch, layer_sizes, inputs, labels, batch_size, epochs, lea
     return num_samples / min(seconds[1:])
 
 
+def spread(values, form="{:,.0f}") -> str:
+    """'median (lowest-highest)' of the rounds' values."""
+    return f"{form.format(median(values))} ({form.format(min(values))}-{form.format(max(values))})"
+
+
+def step_floor(layer_sizes, inputs, batch_size, seed=0) -> dict:
+    """Microseconds per step of what no training step at ``batch_size`` can skip: the matrix products (at
+    NumPy's own rate), the random gather of the batch's rows and a plain SGD update of every parameter
+    (params -= eta grads); and the share of the products in their sum, the most of the matmul rate a
+    whole step could reach."""
+    import time
+
+    rng = np.random.default_rng(seed)
+    products = sum(2 * m * k * n for m, k, n in step_matmul_shapes(layer_sizes, batch_size))
+    product_us = products / matmul_rate(layer_sizes, batch_size) / 1e3
+    gathers = []
+    for start in range(0, inputs.shape[0] - batch_size + 1, batch_size):
+        rows = rng.integers(0, inputs.shape[0], batch_size)
+        began = time.perf_counter()
+        np.take(inputs, rows, axis=0)
+        gathers.append(time.perf_counter() - began)
+    count = sum(n_in * n_out + n_out for n_in, n_out in zip(layer_sizes[:-1], layer_sizes[1:]))
+    params, grads = np.zeros(count, np.float32), np.ones(count, np.float32)
+    updates = []
+    for _ in range(200):
+        began = time.perf_counter()
+        params -= 0.1 * grads
+        updates.append(time.perf_counter() - began)
+    gather_us, update_us = median(gathers) * 1e6, median(updates) * 1e6
+    return dict(products=product_us, gather=gather_us, update=update_us,
+                share=product_us / (product_us + gather_us + update_us))
+
+
 def main():
     try:
         import torch
@@ -115,35 +152,56 @@ def main():
     labels = mnist.train_labels.astype(np.int64)
     course_images, course_labels = data.course_subset(mnist)
     course = data.scale_pixels(course_images)
+    course_labels = course_labels.astype(np.int64)
     cropped_full = data.scale_pixels(np.ascontiguousarray(data.crop_center(mnist.train_images)))
 
     cases = [
         ("784-128-10, batch 128", (784, 128, 10), full, labels, 128),
         ("784-128-10, full batch", (784, 128, 10), full, labels, None),
-        ("400-25-10, full batch, 5,000", (400, 25, 10), course, course_labels.astype(np.int64), None),
+        ("400-25-10, full batch, 5,000", (400, 25, 10), course, course_labels, None),
         ("400-25-10, full batch, 60,000", (400, 25, 10), cropped_full, labels, None),
     ]
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
           f"{args.threads} thread(s), float32, NumPy {np.__version__}, BLAS kernel {blas_kernel()}"
           + (f", PyTorch {torch.__version__}" if torch else ""))
     print("FLOPs count the matrix products nnlib performs: forward, weight gradients, and input "
-          "gradients for every layer but the first.\n")
-    header = (f"{'case':32s} {'nnlib samples/s':>16s} {'torch samples/s':>16s} {'nnlib/torch':>11s} "
-              f"{'nnlib GFLOP/s':>13s} {'matmul GFLOP/s':>14s} {'of matmul':>9s} {'x seed':>7s}")
+          f"gradients for every layer but the first. Medians of {args.rounds} interleaved rounds "
+          "(lowest-highest).\n")
+    rounds = {name: dict(ours=[], theirs=[], ratio=[], share=[], seed=[]) for name, *_ in cases}
+    seed_rates = []
+    for _ in range(args.rounds):
+        seed_rates.append(seed_style_throughput(course, course_labels, iterations=1))  # timed here, in this run
+        for name, sizes, inputs, case_labels, batch in cases:
+            ours = training_throughput(sizes, inputs, case_labels, batch, args.epochs)
+            theirs = torch_throughput(torch, sizes, inputs, case_labels, batch, args.epochs) if torch else float("nan")
+            ceiling = matmul_rate(sizes, batch or inputs.shape[0])
+            found = rounds[name]
+            found["ours"].append(ours)
+            found["theirs"].append(theirs)
+            found["ratio"].append(ours / theirs)
+            found["share"].append(ours * flops_per_sample(sizes) / 1e9 / ceiling)
+            found["seed"].append(ours / seed_rates[-1])
+    print_table(cases, rounds)
+    print(f"\nx seed: against the seed scripts' step (a loop over the samples), timed in every round on "
+          f"{SEED_NETWORK[0]}-{SEED_NETWORK[1]}-{SEED_NETWORK[2]} and 5,000 samples: {spread(seed_rates)} samples/s.")
+    floor = step_floor((784, 128, 10), full, 128)
+    print(f"\nThe floor at 784-128-10, batch 128: the matrix products take {floor['products']:.0f} us a step at "
+          f"NumPy's rate, the random gather of the batch's rows {floor['gather']:.0f} us and the update "
+          f"{floor['update']:.0f} us;\nno step can skip these, so no step reaches more than {floor['share']:.0%} "
+          "of the matmul rate here.")
+
+
+def print_table(cases, rounds) -> None:
+    """One row per case: nnlib's and PyTorch's samples/s, their ratio, the share of the matmul rate, x seed."""
+    header = (f"{'case':31s} {'nnlib samples/s':>25s} {'torch samples/s':>25s} {'nnlib/torch':>17s} "
+              f"{'of matmul':>13s} {'x seed':>11s}")
     print(header)
     print("-" * len(header))
-    course_labels = course_labels.astype(np.int64)
-    seed_rate = seed_style_throughput(course, course_labels)  # timed here, in this run
-    for name, sizes, inputs, case_labels, batch in cases:
-        ours = training_throughput(sizes, inputs, case_labels, batch, args.epochs)
-        theirs = torch_throughput(torch, sizes, inputs, case_labels, batch, args.epochs) if torch else float("nan")
-        achieved = ours * flops_per_sample(sizes) / 1e9
-        ceiling = matmul_rate(sizes, batch or inputs.shape[0])
-        print(f"{name:32s} {ours:16,.0f} {theirs:16,.0f} {ours / theirs:11.2f} "
-              f"{achieved:13.1f} {ceiling:14.1f} {achieved / ceiling:9.0%} "
-              + (f"{ours / seed_rate:7.0f}" if sizes == SEED_NETWORK else f"{'-':>7s}"))
-    print(f"\nx seed: against the seed scripts' step (a loop over the samples), timed in this run on "
-          f"{SEED_NETWORK[0]}-{SEED_NETWORK[1]}-{SEED_NETWORK[2]} and 5,000 samples: {seed_rate:,.0f} samples/s.")
+    for name, sizes, *_ in cases:
+        found = rounds[name]
+        seed = spread(found["seed"], "{:.0f}") if sizes == SEED_NETWORK else "-"
+        print(f"{name:31s} {spread(found['ours']):>25s} {spread(found['theirs']):>25s} "
+              f"{spread(found['ratio'], '{:.2f}'):>17s} {spread(found['share'], '{:.0%}'):>13s} {seed:>11s}")
 
 
 if __name__ == "__main__":

@@ -172,3 +172,28 @@ def test_the_backward_pass_reports_each_layer_as_soon_as_its_gradient_is_final()
     assert [layer for layer, _, _ in seen] == [2, 1, 0]
     for layer, weights, biases in seen:
         assert np.array_equal(weights, network.grad_weights[layer]) and np.array_equal(biases, network.grad_biases[layer])
+
+
+@pytest.mark.parametrize("namespace", ["numpy", "array_api_strict"])
+def test_product_into_writes_the_plain_product_into_a_view(namespace):
+    """product_into(a, b, out) leaves out == a @ b, in place (a view into a flat vector), with matmul's
+    out= (NumPy) or without it (array_api_strict has none); the rest of the flat vector is untouched."""
+    from nnlib.lesson02_network.arrays import product_into
+
+    xp = np if namespace == "numpy" else pytest.importorskip("array_api_strict")
+    rng = np.random.default_rng(0)
+    a, b = xp.asarray(rng.random((7, 5))), xp.asarray(rng.random((7, 3)))
+    flat = xp.asarray(np.full(20, -1.0))
+    out = xp.reshape(flat[2:17], (5, 3))
+    product_into(a.T, b, out)
+    assert np.array_equal(np.asarray(flat[2:17]).reshape(5, 3), np.asarray(a.T @ b))
+    assert np.all(np.asarray(flat[:2]) == -1) and np.all(np.asarray(flat[17:]) == -1)
+
+
+def test_one_hot_targets_are_rows_of_the_identity():
+    from nnlib.lesson02_network.network import one_hot_targets
+
+    labels = np.array([2, 0, 3, 3])
+    expected = np.array([[float(label == k) for k in range(4)] for label in labels], np.float32)
+    targets = one_hot_targets(labels, 4, np.float32, np)
+    assert targets.dtype == np.float32 and np.array_equal(targets, expected)

@@ -54,6 +54,19 @@ def is_numpy(xp) -> bool:
     return xp is np
 
 
+def product_into(a, b, out) -> None:
+    """out[...] = a @ b, written straight into ``out`` (a view into a flat vector) where the arrays allow it.
+
+    NumPy's and CuPy's matmul take ``out=``, which saves allocating a @ b and copying it over; the array
+    API has no ``out=``, so other namespaces (array_api_strict in the tests) compute and copy.
+    tests/test_network.py checks both ways against the plain formula.
+    """
+    if isinstance(out, np.ndarray) or type(out).__module__.split(".")[0] == "cupy":
+        array_namespace(out).matmul(a, b, out=out)
+    else:
+        out[...] = a @ b
+
+
 def through_host(array, operation) -> None:
     """``operation(host)`` on ``array``'s values in host memory, written back into ``array``.
 

@@ -38,7 +38,7 @@ import math
 
 import numpy as np
 
-from nnlib.lesson02_network.arrays import array_namespace, namespace_of_device, to_numpy
+from nnlib.lesson02_network.arrays import array_namespace, namespace_of_device, product_into, to_numpy
 
 LESSON = 2
 
@@ -88,8 +88,8 @@ def cross_entropy_from_logits(logits, targets, output: str, xp):
 
 
 def one_hot_targets(labels, num_classes: int, dtype, xp):
-    """Integer labels (N,) to one-hot targets (N, num_classes) of ``dtype``."""
-    return xp.astype(labels[:, None] == xp.arange(num_classes, dtype=labels.dtype), dtype)
+    """Integer labels (N,) to one-hot targets (N, num_classes) of ``dtype``: for label y, row y of the identity."""
+    return xp.take(xp.eye(num_classes, dtype=dtype), labels, axis=0)
 
 
 def output_loss(logits, outputs, labels, scale: float, output: str):
@@ -158,13 +158,12 @@ class Layer:
         inputs a_in (N, n_in), delta = dJ/dz (N, n_out); ``accumulate`` adds to what is there (a
         later chunk of a large batch, or a later micro-batch of a pipeline).
         """
-        weights_gradient = inputs.T @ delta                               # (n_in, n_out)
         biases_gradient = self.xp.sum(delta, axis=0)                      # (n_out,)
         if accumulate:
-            self.grad_weights += weights_gradient
+            self.grad_weights += inputs.T @ delta                         # (n_in, n_out)
             self.grad_biases += biases_gradient
         else:
-            self.grad_weights[...] = weights_gradient
+            product_into(inputs.T, delta, self.grad_weights)              # grad_weights = inputs.T @ delta
             self.grad_biases[...] = biases_gradient
 
     def input_gradient(self, delta):
@@ -291,9 +290,11 @@ class LayerStack(Classifier):
         self.weights, self.biases = [layer.weights for layer in self.layers], [layer.biases for layer in self.layers]
         self.grad_weights = [layer.grad_weights for layer in self.layers]
         self.grad_biases = [layer.grad_biases for layer in self.layers]
-        # Rows per piece of a large batch (see loss_and_gradient): about 128k activations of
-        # the widest layer after the inputs, i.e. 1,024 rows for 128 hidden units.
-        self.chunk_size = max(1024, 131072 // max(self.layer_sizes[1:]))
+        # Rows per piece of a large batch (see loss_and_gradient): 1,024 rows are enough for the
+        # matrix products to run at NumPy's full rate, and keep a narrow network's arrays small
+        # (a 25-unit layer's activations take 100 KB in float32): larger pieces measured slower
+        # (benchmarks/RESULTS.md, "chunk size").
+        self.chunk_size = 1024
         self.last_correct, self.output_logits = 0, None
 
     @property
