@@ -299,7 +299,7 @@ class PipelineMLP(Classifier):
     ``layers``: this stage's slice of the network's layers, over its own flat params and grads.
     After each step: ``timeline`` holds this stage's (kind, micro-batch, start, end) of its
     computations (waits excluded) in seconds of time.perf_counter, one clock for all processes of
-    a host; ``peak_alive`` the most micro-batches whose activations were kept at once,
+    a host, and ``timeline_chunks`` the chunk of each (0 unless the stage holds several); ``peak_alive`` the most micro-batches whose activations were kept at once,
     ``peak_activation_bytes`` their bytes.
 
     Generic points for other schedules: ``schedules`` (the names accepted), :meth:`programs` (the
@@ -328,7 +328,8 @@ class PipelineMLP(Classifier):
         self.weights, self.biases = [layer.weights for layer in self.layers], [layer.biases for layer in self.layers]
         self.grad_weights = [layer.grad_weights for layer in self.layers]
         self.grad_biases = [layer.grad_biases for layer in self.layers]
-        self.last_correct, self.timeline, self.peak_alive, self.peak_activation_bytes = 0, [], 0, 0
+        self.last_correct, self.timeline, self.timeline_chunks, self.peak_alive, self.peak_activation_bytes = \
+            0, [], [], 0, 0
         del whole
 
     def layer_ranges(self, stage: int) -> list[tuple[int, int]]:
@@ -388,12 +389,13 @@ class PipelineMLP(Classifier):
         run = {"recv_forward": self._recv_forward, "forward": self._forward, "send_forward": self._send_forward,
                "recv_backward": self._recv_backward, "backward": self._backward, "send_backward": self._send_backward,
                "backward_input": self._backward_input, "backward_weight": self._backward_weight}
-        self.timeline, self.peak_alive, self.peak_activation_bytes = [], 0, 0
+        self.timeline, self.timeline_chunks, self.peak_alive, self.peak_activation_bytes = [], [], 0, 0
         for instruction in self.programs(count)[self.stage]:
             began = time.perf_counter()
             run[instruction.kind](step, instruction.micro_batch, instruction.chunk)
             if instruction.kind in COMPUTE:
                 self.timeline.append((COMPUTE[instruction.kind], instruction.micro_batch, began, time.perf_counter()))
+                self.timeline_chunks.append(instruction.chunk)
         wait_for_sends(self.comm, step.sends)
         self.comm.Bcast(step.totals, root=self.stages - 1)  # every rank learns the step's loss
         self.last_correct = int(step.totals[1])
