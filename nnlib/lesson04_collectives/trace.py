@@ -2,12 +2,14 @@
 
 The series records many timelines: each rank's phases of a data-parallel step ((step, phase,
 start, end) from train_parallel(..., timeline_steps=...): lessons 05 and 06; lesson 08's overlapped
-strategy, whose "communicate" phase waits for the buckets' Iallreduces still in flight (the buckets
-themselves are not timed); lesson 10's stalled run, whose waits for the missing rank are the
-others' "communicate" phase), each pipeline stage's computations (lessons 09, 13: (letter,
-micro-batch, start, end) in PipelineMLP.timeline, their chunks in .timeline_chunks), the parameter server's updates (lesson 11:
-AsyncHistory.worker and .seconds). Drawn with matplotlib they are pictures of fixed size; written
-as a trace they can be zoomed, searched and measured.
+strategy, whose "communicate" phase waits for the buckets' Iallreduces still in flight; lesson 10's
+stalled run, whose waits for the missing rank are the others' "communicate" phase), each pipeline
+stage's computations (lessons 09, 13: (letter, micro-batch, start, end) in PipelineMLP.timeline,
+their chunks in .timeline_chunks), the parameter server's updates (lesson 11: AsyncHistory.worker
+and .seconds). Drawn with matplotlib they are pictures of fixed size; written as a trace they can
+be zoomed, searched and measured. Lessons 08 and 10 turn their own records into spans for this
+writer: overlap's per-bucket calls (overlap.bucket_spans) and the watchdog's waits
+(watchdog.record_waits, wait_spans).
 
 The format (the Trace Event Format; Horovod's timeline and PyTorch's profiler write it too):
 ``{"traceEvents": [...], "displayTimeUnit": "ms"}``, each event a dict with

@@ -299,7 +299,8 @@ class PipelineMLP(Classifier):
     ``layers``: this stage's slice of the network's layers, over its own flat params and grads.
     After each step: ``timeline`` holds this stage's (kind, micro-batch, start, end) of its
     computations (waits excluded) in seconds of time.perf_counter, one clock for all processes of
-    a host, and ``timeline_chunks`` the chunk of each (0 unless the stage holds several); ``peak_alive`` the most micro-batches whose activations were kept at once,
+    a host, and ``timeline_chunks`` the chunk of each (0 unless the stage holds several);
+    ``peak_alive`` the most micro-batches whose activations were kept at once,
     ``peak_activation_bytes`` their bytes.
 
     Generic points for other schedules: ``schedules`` (the names accepted), :meth:`programs` (the
