@@ -197,3 +197,13 @@ def test_balanced_split_gives_every_virtual_stage_the_same_work(ranks):
 def test_balanced_split_needs_a_wide_layer_per_virtual_stage():
     with pytest.raises(ValueError, match="cannot give each of 9 virtual stages a wide layer"):
         balanced_split(10, 9)
+
+
+def test_lesson_09s_pipeline_checks_its_split():
+    from mpi4py import MPI
+
+    from nnlib.lesson09_model_parallel.pipeline import PipelineMLP
+
+    assert PipelineMLP(MPI.COMM_SELF, (6, 5, 4, 3), split=(3,)).chunk_ranges == [(0, 3)]
+    with pytest.raises(ValueError, match=re.escape("split (2,) holds 2 layers but the network has 3 weight layers")):
+        PipelineMLP(MPI.COMM_SELF, (6, 5, 4, 3), split=(2,))
