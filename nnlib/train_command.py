@@ -606,13 +606,13 @@ def model_parallel_job(args, comm, settings, data, test) -> int:
     test_accuracy = network.accuracy(test_inputs, test_labels)  # every piece of each replica takes part
     params = network.full_params()
     phases = gather_phase_seconds(comm, history)
-    timelines = comm.gather(network.timeline if args.trace else [], root=0)  # each stage's last step
+    timelines = comm.gather((network.timeline, network.timeline_chunks) if args.trace else ([], []), root=0)
     if comm.rank == 0:
         report(args, comm.size, history, phases, test_accuracy, params, sizes,
                dict(strategy=np.array(f"{args.model_parallel} x {model_size}")))
         if args.trace:
             from nnlib.lesson04_collectives.trace import pipeline_spans
-            save_trace(args.trace, pipeline_spans(timelines))
+            save_trace(args.trace, pipeline_spans(*zip(*timelines), stages=model_size))  # last step, chunks named
     return 0
 
 

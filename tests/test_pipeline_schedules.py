@@ -6,16 +6,19 @@ that carry it; every dependency holds on a clock (forward k of virtual stage j a
 B after B of j + 1 and after its own forward, W after its B); the lists run to the end with
 blocking receives (no deadlock); the peak of micro-batches alive is as the module states. With equal
 stages the simulation gives the formulas exactly at P = 2 and 4. Each check is shown failing on a
-broken schedule.
+broken schedule. A custom split of the layers over the (virtual) stages is used as given, and
+checked; balanced_split gives the notebook's network stages of equal work.
 """
 
+import re
 from collections import Counter
 
 import pytest
 
-from nnlib.lesson09_model_parallel.pipeline import Instruction, simulate
-from nnlib.lesson13_pipeline_schedules.schedules import (bubble_formula, interleaved, schedule_programs,
-                                                          simulated_bubble)
+from nnlib.lesson09_model_parallel.pipeline import Instruction, simulate, stage_layers
+from nnlib.lesson13_pipeline_schedules.bubbles_job import LAYER_SIZES, balanced_layouts
+from nnlib.lesson13_pipeline_schedules.schedules import (balanced_split, bubble_formula, interleaved,
+                                                          schedule_programs, simulated_bubble)
 
 CASES = [(stages, micro_batches) for stages in range(1, 9) for micro_batches in (1, 2, 3, 5, 8, 13, 32)]
 NEW = [("interleaved", 2), ("interleaved", 3), ("zb-h1", 1), ("zb-h2", 1)]
@@ -148,3 +151,59 @@ def test_a_chunk_order_that_deadlocks_is_caught():
              for s, p in enumerate(programs)]
     with pytest.raises(RuntimeError, match="deadlocks"):
         simulate(stuck, lambda stage, kind: 1.0)
+
+
+# -- custom and balanced splits of the layers ----------------------------------------------------------
+
+def test_a_custom_split_is_used_as_given():
+    assert stage_layers(10, 4) == [(0, 3), (3, 6), (6, 8), (8, 10)]  # as even as possible
+    assert stage_layers(10, 4, (3, 2, 2, 3)) == [(0, 3), (3, 5), (5, 7), (7, 10)]
+    assert stage_layers(10, 2, [5, 5]) == [(0, 5), (5, 10)]
+
+
+@pytest.mark.parametrize("split, words", [((3, 2, 2), "each of the 4 (virtual) stages a positive number"),
+                                          ((3, 0, 4, 3), "each of the 4 (virtual) stages"),
+                                          ((3, 2.0, 2, 3), "a positive number of layers, e.g. (3, 3, 2, 2)"),
+                                          ((3, 2, 2, 2), "split (3, 2, 2, 2) holds 9 layers but the network has 10"),
+                                          ("3223", "got '3223'")])
+def test_a_bad_split_says_what_is_wrong(split, words):
+    with pytest.raises(ValueError, match=re.escape(words)):
+        stage_layers(10, 4, split)
+
+
+def work_units(layer_sizes, first: int, stop: int, virtual: int):
+    """(F, B, W) multiply-adds per sample of the virtual stage holding layers first..stop-1: a layer's
+    forward and weight gradient n_in n_out each, its input gradient n_in n_out unless it is the network's
+    first layer (whose input gradient nobody needs)."""
+    products = [layer_sizes[layer] * layer_sizes[layer + 1] for layer in range(first, stop)]
+    return sum(products), sum(products) - (products[0] if virtual == 0 else 0), sum(products)
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_balanced_split_gives_every_virtual_stage_the_same_work(ranks):
+    assert balanced_split(10, 4) == (3, 2, 2, 3) and balanced_split(10, 2) == (5, 5)
+    for name, split in balanced_layouts(ranks).items():
+        ranges = stage_layers(len(LAYER_SIZES) - 1, len(split), split)
+        units = [work_units(LAYER_SIZES, first, stop, virtual) for virtual, (first, stop) in enumerate(ranges)]
+        for kind in range(3):  # the narrow layers add under 15% of a wide one's product to the end stages
+            low, high = min(unit[kind] for unit in units), max(unit[kind] for unit in units)
+            assert high <= low + 0.15 * LAYER_SIZES[1] ** 2, (name, ranks, split, units)
+        even = stage_layers(len(LAYER_SIZES) - 1, len(split))  # where it differs, the even split is not balanced
+        even_forward = [work_units(LAYER_SIZES, first, stop, virtual)[0] for virtual, (first, stop) in enumerate(even)]
+        if even != ranges:
+            assert max(even_forward) - min(even_forward) >= 0.5 * LAYER_SIZES[1] ** 2, (name, ranks, even)
+
+
+def test_balanced_split_needs_a_wide_layer_per_virtual_stage():
+    with pytest.raises(ValueError, match="cannot give each of 9 virtual stages a wide layer"):
+        balanced_split(10, 9)
+
+
+def test_lesson_09s_pipeline_checks_its_split():
+    from mpi4py import MPI
+
+    from nnlib.lesson09_model_parallel.pipeline import PipelineMLP
+
+    assert PipelineMLP(MPI.COMM_SELF, (6, 5, 4, 3), split=(3,)).chunk_ranges == [(0, 3)]
+    with pytest.raises(ValueError, match=re.escape("split (2,) holds 2 layers but the network has 3 weight layers")):
+        PipelineMLP(MPI.COMM_SELF, (6, 5, 4, 3), split=(2,))

@@ -2,9 +2,10 @@
 
 Each trace is checked against a JSON schema of the Trace Event Format's parts it uses, its spans
 must nest on every thread (Perfetto draws overlapping spans of one thread wrongly), and they must
-be the recorded timeline: the pipeline stages' (from lesson 09's simulate and from a batch job),
-the data-parallel phases of a batch job under mpiexec (--trace), the parameter server's updates.
-Each check is also shown failing.
+be the recorded timeline: the pipeline stages' (from lesson 09's simulate, interleaved ones naming
+their chunk, and from a batch job with the interleaved schedule under mpiexec), the data-parallel
+phases of a batch job under mpiexec (--trace), the parameter server's updates, overlap's per-bucket
+calls (lesson 08) and the watchdog's waits (lesson 10) of a training run. Each check is also shown failing.
 """
 
 import json
@@ -12,13 +13,20 @@ import subprocess
 import sys
 
 import jsonschema
+import numpy as np
 import pytest
+from mpi4py import MPI
 
+from nnlib import Network
 from nnlib.environment import mpiexec_path
 from nnlib.lesson04_collectives.trace import (Span, phase_spans, pipeline_spans, trace_events, update_instants,
                                               write_trace)
-from nnlib.lesson13_pipeline_schedules.schedules import schedule_programs
+from nnlib.lesson05_data_parallel.data_parallel import train_parallel
+from nnlib.lesson08_inside_allreduce.overlap import CALL_THREADS, BucketedAllreduce, bucket_spans
 from nnlib.lesson09_model_parallel.pipeline import simulate
+from nnlib.lesson10_faults.watchdog import record_waits, train_watched, wait_spans
+from nnlib.lesson13_pipeline_schedules.pictures import chunks_of
+from nnlib.lesson13_pipeline_schedules.schedules import schedule_programs
 
 NUMBER = {"type": "number"}
 EVENT = {"type": "object", "required": ["ph", "pid", "tid", "name"],
@@ -77,6 +85,86 @@ def test_pipeline_stages_become_a_process_each_and_a_thread_per_kind_of_work(tmp
     recorded = sorted((stage, letters[letter], f"{letter}{k}", start * 1e6, (end - start) * 1e6)
                       for stage, timeline in enumerate(timelines) for letter, k, start, end in timeline)
     assert spans == recorded
+
+
+def spans_by_thread(events):
+    """Sorted (pid, thread name, span name, ts, dur, args) of the trace's spans."""
+    threads = named_threads(events)
+    return sorted((e["pid"], threads[e["pid"], e["tid"]], e["name"], e["ts"], e["dur"], tuple(sorted(e["args"].items())))
+                  for e in events if e["ph"] == "X")
+
+
+def test_interleaved_spans_name_their_chunk_and_virtual_stage(tmp_path):
+    programs = schedule_programs("interleaved", 2, 4, 2)
+    timelines = simulate(programs, lambda stage, kind: {"forward": 1.0}.get(kind, 2.0))
+    chunks = chunks_of(programs)
+    events = load_checked(write_trace(tmp_path / "interleaved.json", pipeline_spans(timelines, chunks)))["traceEvents"]
+    letters = {"F": "forward", "B": "backward"}
+    recorded = sorted((stage, letters[letter], f"{letter}{k} (chunk {chunk})", start * 1e6, (end - start) * 1e6,
+                       (("chunk", chunk), ("micro_batch", k), ("virtual_stage", 2 * chunk + stage)))
+                      for stage, timeline in enumerate(timelines)
+                      for (letter, k, start, end), chunk in zip(timeline, chunks[stage]))
+    assert spans_by_thread(events) == recorded
+    assert any(name == "F0 (chunk 1)" for _, _, name, *_ in recorded)
+
+
+def test_an_interleaved_batch_job_traces_its_chunks_under_mpiexec(tmp_path):
+    path = tmp_path / "interleaved-job.json"
+    run = subprocess.run([mpiexec_path(), "-n", "2", sys.executable, "-m", "nnlib", "train", "--samples", "300",
+                          "--epochs", "1", "--batch-size", "100", "--hidden", "8", "8", "8", "--model-parallel",
+                          "pipeline", "--schedule", "interleaved", "--micro-batches", "3", "--trace", str(path)],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    spans = [e for e in load_checked(path)["traceEvents"] if e["ph"] == "X"]
+    for rank in (0, 1):  # the last step: 3 micro-batches x 2 chunks x (F, B) on each rank
+        mine = [e for e in spans if e["pid"] == rank]
+        assert len(mine) == 12
+        assert {(e["args"]["chunk"], e["args"]["virtual_stage"]) for e in mine} == {(0, rank), (1, 2 + rank)}
+        assert all(e["name"].endswith(f"(chunk {e['args']['chunk']})") for e in mine)
+
+
+def test_overlaps_bucket_calls_of_the_last_step(tmp_path):
+    network = Network((20, 16, 12, 8, 3), dtype="float64", seed=0)
+    rng = np.random.default_rng(0)
+    inputs, labels = rng.random((30, 20)), rng.integers(0, 3, 30)
+    overlap = BucketedAllreduce(MPI.COMM_SELF, network, bucket_bytes=0)  # a bucket per layer: 4
+    for _ in range(2):
+        network.loss_and_gradient(inputs, labels, on_layer_done=overlap.layer_done)
+        overlap.finish()
+    calls = overlap.calls
+    assert [(call, bucket) for call, bucket, _, _ in calls] == \
+        [("Iallreduce", b) for b in range(4)] + [("wait", b) for b in range(4)]  # the last step's only
+    assert all(start <= end for *_, start, end in calls) and calls[4][2] >= calls[3][3]
+    events = load_checked(write_trace(tmp_path / "buckets.json", bucket_spans([calls], overlap.buckets)))["traceEvents"]
+    zero = min(start for *_, start, _ in calls)
+    recorded = sorted((0, CALL_THREADS[call], f"bucket {bucket}", (start - zero) * 1e6, (end - start) * 1e6,
+                       (("bucket", bucket), ("lowest_layer", overlap.buckets[bucket][0])))
+                      for call, bucket, start, end in calls)
+    assert spans_by_thread(events) == recorded
+    assert [layer for layer, _, _ in overlap.buckets] == [3, 2, 1, 0]  # completed last layer first
+
+
+def test_the_watchdogs_waits_of_a_training_run(tmp_path):
+    network = Network((6, 5, 3), dtype="float64", seed=0)
+    rng = np.random.default_rng(1)
+    inputs, labels = rng.random((40, 6)), rng.integers(0, 3, 40)
+    recorded = []
+
+    def recording(watched):
+        recorded.append(record_waits(watched))
+        return watched
+
+    history = train_watched(train_parallel, MPI.COMM_SELF, network, inputs, labels, num_samples=40, start=0,
+                            wrap=recording, epochs=1, batch_size=10, learning_rate=0.5, progress=False)
+    waits = recorded[0]
+    assert history.steps == 4 and len(waits) >= 4  # at least the gradient's Allreduce of every step
+    steps = {where.get("step") for what, where, _, _ in waits if what == "Allreduce"}
+    assert steps >= {1, 2, 3, 4}
+    events = load_checked(write_trace(tmp_path / "waits.json", wait_spans(recorded)))["traceEvents"]
+    zero = min(start for *_, start, _ in waits)
+    expected = sorted((0, "waits", what, (start - zero) * 1e6, (end - start) * 1e6, tuple(sorted(where.items())))
+                      for what, where, start, end in waits)
+    assert spans_by_thread(events) == expected
 
 
 def test_data_parallel_phases_of_a_batch_job_under_mpiexec(tmp_path):

@@ -2,12 +2,14 @@
 
 The series records many timelines: each rank's phases of a data-parallel step ((step, phase,
 start, end) from train_parallel(..., timeline_steps=...): lessons 05 and 06; lesson 08's overlapped
-strategy, whose "communicate" phase waits for the buckets' Iallreduces still in flight (the buckets
-themselves are not timed); lesson 10's stalled run, whose waits for the missing rank are the
-others' "communicate" phase), each pipeline stage's computations (lessons 09, 13: (letter,
-micro-batch, start, end) in PipelineMLP.timeline), the parameter server's updates (lesson 11:
-AsyncHistory.worker and .seconds). Drawn with matplotlib they are pictures of fixed size; written
-as a trace they can be zoomed, searched and measured.
+strategy, whose "communicate" phase waits for the buckets' Iallreduces still in flight; lesson 10's
+stalled run, whose waits for the missing rank are the others' "communicate" phase), each pipeline
+stage's computations (lessons 09, 13: (letter, micro-batch, start, end) in PipelineMLP.timeline,
+their chunks in .timeline_chunks), the parameter server's updates (lesson 11: AsyncHistory.worker
+and .seconds). Drawn with matplotlib they are pictures of fixed size; written as a trace they can
+be zoomed, searched and measured. Lessons 08 and 10 turn their own records into spans for this
+writer: overlap's per-bucket calls (overlap.bucket_spans) and the watchdog's waits
+(watchdog.record_waits, wait_spans).
 
 The format (the Trace Event Format; Horovod's timeline and PyTorch's profiler write it too):
 ``{"traceEvents": [...], "displayTimeUnit": "ms"}``, each event a dict with
@@ -87,11 +89,24 @@ def phase_spans(timelines) -> list[Span]:
             for rank, timeline in enumerate(timelines) for step, phase, start, end in timeline]
 
 
-def pipeline_spans(timelines) -> list[Span]:
-    """Pipeline stages: timelines[stage] = [(letter, micro-batch, start, end)] -> spans "F3", a thread per letter."""
-    return [Span(stage, PIPELINE_THREADS.get(letter, letter), f"{letter}{micro_batch}", start, end,
-                 dict(micro_batch=micro_batch))
-            for stage, timeline in enumerate(timelines) for letter, micro_batch, start, end in timeline]
+def pipeline_spans(timelines, chunks=None, stages: int | None = None) -> list[Span]:
+    """Pipeline stages: timelines[rank] = [(letter, micro-batch, start, end)] -> spans "F3", a thread per letter.
+
+    chunks: chunks[rank][i], the chunk of the rank's i-th computation (PipelineMLP.timeline_chunks;
+    for a schedule's lists, the chunk of each computing instruction). With several chunks a span
+    names its chunk, "F3 (chunk 1)". Every span's args hold its micro-batch, chunk and virtual stage
+    chunk x P + stage, the stage being rank % P (P = ``stages``, default len(timelines); a replica of
+    a (data x model) grid holds ranks d P .. d P + P - 1).
+    """
+    spans, stages = [], stages or len(timelines)
+    several = chunks is not None and any(chunk for rank_chunks in chunks for chunk in rank_chunks)
+    for rank, timeline in enumerate(timelines):
+        for index, (letter, micro_batch, start, end) in enumerate(timeline):
+            chunk = chunks[rank][index] if chunks is not None else 0
+            name = f"{letter}{micro_batch}" + (f" (chunk {chunk})" if several else "")
+            spans.append(Span(rank, PIPELINE_THREADS.get(letter, letter), name, start, end,
+                              dict(micro_batch=micro_batch, chunk=chunk, virtual_stage=chunk * stages + rank % stages)))
+    return spans
 
 
 def update_instants(workers, seconds) -> list[Span]:

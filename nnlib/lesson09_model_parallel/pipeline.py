@@ -63,10 +63,32 @@ RECEIVES = {"recv_forward": ("forward", -1), "recv_backward": ("backward", +1)}
 COMPUTE = {"forward": "F", "backward": "B", "backward_input": "B", "backward_weight": "W"}
 
 
-def stage_layers(num_layers: int, stages: int):
-    """[(first, stop)] weight layers of each stage: consecutive, as even as possible (earlier stages larger)."""
-    counts = split_counts(num_layers, stages)
+def stage_layers(num_layers: int, stages: int, split=None):
+    """[(first, stop)] weight layers of each stage: consecutive, as even as possible (earlier stages larger).
+
+    split: the number of layers of each stage instead, e.g. (3, 2, 2, 3) for 10 layers on 4 (virtual)
+    stages, to balance stages whose layers differ in cost; ValueError (split_problem's) if unusable.
+    """
+    problem = split_problem(split, num_layers, stages)
+    if problem:
+        raise ValueError(problem)
+    counts = split_counts(num_layers, stages) if split is None else [int(count) for count in split]
     return [(int(start), int(start + count)) for start, count in zip(offsets(counts), counts)]
+
+
+def split_problem(split, num_layers: int, stages: int) -> str | None:
+    """Why ``split`` (layer counts per stage, or None for an even split) cannot cut ``num_layers`` layers
+    into ``stages`` stages; None if it can."""
+    if split is None:
+        return None
+    if (not isinstance(split, (tuple, list)) or len(split) != stages
+            or not all(isinstance(count, (int, np.integer)) and not isinstance(count, bool) and count >= 1
+                    for count in split)):
+        return (f"split must give each of the {stages} (virtual) stages a positive number of layers, e.g. "
+                f"{tuple(split_counts(num_layers, stages).tolist())}; got {split!r}")
+    if sum(split) != num_layers:
+        return f"split {tuple(split)} holds {sum(split)} layers but the network has {num_layers} weight layers"
+    return None
 
 
 # -- schedules: for each stage, a list of instructions -----------------------------------------------
@@ -272,11 +294,13 @@ class PipelineMLP(Classifier):
 
     comm: the stages (rank s holds stage s), used as given (pass nnlib.lesson10_faults.watchdog.watch(comm, timeout)
     for a deadline on every message); layer_sizes, output, dtype, seed: as for Network (the same
-    initial weights); micro_batches: m; schedule: a name of ``schedules`` ("gpipe" or "1f1b").
+    initial weights); micro_batches: m; schedule: a name of ``schedules`` ("gpipe" or "1f1b");
+    split: None (layers as even as possible), or each stage's number of layers (stage_layers).
     ``layers``: this stage's slice of the network's layers, over its own flat params and grads.
     After each step: ``timeline`` holds this stage's (kind, micro-batch, start, end) of its
     computations (waits excluded) in seconds of time.perf_counter, one clock for all processes of
-    a host; ``peak_alive`` the most micro-batches whose activations were kept at once,
+    a host, and ``timeline_chunks`` the chunk of each (0 unless the stage holds several);
+    ``peak_alive`` the most micro-batches whose activations were kept at once,
     ``peak_activation_bytes`` their bytes.
 
     Generic points for other schedules: ``schedules`` (the names accepted), :meth:`programs` (the
@@ -288,13 +312,15 @@ class PipelineMLP(Classifier):
     chunks = 1
 
     def __init__(self, comm, layer_sizes=(784, 128, 10), output: str = "sigmoid", dtype="float64",
-                 seed: int = 0, micro_batches: int = 4, schedule: str = "1f1b"):
+                 seed: int = 0, micro_batches: int = 4, schedule: str = "1f1b", split=None):
         whole = Network(layer_sizes, output, dtype, seed=seed)
-        check_pipeline_settings(comm.size, whole.num_layers, micro_batches, schedule, self.schedules, self.chunks)
-        require_same_on_every_rank(comm, "the pipeline (layer sizes, output, dtype, seed, micro-batches, schedule)",
-                                   (whole.layer_sizes, output, str(np.dtype(dtype)), seed, micro_batches, schedule))
+        check_pipeline_settings(comm.size, whole.num_layers, micro_batches, schedule, self.schedules, self.chunks,
+                                split)
+        require_same_on_every_rank(comm, "the pipeline (layer sizes, output, dtype, seed, micro-batches, schedule, "
+                                   "split)", (whole.layer_sizes, output, str(np.dtype(dtype)), seed, micro_batches,
+                                              schedule, None if split is None else tuple(split)))
         self.comm, self.layer_sizes, self.output, self.xp, self.dtype = comm, whole.layer_sizes, output, np, whole.dtype
-        self.micro_batches, self.schedule = micro_batches, schedule
+        self.micro_batches, self.schedule, self.split = micro_batches, schedule, split
         self.stage, self.stages, self.num_layers = comm.rank, comm.size, whole.num_layers
         self.chunk_ranges = self.layer_ranges(self.stage)
         self.first, self.stop = self.chunk_ranges[0]
@@ -303,12 +329,13 @@ class PipelineMLP(Classifier):
         self.weights, self.biases = [layer.weights for layer in self.layers], [layer.biases for layer in self.layers]
         self.grad_weights = [layer.grad_weights for layer in self.layers]
         self.grad_biases = [layer.grad_biases for layer in self.layers]
-        self.last_correct, self.timeline, self.peak_alive, self.peak_activation_bytes = 0, [], 0, 0
+        self.last_correct, self.timeline, self.timeline_chunks, self.peak_alive, self.peak_activation_bytes = \
+            0, [], [], 0, 0
         del whole
 
     def layer_ranges(self, stage: int) -> list[tuple[int, int]]:
         """[(first, stop)] weight layers of each chunk of ``stage``: one consecutive slice (stage_layers)."""
-        return [stage_layers(self.num_layers, self.stages)[stage]]
+        return [stage_layers(self.num_layers, self.stages, self.split)[stage]]
 
     def programs(self, micro_batches: int) -> list[list[Instruction]]:
         """Every stage's instructions for one step of ``micro_batches`` micro-batches."""
@@ -363,12 +390,13 @@ class PipelineMLP(Classifier):
         run = {"recv_forward": self._recv_forward, "forward": self._forward, "send_forward": self._send_forward,
                "recv_backward": self._recv_backward, "backward": self._backward, "send_backward": self._send_backward,
                "backward_input": self._backward_input, "backward_weight": self._backward_weight}
-        self.timeline, self.peak_alive, self.peak_activation_bytes = [], 0, 0
+        self.timeline, self.timeline_chunks, self.peak_alive, self.peak_activation_bytes = [], [], 0, 0
         for instruction in self.programs(count)[self.stage]:
             began = time.perf_counter()
             run[instruction.kind](step, instruction.micro_batch, instruction.chunk)
             if instruction.kind in COMPUTE:
                 self.timeline.append((COMPUTE[instruction.kind], instruction.micro_batch, began, time.perf_counter()))
+                self.timeline_chunks.append(instruction.chunk)
         wait_for_sends(self.comm, step.sends)
         self.comm.Bcast(step.totals, root=self.stages - 1)  # every rank learns the step's loss
         self.last_correct = int(step.totals[1])
@@ -507,10 +535,11 @@ def chunk_tag(direction_tag: int, chunk: int) -> int:
 
 
 def check_pipeline_settings(stages: int, num_layers: int, micro_batches, schedule, schedules=SCHEDULES,
-                            chunks: int = 1) -> None:
+                            chunks: int = 1, split=None) -> None:
     """The same ValueError on every rank (the same arguments give the same verdict) for unusable settings.
 
-    schedules: the names accepted; chunks: the slices of layers per stage (a layer each, at least).
+    schedules: the names accepted; chunks: the slices of layers per stage (a layer each, at least);
+    split: None, or the layer counts of the stages x chunks (virtual) stages (see stage_layers).
     """
     problem = None
     if schedule not in schedules:
@@ -521,6 +550,8 @@ def check_pipeline_settings(stages: int, num_layers: int, micro_batches, schedul
         wanted = f"{stages} stages" if chunks == 1 else f"{stages} stages x {chunks} chunks"
         problem = (f"{wanted} but the network has only {num_layers} weight layers: "
                    "every stage needs at least one. Use fewer ranks or a deeper network")
+    else:
+        problem = split_problem(split, num_layers, stages * chunks)
     if problem:
         raise raised_on_every_rank(ValueError(problem))
 

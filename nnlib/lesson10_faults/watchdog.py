@@ -8,18 +8,23 @@ deadline passes find out who did not arrive), then puts it around a training run
     RunNotes(watched)   a hook: the errors say the epoch, the step and the phase the run was in
 
 ``watch``, ``WatchedComm`` and ``CollectiveTimeout`` are lesson 04's, importable from here too.
+For a trace, :func:`record_waits` notes every wait of a watched communicator (what, where,
+start, end), and :func:`wait_spans` makes them spans for lesson 04's trace writer.
 """
 
 from __future__ import annotations
 
+import time
+
 from nnlib.lesson03_training.training import Hook
 from nnlib.lesson04_collectives.deadline import (CLASSROOM_TIMEOUT, DEFAULT_TIMEOUT, CollectiveTimeout, WatchedComm,
                                                  check_timeout, default_timeout, describe, watch)
+from nnlib.lesson04_collectives.trace import Span
 
 LESSON = 10
 
 __all__ = ["CLASSROOM_TIMEOUT", "DEFAULT_TIMEOUT", "CollectiveTimeout", "RunNotes", "WatchedComm", "check_timeout",
-           "default_timeout", "describe", "train_watched", "watch"]
+           "default_timeout", "describe", "record_waits", "train_watched", "wait_spans", "watch"]
 
 
 class RunNotes(Hook):
@@ -46,3 +51,31 @@ def train_watched(train, comm, *args, timeout=None, hooks=(), wrap=None, **keywo
     watched = watch(comm, timeout)
     with watched.guard():
         return train(watched if wrap is None else wrap(watched), *args, hooks=(RunNotes(watched), *hooks), **keywords)
+
+
+def record_waits(watched: WatchedComm) -> list:
+    """Make ``watched`` note each of its waits; returns the list it appends (what, where, start, end) to.
+
+    Every collective, receive and wait_all of a WatchedComm waits in its ``wait`` (what: "Allreduce",
+    "Recv from rank 2", ...); where: a copy of ``watched.where`` (epoch, step, phase) when it began;
+    start, end: time.perf_counter seconds, also when the wait ends in an error. In a run, record
+    from train_watched's ``wrap``: a function that calls record_waits(watched) and returns ``watched``.
+    """
+    waits, wait = [], watched.wait
+
+    def timed_wait(request, what: str) -> None:
+        where, began = dict(watched.where), time.perf_counter()
+        try:
+            wait(request, what)
+        finally:
+            waits.append((what, where, began, time.perf_counter()))
+
+    watched.wait = timed_wait
+    return waits
+
+
+def wait_spans(waits_per_rank) -> list[Span]:
+    """Spans for lesson 04's trace writer: waits_per_rank[rank] = record_waits' list; a thread "waits" per rank,
+    a span per wait named by what it waited for, its epoch, step and phase in the args."""
+    return [Span(rank, "waits", what, start, end, dict(where))
+            for rank, waits in enumerate(waits_per_rank) for what, where, start, end in waits]

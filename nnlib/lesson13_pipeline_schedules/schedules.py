@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from nnlib.lesson04_collectives.collectives import require_same_on_every_rank, split_counts
+from nnlib.lesson04_collectives.collectives import raised_on_every_rank, require_same_on_every_rank, split_counts
 from nnlib.lesson09_model_parallel.pipeline import (SCHEDULES, PipelineMLP, measured_bubble, median_seconds,
                                                     program, random_batch, simulate, stage_layers, step_span,
                                                     timed_step)
@@ -165,25 +165,35 @@ def simulated_bubble(name: str, stage_seconds, micro_batches: int, chunks: int =
 class ScheduledPipeline(PipelineMLP):
     """Lesson 09's PipelineMLP running any schedule of ALL_SCHEDULES, with ``chunks`` (v) slices per rank.
 
-    Arguments as PipelineMLP's, plus chunks (interleaved only; every rank needs at least v layers:
-    virtual stage c P + s holds stage_layers(L, v P)[c P + s]). full_params puts the chunks back in
-    layer order, so the result compares with Network's flat vector.
+    Arguments as PipelineMLP's, plus chunks: v (interleaved only; every rank needs at least v
+    layers: virtual stage c P + s holds stage_layers(L, v P)[c P + s]), or the layer counts of the
+    v P virtual stages themselves, e.g. (3, 2, 2, 3) for v = 2 on 2 ranks or (5, 5) for v = 1
+    (lesson 09's split: balanced_split gives the one that makes narrow first and last layers' stages
+    as heavy as the others). full_params puts the chunks back in layer order, so the result
+    compares with Network's flat vector.
     """
 
     schedules = ALL_SCHEDULES
 
     def __init__(self, comm, layer_sizes=(784, 128, 10), output: str = "sigmoid", dtype="float64",
-                 seed: int = 0, micro_batches: int = 4, schedule: str = "1f1b", chunks: int = 1):
-        require_same_on_every_rank(comm, "the schedule and chunks per stage", (schedule, chunks))
+                 seed: int = 0, micro_batches: int = 4, schedule: str = "1f1b", chunks=1):
+        split = tuple(chunks) if isinstance(chunks, (tuple, list)) else None
+        require_same_on_every_rank(comm, "the schedule and chunks per stage", (schedule, split or chunks))
+        if split is not None:
+            if len(split) % comm.size or not split:
+                raise raised_on_every_rank(ValueError(
+                    f"chunks as layer counts must name v x {comm.size} virtual stages (v chunks on each of the "
+                    f"{comm.size} ranks); got {len(split)}: {split!r}"))
+            chunks = len(split) // comm.size
         if not isinstance(chunks, int) or chunks < 1 or (chunks > 1 and schedule != "interleaved"):
-            raise ValueError(f"chunks must be 1, or a positive integer with schedule 'interleaved'; got {chunks!r} "
-                             f"with {schedule!r}")
+            raise ValueError(f"chunks must be 1, or a positive integer with schedule 'interleaved'; got "
+                             f"{split or chunks!r} with {schedule!r}")
         self.chunks = chunks
-        super().__init__(comm, layer_sizes, output, dtype, seed, micro_batches, schedule)
+        super().__init__(comm, layer_sizes, output, dtype, seed, micro_batches, schedule, split)
 
     def layer_ranges(self, stage: int) -> list[tuple[int, int]]:
         """Chunk c of ``stage`` holds virtual stage c P + s's consecutive layers of v P."""
-        virtual = stage_layers(self.num_layers, self.stages * self.chunks)
+        virtual = stage_layers(self.num_layers, self.stages * self.chunks, self.split)
         return [virtual[chunk * self.stages + stage] for chunk in range(self.chunks)]
 
     def programs(self, micro_batches: int):
@@ -194,22 +204,44 @@ def measure_schedules(comm, layer_sizes, batch: int, micro_batches: int, schedul
                       dtype="float64", chunks: int = 2):
     """Each schedule's measured bubble beside its formula and its simulation, and its memory.
 
-    schedules: names of ALL_SCHEDULES (interleaved with ``chunks``). Every rank runs ``repeats``
-    steps (after one warm-up) on the same random batch. Returns, on rank 0, {name: dict(measured,
-    simulated, formula: medians over the steps, the formula with the measured median F, B, W;
-    step_seconds: the median span and its spread (min, max); peak_alive, peak_bytes: per stage;
-    timelines: the last step's)}; None elsewhere.
+    schedules: names of ALL_SCHEDULES (interleaved with ``chunks``), or {name: its ScheduledPipeline
+    chunks}: v, or the layer counts of its virtual stages (balanced_split). Every rank runs
+    ``repeats`` steps (after one warm-up) on the same random batch. Returns, on rank 0, {name:
+    dict(measured, simulated, formula: medians over the steps, the formula with the measured median
+    F, B, W; step_seconds: the median span and its spread (min, max); peak_alive, peak_bytes: per
+    stage; layers: per virtual stage; timelines: the last step's)}; None elsewhere.
     """
+    if not isinstance(schedules, dict):
+        schedules = {name: chunks if name == "interleaved" else 1 for name in schedules}
     inputs, labels = random_batch(layer_sizes, batch, dtype, seed=0)
     results = {}
-    for name in schedules:
+    for name, layout in schedules.items():
         pipeline = ScheduledPipeline(comm, layer_sizes, dtype=dtype, micro_batches=micro_batches, schedule=name,
-                                     chunks=chunks if name == "interleaved" else 1)
+                                     chunks=layout)
         steps = [timed_step(pipeline, inputs, labels) for _ in range(repeats + 1)][1:]
         memory = comm.gather((pipeline.peak_alive, pipeline.peak_activation_bytes), root=0)
         if comm.rank == 0:
             results[name] = summarize(name, steps, micro_batches, pipeline.chunks, memory)
+            results[name]["layers"] = [stop - first for first, stop in
+                                       stage_layers(pipeline.num_layers, comm.size * pipeline.chunks, pipeline.split)]
     return results if comm.rank == 0 else None
+
+
+def balanced_split(num_layers: int, virtual_stages: int) -> tuple[int, ...]:
+    """Layer counts per virtual stage that balance a network with a narrow (cheap) first and last layer.
+
+    The L - 2 wide layers go as evenly as possible (each costs one unit of F, one of B, one of W
+    per micro-batch); the narrow first layer joins virtual stage 0, which computes no input gradient
+    for it, and the narrow last one joins the last, beside the loss. (64,) + (512,) * 9 + (10,),
+    10 layers: (5, 5) on 2 virtual stages, (3, 2, 2, 3) on 4, (2, 1, 1, 1, 1, 1, 1, 2) on 8.
+    """
+    if virtual_stages < 1 or num_layers - 2 < virtual_stages:
+        raise ValueError(f"{num_layers} layers cannot give each of {virtual_stages} virtual stages a wide layer: "
+                         f"balanced_split needs at least virtual stages + 2 layers")
+    counts = [int(count) for count in split_counts(num_layers - 2, virtual_stages)]
+    counts[0] += 1
+    counts[-1] += 1
+    return tuple(counts)
 
 
 def summarize(name: str, steps, micro_batches: int, chunks: int, memory) -> dict:

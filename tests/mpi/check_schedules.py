@@ -4,8 +4,9 @@ Interleaved 1F1B (v = 2 chunks per rank), ZB-H1 and ZB-H2 (the backward split in
 deferred) on a network of 9 weight layers (uneven over 1-4 stages and over their 2-8 virtual
 stages), m = 3 and 7 micro-batches (not multiples of P), batches of 203 and 32 samples, sigmoid and
 softmax, float64: the parameters put together equal the sequential run's to 1e-10, and the peak of
-micro-batches alive on each stage is the schedule's (tests/test_pipeline_schedules.py). Bad settings
-fail on every rank at once.
+micro-batches alive on each stage is the schedule's (tests/test_pipeline_schedules.py). So do 1F1B,
+interleaved and ZB-H1 with a custom split of the layers over the (virtual) stages (one layer on each
+but the last, which holds the rest). Bad settings, bad splits included, fail on every rank at once.
 """
 
 import numpy as np
@@ -43,12 +44,37 @@ def test_equal_to_sequential_training():
             assert comm.allgather(pipeline.peak_alive) == wanted, (where, wanted)
 
 
+def lopsided(virtual_stages: int) -> tuple:
+    """A split unlike the even one: one layer on every virtual stage but the last, the rest on the last."""
+    return (1,) * (virtual_stages - 1) + (len(SIZES) - virtual_stages,)
+
+
+def test_equal_to_sequential_training_with_a_custom_split():
+    settings = dict(epochs=2, learning_rate=0.5, batch_size=32, momentum=0.9, seed=5)
+    for schedule, virtual_stages in (("1f1b", size), ("interleaved", 2 * size), ("zb-h1", size)):
+        sequential = Network(SIZES, output="softmax", dtype="float64", seed=3)
+        train(sequential, INPUTS, LABELS, progress=False, **settings)
+        pipeline = ScheduledPipeline(comm, SIZES, output="softmax", dtype="float64", seed=3, micro_batches=7,
+                                     schedule=schedule, chunks=lopsided(virtual_stages))
+        assert [stop - first for first, stop in pipeline.chunk_ranges] == \
+            [lopsided(virtual_stages)[chunk * size + rank] for chunk in range(pipeline.chunks)], schedule
+        train(pipeline, INPUTS, LABELS, progress=False, **settings)
+        error = np.abs(pipeline.full_params() - sequential.params).max() / np.abs(sequential.params).max()
+        assert error <= 1e-10, f"{schedule} split {lopsided(virtual_stages)}: relative error {error:.1e}"
+
+
 def test_bad_settings_fail_on_every_rank():
     expect_error_everywhere(lambda: ScheduledPipeline(comm, SIZES, schedule="zb-h3"), "schedule must be one of")
     expect_error_everywhere(lambda: ScheduledPipeline(comm, SIZES, schedule="zb-h1", chunks=2), "chunks must be")
     expect_error_everywhere(lambda: ScheduledPipeline(comm, (10, 3), schedule="interleaved", chunks=2),
                             "every stage needs at least one")
+    expect_error_everywhere(lambda: ScheduledPipeline(comm, SIZES, chunks=(1,) * size), f"holds {size} layers but")
+    zero = (0,) + (1,) * (2 * size - 2) + (11 - 2 * size,)  # 2P virtual stages, the first without a layer
+    expect_error_everywhere(lambda: ScheduledPipeline(comm, SIZES, schedule="interleaved", chunks=zero),
+                            "split must give each of the")
     if size > 1:
+        expect_error_everywhere(lambda: ScheduledPipeline(comm, SIZES, chunks=(1,) * (2 * size + 1)),
+                                "chunks as layer counts must name")
         expect_error_everywhere(lambda: ScheduledPipeline(comm, SIZES, schedule="interleaved", chunks=1 + (rank == 0)),
                                 "the ranks disagree on the schedule and chunks")
 
