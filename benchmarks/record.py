@@ -20,7 +20,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 BENCHMARKS = [["cpu_throughput.py", "--threads", "1"], ["data_parallel.py"], ["allreduce.py"], ["pipeline.py"],
-              ["tensor_parallel.py"], ["classroom_deadline.py"]]
+              ["tensor_parallel.py"], ["memory.py"], ["classroom_deadline.py"]]
 DESCRIBE = "from nnlib import environment as e; print('; '.join(f'{k}: {v}' for k, v in e.describe().items()))"
 
 
