@@ -19,8 +19,8 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-BENCHMARKS = [["cpu_throughput.py", "--threads", "1"], ["data_parallel.py"], ["allreduce.py"], ["pipeline.py"], ["pipeline_schedules.py"],
-              ["tensor_parallel.py"], ["classroom_deadline.py"]]
+BENCHMARKS = [["cpu_throughput.py", "--threads", "1"], ["data_parallel.py"], ["allreduce.py"], ["pipeline.py"],
+              ["pipeline_schedules.py"], ["tensor_parallel.py"], ["memory.py"], ["classroom_deadline.py"]]
 DESCRIBE = "from nnlib import environment as e; print('; '.join(f'{k}: {v}' for k, v in e.describe().items()))"
 
 

@@ -196,3 +196,48 @@ def test_the_batch_job_in_float16_learns_as_float32_does(tmp_path):
             assert saved["loss"][1] < saved["loss"][0]
     assert "precision float16" in run.stdout
     assert accuracy["float32"] > 0.6 and abs(accuracy["float16"] - accuracy["float32"]) <= 0.02, accuracy
+
+
+# -- the budget of lesson 09's model parallelism and of mixed precision (measured: tests/mpi/check_memory.py) ----
+
+def test_a_tensor_parallel_rank_holds_its_columns_and_the_whole_row_outputs():
+    from nnlib.lesson12_memory.budget import predicted_bytes, tensor_parallel_bytes, tensor_parallel_sizes
+
+    sizes = (64, 127, 96, 121, 80, 113, 72, 10)  # column, row, column, row, column, row, replicated
+    assert tensor_parallel_sizes(sizes, 2, 0) == (64, 64, 96, 61, 80, 57, 72, 10)
+    assert tensor_parallel_sizes(sizes, 2, 1) == (64, 63, 96, 60, 80, 56, 72, 10)
+    assert tensor_parallel_sizes(sizes, 1, 0) == sizes
+    held = tensor_parallel_bytes(sizes, 256, 2, 1)
+    assert held["parameters"] == 8 * (64 * 63 + 63 + 63 * 96 + 96 + 96 * 60 + 60 + 60 * 80 + 80 + 80 * 56 + 56
+                                      + 56 * 72 + 72 + 72 * 10 + 10)
+    assert held["activations"] == 8 * 256 * (63 + 96 + 60 + 80 + 56 + 72 + 10)
+    assert held == predicted_bytes((64, 63, 96, 60, 80, 56, 72, 10), 256)
+
+
+def test_a_pipeline_stage_holds_the_micro_batches_its_schedule_keeps_alive():
+    """Two layers per stage, 8 wide, 4 stages, m = 8 micro-batches of 1 row: GPipe keeps all 8 alive on every stage,
+    1F1B at most P - s; what the Isends hold (each finished micro-batch's output and input gradient, 8 + 8
+    values) comes on top."""
+    from nnlib.lesson12_memory.budget import backward_widths, pipeline_activation_values, pipeline_bytes
+
+    sizes, stages = (8,) * 9, 4
+    assert backward_widths(sizes, 2, 4, stages, 1) == 3 * 8  # going down: the input gradient, 1 - a, a (1 - a)
+    assert backward_widths((8, 8, 8), 1, 2, 2, 1) == 16  # one layer: its delta and the input gradient sent back
+    for stage in range(stages):
+        kept = 16 + 8 * (stage > 0) + 8 * (stage == stages - 1)  # outputs, received input, logits (last stage)
+        gpipe = pipeline_activation_values(sizes, 8, stages, stage, 8, "gpipe")
+        one_f_one_b = pipeline_activation_values(sizes, 8, stages, stage, 8, "1f1b")
+        assert gpipe >= 8 * kept and one_f_one_b < gpipe
+        assert one_f_one_b <= (stages - stage) * (kept + 8) + 8 * 16 + 3 * 8
+    held = pipeline_bytes(sizes, 8, stages, 0, 8, "gpipe")
+    assert held["parameters"] == held["gradients"] == held["optimizer state"] == 8 * 2 * (8 * 8 + 8)
+
+
+def test_mixed_precision_holds_16_bytes_per_parameter_and_2_per_activation():
+    from nnlib.lesson12_memory.budget import mixed_precision_bytes
+
+    sizes = (16, 12, 2)
+    count = Network(sizes).num_params
+    held = mixed_precision_bytes(sizes, 100)
+    assert held["parameters"] + held["gradients"] + held["optimizer state"] == sum(SGD_MOMENTUM_BYTES.values()) * count
+    assert held["activations"] == 2 * 100 * (16 + 12 + 2)

@@ -17,6 +17,23 @@ n_l = n_in n_out + n_out, on P ranks, with rank r's chunks c_{l,r}:
 
 The peak is what stays (parameters, gradients, optimizer state) plus the larger of the two phases.
 
+Model parallelism (lesson 09) holds the same kinds, of its own part of the network, on the whole batch:
+
+    tensor parallel   a rank holds the chain of widths (n_0, h_1 / P, n_2, h_3 / P, ..., n_L): a column
+                      layer's columns C_r (n_in x h_r, its h_r biases), the matching row layer's rows
+                      (h_r x n_out, the whole bias); its activations are its columns' (B h_r) and the
+                      row layers' full outputs (B n_out, completed by the Allreduce); an input gradient of
+                      a column layer is full (B n_in): :func:`tensor_parallel_sizes` feeds that chain to
+                      :func:`predicted_bytes`, every rank's B the whole batch
+    pipeline          stage s holds its layers' parameters, gradients and momentum; its activations are those
+                      of the micro-batches its schedule keeps alive (GPipe: all m; 1F1B: up to P - s), each
+                      B_m (its layers' widths + n_in received, + the logits on the last stage), plus what the
+                      Isends still hold until the step's Waitall: each micro-batch's output sent forward and
+                      input gradient sent back (:func:`pipeline_activation_values` walks the schedule)
+    mixed precision   float16 weights 2 + float16 gradients 2 + float32 master 4 + float32 unscaled gradient 4
+                      + float32 momentum 4 bytes per parameter; activations (a_0 included) at 2 bytes; the
+                      float32 products' temporaries at 4 (:func:`mixed_precision_bytes`)
+
 ``tracemalloc`` counts what NumPy allocates (its arrays' buffers), so :func:`measured_peak` measures the
 same things on the real run: tests/mpi/check_memory.py holds each within 10% of the prediction.
 """
@@ -26,7 +43,10 @@ from __future__ import annotations
 import math
 import tracemalloc
 
+from nnlib.lesson04_collectives.collectives import split_counts
 from nnlib.lesson08_inside_allreduce.allreduce import chunk_bounds
+from nnlib.lesson09_model_parallel.pipeline import SCHEDULES, stage_layers
+from nnlib.lesson09_model_parallel.tensor import layer_kinds
 from nnlib.lesson12_memory.recompute import checkpoint_layers
 
 LESSON = 12
@@ -50,7 +70,7 @@ def predicted_bytes(layer_sizes, rows: int, ranks: int = 1, rank: int = 0, strat
     """What rank ``rank`` of ``ranks`` holds, by kind (float64, SGD with momentum), for a step on ``rows`` rows
     of its own. strategy: "allreduce" (replicated), "zero" (lesson 08) or "fsdp". "update" is the update's
     temporary (eta g over the part this rank updates), alive only when backward's arrays are gone."""
-    layers = [n_in * n_out + n_out for n_in, n_out in zip(layer_sizes[:-1], layer_sizes[1:])]
+    layers = layer_params(layer_sizes)
     whole = 8 * sum(layers)
     mine = [8 * chunk_bounds(size, ranks)[0][rank] for size in layers]
     updated = {"allreduce": whole, "zero": 8 * chunk_bounds(sum(layers), ranks)[0][rank], "fsdp": sum(mine)}[strategy]
@@ -71,11 +91,120 @@ def predicted_peak(held: dict) -> int:
     return held["parameters"] + held["gradients"] + held["optimizer state"] + max(backward, held["update"])
 
 
+def layer_params(layer_sizes) -> list[int]:
+    """n_l = n_in n_out + n_out for each layer of the chain ``layer_sizes``."""
+    return [n_in * n_out + n_out for n_in, n_out in zip(layer_sizes[:-1], layer_sizes[1:])]
+
+
+def tensor_parallel_sizes(layer_sizes, ranks: int, rank: int) -> tuple:
+    """The widths rank ``rank`` of ``ranks`` holds under lesson 09's TensorParallelMLP, as a chain: each column
+    layer's output cut to the rank's h_r (split_counts), every other width whole: (n_0, h_1r, n_2, h_3r, ...)."""
+    kinds = layer_kinds(len(layer_sizes) - 1)
+    return (layer_sizes[0],) + tuple(int(split_counts(width, ranks)[rank]) if kind == "column" else width
+                                     for kind, width in zip(kinds, layer_sizes[1:]))
+
+
+def tensor_parallel_bytes(layer_sizes, rows: int, ranks: int, rank: int) -> dict:
+    """What a TensorParallelMLP rank holds over a step on the whole batch of ``rows`` rows (float64, momentum):
+    :func:`predicted_bytes` of its chain of widths, everything replicated within it."""
+    return predicted_bytes(tensor_parallel_sizes(layer_sizes, ranks, rank), rows)
+
+
+def backward_widths(layer_sizes, first: int, stop: int, stages: int, stage: int) -> int:
+    """The most values per row a stage's backward adds while it runs (NumPy's temporaries, on top of what it keeps),
+    for its layers [first, stop) of output widths w_0 .. w_top: at the top, a (1 - a) and a (1 - a) of the received
+    gradient (2 w_top; the loss's on the last stage); going down through layer j + 1, the input gradient,
+    1 - a_j and a_j (1 - a_j) (3 w_j) beside the delta of layer j + 1 (w_{j+1}, unless the received one); at the
+    bottom, stage s > 0's delta of its first layer and the input gradient it sends back (w_0 + n_first)."""
+    widths = layer_sizes[first + 1:stop + 1]
+    going_down = [3 * widths[j] + (widths[j + 1] if j + 2 < len(widths) else 0) for j in range(len(widths) - 1)]
+    return max([2 * widths[-1], *going_down] + ([widths[0] + layer_sizes[first]] if stage > 0 else []))
+
+
+def pipeline_activation_values(layer_sizes, rows: int, stages: int, stage: int, micro_batches: int,
+                               schedule: str) -> int:
+    """The most activation values ``stage`` holds at once over its instructions of lesson 09's ``schedule``,
+    backward's own temporaries (:func:`backward_widths`) included.
+
+    Stage s holds layers [first, stop) (stage_layers). Micro-batch k of B_k rows (split_counts) keeps, from
+    its forward to its backward, B_k (n_first+1 + ... + n_stop) values, + B_k n_first received (s > 0),
+    + B_k n_L logits (the last stage); its received output gradient B_k n_stop from recv_backward to backward.
+    The arrays an Isend was given stay alive until the step's Waitall: the output sent forward (s < P - 1)
+    and, from the backward on, the input gradient sent back (s > 0, B_k n_first).
+    """
+    first, stop = stage_layers(len(layer_sizes) - 1, stages)[stage]
+    not_first, not_last = stage > 0, stage < stages - 1
+    n_in, n_out = layer_sizes[first], layer_sizes[stop]
+    kept = sum(layer_sizes[first + 1:stop + 1]) + n_in * not_first + n_out * (not not_last)
+    running = backward_widths(layer_sizes, first, stop, stages, stage)
+    counts = [int(count) for count in split_counts(rows, min(micro_batches, rows))]
+    held = pinned = peak = 0
+    for instruction in SCHEDULES[schedule](stages, len(counts))[stage]:
+        batch_rows = counts[instruction.micro_batch]
+        if instruction.kind == "forward":
+            held += batch_rows * kept
+        elif instruction.kind == "recv_backward":
+            held += batch_rows * n_out
+        elif instruction.kind == "backward":  # its temporaries come while its activations are alive
+            peak = max(peak, held + pinned + batch_rows * running)
+            held -= batch_rows * (kept + n_out * not_last)
+            pinned += batch_rows * (n_out * not_last + n_in * not_first)
+        peak = max(peak, held + pinned)
+    return peak
+
+
+def pipeline_bytes(layer_sizes, rows: int, stages: int, stage: int, micro_batches: int = 4,
+                   schedule: str = "1f1b") -> dict:
+    """What pipeline stage ``stage`` of ``stages`` holds over a step on ``rows`` rows (float64, momentum) in
+    ``micro_batches`` micro-batches: its layers' parameters, gradients and momentum; the activations (and
+    backward's temporaries) of :func:`pipeline_activation_values`; the batch every rank takes (B n_0) and its
+    largest layer's a_in.T @ delta as temporaries."""
+    first, stop = stage_layers(len(layer_sizes) - 1, stages)[stage]
+    mine = layer_params(layer_sizes[first:stop + 1])
+    held = predicted_bytes(layer_sizes[first:stop + 1], rows)
+    held["activations"] = 8 * pipeline_activation_values(layer_sizes, rows, stages, stage, micro_batches, schedule)
+    held["temporaries"] = 8 * (rows * layer_sizes[0] + max(mine))
+    return held
+
+
+MIXED_TEMPORARY_ARRAYS = 2
+
+
+def mixed_precision_bytes(layer_sizes, rows: int) -> dict:
+    """What nnlib.lesson12_memory.mixed_precision's MixedPrecision holds over a step on ``rows`` rows (SGD with
+    momentum): per parameter float16 2 + float32 master 4 (parameters), float16 2 + float32 4 (gradients),
+    float32 momentum 4; float16 activations a_0 .. a_L; float32 temporaries: the batch (B n_0), a few arrays
+    of B (widest layer) (MIXED_TEMPORARY_ARRAYS: the casts and products of HalfLayer) and the largest
+    layer cast to float32 with its float32 gradient product (2 max_l n_l); the update: eta g in float32 and
+    the finiteness check's bool per parameter."""
+    count, widest = sum(layer_params(layer_sizes)), max(layer_sizes)
+    return {"parameters": 6 * count, "gradients": 6 * count, "optimizer state": 4 * count, "gathered": 0,
+            "activations": 2 * rows * sum(layer_sizes),
+            "temporaries": 4 * (rows * layer_sizes[0] + MIXED_TEMPORARY_ARRAYS * rows * widest
+                                + 2 * max(layer_params(layer_sizes))),
+            "update": 5 * count}
+
+
 def measured_peak(work) -> tuple:
     """(the peak bytes NumPy held while ``work()`` ran, counted from its start, and what work returned)."""
     tracemalloc.start()
     try:
         result = work()
         return tracemalloc.get_traced_memory()[1], result
+    finally:
+        tracemalloc.stop()
+
+
+def measured_step_peak(build, step) -> tuple:
+    """(the peak bytes NumPy held over ``step(held)``, counting what ``build()`` made and still holds, and held).
+
+    For networks whose construction passes through the whole network (lesson 09's build a Network and keep
+    their part): the peak is reset once ``build`` returns, so only what it left alive counts."""
+    tracemalloc.start()
+    try:
+        held = build()
+        tracemalloc.reset_peak()
+        step(held)
+        return tracemalloc.get_traced_memory()[1], held
     finally:
         tracemalloc.stop()

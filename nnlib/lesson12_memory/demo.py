@@ -1,6 +1,8 @@
 """Lesson 12's multi-rank runs as one MPI script (notebook 12 runs ``mpiexec -n P python -m
 nnlib.lesson12_memory.demo RESULTS.json``): FSDP and gradient accumulation against sequential training
-on MNIST, the bytes sent counted on the real calls, and what each rank holds over one FSDP step.
+on MNIST, the bytes sent counted on the real calls, what each rank holds over one FSDP step, and the
+memory budgets (measured with tracemalloc beside the prediction) of data parallelism, ZeRO, FSDP,
+recomputation, accumulation, lesson 09's tensor and pipeline parallelism and mixed precision.
 Rank 0 writes the results as JSON.
 """
 
@@ -15,10 +17,15 @@ from mpi4py import MPI
 from nnlib import Network, train
 from nnlib.lesson01_mnist import data
 from nnlib.lesson05_data_parallel import shard, train_parallel
+from nnlib.lesson05_data_parallel.data_parallel import Allreduce
 from nnlib.lesson08_inside_allreduce.zero import ZeRO
+from nnlib.lesson09_model_parallel.pipeline import PipelineMLP
+from nnlib.lesson09_model_parallel.tensor import TensorParallelMLP
 from nnlib.lesson12_memory.accumulation import MicroBatched
-from nnlib.lesson12_memory.budget import measured_peak, predicted_bytes
+from nnlib.lesson12_memory.budget import (measured_peak, measured_step_peak, mixed_precision_bytes, pipeline_bytes,
+                                          predicted_bytes, predicted_peak, tensor_parallel_bytes)
 from nnlib.lesson12_memory.fsdp import FullySharded, FullyShardedNetwork
+from nnlib.lesson12_memory.mixed_precision import MixedPrecision, loss_scaled
 from nnlib.lesson12_memory.traffic import CountingComm, allreduce_bytes, fsdp_bytes
 
 LESSON = 12
@@ -96,15 +103,56 @@ def step_peak(comm, plan, shard_of_batch, samples: int = 256) -> int:
     return measured_peak(work)[0]
 
 
+#: Lesson 09's model parallelism and mixed precision, on a network of uneven widths (7 layers: the tensor-parallel
+#: column/row pairs and a replicated output layer; 3 stages of 3, 2 and 2 layers on 3 ranks).
+PARALLEL_SIZES = (64, 127, 96, 121, 80, 113, 72, 10)
+PARALLEL_PLANS = {"tensor parallel (09)": ("tensor", None, 1), "pipeline GPipe, m = 4": ("pipeline", "gpipe", 4),
+                  "pipeline 1F1B, m = 4": ("pipeline", "1f1b", 4), "mixed float16": ("mixed", None, 1)}
+
+
+def parallel_peak(comm, plan, rows: int = 256) -> tuple:
+    """(tracemalloc's peak on this rank, the predicted bytes by kind) over steps of ``rows`` samples of ``plan``
+    = (kind, schedule, micro_batches) on PARALLEL_SIZES: kind "tensor" (TensorParallelMLP) or "pipeline"
+    (PipelineMLP), every rank on the whole batch (lesson 03's train), or "mixed" (MixedPrecision, data parallel:
+    its share of the batch). Two steps of a random data set of 2 ``rows`` samples, so that each takes its batch;
+    the network's construction (lesson 09's passes through the whole network) is left out of the peak, its
+    arrays are not (:func:`measured_step_peak`)."""
+    kind, schedule, micro_batches = plan
+    rng = np.random.default_rng(0)
+    inputs, labels = rng.random((2 * rows, PARALLEL_SIZES[0])), rng.integers(0, PARALLEL_SIZES[-1], 2 * rows)
+    settings = dict(epochs=1, learning_rate=0.1, batch_size=rows, momentum=0.9)
+    if kind == "mixed":
+        whole = (inputs.astype(np.float32), labels) if comm.rank == 0 else (None, None)
+        local_inputs, local_labels, start = shard(comm, *whole)
+        peak, _ = measured_step_peak(lambda: MixedPrecision(Network(PARALLEL_SIZES, seed=2)), lambda mixed: (
+            train_parallel(comm, mixed, local_inputs, local_labels, num_samples=2 * rows, start=start,
+                           strategy=loss_scaled(Allreduce), **settings)))
+        return peak, mixed_precision_bytes(PARALLEL_SIZES, -(-rows // comm.size))
+    if kind == "tensor":
+        build, predicted = (lambda: TensorParallelMLP(comm, PARALLEL_SIZES, seed=2),
+                            tensor_parallel_bytes(PARALLEL_SIZES, rows, comm.size, comm.rank))
+    else:
+        build = lambda: PipelineMLP(comm, PARALLEL_SIZES, seed=2, micro_batches=micro_batches, schedule=schedule)
+        predicted = pipeline_bytes(PARALLEL_SIZES, rows, comm.size, comm.rank, micro_batches, schedule)
+    peak, _ = measured_step_peak(build, lambda network: train(network, inputs, labels, progress=False, **settings))
+    return peak, predicted
+
+
 def budgets(comm) -> dict:
-    """Rank 0's measured peak (tracemalloc) and predicted bytes by kind, for one step of 256 samples of each plan."""
+    """Rank 0's measured peak (tracemalloc) and predicted bytes by kind, for a step of 256 samples of each plan
+    (PLANS on BUDGET_SIZES, PARALLEL_PLANS on PARALLEL_SIZES); "within": every rank's verdict, measured within
+    10% of the predicted peak."""
     rng = np.random.default_rng(0)
     whole = (rng.random((256, 64)), rng.integers(0, 10, 256)) if comm.rank == 0 else (None, None)
     shard_of_batch = shard(comm, *whole)
     rows = -(-256 // comm.size)
-    return {name: {"measured": step_peak(comm, plan, shard_of_batch),
-                   "predicted": predicted_bytes(BUDGET_SIZES, rows, comm.size, comm.rank, *plan)}
-            for name, plan in PLANS.items()}
+    measured = {name: (step_peak(comm, plan, shard_of_batch),
+                       predicted_bytes(BUDGET_SIZES, rows, comm.size, comm.rank, *plan)) for name, plan in PLANS.items()}
+    measured.update({name: parallel_peak(comm, plan) for name, plan in PARALLEL_PLANS.items()})
+    within = {name: comm.allreduce(int(abs(peak - predicted_peak(held)) <= 0.1 * predicted_peak(held)), op=MPI.MIN)
+              for name, (peak, held) in measured.items()}
+    return {name: {"measured": peak, "predicted": held, "within": bool(within[name])}
+            for name, (peak, held) in measured.items()}
 
 
 if __name__ == "__main__":

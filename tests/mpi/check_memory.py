@@ -7,8 +7,9 @@ the bytes it sends, counted on the real calls, are 3 (n_l - c_{l,r}) per layer, 
 2 (n - c_r). Gradient accumulation (k micro-batches, with the Allreduce and with lesson 08's overlap):
 equal to one step on the whole batch within 1e-12, one Allreduce per step. Everything together
 (FSDP + accumulation + recomputation) equal to sequential. Mixed precision: every rank skips the same
-overflowed steps. The peak bytes per rank (tracemalloc) within 10% of the prediction, and on 4 ranks a
-network over twice the per-rank budget trains under it. A bad setup fails on every rank at once.
+overflowed steps. The peak bytes per rank (tracemalloc) within 10% of the prediction (data parallel, ZeRO,
+FSDP, recomputation, accumulation, lesson 09's tensor and pipeline parallelism, mixed precision), and on 4
+ranks a network over twice the per-rank budget trains under it. A bad setup fails on every rank at once.
 """
 
 import numpy as np
@@ -23,7 +24,7 @@ from nnlib.lesson08_inside_allreduce.allreduce import chunk_bounds
 from nnlib.lesson08_inside_allreduce.overlap import Overlap
 from nnlib.lesson12_memory.accumulation import MicroBatched
 from nnlib.lesson12_memory.budget import measured_peak, predicted_bytes, predicted_peak
-from nnlib.lesson12_memory.demo import BUDGET_SIZES, step_peak
+from nnlib.lesson12_memory.demo import BUDGET_SIZES, parallel_peak, step_peak
 from nnlib.lesson12_memory.fsdp import FullySharded, FullyShardedNetwork
 from nnlib.lesson12_memory.mixed_precision import MixedPrecision, loss_scaled, train_mixed
 from nnlib.lesson12_memory.traffic import CountingComm, allreduce_bytes, fsdp_bytes
@@ -138,6 +139,26 @@ def test_measured_peak_memory_is_within_10_percent_of_the_prediction():
         predicted = predicted_peak(predicted_bytes(BUDGET_SIZES, rows, size, rank, strategy, every, micro_batches))
         where = f"{strategy} every={every} k={micro_batches}"
         assert abs(peak - predicted) <= 0.1 * predicted, f"{where}: measured {peak:,} predicted {predicted:,}"
+
+
+def test_model_parallel_and_mixed_precision_peaks_are_within_10_percent_of_the_prediction():
+    """Lesson 09's tensor parallelism and pipeline (GPipe and 1F1B with 1, 4 and 7 micro-batches: the schedules
+    keep different numbers of them alive) on uneven widths (64-127-96-121-80-113-72-10: 127 hidden units do not
+    split evenly, 7 layers make uneven stages), and mixed precision: tracemalloc's peak on every rank within 10%
+    of the prediction (up to 4 ranks, as above). On stage 0 of 2 to 4, 1F1B keeps at most P of the 7 micro-batches
+    alive, GPipe all 7: it holds less."""
+    if size > 4:
+        return
+    peaks = {}
+    for plan in [("tensor", None, 1), ("mixed", None, 1)] + [("pipeline", schedule, micro_batches)
+                                                           for schedule in ("gpipe", "1f1b") for micro_batches in (1, 4, 7)]:
+        peak, held = parallel_peak(comm, plan)
+        predicted = predicted_peak(held)
+        assert abs(peak - predicted) <= 0.1 * predicted, f"{plan}: measured {peak:,} predicted {predicted:,}"
+        peaks[plan] = (peak, held["activations"])
+    if size >= 2 and rank == 0:
+        gpipe, one_f_one_b = peaks["pipeline", "gpipe", 7], peaks["pipeline", "1f1b", 7]
+        assert one_f_one_b[0] < gpipe[0] and one_f_one_b[1] < gpipe[1], (gpipe, one_f_one_b)
 
 
 def test_fsdp_trains_a_network_twice_the_budget_equal_to_sequential():
