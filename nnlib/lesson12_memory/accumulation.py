@@ -37,7 +37,11 @@ def micro_batch_bounds(rows: int, micro_batches: int):
 class MicroBatched:
     """``network`` trained k = ``micro_batches`` micro-batches per step (and, with ``recompute_every`` = k_r,
     keeping every k_r-th layer's input only). Everything but :meth:`loss_and_gradient` is the network's own
-    (params, grads, layers, accuracy, ...). ``tally``: what recomputation did (nnlib.lesson12_memory.recompute.Tally)."""
+    (params, grads, layers, accuracy, ...). ``tally``: what recomputation did (nnlib.lesson12_memory.recompute.Tally).
+    (nnlib.lesson12_memory.mixed_precision.MixedPrecision extends it: its own ``layers``, ``loss_scale``, and
+    :meth:`loss_outputs` in float32.)"""
+
+    loss_scale = 1.0  # S: backpropagation starts from S dJ/dz_L (mixed precision's loss scaling; 1 here)
 
     def __init__(self, network, micro_batches: int = 1, recompute_every: int | None = None):
         if int(micro_batches) != micro_batches or micro_batches < 1:
@@ -57,7 +61,7 @@ class MicroBatched:
         if check:
             self.network.check_inputs(inputs)
             self.network.check_labels(labels, inputs.shape[0])
-        scale = 1.0 / (inputs.shape[0] if normalizer is None else normalizer)
+        scale = self.loss_scale / (inputs.shape[0] if normalizer is None else normalizer)
         loss, self.last_correct = 0.0, 0
         bounds = micro_batch_bounds(inputs.shape[0], self.micro_batches)
         for number, (start, stop) in enumerate(bounds):
@@ -70,14 +74,18 @@ class MicroBatched:
 
     def micro_batch(self, inputs, labels, scale: float, accumulate: bool, on_layer_done):
         """Forward, loss and backward of one micro-batch, adding its gradient (after the first); its loss."""
-        layers = self.network.layers
+        layers = self.layers
         if self.recompute_every is None:
             activations, logits = forward_layers(layers, inputs)
-            loss, correct, delta = output_loss(logits, activations[-1], labels, scale, self.network.output)
+            loss, correct, delta = output_loss(logits, self.loss_outputs(activations[-1]), labels, scale, self.output)
             backward_layers(layers, activations, delta, accumulate, on_layer_done)
         else:
             kept, output, logits = checkpointed_forward(layers, inputs, self.recompute_every, self.tally)
-            loss, correct, delta = output_loss(logits, output, labels, scale, self.network.output)
+            loss, correct, delta = output_loss(logits, self.loss_outputs(output), labels, scale, self.output)
             recomputed_backward(layers, kept, output, delta, accumulate, self.tally, on_layer_done)
         self.last_correct += correct
         return loss
+
+    def loss_outputs(self, outputs):
+        """The output activations a_L (N, n_L) the loss is computed from: as they are here."""
+        return outputs

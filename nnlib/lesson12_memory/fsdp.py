@@ -33,6 +33,12 @@ from nnlib.lesson08_inside_allreduce.allreduce import chunk_bounds
 LESSON = 12
 
 
+def as_message(array):
+    """``array`` as MPI may send it: a 2-byte float (float16, bfloat16, which MPI has no type for) as its bits
+    (uint16); others unchanged. Gathers only move values, so the bits are enough."""
+    return array.view(np.uint16) if array.dtype.itemsize == 2 else array
+
+
 class GatherLog:
     """What a rank holds beyond its chunks: ``held`` whole-layer bytes now, ``peak`` the most at once, and
     (while ``recording``, for a picture of a step) ``events`` [(event, layer, whole bytes held after)], event
@@ -71,7 +77,7 @@ class ShardedLayer(Layer):
     def gather(self, why: str) -> None:
         """Allgather the whole [W, b] (n_l,) from every rank's chunk; W and b become views into it."""
         whole = np.empty(self.size, dtype=self.shard.dtype)
-        self.comm.Allgatherv(self.shard, [whole, (self.counts, self.starts)])
+        self.comm.Allgatherv(as_message(self.shard), [as_message(whole), (self.counts, self.starts)])
         (self.weights,), (self.biases,) = layer_views(whole, [self.full_shape])
         self.log.note(f"gather {why}", self.index, whole.nbytes)
 
@@ -97,14 +103,18 @@ class ShardedLayer(Layer):
         whole = np.empty(self.size, dtype=self.shard.dtype)
         (self.grad_weights,), (self.grad_biases,) = layer_views(whole, [self.full_shape])
         super().weight_gradient(inputs, delta)
-        summed = np.empty_like(self.grad_shard) if accumulate else self.grad_shard
-        self.comm.Reduce_scatter(whole, summed, recvcounts=self.counts, op=MPI.SUM)
+        self.reduce_scatter(whole, accumulate)
         self.log.note("reduce-scatter", self.index, 0)
-        if accumulate:
-            self.grad_shard += summed
         self.grad_weights = self.grad_biases = None
         if self.index == 0:
             self.free()
+
+    def reduce_scatter(self, whole, accumulate: bool) -> None:
+        """Chunk r of the sum over ranks of ``whole`` (n_l,) into ``grad_shard`` (or added to it)."""
+        summed = np.empty_like(self.grad_shard) if accumulate else self.grad_shard
+        self.comm.Reduce_scatter(whole, summed, recvcounts=self.counts, op=MPI.SUM)
+        if accumulate:
+            self.grad_shard += summed
 
     def input_gradient(self, delta):
         """dJ/da_in = delta @ W.T with the gathered W, then free it."""
@@ -150,17 +160,45 @@ class FullyShardedNetwork(LayerStack):
 
     def full_params(self) -> np.ndarray:
         """The whole flat vector [W_1, b_1, ...] (num_params of the unsharded network), on every rank (collective)."""
-        wholes = []
+        return self.full_vector(self.params)
+
+    def full_vector(self, chunks) -> np.ndarray:
+        """The whole vector (total_params,) laid out [W_1, b_1, ...] from every rank's ``chunks`` (laid out as
+        ``params``: chunk r of each layer, layer after layer), on every rank (collective: one Allgatherv a layer)."""
+        wholes, offset = [], 0
         for layer in self.layers:
-            layer.gather("inspection")
-            wholes += [np.ravel(layer.weights), layer.biases]
-            layer.free()
+            whole = np.empty(layer.size, dtype=chunks.dtype)
+            mine = chunks[offset:offset + layer.counts[self.comm.rank]]
+            self.comm.Allgatherv(as_message(mine), [as_message(whole), (layer.counts, layer.starts)])
+            wholes.append(whole)
+            offset += mine.size
         return np.concatenate(wholes)
+
+    def own_chunks(self, whole) -> np.ndarray:
+        """This rank's chunks (laid out as ``params``) of a whole vector (total_params,): the inverse of full_vector."""
+        offsets, rank = parameter_offsets([layer.shape for layer in self.layers]), self.comm.rank
+        return np.concatenate([whole[start + layer.starts[rank]:start + layer.starts[rank] + layer.counts[rank]]
+                               for start, layer in zip(offsets, self.layers)])
+
+    def load_full_params(self, whole) -> None:
+        """Keep this rank's chunks of a whole parameter vector (total_params,) (from a checkpoint)."""
+        self.params[...] = self.own_chunks(np.asarray(whole))
 
 
 class ChunkwiseSGD(SGD):
     """Lesson 03's SGD on this rank's chunks, one layer's chunk at a time: the update's temporary eta g is one
-    chunk long, not all of them (``velocity`` is still one flat vector, as SGD's)."""
+    chunk long, not all of them (``velocity`` is still one flat vector, as SGD's: this rank's chunks)."""
+
+    sharded = True  # a checkpoint gathers the velocity from every rank's chunks
+
+    def full_velocity(self, comm):
+        """The whole velocity (total_params,) on every rank (collective; None without momentum)."""
+        return None if self.velocity is None else self.network.full_vector(self.velocity)
+
+    def load_velocity(self, whole) -> None:
+        """Take this rank's chunks of a whole velocity vector (from a checkpoint)."""
+        if self.velocity is not None:
+            self.velocity[...] = self.network.own_chunks(np.asarray(whole))
 
     def step(self) -> None:
         offset = 0

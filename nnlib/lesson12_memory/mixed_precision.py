@@ -1,100 +1,179 @@
-"""Mixed precision: weights, activations and gradients stored in float16, products computed in float32,
-float32 master weights for the update, and dynamic loss scaling (Micikevicius et al. 2018).
+"""Mixed precision: weights, activations and gradients stored in float16 or bfloat16, products computed in
+float32, float32 master weights for the update, and dynamic loss scaling (Micikevicius et al. 2018).
 
-Per step, with the loss scale S:
+Per step, with the loss scale S and the low precision ``low`` (float16, or bfloat16 from ml_dtypes):
 
-    half  <- float16(master)                          (the model's copy: 2 bytes per parameter)
-    forward and backward with :class:`HalfLayer`:     each product casts its float16 operands to float32
+    half  <- low(master)                              (the model's copy: 2 bytes per parameter)
+    forward and backward with :class:`HalfLayer`:     each product casts its low operands to float32
                                                       (as tensor cores accumulate in float32) and stores
-                                                      its result in float16; the loss is float32
-    the backward starts from S * dJ/dz_L, so half_grads = float16(S * g)
-    grads = float32(half_grads) / S   (summed over the ranks by the sync, if any)
-    overflow (an inf or NaN in grads):  skip the step, S <- S / 2
+                                                      its result in low precision; the loss is float32
+    the backward starts from S * dJ/dz_L, so half_grads = low(S * g)
+    grads = float32(half_grads) / S   (added up over the k micro-batches, if any, in float32; summed over
+                                       the ranks by the sync in float32)
+    overflow (an inf or NaN in the summed grads, on any rank):  skip the step, S <- S / 2
     otherwise:  SGD on the float32 master;  after every ``growth_interval`` good steps in a row, S <- 2 S
 
 Why scale: float16's smallest subnormal is 2^-24 (about 6e-8), and a gradient below half of it
 rounds to 0 (:func:`underflow_per_layer` counts them, layer by layer). Scaling moves the gradients
 up into float16's range for the trip through backward; dividing in float32 brings them back.
-Memory per parameter (SGD with momentum): float16 weights 2 + float16 gradients 2 + float32 master 4
+bfloat16 keeps float32's 8 exponent bits (its smallest normal is 2^-126, about 1e-38) and drops
+mantissa bits instead (8 significant bits against float16's 11): the same gradients survive without
+scaling, so bfloat16 runs with S = 1 and no scaler (an overflow still skips the step).
+
+Combined with lesson 12's other savers: gradient accumulation (``micro_batches`` = k: each micro-batch's
+low gradient unscaled and added into the float32 grads; the overflow verdict is taken once per step, on
+the sum), recomputation (``recompute_every``: the checkpoints are low-precision activations) and FSDP
+(a :class:`~nnlib.lesson12_memory.fsdp.FullyShardedNetwork` as ``network``: its float32 chunks are the
+master, each rank keeps a low copy of its chunks, gathers a layer in low precision, computes its rows'
+gradient in low precision and reduce-scatters it in float32. Why float32: MPI has no 16-bit float sum,
+and rounding each partial sum to 2 bytes would lose more bits at every one of the P - 1 additions. A rank
+sees only its chunk of the sum, so the ranks agree on the verdict with one Allreduce of a flag.)
+
+Memory per parameter (SGD with momentum): low weights 2 + low gradients 2 + float32 master 4
 + float32 momentum 4 + float32 unscaled gradient 4 (the ZeRO paper counts 2 + 2 + 12 for Adam, whose
-master, momentum and variance are 4 each). NumPy has no bfloat16 array type: float16 only here.
+master, momentum and variance are 4 each).
 """
 
 from __future__ import annotations
 
 import numpy as np
+from mpi4py import MPI
 
-from nnlib.lesson02_network.network import Layer, backward_layers, dense_layers, forward_layers, output_loss
+from nnlib.lesson02_network.network import Layer, dense_layers
 from nnlib.lesson03_training.training import Batches, LocalUpdate, Run, Settings, train_loop
+from nnlib.lesson12_memory.accumulation import MicroBatched
+from nnlib.lesson12_memory.fsdp import ShardedLayer
 
 LESSON = 12
 
 HALF, SINGLE = np.float16, np.float32
+PRECISIONS = ("float16", "bfloat16")
+
+
+def low_precision(name: str):
+    """The NumPy dtype of ``name``: float16 (NumPy's own) or bfloat16 (the ml_dtypes package, JAX's)."""
+    if name == "float16":
+        return np.dtype(HALF)
+    if name != "bfloat16":
+        raise ValueError(f"mixed precision stores float16 or bfloat16; got {name!r}")
+    try:
+        import ml_dtypes
+    except ImportError:
+        raise ValueError("bfloat16 arrays need the ml_dtypes package: pip install ml_dtypes") from None
+    return np.dtype(ml_dtypes.bfloat16)
 
 
 class HalfLayer(Layer):
-    """Lesson 02's Layer over float16 views (W, b, dW, db), computing every product in float32.
+    """Lesson 02's Layer over low-precision views (W, b, dW, db), computing every product in float32.
 
-    forward: z = float32(a_in) @ float32(W) + float32(b) (float32), a = f(z) stored as float16;
-    weight_gradient: float32 products written into the float16 gradient views (an overflow becomes inf);
-    input_gradient: float32 product, returned as float16.
+    forward: z = float32(a_in) @ float32(W) + float32(b) (float32), a = f(z) stored in ``low_dtype``;
+    weight_gradient: float32 products written into the low gradient views (a float16 overflow becomes inf);
+    input_gradient: float32 product, returned in ``low_dtype``.
     """
+
+    low_dtype = np.dtype(HALF)  # (MixedPrecision sets each layer's own)
 
     def logits(self, inputs):
         return inputs.astype(SINGLE) @ self.weights.astype(SINGLE) + self.biases.astype(SINGLE)
 
     def forward(self, inputs):
         logits, activation = super().forward(inputs)
-        return logits, activation.astype(HALF)
+        return logits, activation.astype(self.low_dtype)
 
     def weight_gradient(self, inputs, delta, accumulate: bool = False) -> None:
         super().weight_gradient(inputs.astype(SINGLE), delta.astype(SINGLE), accumulate)
 
     def input_gradient(self, delta):
-        return (delta.astype(SINGLE) @ self.weights.astype(SINGLE).T).astype(HALF)
+        return (delta.astype(SINGLE) @ self.weights.astype(SINGLE).T).astype(self.low_dtype)
 
 
-class MixedPrecision:
-    """``network`` (a float32 lesson 02 Network: its params are the master weights, its grads the unscaled
-    float32 gradient) trained in mixed precision. half_params, half_grads: the float16 copies; layers: HalfLayer.
-    loss_scale S (``dynamic``: halved on overflow, doubled after ``growth_interval`` good steps);
-    overflowed: the last step's verdict; skipped: how many steps were skipped."""
+class HalfShardedLayer(ShardedLayer, HalfLayer):
+    """An FSDP layer in mixed precision: ``shard`` is this rank's low chunk, gathered (in low precision) into the
+    whole W, b; the products are :class:`HalfLayer`'s; the whole low gradient goes to the reduce-scatter as
+    float32, and ``grad_shard`` (float32) receives chunk r of the scaled sum over ranks."""
 
-    def __init__(self, network, loss_scale: float = 2.0 ** 15, growth_interval: int = 100, dynamic: bool = True):
+    def reduce_scatter(self, whole, accumulate: bool) -> None:
+        super().reduce_scatter(whole.astype(SINGLE), accumulate)  # an inf on any rank stays inf in its chunk
+
+
+class MixedPrecision(MicroBatched):
+    """``network`` (a float32 lesson 02 Network, or a FullyShardedNetwork: its params are the master weights, its
+    grads the unscaled float32 gradient) trained in mixed precision, ``precision`` "float16" or "bfloat16".
+
+    half_params: the low copy of params; half_grads: the scaled gradient, low (float32 chunks for FSDP); layers:
+    HalfLayer (HalfShardedLayer). loss_scale S (default 2^15 for float16, 1 for bfloat16; ``dynamic``, default
+    for float16 only: halved on overflow, doubled after ``growth_interval`` good steps); overflowed: the last
+    step's verdict; skipped: how many steps were skipped; verdicts: every step's (overflowed, S used).
+    micro_batches, recompute_every: as :class:`~nnlib.lesson12_memory.accumulation.MicroBatched`.
+    """
+
+    def __init__(self, network, loss_scale: float | None = None, growth_interval: int = 100,
+                 dynamic: bool | None = None, precision: str = "float16", micro_batches: int = 1,
+                 recompute_every: int | None = None):
         if str(network.params.dtype) != "float32":
             raise ValueError(f"the master weights must be float32; got {network.params.dtype}")
-        self.network, self.loss_scale = network, float(loss_scale)
-        self.growth_interval, self.dynamic = int(growth_interval), dynamic
-        self.half_params = network.params.astype(HALF)
-        self.half_grads = np.zeros_like(self.half_params)
-        views = dense_layers(self.half_params, self.half_grads, network.shapes, network.output)
-        self.layers = [HalfLayer(layer.weights, layer.biases, layer.grad_weights, layer.grad_biases, layer.activation)
-                       for layer in views]
-        self.good_steps, self.skipped, self.overflowed, self.last_correct = 0, 0, False, 0
+        super().__init__(network, micro_batches, recompute_every)
+        self.precision, self.low = precision, low_precision(precision)
+        scaled = precision == "float16"  # bfloat16 has float32's range: nothing to scale
+        self.loss_scale = float(loss_scale if loss_scale is not None else 2.0 ** 15 if scaled else 1.0)
+        self.growth_interval, self.dynamic = int(growth_interval), scaled if dynamic is None else bool(dynamic)
+        self.sharded = all(isinstance(layer, ShardedLayer) for layer in network.layers)
+        self.half_params = network.params.astype(self.low)
+        self.half_grads = np.zeros(network.params.size, SINGLE if self.sharded else self.low)
+        self.layers = self.low_layers()
+        self.good_steps, self.skipped, self.overflowed, self.verdicts = 0, 0, False, []
 
-    def __getattr__(self, name):
-        return getattr(self.network, name)
+    def low_layers(self) -> list:
+        """HalfLayers over views of half_params and half_grads (HalfShardedLayers over this rank's chunks)."""
+        if self.sharded:
+            bounds = np.cumsum([0] + [layer.shard.size for layer in self.network.layers])
+            layers = [HalfShardedLayer(self.network.comm, layer.index, layer.shape,
+                                       (self.half_params[start:stop], self.half_grads[start:stop]),
+                                       layer.activation, self.network.log)
+                      for layer, start, stop in zip(self.network.layers, bounds, bounds[1:])]
+        else:
+            views = dense_layers(self.half_params, self.half_grads, self.network.shapes, self.network.output)
+            layers = [HalfLayer(view.weights, view.biases, view.grad_weights, view.grad_biases, view.activation)
+                      for view in views]
+        for layer in layers:
+            layer.low_dtype = self.low
+        return layers
 
     def loss_and_gradient(self, inputs, labels, normalizer=None, check: bool = True, on_device: bool = False,
                           on_layer_done=None):
-        """One float16 forward and backward from S dJ/dz_L, unscaled into the float32 grads (an overflow stays inf
-        for the optimizer, :class:`ScaledStep`, to see). Returns J."""
-        if check:
-            self.network.check_inputs(inputs)
-            self.network.check_labels(labels, inputs.shape[0])
-        self.half_params[...] = self.network.params  # float16(master)
-        activations, logits = forward_layers(self.layers, inputs.astype(HALF))
-        scale = self.loss_scale / (inputs.shape[0] if normalizer is None else normalizer)
-        loss, correct, delta = output_loss(logits, activations[-1].astype(SINGLE), labels, scale, self.network.output)
+        """Low-precision forwards and backwards from S dJ/dz_L (micro-batch by micro-batch), unscaled into the
+        float32 grads (an overflow stays inf for the optimizer, :class:`ScaledStep`, to see). Returns J."""
+        if on_layer_done is not None:
+            raise ValueError("mixed precision unscales the gradient after backward: a strategy that sends it "
+                             "during backward (overlap) does not combine with it")
+        self.half_params[...] = self.network.params  # low(master)
         with np.errstate(over="ignore", invalid="ignore"):  # an overflow is what the loss scaler looks for
-            backward_layers(self.layers, activations, delta, False, on_layer_done)
-            np.divide(self.half_grads, SINGLE(self.loss_scale), out=self.network.grads)  # inf stays inf
-        self.last_correct = int(correct)
-        return float(loss) / self.loss_scale
+            loss = super().loss_and_gradient(inputs, labels, normalizer, check)
+        return loss / self.loss_scale
+
+    def micro_batch(self, inputs, labels, scale: float, accumulate: bool, on_layer_done):
+        """One micro-batch's low gradient (scaled by S), unscaled into grads (added after the first); its loss."""
+        loss = super().micro_batch(inputs.astype(self.low), labels, scale, False, on_layer_done)
+        if accumulate:
+            self.network.grads += self.half_grads.astype(SINGLE) / SINGLE(self.loss_scale)  # inf stays inf
+        else:
+            np.divide(self.half_grads.astype(SINGLE), SINGLE(self.loss_scale), out=self.network.grads)
+        return loss
+
+    def loss_outputs(self, outputs):
+        """The loss (and dJ/dz_L) is computed in float32."""
+        return outputs.astype(SINGLE)
+
+    def overflow(self) -> bool:
+        """Whether the (summed) float32 gradient has an inf or NaN: on any rank's chunks, for FSDP (one Allreduce
+        of a flag, so every rank reaches the same verdict); the sync's sum, the same everywhere, otherwise."""
+        local = not bool(np.isfinite(self.network.grads).all())
+        return bool(self.network.comm.allreduce(local, op=MPI.LOR)) if self.sharded else local
 
     def scaler_update(self, overflowed: bool) -> None:
         """The verdict on the (summed) gradient: overflow: skip, halve S; else double S after enough good steps."""
         self.overflowed = overflowed
+        self.verdicts.append((overflowed, self.loss_scale))
         if overflowed:
             self.skipped += 1
             self.good_steps = 0
@@ -104,10 +183,19 @@ class MixedPrecision:
         if self.dynamic and self.good_steps % self.growth_interval == 0:
             self.loss_scale *= 2
 
+    def checkpoint_state(self) -> dict:
+        """What a checkpoint keeps beyond the weights (nnlib.lesson10_faults.checkpoint): the scaler's state."""
+        return dict(loss_scale=self.loss_scale, good_steps=self.good_steps, skipped=self.skipped)
+
+    def restore_checkpoint_state(self, state: dict) -> None:
+        self.loss_scale, self.good_steps = float(state["loss_scale"]), int(state["good_steps"])
+        self.skipped = int(state["skipped"])
+
     def state_bytes(self, optimizer) -> dict:
-        """Bytes held per kind: float16 weights and gradients, float32 master, gradient and momentum."""
+        """Bytes held per kind: low weights and gradients, float32 master, gradient and momentum."""
         velocity = 0 if optimizer.velocity is None else optimizer.velocity.nbytes
-        return {"float16 weights": self.half_params.nbytes, "float16 gradients": self.half_grads.nbytes,
+        return {f"{self.precision} weights": self.half_params.nbytes,
+                f"{self.precision} gradients": self.half_grads.nbytes,
                 "float32 master": self.network.params.nbytes, "float32 gradient": self.network.grads.nbytes,
                 "float32 momentum": velocity}
 
@@ -117,11 +205,15 @@ class ScaledStep:
 
     It looks at the gradient the sync hands it: after lesson 05's Allreduce that is the sum over the ranks,
     the same on every rank, and an inf or NaN on any rank makes the sum non-finite everywhere, so every rank
-    skips together, with no extra message. (ZeRO's slices would not see the others' overflow: not offered.)
+    skips together, with no extra message. FSDP's ranks each hold a chunk of the sum: they agree with one
+    Allreduce of the flag (:meth:`MixedPrecision.overflow`). (ZeRO 1-2's slices: not offered.)
     """
 
     def __init__(self, optimizer, mixed: MixedPrecision):
         self.optimizer, self.mixed = optimizer, mixed
+
+    def __getattr__(self, name):  # the optimizer's own (network, sharded, full_velocity, ... for checkpoints)
+        return getattr(self.optimizer, name)
 
     @property
     def learning_rate(self) -> float:
@@ -136,18 +228,19 @@ class ScaledStep:
         return self.optimizer.velocity
 
     def step(self) -> None:
-        overflowed = not bool(np.isfinite(self.mixed.grads).all())
+        overflowed = self.mixed.overflow()
         self.mixed.scaler_update(overflowed)
         if not overflowed:
             self.optimizer.step()
 
 
 def loss_scaled(sync_class):
-    """``sync_class`` (lesson 03's LocalUpdate, lesson 05's Allreduce) whose optimizer is a :class:`ScaledStep`."""
+    """``sync_class`` (lesson 03's LocalUpdate, lesson 05's Allreduce, lesson 12's FullySharded) whose optimizer
+    is a :class:`ScaledStep` around the sync's own optimizer on the float32 master network."""
 
     class LossScaled(sync_class):
         def optimizer(self, network, learning_rate: float, momentum: float):
-            return ScaledStep(super().optimizer(network, learning_rate, momentum), network)
+            return ScaledStep(super().optimizer(network.network, learning_rate, momentum), network)
 
     LossScaled.__name__ = f"LossScaled{sync_class.__name__}"
     return LossScaled
@@ -161,15 +254,17 @@ def train_mixed(mixed: MixedPrecision, inputs, labels, settings: Settings) -> tu
     return history, run.optimizer
 
 
-def underflow_per_layer(network, inputs, labels, loss_scale: float = 1.0) -> list[float]:
+def underflow_per_layer(network, inputs, labels, loss_scale: float = 1.0, precision: str = "float16") -> list[float]:
     """For each layer l, the fraction of its nonzero float32 gradient entries (dJ/dW_l, dJ/db_l) that are 0
-    once stored in float16 after multiplying by ``loss_scale``: what scaling saves from flushing to zero."""
+    once stored in ``precision`` (float16 or bfloat16) after multiplying by ``loss_scale``: what scaling saves
+    from flushing to zero (in float16; bfloat16's range is float32's, so nearly nothing flushes there)."""
+    low = low_precision(precision)
     network.loss_and_gradient(inputs, labels)
     fractions = []
     for weights, biases in zip(network.grad_weights, network.grad_biases):
         gradient = np.concatenate([np.ravel(weights), biases]).astype(np.float64)
         nonzero = gradient != 0
-        flushed = nonzero & ((gradient * loss_scale).astype(HALF) == 0)
+        flushed = nonzero & ((gradient * loss_scale).astype(low) == 0)
         fractions.append(float(flushed.sum() / max(1, nonzero.sum())))
     return fractions
 
