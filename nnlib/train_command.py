@@ -29,7 +29,8 @@ compression or local steps the job counts the bytes each rank hands to Allreduce
 Memory (lesson 12): ``--strategy fsdp`` shards every layer's parameters, gradients and momentum over the
 ranks (ZeRO-3); ``--recompute K`` keeps every K-th layer's activations and recomputes the rest;
 ``--accumulate K`` runs each step as K micro-batches; ``--precision float16`` stores the network in
-float16 with float32 master weights and dynamic loss scaling (nnlib.lesson12_memory).
+float16 with float32 master weights and dynamic loss scaling, ``--precision bfloat16`` in bfloat16 (the
+ml_dtypes package) without scaling; they combine with one another and with checkpoints (nnlib.lesson12_memory).
 """
 
 from __future__ import annotations
@@ -430,15 +431,16 @@ def job_strategy(args):
         from nnlib.lesson08_inside_allreduce.overlap import Overlap
 
         return Overlap
+    if args.precision != "float32":
+        from nnlib.lesson05_data_parallel.data_parallel import Allreduce
+        from nnlib.lesson12_memory.fsdp import FullySharded
+        from nnlib.lesson12_memory.mixed_precision import loss_scaled
+
+        return loss_scaled(FullySharded if args.strategy == "fsdp" else Allreduce)
     if args.strategy == "fsdp":
         from nnlib.lesson12_memory.fsdp import FullySharded
 
         return FullySharded
-    if args.precision == "float16":
-        from nnlib.lesson05_data_parallel.data_parallel import Allreduce
-        from nnlib.lesson12_memory.mixed_precision import loss_scaled
-
-        return loss_scaled(Allreduce)
     return args.strategy
 
 
@@ -705,7 +707,8 @@ def add_memory_arguments(parser: argparse.ArgumentParser) -> None:
                         help="K micro-batches per step, nothing sent before the last (lesson 12)")
     parser.add_argument("--precision", choices=("float32", "float16", "bfloat16"), default="float32",
                         help="float16: weights, activations, gradients stored in float16, float32 master weights "
-                             "and dynamic loss scaling (lesson 12; with --strategy allreduce)")
+                             "and dynamic loss scaling; bfloat16: the same in bfloat16, unscaled (lesson 12; "
+                             "with --strategy allreduce or fsdp)")
 
 
 def memory_options_used(args) -> bool:
@@ -720,28 +723,32 @@ def check_memory_options(args) -> None:
         raise ValueError(f"--accumulate must be at least 1 (micro-batches per step); got {args.accumulate}")
     if not memory_options_used(args):
         return
-    used = "--strategy fsdp" if args.strategy == "fsdp" else "--recompute/--accumulate"
+    used = ("--strategy fsdp" if args.strategy == "fsdp" else "--recompute/--accumulate"
+            if args.recompute or args.accumulate > 1 else f"--precision {args.precision}")
     for given, name in [(args.model_parallel != "none", "--model-parallel"), (args.asynchronous, "--asynchronous"),
                         (args.compression != "none", "--compression")]:
         if given:
             raise ValueError(f"{used} does not combine with {name} in the batch job")
-    if args.strategy == "fsdp" and (args.device != "cpu" or args.checkpoint_dir):
-        raise ValueError("--strategy fsdp runs on --device cpu and without --checkpoint-dir "
-                         "(a sharded network's checkpoint is not written yet)")
+    if args.strategy == "fsdp" and args.device != "cpu":
+        raise ValueError("--strategy fsdp runs on --device cpu")
     check_precision(args)
 
 
 def check_precision(args) -> None:
-    """--precision float16 goes with --strategy allreduce, float32 master weights, on the CPU, alone."""
-    if args.precision == "bfloat16":
-        raise ValueError("--precision bfloat16: NumPy has no bfloat16 arrays, so lesson 12 stores float16 only "
-                         "(lesson 11 sends bfloat16 gradients: --compression bfloat16)")
-    if args.precision == "float16" and (args.strategy != "allreduce" or args.recompute or args.accumulate > 1):
-        raise ValueError("--precision float16 goes with --strategy allreduce (every rank must see the summed "
-                         "gradient's overflow) and without --recompute or --accumulate")
-    if args.precision == "float16" and (args.dtype != "float32" or args.device != "cpu" or args.checkpoint_dir):
-        raise ValueError("--precision float16 keeps float32 master weights (--dtype float32), on --device cpu, "
-                         "without --checkpoint-dir (the loss scale is not checkpointed yet)")
+    """--precision float16 / bfloat16 go with --strategy allreduce or fsdp, float32 master weights, on the CPU
+    (with --recompute, --accumulate and --checkpoint-dir as they like)."""
+    if args.precision == "float32":
+        return
+    if args.strategy not in ("allreduce", "fsdp"):
+        raise ValueError(f"--precision {args.precision} goes with --strategy allreduce or fsdp (every rank must "
+                         f"reach the same overflow verdict: on the summed gradient, or one flag Allreduce over "
+                         f"FSDP's chunks); got --strategy {args.strategy}")
+    if args.dtype != "float32" or args.device != "cpu":
+        raise ValueError(f"--precision {args.precision} keeps float32 master weights (--dtype float32), "
+                         f"on --device cpu")
+    from nnlib.lesson12_memory.mixed_precision import low_precision
+
+    low_precision(args.precision)  # bfloat16 without ml_dtypes: a clear error
 
 
 def job_memory_network(args, comm):
@@ -750,14 +757,14 @@ def job_memory_network(args, comm):
     from nnlib.lesson12_memory.fsdp import FullyShardedNetwork
     from nnlib.lesson12_memory.mixed_precision import MixedPrecision
 
-    if args.precision == "float16":
-        network, gpu_index = job_network(args, comm)
-        return MixedPrecision(network), gpu_index
     if args.strategy == "fsdp":
         network, gpu_index = FullyShardedNetwork(comm, (784, *args.hidden, 10), output=args.output_layer,
                                                  dtype=args.dtype, seed=args.seed), None
     else:
         network, gpu_index = job_network(args, comm)
+    if args.precision != "float32":
+        return MixedPrecision(network, precision=args.precision, micro_batches=args.accumulate,
+                              recompute_every=args.recompute or None), gpu_index
     return MicroBatched(network, args.accumulate, args.recompute or None), gpu_index
 
 

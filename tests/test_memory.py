@@ -145,11 +145,11 @@ def job_arguments(*arguments):
     (["--recompute", "2", "--asynchronous"], "--recompute/--accumulate does not combine with --asynchronous"),
     (["--recompute", "2", "--compression", "float16"], "--recompute/--accumulate does not combine with --compression"),
     (["--strategy", "fsdp", "--device", "gpu"], "--strategy fsdp runs on --device cpu"),
-    (["--strategy", "fsdp", "--checkpoint-dir", "somewhere"], "without --checkpoint-dir"),
-    (["--precision", "bfloat16"], "--precision bfloat16: NumPy has no bfloat16 arrays"),
-    (["--precision", "float16", "--strategy", "zero"], "--precision float16 goes with --strategy allreduce"),
-    (["--precision", "float16", "--accumulate", "2"], "without --recompute or --accumulate"),
+    (["--precision", "float16", "--strategy", "zero"], "--precision float16 goes with --strategy allreduce or fsdp"),
+    (["--precision", "bfloat16", "--strategy", "overlap"], "--precision bfloat16 goes with --strategy allreduce or"),
     (["--precision", "float16", "--dtype", "float64"], "keeps float32 master weights (--dtype float32)"),
+    (["--precision", "bfloat16", "--device", "gpu"], "keeps float32 master weights (--dtype float32), on --device cpu"),
+    (["--precision", "float16", "--compression", "float16"], "--precision float16 does not combine with --compression"),
 ])
 def test_the_batch_job_refuses_memory_options_that_do_not_combine(arguments, message):
     from nnlib.train_command import check_settings

@@ -13,6 +13,11 @@ What a checkpoint holds (a :class:`Checkpoint`):
     ranks          how many ranks wrote it (a resume may use another number: P ranks take exactly
                    the sequential steps)
     total_steps    steps done since the run began
+    extra          what the network keeps beyond its weights (its ``checkpoint_state()``, e.g. lesson 12's
+                   loss scale), restored with its ``restore_checkpoint_state``; {} for most networks
+
+A network sharded over the ranks (lesson 12's FSDP: it has ``full_params`` and ``load_full_params``) is
+gathered into the whole vector on save (every rank takes part) and split again on restore.
 
 The learning-rate schedule's position is epoch + step / steps_per_epoch, so it is restored too.
 
@@ -71,6 +76,7 @@ class Checkpoint:
     settings: dict
     ranks: int
     total_steps: int
+    extra: dict = field(default_factory=dict)
     path: Path | None = field(default=None, compare=False)
 
 
@@ -78,7 +84,8 @@ def to_bytes(checkpoint: Checkpoint) -> bytes:
     """The file's bytes: header (magic, version, length, SHA-256), then the .npz payload."""
     meta = dict(epoch=checkpoint.epoch, step=checkpoint.step, rng_state=checkpoint.rng_state,
                 partial=[float(value) for value in checkpoint.partial], history=checkpoint.history,
-                settings=checkpoint.settings, ranks=checkpoint.ranks, total_steps=checkpoint.total_steps)
+                settings=checkpoint.settings, ranks=checkpoint.ranks, total_steps=checkpoint.total_steps,
+                extra=checkpoint.extra)
     arrays = dict(params=checkpoint.params, meta=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8))
     if checkpoint.velocity is not None:
         arrays["velocity"] = checkpoint.velocity
@@ -110,7 +117,7 @@ def from_bytes(raw: bytes, name="the checkpoint") -> Checkpoint:
         return Checkpoint(params=arrays["params"].copy(), velocity=velocity, epoch=meta["epoch"],
                           step=meta["step"], rng_state=meta["rng_state"], partial=meta["partial"],
                           history=meta["history"], settings=meta["settings"], ranks=meta["ranks"],
-                          total_steps=meta["total_steps"])
+                          total_steps=meta["total_steps"], extra=meta.get("extra", {}))
 
 
 def save(path, checkpoint: Checkpoint) -> int:
@@ -229,6 +236,8 @@ def run_settings(run) -> dict:
         found["sampler"] = run.plan.name
     if getattr(run.sync, "compression", "none") != "none":
         found["compression"] = run.sync.compression
+    if getattr(network, "precision", "float32") != "float32":  # (lesson 12's mixed precision)
+        found["precision"] = network.precision
     return found
 
 
@@ -288,13 +297,20 @@ class Checkpointing(Hook):
         rank = self.comm.rank
         small = None if saved is None else dict(epoch=saved.epoch, step=saved.step, rng_state=saved.rng_state,
                                                 partial=saved.partial, history=saved.history, ranks=saved.ranks,
-                                                total_steps=saved.total_steps, velocity=saved.velocity is not None)
+                                                total_steps=saved.total_steps, velocity=saved.velocity is not None,
+                                                extra=saved.extra)
         small = self.comm.bcast(small, root=0)
-        if rank == 0:
+        dtype, whole_size = to_numpy(run.network.params[:1]).dtype, whole_parameters(run.network)
+        if hasattr(run.network, "load_full_params"):  # sharded: every rank keeps its chunks of the whole
+            params = saved.params.astype(dtype) if rank == 0 else np.empty(whole_size, dtype)
+            self.comm.Bcast(params, root=0)
+            run.network.load_full_params(params)
+        elif rank == 0:
             run.network.params[...] = run.network.xp.asarray(saved.params)
+        if small["extra"]:
+            run.network.restore_checkpoint_state(small["extra"])
         if small["velocity"] and run.settings.momentum:
-            dtype = to_numpy(run.network.params[:1]).dtype
-            velocity = saved.velocity.astype(dtype) if rank == 0 else np.empty(run.network.num_params, dtype)
+            velocity = saved.velocity.astype(dtype) if rank == 0 else np.empty(whole_size, dtype)
             self.comm.Bcast(velocity, root=0)
             load_velocity(run.optimizer, velocity)
         run.epoch, run.step, run.total_steps = small["epoch"], small["step"], small["total_steps"]
@@ -328,12 +344,15 @@ class Checkpointing(Hook):
         if steps_done:  # mid-epoch: the totals so far, summed over ranks
             self.comm.Allreduce(MPI.IN_PLACE, partial, op=MPI.SUM)
         velocity = self.velocity(run)
+        sharded = hasattr(run.network, "load_full_params")  # collective: every rank sends its chunks
+        params = run.network.full_params() if sharded else run.network.params
         problem = None
         if self.comm.rank == 0:
             history = {name: list(getattr(run.history, name)) for name in HISTORY_FIELDS}
-            record = Checkpoint(params=to_numpy(run.network.params), velocity=velocity, epoch=epoch, step=steps_done,
+            extra = run.network.checkpoint_state() if hasattr(run.network, "checkpoint_state") else {}
+            record = Checkpoint(params=to_numpy(params), velocity=velocity, epoch=epoch, step=steps_done,
                                 rng_state=rng_state, partial=partial.tolist(), ranks=self.comm.size,
-                                total_steps=run.total_steps, settings=run_settings(run), history=history)
+                                total_steps=run.total_steps, settings=run_settings(run), history=history, extra=extra)
             try:
                 self.folder.write(record)
             except CheckpointError as error:
@@ -347,6 +366,11 @@ class Checkpointing(Hook):
         if self.comm.rank != 0 or run.optimizer.velocity is None:
             return None
         return to_numpy(run.optimizer.velocity)
+
+
+def whole_parameters(network) -> int:
+    """The length of the whole parameter vector: ``total_params`` of a sharded network, else num_params."""
+    return int(getattr(network, "total_params", network.num_params))
 
 
 def load_velocity(optimizer, whole) -> None:

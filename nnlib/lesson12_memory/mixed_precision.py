@@ -10,7 +10,8 @@ Per step, with the loss scale S and the low precision ``low`` (float16, or bfloa
     the backward starts from S * dJ/dz_L, so half_grads = low(S * g)
     grads = float32(half_grads) / S   (added up over the k micro-batches, if any, in float32; summed over
                                        the ranks by the sync in float32)
-    overflow (an inf or NaN in the summed grads, on any rank):  skip the step, S <- S / 2
+    overflow (an inf or NaN in the summed grads on any rank, or S |grads| beyond the low range: the sum
+              itself would overflow, whichever pieces it was added from):  skip the step, S <- S / 2
     otherwise:  SGD on the float32 master;  after every ``growth_interval`` good steps in a row, S <- 2 S
 
 Why scale: float16's smallest subnormal is 2^-24 (about 6e-8), and a gradient below half of it
@@ -61,6 +62,15 @@ def low_precision(name: str):
     except ImportError:
         raise ValueError("bfloat16 arrays need the ml_dtypes package: pip install ml_dtypes") from None
     return np.dtype(ml_dtypes.bfloat16)
+
+
+def largest_value(low) -> float:
+    """The largest finite value of the dtype ``low``: 65504 for float16, about 3.4e38 for bfloat16."""
+    if low == np.dtype(HALF):
+        return float(np.finfo(HALF).max)
+    import ml_dtypes
+
+    return float(ml_dtypes.finfo(low).max)
 
 
 class HalfLayer(Layer):
@@ -165,9 +175,14 @@ class MixedPrecision(MicroBatched):
         return outputs.astype(SINGLE)
 
     def overflow(self) -> bool:
-        """Whether the (summed) float32 gradient has an inf or NaN: on any rank's chunks, for FSDP (one Allreduce
-        of a flag, so every rank reaches the same verdict); the sync's sum, the same everywhere, otherwise."""
-        local = not bool(np.isfinite(self.network.grads).all())
+        """The verdict on the step's summed float32 gradient g: an inf or NaN (a piece overflowed on its way), or
+        S |g| beyond the low precision's largest value (the sum itself would not fit: the same verdict however
+        the sum was cut into micro-batches and ranks, but where a piece alone overflowed). FSDP's ranks hold
+        chunks of g: one Allreduce of the flag gives every rank the same verdict; otherwise the sync's sum is
+        the same on every rank already."""
+        grads = self.network.grads
+        peak = float(np.max(np.abs(grads))) if grads.size else 0.0
+        local = not peak * self.loss_scale <= largest_value(self.low)  # (a NaN compares False: overflow)
         return bool(self.network.comm.allreduce(local, op=MPI.LOR)) if self.sharded else local
 
     def scaler_update(self, overflowed: bool) -> None:
