@@ -20,7 +20,9 @@ at full rank the plain Allreduce; the bytes counted on the real calls are the fo
 check_memory.py (1 to 4 and 7 ranks): ZeRO-3 / FSDP, gradient accumulation and recomputation train
 exactly as sequential; FSDP's bytes sent, counted on the real calls, against the formula; mixed-precision
 ranks skip the same steps; peak memory per rank within 10% of the prediction; on 4 ranks, a network over
-twice the per-rank budget trains under it.
+twice the per-rank budget trains under it. check_mixed_precision.py (1 to 4 ranks): float16 and bfloat16 with
+accumulation and recomputation, under the Allreduce and FSDP, take the sequential run's scale decisions and
+weights (within a stated tolerance), every rank the same verdict; an FSDP float16 run resumes exactly.
 """
 
 from pathlib import Path
@@ -38,6 +40,7 @@ RUNS += [("check_schedules.py", ranks) for ranks in (1, 2, 3, 4)]
 RUNS += [(checker, ranks) for checker in ("check_async.py", "check_compression.py") for ranks in (1, 2, 3, 4)]
 RUNS += [("check_communication_light.py", ranks) for ranks in (1, 2, 3, 4)]
 RUNS += [("check_memory.py", ranks) for ranks in (1, 2, 3, 4, 7)]
+RUNS += [("check_mixed_precision.py", ranks) for ranks in (1, 2, 3, 4)]
 
 
 @pytest.mark.parametrize("checker, ranks", RUNS)

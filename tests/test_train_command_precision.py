@@ -1,0 +1,45 @@
+"""The batch job's --precision with lesson 12's other options: float16 and bfloat16 combine with --strategy fsdp,
+--accumulate, --recompute and --checkpoint-dir (the loss scale is checkpointed: --resume continues exactly). The
+refusals of what still does not combine are in tests/test_memory.py."""
+
+import numpy as np
+import pytest
+
+from test_train_command import SMALL, final_params, run_training
+
+
+@pytest.mark.parametrize("strategy", ["allreduce", "fsdp"])
+def test_a_float16_job_resumes_bit_identically_with_its_loss_scale(tmp_path, strategy):
+    """A rank raises after step 35 (mid epoch 2); resuming from the checkpoint after step 30 gives exactly the
+    uninterrupted run's parameters (FSDP: each rank's chunks gathered into the whole network on save, split again
+    on resume). That the scaler's state comes back is tested where it surely changes, from a scale that overflows
+    at first: tests/test_mixed_precision.py and tests/mpi/check_mixed_precision.py."""
+    settings = (*SMALL, "--precision", "float16", "--strategy", strategy, "--accumulate", "2", "--recompute", "1")
+    uninterrupted = run_training(3, *settings, "--output", str(tmp_path / "whole.npz"))
+    assert uninterrupted.returncode == 0, uninterrupted.stderr
+    assert f"memory: strategy {strategy}, recompute every 1, 2 micro-batch(es) per step, precision float16" \
+        in uninterrupted.stdout
+    checkpoints = ("--checkpoint-dir", str(tmp_path / "checkpoints"), "--checkpoint-every", "10")
+    failed = run_training(3, *settings, *checkpoints, "--fault", "2:35:raise")
+    assert failed.returncode != 0 and "epoch 2/2" not in failed.stdout
+    resumed = run_training(3, *settings, *checkpoints, "--resume", "--output", str(tmp_path / "resumed.npz"))
+    assert resumed.returncode == 0, resumed.stderr
+    assert "30 steps done (epoch 2, step 9), written by 3 ranks" in resumed.stdout
+    assert np.array_equal(final_params(tmp_path / "resumed.npz"), final_params(tmp_path / "whole.npz"))
+    other = run_training(3, *SMALL, "--precision", "bfloat16", "--strategy", strategy, *checkpoints, "--resume")
+    assert other.returncode != 0 and "precision: the checkpoint has 'float16', this run 'bfloat16'" in other.stderr
+
+
+def test_a_bfloat16_fsdp_job_learns_as_float32_does(tmp_path):
+    """Tolerance: test accuracy within 0.02 of the float32 job's on the same steps."""
+    accuracy = {}
+    for precision in ("float32", "bfloat16"):
+        output = tmp_path / f"{precision}.npz"
+        run = run_training(2, "--samples", "2000", "--epochs", "2", "--batch-size", "50", "--hidden", "32",
+                           "--strategy", "fsdp", "--accumulate", "2", "--precision", precision, "--output", str(output))
+        assert run.returncode == 0, run.stderr
+        with np.load(output) as saved:
+            accuracy[precision] = float(saved["test_accuracy"])
+            assert saved["loss"][1] < saved["loss"][0]
+    assert "precision bfloat16" in run.stdout
+    assert accuracy["float32"] > 0.6 and abs(accuracy["bfloat16"] - accuracy["float32"]) <= 0.02, accuracy
