@@ -167,7 +167,7 @@ class MixedPrecision(MicroBatched):
         if accumulate:
             self.network.grads += self.half_grads.astype(SINGLE) / SINGLE(self.loss_scale)  # inf stays inf
         else:
-            np.divide(self.half_grads.astype(SINGLE), SINGLE(self.loss_scale), out=self.network.grads)
+            np.divide(self.half_grads, SINGLE(self.loss_scale), out=self.network.grads)
         return loss
 
     def loss_outputs(self, outputs):
@@ -181,8 +181,8 @@ class MixedPrecision(MicroBatched):
         chunks of g: one Allreduce of the flag gives every rank the same verdict; otherwise the sync's sum is
         the same on every rank already."""
         grads = self.network.grads
-        peak = float(np.max(np.abs(grads))) if grads.size else 0.0
-        local = not peak * self.loss_scale <= largest_value(self.low)  # (a NaN compares False: overflow)
+        peak = max(abs(float(grads.max())), abs(float(grads.min()))) if grads.size else 0.0  # (no temporary)
+        local = not (np.isfinite(grads).all() and peak * self.loss_scale <= largest_value(self.low))
         return bool(self.network.comm.allreduce(local, op=MPI.LOR)) if self.sharded else local
 
     def scaler_update(self, overflowed: bool) -> None:
