@@ -1,5 +1,6 @@
 """The batch job's --precision with lesson 12's other options: float16 and bfloat16 combine with --strategy fsdp,
---accumulate, --recompute and --checkpoint-dir (the loss scale is checkpointed: --resume continues exactly). The
+--accumulate, --recompute and --checkpoint-dir (the loss scale is checkpointed: --resume continues exactly); and
+--strategy fsdp with --checkpoint-dir (chunks gathered on save, split on resume, over any number of ranks). The
 refusals of what still does not combine are in tests/test_memory.py."""
 
 import numpy as np
@@ -43,3 +44,18 @@ def test_a_bfloat16_fsdp_job_learns_as_float32_does(tmp_path):
             assert saved["loss"][1] < saved["loss"][0]
     assert "precision bfloat16" in run.stdout
     assert accuracy["float32"] > 0.6 and abs(accuracy["bfloat16"] - accuracy["float32"]) <= 0.02, accuracy
+
+
+def test_an_fsdp_job_checkpointed_on_3_ranks_resumes_on_2(tmp_path):
+    """--strategy fsdp with --checkpoint-dir (float64): the checkpoint holds the whole network and momentum, gathered
+    from 3 ranks' chunks; 2 ranks split them again and finish within 1e-10 of the uninterrupted run."""
+    settings = (*SMALL, "--dtype", "float64", "--strategy", "fsdp")
+    assert run_training(3, *settings, "--output", str(tmp_path / "whole.npz")).returncode == 0
+    checkpoints = ("--checkpoint-dir", str(tmp_path / "checkpoints"), "--checkpoint-every", "10")
+    failed = run_training(3, *settings, *checkpoints, "--fault", "1:35:raise")
+    assert failed.returncode != 0 and "epoch 2/2" not in failed.stdout
+    run = run_training(2, *settings, *checkpoints, "--resume", "--output", str(tmp_path / "resumed.npz"))
+    assert run.returncode == 0, run.stderr
+    assert "30 steps done (epoch 2, step 9), written by 3 ranks" in run.stdout
+    expected, got = final_params(tmp_path / "whole.npz"), final_params(tmp_path / "resumed.npz")
+    assert np.abs(got - expected).max() / np.abs(expected).max() <= 1e-10
