@@ -175,9 +175,10 @@ class MixedPrecision(MicroBatched):
         return outputs.astype(SINGLE)
 
     def overflow(self) -> bool:
-        """The verdict on the step's summed float32 gradient g: an inf or NaN (a piece overflowed on its way), or
-        S |g| beyond the low precision's largest value (the sum itself would not fit: the same verdict however
-        the sum was cut into micro-batches and ranks, but where a piece alone overflowed). FSDP's ranks hold
+        """The verdict on the step's summed float32 gradient g: overflow if g has an inf or NaN (a piece
+        overflowed on its way) or if S max|g| is beyond the low precision's largest value (the sum itself would
+        not fit). The second test depends on the sum only, not on how it was cut into micro-batches and ranks:
+        two cuttings can disagree only where one piece overflowed alone while the sum fits. FSDP's ranks hold
         chunks of g: one Allreduce of the flag gives every rank the same verdict; otherwise the sync's sum is
         the same on every rank already."""
         grads = self.network.grads
