@@ -14,7 +14,7 @@ torch==2.13.0) it also trains the same network with DistributedDataParallel (glo
 Cases:
   784-128-10 on full MNIST, global batch 256, mini-batch SGD (momentum 0.9)
   400-25-10 full-batch gradient descent on 60,000 samples (the seed workload, 20x20 crops)
-  784-1024-10 on full MNIST, global batch 1,024 (compute dominates: how close 2 ranks come to 100%)
+  784-1024-10 on full MNIST, global batch 4,096 (compute dominates: how close 2 ranks come to 100%)
 
 Then the cost of surviving faults, on 2 ranks, 784-128-10, global batch 256, one epoch per call,
 the variants interleaved over several repeats (medians):
@@ -43,10 +43,10 @@ MODES = [("allreduce", "exact"), ("zero", "exact"), ("overlap", "exact"), ("allr
 CASES = {
     "784-128-10, batch 256": dict(sizes=(784, 128, 10), batch=256, epochs=4, crop=False, learning_rate=0.1),
     "400-25-10, full batch": dict(sizes=(400, 25, 10), batch=None, epochs=40, crop=True, learning_rate=2.0),
-    "784-1024-10, batch 1024": dict(sizes=(784, 1024, 10), batch=1024, epochs=3, crop=False, learning_rate=0.1),
+    "784-1024-10, batch 4096": dict(sizes=(784, 1024, 10), batch=4096, epochs=3, crop=False, learning_rate=0.1),
 }
 FEW_MODES = {"400-25-10, full batch": [("allreduce", "exact"), ("zero", "exact")],
-             "784-1024-10, batch 1024": [("allreduce", "exact")]}  # the compute-dominated case: its bound
+             "784-1024-10, batch 4096": [("allreduce", "exact")]}  # the compute-dominated case: its bound
 
 
 def load(crop: bool):
