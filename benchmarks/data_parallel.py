@@ -82,6 +82,9 @@ def worker(case_name: str, strategy: str, sampler: str = "exact") -> None:
     from nnlib.lesson08_inside_allreduce.sampling import PerRankBatches
     from nnlib.lesson08_inside_allreduce.zero import ZeRO
 
+    if strategy == "none":
+        no_communication(comm, network, case, local_inputs, local_labels)
+        return
     before = bare_allreduces()
     history = train_parallel(comm, network, local_inputs, local_labels, num_samples=60000, start=start,
                              epochs=case["epochs"], learning_rate=case["learning_rate"], batch_size=case["batch"],
@@ -97,6 +100,22 @@ def worker(case_name: str, strategy: str, sampler: str = "exact") -> None:
                               transfer_per_step=transfer, waiting_per_step=float(waiting.max()),
                               bare_allreduce=bare, cold_allreduce=cold, steps_per_epoch=history.steps // case["epochs"],
                               buffer_bytes=int(network.grads.nbytes))))
+
+
+def no_communication(comm, network, case, local_inputs, local_labels) -> None:
+    """The bound's run: every rank trains at once, each on its own shard at its share of the global batch, with
+    no communication at all (lesson 03's train). Rank 0 prints the slowest rank's median epoch seconds."""
+    from mpi4py import MPI
+
+    from nnlib.lesson03_training.training import train
+
+    comm.Barrier()
+    history = train(network, local_inputs, local_labels, epochs=case["epochs"], learning_rate=case["learning_rate"],
+                    batch_size=case["batch"] and case["batch"] // comm.size, momentum=0.9 if case["batch"] else 0.0,
+                    progress=False)
+    epoch_seconds = comm.allreduce(float(np.median(history.seconds[1:])), op=MPI.MAX)
+    if comm.rank == 0:
+        print(json.dumps(dict(epoch_seconds=epoch_seconds)))
 
 
 def fault_costs(repeats: int = 7) -> None:
@@ -247,7 +266,7 @@ def main() -> None:
     machine = describe()
     print(f"machine: {machine['machine']}; {machine['BLAS']}, kernel {machine['BLAS kernel']}; {machine['MPI library']}; 1 BLAS thread per rank\n")
     header = (f"{'case':24s} {'mode':20s} {'1 rank s/epoch':>14s} {'2 ranks s/epoch':>15s} {'speedup':>8s} "
-              f"{'efficiency':>10s} {'bound':>6s} {'comm/step us':>12s} {'waiting us':>10s} {'transfer us':>11s} "
+              f"{'efficiency':>10s} {'T0 s/epoch':>10s} {'bound':>6s} {'comm/step us':>12s} {'waiting us':>10s} {'transfer us':>11s} "
               f"{'bare Allreduce us':>17s} {'cold us':>7s} {'comm/bare':>9s} {'transfer/bare':>13s} {'transfer/cold':>13s}")
     if have_torch:
         header += f" {'DDP s/epoch':>11s} {'DDP/nnlib':>9s}"
@@ -259,12 +278,14 @@ def main() -> None:
     print("-" * len(header))
     for name in CASES:
         modes = FEW_MODES.get(name, MODES)
-        one, two = [], {mode: [] for mode in modes}
+        one, alone, two = [], [], {mode: [] for mode in modes}
         for _ in range(args.repeats):  # interleaved, so that a slow minute of the machine hits every mode alike
             one.append(run_ranks(1, name))
+            alone.append(run_ranks(2, name, "none"))
             for mode in modes:
                 two[mode].append(run_ranks(2, name, *mode))
         one_epoch = float(np.median([run["epoch_seconds"] for run in one]))
+        no_communication_epoch = float(np.median([run["epoch_seconds"] for run in alone]))
         ddp = torch_ddp_epoch(name) if have_torch else None
         for mode in modes:
             epoch, communicate, waiting, transfer, bare, cold = (
@@ -278,15 +299,17 @@ def main() -> None:
                                        ("transfer_per_step", "cold_allreduce")))
             speedup = one_epoch / epoch
             steps = float(np.median([run["steps_per_epoch"] for run in two[mode]]))
-            bound = 1 / (1 + 2 * transfer * steps / one_epoch)  # half the compute, plus only the transfer
+            bound = one_epoch / 2 / (no_communication_epoch + steps * transfer)  # both ranks computing, plus the transfer
             line = (f"{name:24s} {mode[0] + ', ' + mode[1]:20s} {one_epoch:14.3f} {epoch:15.3f} {speedup:8.2f} "
-                    f"{speedup / 2:10.0%} {bound:6.0%} {communicate * 1e6:12.1f} {waiting * 1e6:10.1f} {transfer * 1e6:11.1f} "
+                    f"{speedup / 2:10.0%} {no_communication_epoch:10.3f} {bound:6.0%} {communicate * 1e6:12.1f} {waiting * 1e6:10.1f} {transfer * 1e6:11.1f} "
                     f"{bare * 1e6:17.1f} {cold * 1e6:7.1f} {comm_ratio:9.2f} {transfer_ratio:13.2f} {transfer_cold:13.2f}")
             if ddp is not None:
                 line += f" {ddp:11.3f} {ddp / epoch:9.2f}"
             print(line, flush=True)
-    print("\nbound: the efficiency 2 ranks would reach if each did exactly half of the 1-rank epoch's work and "
-          "then only the measured transfer per step (no waiting): T1 / (T1 + 2 steps transfer).")
+    print("\nbound: the efficiency 2 ranks would reach with no waiting: T1 / (2 (T0 + steps transfer)), where T0 is an "
+          "epoch of 2 ranks training at once, each on its half of the data at half the global batch, with no "
+          "communication at all (measured in the same rounds: what each rank's own steps cost while the other "
+          "computes too; a step's fixed costs do not halve with the batch).")
     print("comm/step: the communicate phase per step of the rank with the most (zero: both ring halves), "
           "waiting included; waiting: that rank's time waiting for the other to arrive; transfer: the rest, "
           "what the rank that arrived last spent (nnlib.lesson05_data_parallel.data_parallel.communication_split); bare Allreduce: "
