@@ -73,15 +73,21 @@ def main() -> None:
     if args.worker:
         worker(args.rounds)
         return
-    # one BLAS thread per rank; the ranks started below inherit it (set before they import NumPy)
+    launch(__file__, args.rounds, f"2 stages, float32; medians of {args.rounds} rounds", seconds_per_round=900)
+
+
+def launch(script: str, rounds: int, what: str, seconds_per_round: int) -> None:
+    """Print the machine and ``what``, then run ``script --worker --rounds R`` on 2 ranks under mpiexec, one BLAS
+    thread per rank (set here, before the ranks import NumPy; they inherit it). benchmarks/pipeline_schedules.py
+    starts itself through this too."""
     os.environ.update({name: "1" for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")})
     from nnlib.environment import describe, mpiexec_path
 
     machine = describe()
-    print(f"machine: {machine['machine']}; {machine['BLAS']}, kernel {machine['BLAS kernel']}; {machine['MPI library']}; 2 stages, float32; "
-          f"medians of {args.rounds} rounds\n", flush=True)
-    subprocess.run([mpiexec_path(), "-n", "2", sys.executable, __file__, "--worker", "--rounds", str(args.rounds)],
-                   check=True, timeout=900 * args.rounds)
+    print(f"machine: {machine['machine']}; {machine['BLAS']}, kernel {machine['BLAS kernel']}; "
+          f"{machine['MPI library']}; {what}\n", flush=True)
+    subprocess.run([mpiexec_path(), "-n", "2", sys.executable, script, "--worker", "--rounds", str(rounds)],
+                   check=True, timeout=seconds_per_round * rounds)
 
 
 if __name__ == "__main__":

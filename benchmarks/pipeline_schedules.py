@@ -19,9 +19,6 @@ interleaved 1F1B and ZB-H1 are faster than 1F1B with ranges of their step times 
 from __future__ import annotations
 
 import argparse
-import os
-import subprocess
-import sys
 from statistics import median
 
 COLUMNS = ("measured", "formula", "simulated", "step_seconds")
@@ -74,15 +71,10 @@ def main() -> None:
     if args.worker:
         worker(args.rounds)
         return
-    # one BLAS thread per rank; the ranks started below inherit it (set before they import NumPy)
-    os.environ.update({name: "1" for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")})
-    from nnlib.environment import describe, mpiexec_path
+    from pipeline import launch  # benchmarks/pipeline.py, beside this script
 
-    machine = describe()
-    print(f"machine: {machine['machine']}; {machine['BLAS']}, kernel {machine['BLAS kernel']}; "
-          f"{machine['MPI library']}; 2 ranks, m = 8, float32; medians of {args.rounds} rounds (range)\n", flush=True)
-    subprocess.run([mpiexec_path(), "-n", "2", sys.executable, __file__, "--worker", "--rounds", str(args.rounds)],
-                   check=True, timeout=600 * args.rounds)
+    launch(__file__, args.rounds, f"2 ranks, m = 8, float32; medians of {args.rounds} rounds (range)",
+           seconds_per_round=600)
 
 
 if __name__ == "__main__":

@@ -109,6 +109,22 @@ def final_params(path):
         return saved["params"]
 
 
+def interrupted_then_resumed(tmp_path, ranks, settings, fault, resume_ranks=None):
+    """The job run whole on ``ranks`` ranks; again with a checkpoint every 10 steps until ``fault`` (RANK:35:HOW)
+    ends it in epoch 2; then resumed on ``resume_ranks`` (default the same). Checks each run's exit and the
+    resume's report; returns (the uninterrupted run, the failed run, whole params, resumed params)."""
+    uninterrupted = run_training(ranks, *settings, "--output", str(tmp_path / "whole.npz"))
+    assert uninterrupted.returncode == 0, uninterrupted.stderr
+    checkpoints = ("--checkpoint-dir", str(tmp_path / "checkpoints"), "--checkpoint-every", "10")
+    failed = run_training(ranks, *settings, *checkpoints, "--fault", fault)
+    assert failed.returncode != 0 and "epoch 2/2" not in failed.stdout  # it really ended in epoch 2
+    resumed = run_training(resume_ranks or ranks, *settings, *checkpoints, "--resume",
+                           "--output", str(tmp_path / "resumed.npz"))
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"30 steps done (epoch 2, step 9), written by {ranks} ranks" in resumed.stdout
+    return uninterrupted, failed, final_params(tmp_path / "whole.npz"), final_params(tmp_path / "resumed.npz")
+
+
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 def test_a_killed_rank_then_resume_gives_bit_identical_parameters(tmp_path, dtype):
     """SIGKILL on rank 1 in the middle of epoch 2; resuming with the same number of ranks gives exactly
@@ -202,15 +218,8 @@ def test_zero_with_per_rank_sampling_resumes_bit_identically(tmp_path):
     """ZeRO keeps the momentum in slices: the checkpoint gathers it whole, the resume hands each rank its
     slice again; the per-rank sampler's batches depend only on (seed, rank, epoch)."""
     settings = (*SMALL, "--dtype", "float64", "--strategy", "zero", "--sampler", "per_rank")
-    uninterrupted = run_training(3, *settings, "--output", str(tmp_path / "whole.npz"))
-    assert uninterrupted.returncode == 0, uninterrupted.stderr
-    checkpoints = ("--checkpoint-dir", str(tmp_path / "checkpoints"), "--checkpoint-every", "10")
-    failed = run_training(3, *settings, *checkpoints, "--fault", "2:35:raise")
-    assert failed.returncode != 0 and "epoch 2/2" not in failed.stdout
-    resumed = run_training(3, *settings, *checkpoints, "--resume", "--output", str(tmp_path / "resumed.npz"))
-    assert resumed.returncode == 0, resumed.stderr
-    assert "30 steps done (epoch 2, step 9), written by 3 ranks" in resumed.stdout
-    assert np.array_equal(final_params(tmp_path / "resumed.npz"), final_params(tmp_path / "whole.npz"))
+    *_, whole, resumed = interrupted_then_resumed(tmp_path, 3, settings, "2:35:raise")
+    assert np.array_equal(resumed, whole)
 
 
 @pytest.mark.parametrize("ranks, options", [

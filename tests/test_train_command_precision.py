@@ -6,7 +6,7 @@ refusals of what still does not combine are in tests/test_memory.py."""
 import numpy as np
 import pytest
 
-from test_train_command import SMALL, final_params, run_training
+from test_train_command import SMALL, interrupted_then_resumed, run_training
 
 
 @pytest.mark.parametrize("strategy", ["allreduce", "fsdp"])
@@ -16,17 +16,11 @@ def test_a_float16_job_resumes_bit_identically_with_its_loss_scale(tmp_path, str
     on resume). That the scaler's state comes back is tested where it surely changes, from a scale that overflows
     at first: tests/test_mixed_precision.py and tests/mpi/check_mixed_precision.py."""
     settings = (*SMALL, "--precision", "float16", "--strategy", strategy, "--accumulate", "2", "--recompute", "1")
-    uninterrupted = run_training(3, *settings, "--output", str(tmp_path / "whole.npz"))
-    assert uninterrupted.returncode == 0, uninterrupted.stderr
+    uninterrupted, _, whole, resumed = interrupted_then_resumed(tmp_path, 3, settings, "2:35:raise")
     assert f"memory: strategy {strategy}, recompute every 1, 2 micro-batch(es) per step, precision float16" \
         in uninterrupted.stdout
+    assert np.array_equal(resumed, whole)
     checkpoints = ("--checkpoint-dir", str(tmp_path / "checkpoints"), "--checkpoint-every", "10")
-    failed = run_training(3, *settings, *checkpoints, "--fault", "2:35:raise")
-    assert failed.returncode != 0 and "epoch 2/2" not in failed.stdout
-    resumed = run_training(3, *settings, *checkpoints, "--resume", "--output", str(tmp_path / "resumed.npz"))
-    assert resumed.returncode == 0, resumed.stderr
-    assert "30 steps done (epoch 2, step 9), written by 3 ranks" in resumed.stdout
-    assert np.array_equal(final_params(tmp_path / "resumed.npz"), final_params(tmp_path / "whole.npz"))
     other = run_training(3, *SMALL, "--precision", "bfloat16", "--strategy", strategy, *checkpoints, "--resume")
     assert other.returncode != 0 and "precision: the checkpoint has 'float16', this run 'bfloat16'" in other.stderr
 
@@ -50,12 +44,5 @@ def test_an_fsdp_job_checkpointed_on_3_ranks_resumes_on_2(tmp_path):
     """--strategy fsdp with --checkpoint-dir (float64): the checkpoint holds the whole network and momentum, gathered
     from 3 ranks' chunks; 2 ranks split them again and finish within 1e-10 of the uninterrupted run."""
     settings = (*SMALL, "--dtype", "float64", "--strategy", "fsdp")
-    assert run_training(3, *settings, "--output", str(tmp_path / "whole.npz")).returncode == 0
-    checkpoints = ("--checkpoint-dir", str(tmp_path / "checkpoints"), "--checkpoint-every", "10")
-    failed = run_training(3, *settings, *checkpoints, "--fault", "1:35:raise")
-    assert failed.returncode != 0 and "epoch 2/2" not in failed.stdout
-    run = run_training(2, *settings, *checkpoints, "--resume", "--output", str(tmp_path / "resumed.npz"))
-    assert run.returncode == 0, run.stderr
-    assert "30 steps done (epoch 2, step 9), written by 3 ranks" in run.stdout
-    expected, got = final_params(tmp_path / "whole.npz"), final_params(tmp_path / "resumed.npz")
+    *_, expected, got = interrupted_then_resumed(tmp_path, 3, settings, "1:35:raise", resume_ranks=2)
     assert np.abs(got - expected).max() / np.abs(expected).max() <= 1e-10
