@@ -197,3 +197,16 @@ def test_one_hot_targets_are_rows_of_the_identity():
     expected = np.array([[float(label == k) for k in range(4)] for label in labels], np.float32)
     targets = one_hot_targets(labels, 4, np.float32, np)
     assert targets.dtype == np.float32 and np.array_equal(targets, expected)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_the_bias_gradient_is_the_sum_of_delta_over_the_samples(dtype):
+    """Layer.weight_gradient writes dJ/db as 1^T delta (a product, for speed): it equals sum(delta, axis=0)."""
+    network = Network((6, 5, 3), dtype=np.dtype(dtype).name, seed=0)
+    layer = network.layers[1]
+    rng = np.random.default_rng(2)
+    inputs, delta = rng.random((37, 5)).astype(dtype), rng.standard_normal((37, 3)).astype(dtype)
+    layer.weight_gradient(inputs, delta)
+    tolerance = 1e-12 if dtype == np.float64 else 1e-5
+    np.testing.assert_allclose(layer.grad_biases, delta.sum(axis=0), rtol=tolerance, atol=tolerance)
+    np.testing.assert_allclose(layer.grad_weights, inputs.T @ delta, rtol=tolerance, atol=tolerance)

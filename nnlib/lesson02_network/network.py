@@ -158,7 +158,9 @@ class Layer:
         inputs a_in (N, n_in), delta = dJ/dz (N, n_out); ``accumulate`` adds to what is there (a
         later chunk of a large batch, or a later micro-batch of a pipeline).
         """
-        biases_gradient = self.xp.sum(delta, axis=0)                      # (n_out,)
+        # dJ/db = sum over samples of delta, written as the product 1^T delta with a vector of ones (N,):
+        # BLAS does it several times faster than sum(delta, axis=0) (tests/test_network.py checks the two agree)
+        biases_gradient = self.xp.ones(delta.shape[0], dtype=delta.dtype) @ delta   # (n_out,)
         if accumulate:
             self.grad_weights += inputs.T @ delta                         # (n_in, n_out)
             self.grad_biases += biases_gradient
