@@ -109,10 +109,10 @@ def spread(values, form="{:,.0f}") -> str:
 
 
 def step_floor(layer_sizes, inputs, batch_size, seed=0) -> dict:
-    """Microseconds per step of what no training step at ``batch_size`` can skip: the matrix products (at
-    NumPy's own rate), the random gather of the batch's rows and a plain SGD update of every parameter
-    (params -= eta grads); and the share of the products in their sum, the most of the matmul rate a
-    whole step could reach."""
+    """Microseconds per step of what every training step at ``batch_size`` does: the matrix products (at
+    NumPy's own rate), the random gather of the batch's rows (into a fresh array, as nnlib's loop does)
+    and a plain SGD update of every parameter (params -= eta grads, with its temporary); and the share of
+    the products in their sum: what a step doing nothing else would reach."""
     import time
 
     rng = np.random.default_rng(seed)
@@ -185,10 +185,10 @@ def main():
     print(f"\nx seed: against the seed scripts' step (a loop over the samples), timed in every round on "
           f"{SEED_NETWORK[0]}-{SEED_NETWORK[1]}-{SEED_NETWORK[2]} and 5,000 samples: {spread(seed_rates)} samples/s.")
     floor = step_floor((784, 128, 10), full, 128)
-    print(f"\nThe floor at 784-128-10, batch 128: the matrix products take {floor['products']:.0f} us a step at "
-          f"NumPy's rate, the random gather of the batch's rows {floor['gather']:.0f} us and the update "
-          f"{floor['update']:.0f} us;\nno step can skip these, so no step reaches more than {floor['share']:.0%} "
-          "of the matmul rate here.")
+    print(f"\nWhat a step at 784-128-10, batch 128 must do, timed alone: the matrix products take {floor['products']:.0f} "
+          f"us at NumPy's rate, the random gather of the batch's rows {floor['gather']:.0f} us and the update "
+          f"{floor['update']:.0f} us\n(each as nnlib does it: a fresh array for the batch, eta g as a temporary); "
+          f"a step doing only these would reach {floor['share']:.0%} of the matmul rate.")
 
 
 def print_table(cases, rounds) -> None:

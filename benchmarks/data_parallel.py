@@ -239,6 +239,48 @@ def _torch_worker(rank, world_size, port, case_name, inputs, labels, queue):
     distributed.destroy_process_group()
 
 
+def spread(values) -> str:
+    """'median% (lowest-highest%)' of fractions."""
+    return f"{np.median(values):.0%} ({min(values):.0%}-{max(values):.0%})"
+
+
+def measure_case(name: str, repeats: int, have_torch: bool) -> None:
+    """Run one case's configurations in ``repeats`` interleaved rounds and print a line per 2-rank mode:
+    medians over the rounds; efficiency and bound with their range over the rounds."""
+    modes = FEW_MODES.get(name, MODES)
+    one, alone, two = [], [], {mode: [] for mode in modes}
+    for _ in range(repeats):  # interleaved, so that a slow minute of the machine hits every mode alike
+        one.append(run_ranks(1, name))
+        alone.append(run_ranks(2, name, "none"))
+        for mode in modes:
+            two[mode].append(run_ranks(2, name, *mode))
+    one_epoch = float(np.median([run["epoch_seconds"] for run in one]))
+    no_communication_epoch = float(np.median([run["epoch_seconds"] for run in alone]))
+    ddp = torch_ddp_epoch(name) if have_torch else None
+    for mode in modes:
+        runs = two[mode]
+        epoch, communicate, waiting, transfer, bare, cold = (
+            float(np.median([run[key] for run in runs]))
+            for key in ("epoch_seconds", "communicate_per_step", "waiting_per_step", "transfer_per_step",
+                        "bare_allreduce", "cold_allreduce"))
+        # Ratios run by run (each against its own bare Allreduce, or its own round's runs), then their median.
+        comm_ratio, transfer_ratio, transfer_cold = (
+            float(np.median([run[key] / run[reference] for run in runs]))
+            for key, reference in (("communicate_per_step", "bare_allreduce"), ("transfer_per_step", "bare_allreduce"),
+                                   ("transfer_per_step", "cold_allreduce")))
+        efficiency = [first["epoch_seconds"] / 2 / run["epoch_seconds"] for first, run in zip(one, runs)]
+        # the bound: both ranks computing with no communication (T0), plus the transfer alone, no waiting
+        bound = [first["epoch_seconds"] / 2 / (none["epoch_seconds"] + run["steps_per_epoch"] * run["transfer_per_step"])
+                 for first, none, run in zip(one, alone, runs)]
+        line = (f"{name:24s} {mode[0] + ', ' + mode[1]:20s} {one_epoch:14.3f} {epoch:15.3f} {one_epoch / epoch:8.2f} "
+                f"{spread(efficiency):>14s} {no_communication_epoch:10.3f} {spread(bound):>14s} {communicate * 1e6:12.1f} "
+                f"{waiting * 1e6:10.1f} {transfer * 1e6:11.1f} {bare * 1e6:17.1f} {cold * 1e6:7.1f} {comm_ratio:9.2f} "
+                f"{transfer_ratio:13.2f} {transfer_cold:13.2f}")
+        if ddp is not None:
+            line += f" {ddp:11.3f} {ddp / epoch:9.2f}"
+        print(line, flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--worker", nargs=3, metavar=("CASE", "STRATEGY", "SAMPLER"), help=argparse.SUPPRESS)
@@ -266,7 +308,7 @@ def main() -> None:
     machine = describe()
     print(f"machine: {machine['machine']}; {machine['BLAS']}, kernel {machine['BLAS kernel']}; {machine['MPI library']}; 1 BLAS thread per rank\n")
     header = (f"{'case':24s} {'mode':20s} {'1 rank s/epoch':>14s} {'2 ranks s/epoch':>15s} {'speedup':>8s} "
-              f"{'efficiency':>10s} {'T0 s/epoch':>10s} {'bound':>6s} {'comm/step us':>12s} {'waiting us':>10s} {'transfer us':>11s} "
+              f"{'efficiency':>14s} {'T0 s/epoch':>10s} {'bound':>14s} {'comm/step us':>12s} {'waiting us':>10s} {'transfer us':>11s} "
               f"{'bare Allreduce us':>17s} {'cold us':>7s} {'comm/bare':>9s} {'transfer/bare':>13s} {'transfer/cold':>13s}")
     if have_torch:
         header += f" {'DDP s/epoch':>11s} {'DDP/nnlib':>9s}"
@@ -277,35 +319,7 @@ def main() -> None:
     print(header)
     print("-" * len(header))
     for name in CASES:
-        modes = FEW_MODES.get(name, MODES)
-        one, alone, two = [], [], {mode: [] for mode in modes}
-        for _ in range(args.repeats):  # interleaved, so that a slow minute of the machine hits every mode alike
-            one.append(run_ranks(1, name))
-            alone.append(run_ranks(2, name, "none"))
-            for mode in modes:
-                two[mode].append(run_ranks(2, name, *mode))
-        one_epoch = float(np.median([run["epoch_seconds"] for run in one]))
-        no_communication_epoch = float(np.median([run["epoch_seconds"] for run in alone]))
-        ddp = torch_ddp_epoch(name) if have_torch else None
-        for mode in modes:
-            epoch, communicate, waiting, transfer, bare, cold = (
-                float(np.median([run[key] for run in two[mode]]))
-                for key in ("epoch_seconds", "communicate_per_step", "waiting_per_step", "transfer_per_step",
-                            "bare_allreduce", "cold_allreduce"))
-            # Ratios run by run (each against its own bare Allreduce), then their median.
-            comm_ratio, transfer_ratio, transfer_cold = (
-                float(np.median([run[key] / run[reference] for run in two[mode]]))
-                for key, reference in (("communicate_per_step", "bare_allreduce"), ("transfer_per_step", "bare_allreduce"),
-                                       ("transfer_per_step", "cold_allreduce")))
-            speedup = one_epoch / epoch
-            steps = float(np.median([run["steps_per_epoch"] for run in two[mode]]))
-            bound = one_epoch / 2 / (no_communication_epoch + steps * transfer)  # both ranks computing, plus the transfer
-            line = (f"{name:24s} {mode[0] + ', ' + mode[1]:20s} {one_epoch:14.3f} {epoch:15.3f} {speedup:8.2f} "
-                    f"{speedup / 2:10.0%} {no_communication_epoch:10.3f} {bound:6.0%} {communicate * 1e6:12.1f} {waiting * 1e6:10.1f} {transfer * 1e6:11.1f} "
-                    f"{bare * 1e6:17.1f} {cold * 1e6:7.1f} {comm_ratio:9.2f} {transfer_ratio:13.2f} {transfer_cold:13.2f}")
-            if ddp is not None:
-                line += f" {ddp:11.3f} {ddp / epoch:9.2f}"
-            print(line, flush=True)
+        measure_case(name, args.repeats, have_torch)
     print("\nbound: the efficiency 2 ranks would reach with no waiting: T1 / (2 (T0 + steps transfer)), where T0 is an "
           "epoch of 2 ranks training at once, each on its half of the data at half the global batch, with no "
           "communication at all (measured in the same rounds: what each rank's own steps cost while the other "

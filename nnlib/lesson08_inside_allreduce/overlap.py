@@ -94,6 +94,7 @@ class BucketedAllreduce:
         """Wait until every bucket is reduced (all ranks' gradients summed in ``network.grads``)."""
         pending, self.pending = self.pending, []
         started = [bucket for call, bucket, _, _ in self.calls if call == "Iallreduce"]  # this step's, in order
+        assert len(started) == len(pending), f"{len(pending)} requests pending for {len(started)} buckets started"
         for bucket, request in zip(started, pending):
             began = time.perf_counter()
             if hasattr(self.comm, "wait_all"):

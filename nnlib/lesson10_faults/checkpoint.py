@@ -292,8 +292,9 @@ class Checkpointing(Hook):
         return saved
 
     def restore(self, run, saved) -> None:
-        """Put the run where the checkpoint was: parameters (rank 0; the run's start broadcasts them),
-        velocity, position, the shuffling's state, the history and the epoch's partial sums."""
+        """Put the run where the checkpoint was: parameters (rank 0, whose run's start broadcasts them; a sharded
+        network's are broadcast here and every rank keeps its chunks), velocity, position, the shuffling's
+        state, the history, the epoch's partial sums and the network's extra state (a loss scale)."""
         rank = self.comm.rank
         small = None if saved is None else dict(epoch=saved.epoch, step=saved.step, rng_state=saved.rng_state,
                                                 partial=saved.partial, history=saved.history, ranks=saved.ranks,

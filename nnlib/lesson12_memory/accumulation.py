@@ -51,7 +51,9 @@ class MicroBatched:
         self.network, self.micro_batches, self.recompute_every = network, int(micro_batches), recompute_every
         self.tally, self.last_correct = Tally(), 0
 
-    def __getattr__(self, name):
+    def __getattr__(self, name):  # only for names not found on self: the network's own
+        if name == "network":  # not set yet (a copy or an unpickling in progress): no endless recursion
+            raise AttributeError(name)
         return getattr(self.network, name)
 
     def loss_and_gradient(self, inputs, labels, normalizer=None, check: bool = True, on_device: bool = False,

@@ -229,6 +229,8 @@ class ScaledStep:
         self.optimizer, self.mixed = optimizer, mixed
 
     def __getattr__(self, name):  # the optimizer's own (network, sharded, full_velocity, ... for checkpoints)
+        if name == "optimizer":  # not set yet (a copy or an unpickling in progress): no endless recursion
+            raise AttributeError(name)
         return getattr(self.optimizer, name)
 
     @property

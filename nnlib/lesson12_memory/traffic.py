@@ -28,7 +28,9 @@ class CountingComm:
     def __init__(self, comm):
         self.comm, self.calls = comm, []
 
-    def __getattr__(self, name):
+    def __getattr__(self, name):  # only for names not found on self: the communicator's own
+        if name == "comm":  # not set yet (a copy or an unpickling in progress): no endless recursion
+            raise AttributeError(name)
         return getattr(self.comm, name)
 
     def record(self, name: str, whole, own_elements: int, times: int) -> None:
