@@ -257,11 +257,16 @@ def recomputed_pipeline_bytes(layer_sizes, rows: int, stages: int, stage: int, m
 
 def recomputed_tensor_parallel_bytes(layer_sizes, rows: int, ranks: int, rank: int, every: int = 2) -> dict:
     """What a RecomputedTensorParallelMLP rank holds over a step on ``rows`` rows keeping every ``every``-th layer's
-    input: :func:`predicted_bytes` of its chain of widths (:func:`tensor_parallel_sizes`) with checkpoints, and one
-    more temporary: while a segment below the top one is recomputed and backpropagated, the delta carried into it
-    from the segment above, dJ/dz_stop (B n_stop), stays alive beside backward's own (the widest such n_stop)."""
+    input: :func:`predicted_bytes` of its chain of widths (:func:`tensor_parallel_sizes`) with checkpoints, and
+    what recompute.recomputed_backward holds beside backward's own temporaries while it backpropagates a segment
+    [start, stop): the delta carried in from the segment above, dJ/dz_stop (B n_stop, below the top segment), and
+    the recomputation's last logits z_{stop-1} (B n_{stop-1}, a segment of 2 or more layers); the most of any
+    segment."""
     chain = tensor_parallel_sizes(layer_sizes, ranks, rank)
+    num_layers = len(chain) - 1
     held = predicted_bytes(chain, rows, every=every)
-    stops = checkpoint_layers(len(chain) - 1, every)[1:]  # the tops of the segments below the top one
-    held["temporaries"] += 8 * rows * max([chain[stop] for stop in stops], default=0)
+    starts = checkpoint_layers(num_layers, every)
+    beside = [chain[stop] * (stop < num_layers) + chain[stop - 1] * (stop - start >= 2)
+              for start, stop in zip(starts, starts[1:] + [num_layers])]
+    held["temporaries"] += 8 * rows * max(beside)
     return held

@@ -86,7 +86,7 @@ def recomputed_backward(layers, kept, output, delta, accumulate: bool, tally: Ta
     starts = sorted(kept)
     held = sum(kept[index].nbytes for index in starts if index) + output.nbytes
     for start, stop in reversed(list(zip(starts, starts[1:] + [len(layers)]))):
-        segment = forward_layers(layers[start:stop - 1], kept[start])[0]  # [a_start, ..., a_{stop-1}], no z kept
+        segment, _ = forward_layers(layers[start:stop - 1], kept[start])  # [a_start, ..., a_{stop-1}]
         tally.recomputed_flops += forward_flops(kept[start].shape[0], [layer.shape for layer in layers[start:stop - 1]])
         tally.peak_bytes = max(tally.peak_bytes, held + sum(array.nbytes for array in segment[1:]))
         hook = None if on_layer_done is None else (lambda index, start=start: on_layer_done(start + index))
