@@ -16,7 +16,8 @@ runs its forward twice, 2 B_k sum over its layers of n_in n_out multiply-adds mo
 (``tally.recomputed_flops``); saved: all but the stage's inputs (and outputs) of the micro-batches alive,
 one micro-batch's activations being rebuilt at a time. Lesson 09's PipelineMLP calls the hooks
 ``keep_for_backward`` and ``restore_for_backward``; :class:`RecomputedStages` fills them, so any of its
-schedules (GPipe, 1F1B, and lesson 13's interleaved and zero-bubble ones) recomputes.
+schedules (GPipe, 1F1B, and lesson 13's interleaved and zero-bubble ones) recomputes. (Zero-bubble's W
+still needs its layers' inputs: the recomputing B leaves them waiting for W, as without recomputation.)
 
 **Tensor parallel** (Megatron-LM's full recomputation). A rank keeps every layer's activations of its
 slice: its column layers' B h_r, its row layers' B n_out. With recomputation it keeps the input of every
