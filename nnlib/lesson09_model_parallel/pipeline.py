@@ -305,7 +305,8 @@ class PipelineMLP(Classifier):
 
     Generic points for other schedules: ``schedules`` (the names accepted), :meth:`programs` (the
     instruction lists of a step), ``chunks`` and :meth:`layer_ranges` (a stage holding several
-    slices of layers, ``chunk_layers``; messages tagged per chunk).
+    slices of layers, ``chunk_layers``; messages tagged per chunk); for keeping fewer activations,
+    :meth:`keep_for_backward` and :meth:`restore_for_backward`.
     """
 
     schedules = SCHEDULES
@@ -414,8 +415,19 @@ class PipelineMLP(Classifier):
         first, last = self.virtual(chunk) == 0, self.virtual(chunk) == self.stages * self.chunks - 1
         incoming = step.inputs[step.rows(k)] if first else step.arrived.pop(("forward", k, chunk))
         activations, logits = forward_layers(self.chunk_layers[chunk], incoming)
-        step.kept[k, chunk] = (activations, logits if last else None)
+        step.kept[k, chunk] = self.keep_for_backward(chunk, activations, logits if last else None)
         self._count_kept(step)
+
+    def keep_for_backward(self, chunk: int, activations, logits):
+        """What a micro-batch's forward through ``chunk`` keeps until its backward: here all of it, the chunk's
+        [a_in, ..., a_out] and (on the last virtual stage) the logits z_L. A hook: a subclass may keep less (its
+        [a_in, a_out] list's last array is what send_forward sends) and rebuild the rest in
+        :meth:`restore_for_backward` (nnlib.lesson12_memory's recomputation)."""
+        return activations, logits
+
+    def restore_for_backward(self, chunk: int, kept):
+        """(activations [a_in, ..., a_out], logits or None) for the backward, from what keep_for_backward kept."""
+        return kept
 
     def _send_forward(self, step: StepState, k: int, chunk: int) -> None:
         """Start sending micro-batch k's output activation to the next virtual stage."""
@@ -441,7 +453,7 @@ class PipelineMLP(Classifier):
 
     def _backward(self, step: StepState, k: int, chunk: int) -> None:
         """Backpropagation through the chunk for micro-batch k: add its gradient, keep the input gradient."""
-        activations, logits = step.kept.pop((k, chunk))
+        activations, logits = self.restore_for_backward(chunk, step.kept.pop((k, chunk)))
         delta = self._output_delta(step, k, chunk, activations, logits)
         gradient = backward_layers(self.chunk_layers[chunk], activations, delta, accumulate=step.backwards[chunk] > 0,
                                    input_gradient=self.virtual(chunk) > 0)
@@ -451,7 +463,7 @@ class PipelineMLP(Classifier):
 
     def _backward_input(self, step: StepState, k: int, chunk: int) -> None:
         """B: the chunk's deltas and input gradient for micro-batch k; its layer inputs and deltas wait for W."""
-        activations, logits = step.kept.pop((k, chunk))
+        activations, logits = self.restore_for_backward(chunk, step.kept.pop((k, chunk)))
         delta = self._output_delta(step, k, chunk, activations, logits)
         deltas, gradient = input_gradients(self.chunk_layers[chunk], activations, delta, self.virtual(chunk) > 0)
         step.waiting[k, chunk] = (activations[:-1], deltas)

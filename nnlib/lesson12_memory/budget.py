@@ -210,3 +210,63 @@ def measured_step_peak(build, step) -> tuple:
         return tracemalloc.get_traced_memory()[1], held
     finally:
         tracemalloc.stop()
+
+
+# -- recomputation for lesson 09's model parallelism (nnlib.lesson12_memory.recompute_parallel) -------------
+
+def recomputed_pipeline_activation_values(layer_sizes, rows: int, stages: int, stage: int, micro_batches: int,
+                                          schedule: str) -> int:
+    """The most activation values ``stage`` holds at once over its instructions of ``schedule`` when it keeps
+    only each micro-batch's input (received, s > 0) and sent output (s < P - 1) and recomputes the rest before
+    the backward (RecomputedPipelineMLP); backward's temporaries (:func:`backward_widths`) included.
+
+    Micro-batch k of B_k rows keeps B_k (n_first [s > 0] + n_stop [s < P - 1]) values from its forward to its
+    backward. A forward briefly holds all of the stage's activations, B_k (n_first [s > 0] + n_first+1 + ... +
+    n_stop + n_L [logits, last stage]); a backward rebuilds them (B_k (n_first+1 + ... + n_stop + n_L [last])
+    new arrays beside the kept ones) and adds its temporaries. As in :func:`pipeline_activation_values`, the
+    received output gradient (B_k n_stop) lives from recv_backward to backward, and the Isends' arrays (the
+    output sent, the input gradient sent back, B_k n_first) until the step's Waitall.
+    """
+    first, stop = stage_layers(len(layer_sizes) - 1, stages)[stage]
+    last = stage == stages - 1
+    received, sent = layer_sizes[first] * (stage > 0), layer_sizes[stop] * (not last)
+    rebuilt = sum(layer_sizes[first + 1:stop + 1]) + layer_sizes[stop] * last
+    backward = rebuilt + backward_widths(layer_sizes, first, stop, stages, stage)
+    counts = [int(count) for count in split_counts(rows, min(micro_batches, rows))]
+    alive = peak = 0  # alive: values that outlive the instruction (kept, received gradients, the Isends' arrays)
+    for instruction in SCHEDULES[schedule](stages, len(counts))[stage]:
+        batch_rows = counts[instruction.micro_batch]
+        transient = {"forward": received + rebuilt, "backward": backward}.get(instruction.kind, 0)
+        peak = max(peak, alive + batch_rows * transient)
+        # after a backward the received output gradient is freed, and the kept input gives way to the input
+        # gradient sent back (the same B_k n_first); the output sent stays with its Isend
+        alive += batch_rows * {"forward": received + sent, "recv_backward": layer_sizes[stop] * (not last),
+                               "backward": -layer_sizes[stop] * (not last)}.get(instruction.kind, 0)
+        peak = max(peak, alive)
+    return peak
+
+
+def recomputed_pipeline_bytes(layer_sizes, rows: int, stages: int, stage: int, micro_batches: int = 4,
+                              schedule: str = "1f1b") -> dict:
+    """:func:`pipeline_bytes` with the activations of :func:`recomputed_pipeline_activation_values`."""
+    held = pipeline_bytes(layer_sizes, rows, stages, stage, micro_batches, schedule)
+    held["activations"] = 8 * recomputed_pipeline_activation_values(layer_sizes, rows, stages, stage, micro_batches,
+                                                                    schedule)
+    return held
+
+
+def recomputed_tensor_parallel_bytes(layer_sizes, rows: int, ranks: int, rank: int, every: int = 2) -> dict:
+    """What a RecomputedTensorParallelMLP rank holds over a step on ``rows`` rows keeping every ``every``-th layer's
+    input: :func:`predicted_bytes` of its chain of widths (:func:`tensor_parallel_sizes`) with checkpoints, and
+    what recompute.recomputed_backward holds beside backward's own temporaries while it backpropagates a segment
+    [start, stop): the delta carried in from the segment above, dJ/dz_stop (B n_stop, below the top segment), and
+    the recomputation's last logits z_{stop-1} (B n_{stop-1}, a segment of 2 or more layers); the most of any
+    segment."""
+    chain = tensor_parallel_sizes(layer_sizes, ranks, rank)
+    num_layers = len(chain) - 1
+    held = predicted_bytes(chain, rows, every=every)
+    starts = checkpoint_layers(num_layers, every)
+    beside = [chain[stop] * (stop < num_layers) + chain[stop - 1] * (stop - start >= 2)
+              for start, stop in zip(starts, starts[1:] + [num_layers])]
+    held["temporaries"] += 8 * rows * max(beside)
+    return held
