@@ -34,7 +34,11 @@ Model parallelism (lesson 09) holds the same kinds, of its own part of the netwo
                       input gradient sent back (:func:`pipeline_activation_values` walks the schedule)
     mixed precision   float16 weights 2 + float16 gradients 2 + float32 master 4 + float32 unscaled gradient 4
                       + float32 momentum 4 bytes per parameter; activations (a_0 included) at 2 bytes; the
-                      float32 products' temporaries at 4 (:func:`mixed_precision_bytes`)
+                      float32 products' temporaries at 4 (:func:`mixed_precision_bytes`); bfloat16 the same
+                      bytes. Combined: with FSDP the chunks (6 + 8 + 4 bytes per value of them) and one gathered
+                      layer; with accumulation one micro-batch's activations and, after each later one, its
+                      unscaled float32 copy; with recomputation the checkpoints', and a recomputing forward's
+                      float32 temporaries beside them (:func:`mixed_recompute_bytes`)
 
 ``tracemalloc`` counts what NumPy allocates (its arrays' buffers), so :func:`measured_peak` measures the
 same things on the real run: tests/mpi/check_memory.py holds each within 10% of the prediction.
@@ -210,7 +214,8 @@ def mixed_precision_bytes(layer_sizes, rows: int, ranks: int = 1, rank: int = 0,
     chunks = [chunk_bounds(size, ranks)[0][rank] if sharded else size for size in layers]
     count, micro_rows = sum(chunks), math.ceil(rows / micro_batches)
     backward = {"gathered": (2 * low + 8) * max(layers) if sharded else 0,
-                "activations": low * micro_rows * layer_sizes[0] + activation_bytes(layer_sizes, micro_rows, every, low),
+                "activations": (low * micro_rows * layer_sizes[0]
+                                + activation_bytes(layer_sizes, micro_rows, every, low)),
                 "temporaries": 4 * (rows * layer_sizes[0] + MIXED_TEMPORARY_ARRAYS * micro_rows * max(layer_sizes)
                                     + (0 if sharded else 2 * max(layers)))}
     if every is not None:
