@@ -219,8 +219,8 @@ def mixed_precision_bytes(layer_sizes, rows: int, ranks: int = 1, rank: int = 0,
                 "temporaries": 4 * (rows * layer_sizes[0] + MIXED_TEMPORARY_ARRAYS * micro_rows * max(layer_sizes)
                                     + (0 if sharded else 2 * max(layers)))}
     if every is not None:
-        recomputing = mixed_recompute_bytes(layer_sizes, micro_rows, every, low)
-        recomputing["gathered"] = low * max(layers) if sharded else 0  # the layer it runs, gathered
+        recomputing = {"gathered": low * max(layers) if sharded else 0,  # the layer it runs, gathered
+                       **mixed_recompute_bytes(layer_sizes, micro_rows, every, low)}
         recomputing["temporaries"] += 4 * rows * layer_sizes[0]
         backward["temporaries"] += 4 * micro_rows * max(recomputed_tops(layer_sizes, every), default=0)
         backward = max(backward, recomputing, key=lambda phase: sum(phase.values()))
