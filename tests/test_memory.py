@@ -241,3 +241,47 @@ def test_mixed_precision_holds_16_bytes_per_parameter_and_2_per_activation():
     held = mixed_precision_bytes(sizes, 100)
     assert held["parameters"] + held["gradients"] + held["optimizer state"] == sum(SGD_MOMENTUM_BYTES.values()) * count
     assert held["activations"] == 2 * 100 * (16 + 12 + 2)
+
+
+def test_mixed_precision_bytes_by_hand_with_accumulation_fsdp_and_bfloat16():
+    """Layers 4-3-2 (n = 15 + 8 = 23 parameters), 10 rows: by hand from mixed_precision_bytes's formulas."""
+    from nnlib.lesson12_memory.budget import mixed_precision_bytes
+
+    plain = mixed_precision_bytes((4, 3, 2), 10)
+    assert plain == {"parameters": 6 * 23, "gradients": 6 * 23, "optimizer state": 4 * 23, "gathered": 0,
+                     "activations": 2 * 10 * (4 + 3 + 2), "temporaries": 4 * (10 * 4 + 2 * 10 * 4 + 2 * 15),
+                     "update": 5 * 23}
+    accumulated = mixed_precision_bytes((4, 3, 2), 10, micro_batches=2)  # micro-batches of 5 rows
+    assert accumulated["activations"] == 2 * 5 * (4 + 3 + 2)
+    assert accumulated["temporaries"] == 4 * (10 * 4 + 2 * 5 * 4 + 2 * 15)  # the whole float32 batch stays
+    assert accumulated["update"] == 8 * 23 + 4 * 10 * 4  # the unscaled float32 copy and quotient, beside the batch
+    # FSDP on 2 ranks, rank 1: chunks 7 of 15 and 4 of 8 (c = 11); the largest whole layer 15, gathered
+    sharded = mixed_precision_bytes((4, 3, 2), 10, 2, 1, "fsdp")
+    assert sharded == {"parameters": 6 * 11, "gradients": 8 * 11, "optimizer state": 4 * 11, "gathered": 12 * 15,
+                       "activations": 2 * 10 * (4 + 3 + 2), "temporaries": 4 * (10 * 4 + 2 * 10 * 4),
+                       "update": 4 * 7 + 11}
+    for arguments in ((10,), (10, 2, 1, "fsdp", 1, 3), (10, 3, 2, "allreduce", 2, 4)):
+        assert mixed_precision_bytes((4, 3, 2), *arguments, "bfloat16") == mixed_precision_bytes((4, 3, 2), *arguments)
+    with pytest.raises(ValueError, match="float16 or bfloat16"):
+        mixed_precision_bytes((4, 3, 2), 10, precision="float8")
+    with pytest.raises(ValueError, match="allreduce or fsdp"):
+        mixed_precision_bytes((4, 3, 2), 10, strategy="zero")
+
+
+def test_mixed_precision_with_recomputation_holds_the_larger_phase_by_hand():
+    """Layers 1-2-2-2-1, checkpoints every 2 (a_0, a_2), 10 rows. Recomputing segment [2, 4) runs layer 2 (2 -> 2)
+    beside the checkpoints and output (1 + 2 + 1), its delta (1); segment [0, 2) runs layer 0 (1 -> 2) beside the
+    checkpoints, its delta (w_2 = 2) and the top z of segment [2, 4) (w_3 = 2, float32); a layer's own float32
+    arrays: the larger of B (w_in + w_out) + w_in w_out and 3 B w_out (= 60 for both)."""
+    from nnlib.lesson12_memory.budget import mixed_precision_bytes, mixed_recompute_bytes, recomputed_tops
+
+    sizes = (1, 2, 2, 2, 1)
+    assert recomputed_tops(sizes, 2) == [2, 2] and recomputed_tops(sizes, 1) == [] and recomputed_tops(sizes, 4) == [2]
+    top = {"activations": 2 * 10 * (4 + 1), "temporaries": 4 * 60}
+    bottom = {"activations": 2 * 10 * (4 + 2), "temporaries": 4 * (10 * 2 + 60)}
+    assert mixed_recompute_bytes(sizes, 10, 2) == bottom  # 440 bytes against 340
+    backward = 2 * 10 * 1 + 2 * 10 * (2 + 1 + 2) + 4 * (10 * 1 + 2 * 10 * 2 + 2 * 6) + 4 * 10 * 2  # 448
+    held = mixed_precision_bytes(sizes, 10, every=2)
+    assert sum(bottom.values()) + 4 * 10 * 1 > backward  # the recomputing forward, with the float32 batch, holds more
+    assert (held["activations"], held["temporaries"]) == (bottom["activations"], bottom["temporaries"] + 4 * 10)
+    assert sum(top.values()) < sum(bottom.values())

@@ -34,7 +34,11 @@ Model parallelism (lesson 09) holds the same kinds, of its own part of the netwo
                       input gradient sent back (:func:`pipeline_activation_values` walks the schedule)
     mixed precision   float16 weights 2 + float16 gradients 2 + float32 master 4 + float32 unscaled gradient 4
                       + float32 momentum 4 bytes per parameter; activations (a_0 included) at 2 bytes; the
-                      float32 products' temporaries at 4 (:func:`mixed_precision_bytes`)
+                      float32 products' temporaries at 4 (:func:`mixed_precision_bytes`); bfloat16 the same
+                      bytes. Combined: with FSDP the chunks (6 + 8 + 4 bytes per value of them) and one gathered
+                      layer; with accumulation one micro-batch's activations and, after each later one, its
+                      unscaled float32 copy; with recomputation the checkpoints', and a recomputing forward's
+                      float32 temporaries beside them (:func:`mixed_recompute_bytes`)
 
 ``tracemalloc`` counts what NumPy allocates (its arrays' buffers), so :func:`measured_peak` measures the
 same things on the real run: tests/mpi/check_memory.py holds each within 10% of the prediction.
@@ -170,21 +174,94 @@ def pipeline_bytes(layer_sizes, rows: int, stages: int, stage: int, micro_batche
 
 
 MIXED_TEMPORARY_ARRAYS = 2
+LOW_PRECISION_BYTES = {"float16": 2, "bfloat16": 2}  # bfloat16 drops mantissa bits, not bytes
 
 
-def mixed_precision_bytes(layer_sizes, rows: int) -> dict:
-    """What nnlib.lesson12_memory.mixed_precision's MixedPrecision holds over a step on ``rows`` rows (SGD with
-    momentum): per parameter float16 2 + float32 master 4 (parameters), float16 2 + float32 4 (gradients),
-    float32 momentum 4; float16 activations a_0 .. a_L; float32 temporaries: the batch (B n_0), a few arrays
-    of B (widest layer) (MIXED_TEMPORARY_ARRAYS: the casts and products of HalfLayer) and the largest
-    layer cast to float32 with its float32 gradient product (2 max_l n_l); the update: eta g in float32 and
-    the finiteness check's bool per parameter."""
-    count, widest = sum(layer_params(layer_sizes)), max(layer_sizes)
-    return {"parameters": 6 * count, "gradients": 6 * count, "optimizer state": 4 * count, "gathered": 0,
-            "activations": 2 * rows * sum(layer_sizes),
-            "temporaries": 4 * (rows * layer_sizes[0] + MIXED_TEMPORARY_ARRAYS * rows * widest
-                                + 2 * max(layer_params(layer_sizes))),
-            "update": 5 * count}
+def mixed_precision_bytes(layer_sizes, rows: int, ranks: int = 1, rank: int = 0, strategy: str = "allreduce",
+                          every: int | None = None, micro_batches: int = 1, precision: str = "float16") -> dict:
+    """What rank ``rank`` of ``ranks`` holds under nnlib.lesson12_memory.mixed_precision's MixedPrecision (SGD with
+    momentum) over a step on ``rows`` rows of its own, in k = ``micro_batches`` micro-batches of B_m = ceil(B / k)
+    rows, keeping every ``every``-th layer's input (None: all), ``precision`` float16 or bfloat16 (2 bytes both:
+    bfloat16 drops mantissa bits, not bytes).
+
+    strategy "allreduce" (the whole network on every rank, n parameters):
+        parameters   (2 + 4) n      the low copy and the float32 master
+        gradients    (2 + 4) n      the scaled low gradient and the unscaled float32 one
+        optimizer    4 n            the float32 momentum
+        activations  2 B_m n_0 (the micro-batch cast to low) + :func:`activation_bytes` at 2 bytes a value
+        temporaries  4 (B n_0 + MIXED_TEMPORARY_ARRAYS B_m max_l w_l + 2 max_l n_l): the float32 batch, HalfLayer's
+                     float32 casts and products, the largest layer cast to float32 and its float32 gradient product
+        update       max(5 n: eta g in float32 and the finiteness check's bool,
+                         8 n + 4 B n_0 if k > 1: a later micro-batch's low gradient cast to float32 and
+                         divided by S, beside the float32 batch)
+    strategy "fsdp" (a FullyShardedNetwork in float32: rank r's chunks, c = sum_l c_{l,r}):
+        parameters 6 c, gradients (4 + 4) c (the reduce-scatter delivers float32 chunks), optimizer 4 c;
+        gathered     12 max_l n_l: a whole low layer (2), its whole low gradient (2) and the float32 8 of the
+                     "allreduce" run's 2 max_l n_l: the product written into the low gradient, then the float32
+                     copy the reduce-scatter sends
+        temporaries  as "allreduce"'s, without the 2 max_l n_l (they are the gathered layer's)
+        update       max(4 max_l c_{l,r} + c: one chunk's eta g and the check's bool, 8 c + 4 B n_0 if k > 1)
+    With recomputation, backward's arrays are those of whichever phase holds more: the backward (as above, on
+    the checkpoints, + the float32 top z of the segment it runs, 4 B_m max :func:`recomputed_tops`) or a
+    recomputing forward (:func:`mixed_recompute_bytes`, + the float32 batch; FSDP: + the low layer it runs).
+    """
+    if precision not in LOW_PRECISION_BYTES:
+        raise ValueError(f"mixed precision stores float16 or bfloat16; got {precision!r}")
+    if strategy not in ("allreduce", "fsdp"):
+        raise ValueError(f"mixed precision trains with strategy allreduce or fsdp; got {strategy!r}")
+    low, layers = LOW_PRECISION_BYTES[precision], layer_params(layer_sizes)
+    sharded = strategy == "fsdp"
+    chunks = [chunk_bounds(size, ranks)[0][rank] if sharded else size for size in layers]
+    count, micro_rows = sum(chunks), math.ceil(rows / micro_batches)
+    backward = {"gathered": (2 * low + 8) * max(layers) if sharded else 0,
+                "activations": (low * micro_rows * layer_sizes[0]
+                                + activation_bytes(layer_sizes, micro_rows, every, low)),
+                "temporaries": 4 * (rows * layer_sizes[0] + MIXED_TEMPORARY_ARRAYS * micro_rows * max(layer_sizes)
+                                    + (0 if sharded else 2 * max(layers)))}
+    if every is not None:
+        recomputing = {"gathered": low * max(layers) if sharded else 0,  # the layer it runs, gathered
+                       **mixed_recompute_bytes(layer_sizes, micro_rows, every, low)}
+        recomputing["temporaries"] += 4 * rows * layer_sizes[0]
+        backward["temporaries"] += 4 * micro_rows * max(recomputed_tops(layer_sizes, every), default=0)
+        backward = max(backward, recomputing, key=lambda phase: sum(phase.values()))
+    accumulated = 8 * count + 4 * rows * layer_sizes[0] if micro_batches > 1 else 0
+    return {"parameters": (low + 4) * count, "gradients": (4 if sharded else low) * count + 4 * count,
+            "optimizer state": 4 * count, **backward,
+            "update": max(4 * max(chunks) + count if sharded else 5 * count, accumulated)}
+
+
+def recomputed_tops(layer_sizes, every: int) -> list[int]:
+    """The widths w_{t-1} of the top z each recomputed segment [s, t) leaves (t - s >= 2): the float32 logits
+    of its last recomputed layer, which recompute.py keeps until the next segment's recomputation replaces them."""
+    starts = checkpoint_layers(len(layer_sizes) - 1, every)
+    return [layer_sizes[stop - 1] for start, stop in zip(starts, starts[1:] + [len(layer_sizes) - 1])
+            if stop - start > 1]
+
+
+def mixed_recompute_bytes(layer_sizes, rows: int, every: int, low: int = 2) -> dict:
+    """The most bytes a recomputing forward of mixed precision holds: {"activations": low ones, "temporaries":
+    float32 ones}, over the segments [s, t) of checkpoints every ``every`` layers (last first) and their layers j
+    (s <= j < t - 1: layer j recomputes a_{j+1} from a_j), for ``rows`` rows (B_m):
+
+        low          the checkpoints a_s (a_0, the cast micro-batch, included), the output a_L, the delta carried
+                     down (dJ/dz_t, w_t) and the segment's a_{s+1} .. a_j recomputed so far
+        float32      the previous layer's z_j (j > s), the top z of the segment recomputed before (until the next
+                     recomputation replaces it, w_{t'-1}), and layer j's own: the larger of its product's operands
+                     and result (B w_j + w_j w_{j+1} + B w_{j+1}) and the sigmoid's z, z / 2, tanh (3 B w_{j+1})
+    """
+    num_layers = len(layer_sizes) - 1
+    starts = checkpoint_layers(num_layers, every)
+    kept = sum(layer_sizes[start] for start in starts) + layer_sizes[-1]
+    peak, stale = {"activations": 0, "temporaries": 0}, 0
+    for start, stop in reversed(list(zip(starts, starts[1:] + [num_layers]))):
+        for layer in range(start, stop - 1):
+            n_in, n_out = layer_sizes[layer], layer_sizes[layer + 1]
+            own = max(rows * (n_in + n_out) + n_in * n_out, 3 * rows * n_out)
+            phase = {"activations": low * rows * (kept + layer_sizes[stop] + sum(layer_sizes[start + 1:layer + 1])),
+                     "temporaries": 4 * (rows * (stale + n_in * (layer > start)) + own)}
+            peak = max(peak, phase, key=lambda held: sum(held.values()))
+        stale = layer_sizes[stop - 1] if stop - start > 1 else 0
+    return peak
 
 
 def measured_peak(work) -> tuple:

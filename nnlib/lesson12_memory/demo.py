@@ -2,7 +2,8 @@
 nnlib.lesson12_memory.demo RESULTS.json``): FSDP and gradient accumulation against sequential training
 on MNIST, the bytes sent counted on the real calls, what each rank holds over one FSDP step, and the
 memory budgets (measured with tracemalloc beside the prediction) of data parallelism, ZeRO, FSDP,
-recomputation, accumulation, lesson 09's tensor and pipeline parallelism and mixed precision.
+recomputation, accumulation, lesson 09's tensor and pipeline parallelism and mixed precision (alone, and with
+FSDP and recomputation, or in bfloat16 with accumulation).
 Rank 0 writes the results as JSON.
 """
 
@@ -25,7 +26,7 @@ from nnlib.lesson12_memory.accumulation import MicroBatched
 from nnlib.lesson12_memory.budget import (measured_peak, measured_step_peak, mixed_precision_bytes, pipeline_bytes,
                                           predicted_bytes, predicted_peak, tensor_parallel_bytes)
 from nnlib.lesson12_memory.fsdp import FullySharded, FullyShardedNetwork
-from nnlib.lesson12_memory.mixed_precision import MixedPrecision, loss_scaled
+from nnlib.lesson12_memory.mixed_precision import MixedPrecision, loss_scaled, low_precision
 from nnlib.lesson12_memory.traffic import CountingComm, allreduce_bytes, fsdp_bytes
 
 LESSON = 12
@@ -108,6 +109,9 @@ def step_peak(comm, plan, shard_of_batch, samples: int = 256) -> int:
 PARALLEL_SIZES = (64, 127, 96, 121, 80, 113, 72, 10)
 PARALLEL_PLANS = {"tensor parallel (09)": ("tensor", None, 1), "pipeline GPipe, m = 4": ("pipeline", "gpipe", 4),
                   "pipeline 1F1B, m = 4": ("pipeline", "1f1b", 4), "mixed float16": ("mixed", None, 1)}
+#: Mixed precision combined, as (strategy, recompute every, micro-batches, precision): on PARALLEL_SIZES too.
+MIXED_PLANS = {"mixed FSDP, k = 3": ("fsdp", 3, 1, "float16"),
+               "mixed bf16, 4 micro": ("allreduce", None, 4, "bfloat16")}
 
 
 def parallel_peak(comm, plan, rows: int = 256) -> tuple:
@@ -122,12 +126,7 @@ def parallel_peak(comm, plan, rows: int = 256) -> tuple:
     inputs, labels = rng.random((2 * rows, PARALLEL_SIZES[0])), rng.integers(0, PARALLEL_SIZES[-1], 2 * rows)
     settings = dict(epochs=1, learning_rate=0.1, batch_size=rows, momentum=0.9)
     if kind == "mixed":
-        whole = (inputs.astype(np.float32), labels) if comm.rank == 0 else (None, None)
-        local_inputs, local_labels, start = shard(comm, *whole)
-        peak, _ = measured_step_peak(lambda: MixedPrecision(Network(PARALLEL_SIZES, seed=2)), lambda mixed: (
-            train_parallel(comm, mixed, local_inputs, local_labels, num_samples=2 * rows, start=start,
-                           strategy=loss_scaled(Allreduce), **settings)))
-        return peak, mixed_precision_bytes(PARALLEL_SIZES, -(-rows // comm.size))
+        return mixed_peak(comm, ("allreduce", None, 1, "float16"), rows)
     if kind == "tensor":
         build, predicted = (lambda: TensorParallelMLP(comm, PARALLEL_SIZES, seed=2),
                             tensor_parallel_bytes(PARALLEL_SIZES, rows, comm.size, comm.rank))
@@ -138,10 +137,35 @@ def parallel_peak(comm, plan, rows: int = 256) -> tuple:
     return peak, predicted
 
 
+def mixed_peak(comm, plan, rows: int = 256) -> tuple:
+    """(tracemalloc's peak on this rank, the predicted bytes by kind: mixed_precision_bytes) over two data-parallel
+    steps of ``rows`` samples (this rank's share) of MixedPrecision on PARALLEL_SIZES, ``plan`` = (strategy
+    "allreduce" or "fsdp" (a float32 FullyShardedNetwork), recompute every (None: keep all), micro-batches,
+    precision "float16" or "bfloat16"); the network's construction is left out of the peak, its arrays are not."""
+    strategy, every, micro_batches, precision = plan
+    low_precision(precision)  # (bfloat16: ml_dtypes imported before the count starts, its module not counted)
+    rng = np.random.default_rng(0)
+    inputs, labels = rng.random((2 * rows, PARALLEL_SIZES[0])), rng.integers(0, PARALLEL_SIZES[-1], 2 * rows)
+    whole = (inputs.astype(np.float32), labels) if comm.rank == 0 else (None, None)
+    local_inputs, local_labels, start = shard(comm, *whole)
+    sharded = strategy == "fsdp"
+
+    def build():
+        network = (FullyShardedNetwork(comm, PARALLEL_SIZES, dtype="float32", seed=2) if sharded
+                   else Network(PARALLEL_SIZES, seed=2))
+        return MixedPrecision(network, precision=precision, micro_batches=micro_batches, recompute_every=every)
+
+    peak, _ = measured_step_peak(build, lambda mixed: train_parallel(
+        comm, mixed, local_inputs, local_labels, num_samples=2 * rows, start=start,
+        strategy=loss_scaled(FullySharded if sharded else Allreduce), epochs=1, learning_rate=0.1, batch_size=rows,
+        momentum=0.9))
+    return peak, mixed_precision_bytes(PARALLEL_SIZES, -(-rows // comm.size), comm.size, comm.rank, *plan)
+
+
 def budgets(comm) -> dict:
     """Rank 0's measured peak (tracemalloc) and predicted bytes by kind, for a step of 256 samples of each plan
-    (PLANS on BUDGET_SIZES, PARALLEL_PLANS on PARALLEL_SIZES); "within": every rank's verdict, measured within
-    10% of the predicted peak."""
+    (PLANS on BUDGET_SIZES, PARALLEL_PLANS and MIXED_PLANS on PARALLEL_SIZES); "within": every rank's verdict,
+    measured within 10% of the predicted peak."""
     rng = np.random.default_rng(0)
     whole = (rng.random((256, 64)), rng.integers(0, 10, 256)) if comm.rank == 0 else (None, None)
     shard_of_batch = shard(comm, *whole)
@@ -149,6 +173,7 @@ def budgets(comm) -> dict:
     measured = {name: (step_peak(comm, plan, shard_of_batch),
                        predicted_bytes(BUDGET_SIZES, rows, comm.size, comm.rank, *plan)) for name, plan in PLANS.items()}
     measured.update({name: parallel_peak(comm, plan) for name, plan in PARALLEL_PLANS.items()})
+    measured.update({name: mixed_peak(comm, plan) for name, plan in MIXED_PLANS.items()})
     within = {name: comm.allreduce(int(abs(peak - predicted_peak(held)) <= 0.1 * predicted_peak(held)), op=MPI.MIN)
               for name, (peak, held) in measured.items()}
     return {name: {"measured": peak, "predicted": held, "within": bool(within[name])}
