@@ -285,3 +285,19 @@ def test_mixed_precision_with_recomputation_holds_the_larger_phase_by_hand():
     assert sum(bottom.values()) + 4 * 10 * 1 > backward  # the recomputing forward, with the float32 batch, holds more
     assert (held["activations"], held["temporaries"]) == (bottom["activations"], bottom["temporaries"] + 4 * 10)
     assert sum(top.values()) < sum(bottom.values())
+
+
+def test_the_weight_gradient_product_is_a_temporary_only_when_a_later_piece_adds_to_the_gradient():
+    """The first micro-batch (and chunk) writes a_in.T @ delta in place; a later one adds a temporary of the largest
+    layer's n_l values: with 2 micro-batches, or with one batch of more rows than Network.chunk_size."""
+    from nnlib import Network
+    from nnlib.lesson12_memory.budget import CHUNK_ROWS, predicted_bytes
+
+    sizes = (5, 4, 3)
+    largest = 8 * (5 * 4 + 4)
+    one = predicted_bytes(sizes, 100)["temporaries"]
+    assert CHUNK_ROWS == Network(sizes).chunk_size
+    assert predicted_bytes(sizes, 100, micro_batches=2)["temporaries"] - one == largest - 8 * 3 * 50 * 4
+    many_rows = predicted_bytes(sizes, CHUNK_ROWS + 1)["temporaries"]
+    assert many_rows - 8 * (CHUNK_ROWS + 1) * (5 + 3 * 4) == largest
+    assert one - 8 * 100 * (5 + 3 * 4) == 0

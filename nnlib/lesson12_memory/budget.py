@@ -12,8 +12,9 @@ n_l = n_in n_out + n_out, on P ranks, with rank r's chunks c_{l,r}:
     temporaries       the batch's rows (B n_0 s), a few arrays of B_m (widest layer) s in backward
                       (delta, dJ/da, a (1 - a), ...: TEMPORARY_ARRAYS, as measured; tests/test_memory.py
                       bounds them by 7 with tracemalloc) and, when a later micro-batch adds its gradient to
-                      what is there, the largest layer's a_in.T @ delta, max_l n_l s (the first micro-batch
-                      writes its product straight into the gradient: nnlib.lesson02_network.arrays.product_into)
+                      what is there (also a later chunk of over 1,024 rows), the largest layer's a_in.T @ delta,
+                      max_l n_l s (the first writes its product straight into the gradient:
+                      nnlib.lesson02_network.arrays.product_into)
     update            the update's eta g (as many values as the rank updates; FSDP: one layer's chunk at a
                       time), once backward's arrays are freed
 
@@ -58,6 +59,7 @@ from nnlib.lesson12_memory.recompute import checkpoint_layers
 LESSON = 12
 
 TEMPORARY_ARRAYS = 3
+CHUNK_ROWS = 1024  # lesson 02's Network.chunk_size: a larger batch adds each later chunk's gradient
 
 
 def activation_bytes(layer_sizes, rows: int, every: int | None = None, itemsize: int = 8) -> int:
@@ -87,7 +89,7 @@ def predicted_bytes(layer_sizes, rows: int, ranks: int = 1, rank: int = 0, strat
             "gathered": 2 * 8 * max(layers) if strategy == "fsdp" else 0,
             "activations": activation_bytes(layer_sizes, micro_rows, every),
             "temporaries": 8 * (rows * layer_sizes[0] + TEMPORARY_ARRAYS * micro_rows * max(layer_sizes[1:])
-                                + (max(layers) if micro_batches > 1 else 0)),
+                                + (max(layers) if micro_batches > 1 or micro_rows > CHUNK_ROWS else 0)),
             "update": max(mine) if strategy == "fsdp" else updated}  # FSDP updates layer by layer
 
 
