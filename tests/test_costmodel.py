@@ -21,15 +21,19 @@ def test_the_allreduce_models_agree_with_counting_messages():
 
 
 class CountedArray(np.ndarray):
-    """An ndarray that writes down the (m, k, n) of every matrix product it takes part in."""
+    """An ndarray that writes down the (m, k, n) of every matrix product it takes part in, and the (k, n) of
+    every vector-matrix product (the bias gradients 1^T delta: a sum over samples, not a counted FLOP)."""
 
     products: list = []
+    sums: list = []
 
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
         plain = [x.view(np.ndarray) if isinstance(x, CountedArray) else x for x in inputs]
         if "out" in kwargs:
             kwargs["out"] = tuple(x.view(np.ndarray) if isinstance(x, CountedArray) else x for x in kwargs["out"])
-        if ufunc is np.matmul and method == "__call__":
+        if ufunc is np.matmul and method == "__call__" and plain[0].ndim == 1:
+            CountedArray.sums.append(plain[1].shape)
+        elif ufunc is np.matmul and method == "__call__":
             (m, k), (_, n) = plain[0].shape, plain[1].shape
             CountedArray.products.append((m, k, n))
         result = getattr(ufunc, method)(*plain, **kwargs)
@@ -47,9 +51,10 @@ def test_the_flop_count_is_the_products_a_training_step_runs(layer_sizes):
     network.weights = [weights.view(CountedArray) for weights in network.weights]  # views: the same memory
     inputs = np.random.default_rng(0).random((batch, layer_sizes[0])).view(CountedArray)
     labels = np.arange(batch) % layer_sizes[-1]
-    CountedArray.products = []
+    CountedArray.products, CountedArray.sums = [], []
     network.loss_and_gradient(inputs, labels)
     assert sorted(CountedArray.products) == sorted(step_matmul_shapes(layer_sizes, batch))
+    assert sorted(CountedArray.sums) == sorted((batch, n_out) for n_out in layer_sizes[1:])  # one 1^T delta a layer
     counted = sum(2 * m * k * n for m, k, n in CountedArray.products)
     assert counted == batch * flops_per_sample(layer_sizes)
     products = [n_in * n_out for n_in, n_out in zip(layer_sizes[:-1], layer_sizes[1:])]
