@@ -301,3 +301,31 @@ def test_the_weight_gradient_product_is_a_temporary_only_when_a_later_piece_adds
     many_rows = predicted_bytes(sizes, CHUNK_ROWS + 1)["temporaries"]
     assert many_rows - 8 * (CHUNK_ROWS + 1) * (5 + 3 * 4) == largest
     assert one - 8 * 100 * (5 + 3 * 4) == 0
+
+
+def test_recomputation_budget_in_float64_by_hand():
+    """Layers 1-2-2-2-1 (n_l = 4, 6, 6, 3: 19 parameters), checkpoints every 2 (a_0, a_2), 10 rows, float64.
+    Kept: a_2 and a_4 (2 + 1), the longest segment's a_1 or a_3 (2): 8 * 10 * 5 = 400 bytes of activations.
+    Backward's temporaries: the batch (1), 3 arrays of the widest layer (3 * 2), and beside segment [0, 2) the
+    delta carried in (w_2 = 2) and the recomputation's top z_1 (w_1 = 2); beside [2, 4) only z_3 (the top
+    segment's delta is the loss's): 8 * 10 * (1 + 6 + 4) = 880. Recomputing segment [0, 2) runs layer 0 beside
+    a_0 (a view of the batch), a_2, a_4, the delta (2) and the stale z_3 (2); its own z, z / 2, tanh (3 * 2):
+    8 * 10 * (1 + 2 + 1 + 2 + 2 + 6) = 1120 bytes, less than the backward's 1280.
+    FSDP on 2 ranks, rank 1, one row: chunks 2 + 3 + 3 + 1 = 9, one whole layer of 6 gathered; its whole gradient
+    (6) beside delta (2) is more than 3 arrays of 2: temporaries 8 * (1 + 8 + 4)."""
+    from nnlib.lesson12_memory.budget import mixed_recompute_bytes, predicted_bytes, recomputed_beside
+
+    sizes = (1, 2, 2, 2, 1)
+    assert recomputed_beside(sizes, 2) == [4, 2] and recomputed_beside(sizes, 4) == [2] and \
+        recomputed_beside(sizes, 1) == [2, 2, 2, 0]
+    assert predicted_bytes(sizes, 10, every=2) == {
+        "parameters": 8 * 19, "gradients": 8 * 19, "optimizer state": 8 * 19, "gathered": 0,
+        "activations": 400, "temporaries": 880, "update": 8 * 19}
+    recomputing = mixed_recompute_bytes(sizes, 10, 2, 8, 8)
+    assert recomputing == {"activations": 8 * 10 * (1 + 2 + 1 + 2), "temporaries": 8 * 10 * (2 + 6)}
+    assert sum(recomputing.values()) == 1120 < 400 + 880  # (its a_0 is the batch's rows: counted once either way)
+    assert predicted_bytes(sizes, 1, 2, 1, "fsdp", every=2) == {
+        "parameters": 8 * 9, "gradients": 8 * 9, "optimizer state": 8 * 9, "gathered": 8 * 6,
+        "activations": 8 * 5, "temporaries": 8 * (1 + 8 + 4), "update": 8 * 3}
+    # without checkpoints nothing is beside: the batch and 3 arrays of the widest layer
+    assert predicted_bytes(sizes, 10)["temporaries"] == 8 * 10 * (1 + 6)

@@ -6,7 +6,9 @@ n_l = n_in n_out + n_out, on P ranks, with rank r's chunks c_{l,r}:
     parameters        n s                 (FSDP: sum_l c_{l,r} s, its chunks)
     gradients         n s                 (FSDP: the same chunks)
     optimizer state   n s, the momentum   (lesson 08's ZeRO: its slice; FSDP: its chunks)
-    gathered          FSDP only: the largest layer's whole [W_l, b_l] and its whole gradient, 2 max_l n_l s
+    gathered          FSDP only: the largest layer's whole [W_l, b_l], max_l n_l s, alive through its backward
+                      (its whole gradient, max_l n_l s more, lives only in weight_gradient beside delta, before
+                      dJ/da and a (1 - a) come: counted with the temporaries, the larger of the two moments)
     activations       B_m (n_1 + ... + n_L) s for a micro-batch of B_m rows, or with checkpoints every k
                       layers the checkpoints', the output's and the longest recomputed segment's
     temporaries       the batch's rows (B n_0 s), a few arrays of B_m (widest layer) s in backward
@@ -14,7 +16,9 @@ n_l = n_in n_out + n_out, on P ranks, with rank r's chunks c_{l,r}:
                       bounds them by 7 with tracemalloc) and, when a later micro-batch adds its gradient to
                       what is there (also a later chunk of over 1,024 rows), the largest layer's a_in.T @ delta,
                       max_l n_l s (the first writes its product straight into the gradient:
-                      nnlib.lesson02_network.arrays.product_into)
+                      nnlib.lesson02_network.arrays.product_into; FSDP always writes into its whole buffer);
+                      with checkpoints, what recomputation keeps beside them (:func:`recomputed_beside`), or
+                      the recomputing forward's arrays if they are more
     update            the update's eta g (as many values as the rank updates; FSDP: one layer's chunk at a
                       time), once backward's arrays are freed
 
@@ -77,20 +81,44 @@ def predicted_bytes(layer_sizes, rows: int, ranks: int = 1, rank: int = 0, strat
                     every: int | None = None, micro_batches: int = 1) -> dict:
     """What rank ``rank`` of ``ranks`` holds, by kind (float64, SGD with momentum), for a step on ``rows`` rows
     of its own. strategy: "allreduce" (replicated), "zero" (lesson 08) or "fsdp". "update" is the update's
-    temporary (eta g over the part this rank updates), alive only when backward's arrays are gone."""
+    temporary (eta g over the part this rank updates), alive only when backward's arrays are gone.
+
+    With recomputation every k layers, backward's arrays are those of whichever phase holds more: the backward
+    of a segment [s, t) (its activations, and beside them :func:`recomputed_beside`: the delta carried in and
+    the recomputation's top z) or a recomputing forward (:func:`mixed_recompute_bytes` at 8 bytes a value, its
+    a_0 the batch's rows; FSDP: + the whole layer it runs, gathered)."""
     layers = layer_params(layer_sizes)
     whole = 8 * sum(layers)
     mine = [8 * chunk_bounds(size, ranks)[0][rank] for size in layers]
     updated = {"allreduce": whole, "zero": 8 * chunk_bounds(sum(layers), ranks)[0][rank], "fsdp": sum(mine)}[strategy]
-    micro_rows = math.ceil(rows / micro_batches)
-    return {"parameters": sum(mine) if strategy == "fsdp" else whole,
-            "gradients": sum(mine) if strategy == "fsdp" else whole,
-            "optimizer state": updated,
-            "gathered": 2 * 8 * max(layers) if strategy == "fsdp" else 0,
-            "activations": activation_bytes(layer_sizes, micro_rows, every),
-            "temporaries": 8 * (rows * layer_sizes[0] + TEMPORARY_ARRAYS * micro_rows * max(layer_sizes[1:])
-                                + (max(layers) if micro_batches > 1 or micro_rows > CHUNK_ROWS else 0)),
-            "update": max(mine) if strategy == "fsdp" else updated}  # FSDP updates layer by layer
+    micro_rows, sharded = math.ceil(rows / micro_batches), strategy == "fsdp"
+    widest = micro_rows * max(layer_sizes[1:])
+    # FSDP: the whole gradient lives in weight_gradient only, beside delta, before backward's other arrays come
+    arrays = max(TEMPORARY_ARRAYS * widest, widest + max(layers)) if sharded else TEMPORARY_ARRAYS * widest
+    product = max(layers) if not sharded and (micro_batches > 1 or micro_rows > CHUNK_ROWS) else 0
+    backward = {"gathered": 8 * max(layers) if sharded else 0,
+                "activations": activation_bytes(layer_sizes, micro_rows, every),
+                "temporaries": 8 * (rows * layer_sizes[0] + arrays + product)}
+    if every is not None:
+        backward["temporaries"] += 8 * micro_rows * max(recomputed_beside(layer_sizes, every))
+        recomputing = {"gathered": 8 * max(layers) if sharded else 0,
+                       **mixed_recompute_bytes(layer_sizes, micro_rows, every, 8, 8)}
+        recomputing["activations"] -= 8 * micro_rows * layer_sizes[0]  # a_0 is a view of the batch's rows:
+        recomputing["temporaries"] += 8 * rows * layer_sizes[0]         # counted with them
+        backward = max(backward, recomputing, key=lambda phase: sum(phase.values()))
+    return {"parameters": sum(mine) if sharded else whole, "gradients": sum(mine) if sharded else whole,
+            "optimizer state": updated, **backward,
+            "update": max(mine) if sharded else updated}  # FSDP updates layer by layer
+
+
+def recomputed_beside(layer_sizes, every: int) -> list[int]:
+    """Per segment [s, t) of checkpoints every ``every`` layers, the values per row recompute.recomputed_backward
+    holds beside backward's own arrays while it backpropagates the segment: the delta carried in from the
+    segment above, dJ/dz_t (w_t, t < L), and the recomputation's top logits z_{t-1} (w_{t-1}, t - s >= 2)."""
+    num_layers = len(layer_sizes) - 1
+    starts = checkpoint_layers(num_layers, every)
+    return [layer_sizes[stop] * (stop < num_layers) + layer_sizes[stop - 1] * (stop - start >= 2)
+            for start, stop in zip(starts, starts[1:] + [num_layers])]
 
 
 def predicted_peak(held: dict) -> int:
@@ -240,16 +268,18 @@ def recomputed_tops(layer_sizes, every: int) -> list[int]:
             if stop - start > 1]
 
 
-def mixed_recompute_bytes(layer_sizes, rows: int, every: int, low: int = 2) -> dict:
-    """The most bytes a recomputing forward of mixed precision holds: {"activations": low ones, "temporaries":
-    float32 ones}, over the segments [s, t) of checkpoints every ``every`` layers (last first) and their layers j
-    (s <= j < t - 1: layer j recomputes a_{j+1} from a_j), for ``rows`` rows (B_m):
+def mixed_recompute_bytes(layer_sizes, rows: int, every: int, low: int = 2, wide: int = 4) -> dict:
+    """The most bytes a recomputing forward holds: {"activations": stored ones, ``low`` bytes a value,
+    "temporaries": computed ones, ``wide`` bytes a value} (mixed precision: float16 stored, float32 computed;
+    float64 training: 8 and 8), over the segments [s, t) of checkpoints every ``every`` layers (last first) and
+    their layers j (s <= j < t - 1: layer j recomputes a_{j+1} from a_j), for ``rows`` rows (B_m):
 
-        low          the checkpoints a_s (a_0, the cast micro-batch, included), the output a_L, the delta carried
+        stored       the checkpoints a_s (a_0, the micro-batch, included), the output a_L, the delta carried
                      down (dJ/dz_t, w_t) and the segment's a_{s+1} .. a_j recomputed so far
-        float32      the previous layer's z_j (j > s), the top z of the segment recomputed before (until the next
-                     recomputation replaces it, w_{t'-1}), and layer j's own: the larger of its product's operands
-                     and result (B w_j + w_j w_{j+1} + B w_{j+1}) and the sigmoid's z, z / 2, tanh (3 B w_{j+1})
+        computed     the previous layer's z_j (j > s), the top z of the segment recomputed before (until the next
+                     recomputation replaces it, w_{t'-1}), and layer j's own: the sigmoid's z, z / 2, tanh
+                     (3 B w_{j+1}), or, when the layer casts (low != wide), its product's operands and result
+                     (B w_j + w_j w_{j+1} + B w_{j+1}) if they are more
     """
     num_layers = len(layer_sizes) - 1
     starts = checkpoint_layers(num_layers, every)
@@ -258,9 +288,9 @@ def mixed_recompute_bytes(layer_sizes, rows: int, every: int, low: int = 2) -> d
     for start, stop in reversed(list(zip(starts, starts[1:] + [num_layers]))):
         for layer in range(start, stop - 1):
             n_in, n_out = layer_sizes[layer], layer_sizes[layer + 1]
-            own = max(rows * (n_in + n_out) + n_in * n_out, 3 * rows * n_out)
+            own = max(rows * (n_in + n_out) + n_in * n_out if low != wide else 0, 3 * rows * n_out)
             phase = {"activations": low * rows * (kept + layer_sizes[stop] + sum(layer_sizes[start + 1:layer + 1])),
-                     "temporaries": 4 * (rows * (stale + n_in * (layer > start)) + own)}
+                     "temporaries": wide * (rows * (stale + n_in * (layer > start)) + own)}
             peak = max(peak, phase, key=lambda held: sum(held.values()))
         stale = layer_sizes[stop - 1] if stop - start > 1 else 0
     return peak
@@ -336,16 +366,7 @@ def recomputed_pipeline_bytes(layer_sizes, rows: int, stages: int, stage: int, m
 
 def recomputed_tensor_parallel_bytes(layer_sizes, rows: int, ranks: int, rank: int, every: int = 2) -> dict:
     """What a RecomputedTensorParallelMLP rank holds over a step on ``rows`` rows keeping every ``every``-th layer's
-    input: :func:`predicted_bytes` of its chain of widths (:func:`tensor_parallel_sizes`) with checkpoints, and
-    what recompute.recomputed_backward holds beside backward's own temporaries while it backpropagates a segment
-    [start, stop): the delta carried in from the segment above, dJ/dz_stop (B n_stop, below the top segment), and
-    the recomputation's last logits z_{stop-1} (B n_{stop-1}, a segment of 2 or more layers); the most of any
-    segment."""
-    chain = tensor_parallel_sizes(layer_sizes, ranks, rank)
-    num_layers = len(chain) - 1
-    held = predicted_bytes(chain, rows, every=every)
-    starts = checkpoint_layers(num_layers, every)
-    beside = [chain[stop] * (stop < num_layers) + chain[stop - 1] * (stop - start >= 2)
-              for start, stop in zip(starts, starts[1:] + [num_layers])]
-    held["temporaries"] += 8 * rows * max(beside)
-    return held
+    input: :func:`predicted_bytes` of its chain of widths (:func:`tensor_parallel_sizes`) with checkpoints, which
+    counts what recompute.recomputed_backward holds beside backward's own arrays (:func:`recomputed_beside`: the
+    delta carried in from the segment above and the recomputation's last logits) and its recomputing forwards."""
+    return predicted_bytes(tensor_parallel_sizes(layer_sizes, ranks, rank), rows, every=every)
