@@ -254,7 +254,7 @@ def test_mixed_precision_bytes_by_hand_with_accumulation_fsdp_and_bfloat16():
     accumulated = mixed_precision_bytes((4, 3, 2), 10, micro_batches=2)  # micro-batches of 5 rows
     assert accumulated["activations"] == 2 * 5 * (4 + 3 + 2)
     assert accumulated["temporaries"] == 4 * (10 * 4 + 2 * 5 * 4 + 2 * 15)  # the whole float32 batch stays
-    assert accumulated["update"] == 8 * 23 + 4 * 10 * 4  # the unscaled float32 copy and quotient, beside the batch
+    assert accumulated["update"] == 4 * 23 + 4 * 10 * 4  # the float32 quotient half_grads / S, beside the batch
     # FSDP on 2 ranks, rank 1: chunks 7 of 15 and 4 of 8 (c = 11); the largest whole layer 15, gathered
     sharded = mixed_precision_bytes((4, 3, 2), 10, 2, 1, "fsdp")
     assert sharded == {"parameters": 6 * 11, "gradients": 8 * 11, "optimizer state": 4 * 11, "gathered": 12 * 15,

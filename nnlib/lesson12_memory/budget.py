@@ -173,19 +173,24 @@ def pipeline_activation_values(layer_sizes, rows: int, stages: int, stage: int, 
     n_in, n_out = layer_sizes[first], layer_sizes[stop]
     kept = sum(layer_sizes[first + 1:stop + 1]) + n_in * not_first + n_out * (not not_last)
     running = backward_widths(layer_sizes, first, stop, stages, stage)
+    # after a backward its activations are freed; the output sent and the input gradient sent back stay
+    return schedule_peak(rows, stages, stage, micro_batches, schedule, during={"backward": running},
+                         after={"forward": kept, "recv_backward": n_out,
+                                "backward": -kept + n_in * not_first})
+
+
+def schedule_peak(rows: int, stages: int, stage: int, micro_batches: int, schedule: str, during: dict,
+                  after: dict) -> int:
+    """The most values ``stage`` holds at once over its instructions of lesson 09's ``schedule``: an instruction
+    of kind K on micro-batch k (B_k rows, split_counts) briefly adds B_k during[K] values beside what is alive,
+    then leaves B_k after[K] more alive (negative: freed) until later instructions."""
     counts = [int(count) for count in split_counts(rows, min(micro_batches, rows))]
-    held = pinned = peak = 0
+    alive = peak = 0
     for instruction in SCHEDULES[schedule](stages, len(counts))[stage]:
         batch_rows = counts[instruction.micro_batch]
-        if instruction.kind == "forward":
-            held += batch_rows * kept
-        elif instruction.kind == "recv_backward":
-            held += batch_rows * n_out
-        elif instruction.kind == "backward":  # its temporaries come while its activations are alive
-            peak = max(peak, held + pinned + batch_rows * running)
-            held -= batch_rows * (kept + n_out * not_last)
-            pinned += batch_rows * (n_out * not_last + n_in * not_first)
-        peak = max(peak, held + pinned)
+        peak = max(peak, alive + batch_rows * during.get(instruction.kind, 0))
+        alive += batch_rows * after.get(instruction.kind, 0)
+        peak = max(peak, alive)
     return peak
 
 
@@ -222,15 +227,15 @@ def mixed_precision_bytes(layer_sizes, rows: int, ranks: int = 1, rank: int = 0,
         temporaries  4 (B n_0 + MIXED_TEMPORARY_ARRAYS B_m max_l w_l + 2 max_l n_l): the float32 batch, HalfLayer's
                      float32 casts and products, the largest layer cast to float32 and its float32 gradient product
         update       max(5 n: eta g in float32 and the finiteness check's bool,
-                         8 n + 4 B n_0 if k > 1: a later micro-batch's low gradient cast to float32 and
-                         divided by S, beside the float32 batch)
+                         4 n + 4 B n_0 if k > 1: a later micro-batch's low gradient divided by S into
+                         float32, beside the float32 batch)
     strategy "fsdp" (a FullyShardedNetwork in float32: rank r's chunks, c = sum_l c_{l,r}):
         parameters 6 c, gradients (4 + 4) c (the reduce-scatter delivers float32 chunks), optimizer 4 c;
         gathered     12 max_l n_l: a whole low layer (2), its whole low gradient (2) and the float32 8 of the
                      "allreduce" run's 2 max_l n_l: the product written into the low gradient, then the float32
                      copy the reduce-scatter sends
         temporaries  as "allreduce"'s, without the 2 max_l n_l (they are the gathered layer's)
-        update       max(4 max_l c_{l,r} + c: one chunk's eta g and the check's bool, 8 c + 4 B n_0 if k > 1)
+        update       max(4 max_l c_{l,r} + c: one chunk's eta g and the check's bool, 4 c + 4 B n_0 if k > 1)
     With recomputation, backward's arrays are those of whichever phase holds more: the backward (as above, on
     the checkpoints, + the float32 top z of the segment it runs, 4 B_m max :func:`recomputed_tops`) or a
     recomputing forward (:func:`mixed_recompute_bytes`, + the float32 batch; FSDP: + the low layer it runs).
@@ -254,7 +259,7 @@ def mixed_precision_bytes(layer_sizes, rows: int, ranks: int = 1, rank: int = 0,
         recomputing["temporaries"] += 4 * rows * layer_sizes[0]
         backward["temporaries"] += 4 * micro_rows * max(recomputed_tops(layer_sizes, every), default=0)
         backward = max(backward, recomputing, key=lambda phase: sum(phase.values()))
-    accumulated = 8 * count + 4 * rows * layer_sizes[0] if micro_batches > 1 else 0
+    accumulated = 4 * count + 4 * rows * layer_sizes[0] if micro_batches > 1 else 0
     return {"parameters": (low + 4) * count, "gradients": (4 if sharded else low) * count + 4 * count,
             "optimizer state": 4 * count, **backward,
             "update": max(4 * max(chunks) + count if sharded else 5 * count, accumulated)}
@@ -341,18 +346,11 @@ def recomputed_pipeline_activation_values(layer_sizes, rows: int, stages: int, s
     received, sent = layer_sizes[first] * (stage > 0), layer_sizes[stop] * (not last)
     rebuilt = sum(layer_sizes[first + 1:stop + 1]) + layer_sizes[stop] * last
     backward = rebuilt + backward_widths(layer_sizes, first, stop, stages, stage)
-    counts = [int(count) for count in split_counts(rows, min(micro_batches, rows))]
-    alive = peak = 0  # alive: values that outlive the instruction (kept, received gradients, the Isends' arrays)
-    for instruction in SCHEDULES[schedule](stages, len(counts))[stage]:
-        batch_rows = counts[instruction.micro_batch]
-        transient = {"forward": received + rebuilt, "backward": backward}.get(instruction.kind, 0)
-        peak = max(peak, alive + batch_rows * transient)
-        # after a backward the received output gradient is freed, and the kept input gives way to the input
-        # gradient sent back (the same B_k n_first); the output sent stays with its Isend
-        alive += batch_rows * {"forward": received + sent, "recv_backward": layer_sizes[stop] * (not last),
-                               "backward": -layer_sizes[stop] * (not last)}.get(instruction.kind, 0)
-        peak = max(peak, alive)
-    return peak
+    # after a backward the received output gradient is freed, and the kept input gives way to the input
+    # gradient sent back (the same B_k n_first); the output sent stays with its Isend
+    return schedule_peak(rows, stages, stage, micro_batches, schedule,
+                         during={"forward": received + rebuilt, "backward": backward},
+                         after={"forward": received + sent, "recv_backward": sent, "backward": -sent})
 
 
 def recomputed_pipeline_bytes(layer_sizes, rows: int, stages: int, stage: int, micro_batches: int = 4,

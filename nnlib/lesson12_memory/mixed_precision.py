@@ -165,7 +165,8 @@ class MixedPrecision(MicroBatched):
         """One micro-batch's low gradient (scaled by S), unscaled into grads (added after the first); its loss."""
         loss = super().micro_batch(inputs.astype(self.low), labels, scale, False, on_layer_done)
         if accumulate:
-            self.network.grads += self.half_grads.astype(SINGLE) / SINGLE(self.loss_scale)  # inf stays inf
+            # grads += half_grads / S, the quotient computed straight in float32: one temporary (inf stays inf)
+            self.network.grads += np.divide(self.half_grads, SINGLE(self.loss_scale), dtype=SINGLE)
         else:
             np.divide(self.half_grads, SINGLE(self.loss_scale), out=self.network.grads)
         return loss
