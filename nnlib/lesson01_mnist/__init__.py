@@ -2,7 +2,7 @@
 
     data   load_mnist: find, download, verify (SHA-256) and parse MNIST; scale_pixels, one_hot
     files  atomic_write: a file is written whole or not at all
-    plots  the pictures the notebooks share (used by the notebooks only)
+    plots  the digits, learning curves, confusion matrices and weights drawn (lessons 01 and 03)
 """
 
 LESSON = 1

@@ -10,6 +10,7 @@
     deadline          WatchedComm: every collective under a deadline; the error names who did not come
     quiet_controller  the controller's log without ipykernel 7's harmless iopub_welcome errors
     classroom         the engines' comm: a student's own collectives never hang the class
+    plots             what every rank holds before and after a collective, drawn
 """
 
 LESSON = 4

@@ -2,6 +2,8 @@
 
     data_parallel  train_parallel: lesson 03's loop on every rank, the gradients combined by
                    ParameterServer, ReduceBroadcast or Allreduce; shard splits the samples
+    plots          each rank's phases on a time line, and the time per step by phase (drawn again
+                   in lessons 06 and 08)
 
 Later lessons plug into the same loop from their own folders: ZeRO, Overlap and PerRankBatches
 (lesson 08), HostStaging (07), the watchdog and checkpoints (10), compressed gradients (11).

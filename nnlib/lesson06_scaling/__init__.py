@@ -2,6 +2,7 @@
 
     benchmarks  a reference matmul rate and training throughput
     scaling     data-parallel training over a grid of rank counts and problem sizes
+    plots       speedup and efficiency against the rank count, beside Amdahl's or Gustafson's law
 """
 
 LESSON = 6

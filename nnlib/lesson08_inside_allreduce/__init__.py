@@ -5,7 +5,7 @@
     overlap    gradients sent by layer buckets while backpropagation goes on (PyTorch DDP)
     sampling   which samples each rank computes: the sequential batch, or its own
     waiting    a step's communication time split into waiting and transfer
-    diagrams   one ZeRO step and overlap, drawn
+    diagrams   the ring's schedule, one ZeRO step and overlap, drawn; measured Allreduce times
 """
 
 LESSON = 8

@@ -4,7 +4,8 @@
     pipeline   consecutive layers on consecutive ranks; GPipe and 1F1B as instruction lists
     grid       a data x tensor or data x pipeline grid of ranks made with Comm.Split
     tradeoffs  bytes, memory and time per rank of each kind of parallelism
-    diagrams   the column and row split of tensor parallelism, drawn
+    diagrams   the column and row split of tensor parallelism, drawn; the pipeline's time line and
+               bubbles, the fastest split
 """
 
 LESSON = 9

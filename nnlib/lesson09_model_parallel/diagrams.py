@@ -1,12 +1,16 @@
-"""Lesson 09's drawn idea: tensor parallelism's column split of one layer and row split of the next.
+"""Lesson 09's pictures: tensor parallelism's column split of one layer and row split of the next (a drawn
+idea), and the measured pipeline: its time line, its bubble against m, the fastest split of a network.
 
 :func:`tensor_split` draws, for P ranks, the two products of one hidden layer split Megatron's way:
 every rank multiplies the whole input X by its *columns* of W1 and gets its own hidden units
 a1[:, C_r]; it multiplies those by the matching *rows* of W2 and gets a partial sum of the outputs;
-an Allreduce adds the partial sums. The colours are the ranks.
+an Allreduce adds the partial sums. The colours are the ranks. :func:`pipeline_timeline`, :func:`bubble_curves`
+and :func:`fastest_map` draw what the notebook measures and predicts.
 """
 
 from __future__ import annotations
+
+import numpy as np
 
 from nnlib.lesson04_collectives.collectives import offsets, split_counts
 
@@ -56,5 +60,63 @@ def tensor_split(size: int = 2, inputs: int = 5, hidden: int = 5, outputs: int =
     axis.set(xlim=(-0.5, x + 3 + outputs), ylim=(-0.5 - 0.25 * size, max(inputs, hidden) + 1.5), aspect="equal")
     axis.axis("off")
     axis.set_title(f"tensor parallelism on {size} ranks: colours are the ranks", fontsize=10)
+    figure.tight_layout()
+    return figure
+
+
+def pipeline_timeline(timelines, title: str):
+    """One row per stage: a bar per forward (F, light) and backward (B, dark) of each micro-batch.
+
+    timelines: every stage's PipelineMLP.timeline of one step (kind, micro-batch, start, end).
+    The gaps are the bubble: stages waiting while the pipe fills and drains.
+    """
+    import matplotlib.pyplot as plt
+
+    zero = min(begin for timeline in timelines for _, _, begin, _ in timeline)
+    figure, axis = plt.subplots(figsize=(11, 0.6 * len(timelines) + 1.2))
+    colours = plt.get_cmap("tab10")
+    for stage, timeline in enumerate(timelines):
+        for kind, micro, begin, end in timeline:
+            axis.broken_barh([((begin - zero) * 1e3, (end - begin) * 1e3)], (stage - 0.38, 0.76),
+                             color=colours(micro % 10), alpha=0.45 if kind == "F" else 0.95)
+            axis.text((begin + end - 2 * zero) / 2 * 1e3, stage, f"{kind}{micro}", ha="center", va="center", fontsize=7)
+    axis.set(yticks=range(len(timelines)), yticklabels=[f"stage {s}" for s in range(len(timelines))],
+             xlabel="milliseconds since the step began", title=title)
+    axis.invert_yaxis()
+    figure.tight_layout()
+    return figure
+
+
+def bubble_curves(rows_by_schedule: dict):
+    """Idle fraction against micro-batches m: measured, simulated from the stages' times, and (P-1)/(m+P-1)."""
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(1, len(rows_by_schedule), figsize=(5 * len(rows_by_schedule), 3.4), sharey=True)
+    for axis, (schedule, rows) in zip(np.atleast_1d(axes), rows_by_schedule.items()):
+        m = [row["micro_batches"] for row in rows]
+        axis.plot(m, [row["formula"] for row in rows], "k:", label="(P-1)/(m+P-1), equal stages")
+        axis.plot(m, [row["simulated"] for row in rows], "s--", color="C1", label="simulated, these stages' times")
+        axis.plot(m, [row["measured"] for row in rows], "o-", color="C0", label="measured")
+        axis.set(xscale="log", xticks=m, xticklabels=m, xlabel="micro-batches m", title=schedule)
+        axis.grid(alpha=0.3)
+    np.atleast_1d(axes)[0].set_ylabel("idle fraction of a step")
+    np.atleast_1d(axes)[0].legend(fontsize=8)
+    figure.tight_layout()
+    return figure
+
+
+def fastest_map(choice, hidden_sizes, rank_counts, kinds, title: str):
+    """Which kind of parallelism is fastest for each (hidden size, ranks): a coloured grid."""
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import ListedColormap
+
+    figure, axis = plt.subplots(figsize=(6.5, 3.8))
+    axis.imshow(choice, cmap=ListedColormap(["C0", "C1", "C2"][:len(kinds)]), vmin=0, vmax=len(kinds) - 1,
+                aspect="auto", origin="lower")
+    for row in range(choice.shape[0]):
+        for column in range(choice.shape[1]):
+            axis.text(column, row, kinds[choice[row, column]], ha="center", va="center", fontsize=8, color="white")
+    axis.set(xticks=range(len(rank_counts)), xticklabels=rank_counts, yticks=range(len(hidden_sizes)),
+             yticklabels=hidden_sizes, xlabel="ranks", ylabel="hidden units per layer", title=title)
     figure.tight_layout()
     return figure
