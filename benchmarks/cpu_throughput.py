@@ -31,7 +31,7 @@ for variable in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 
 import numpy as np  # noqa: E402
 
-from nnlib.environment import blas_kernel  # noqa: E402
+from nnlib.environment import blas_kernel, describe  # noqa: E402
 from nnlib.lesson01_mnist import data  # noqa: E402
 from nnlib.lesson02_network.network import Network  # noqa: E402
 from nnlib.lesson04_collectives.costmodel import flops_per_sample  # noqa: E402
@@ -164,6 +164,7 @@ def main():
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
           f"{args.threads} thread(s), float32, NumPy {np.__version__}, BLAS kernel {blas_kernel()}"
           + (f", PyTorch {torch.__version__}" if torch else ""))
+    print(f"memory: {describe()['memory']} (one process: PyTorch's runs too)")
     print("FLOPs count the matrix products nnlib performs: forward, weight gradients, and input "
           f"gradients for every layer but the first. Medians of {args.rounds} interleaved rounds "
           "(lowest-highest).\n")

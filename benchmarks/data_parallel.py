@@ -14,7 +14,9 @@ torch==2.13.0) it also trains the same network with DistributedDataParallel (glo
 Cases:
   784-128-10 on full MNIST, global batch 256, mini-batch SGD (momentum 0.9)
   400-25-10 full-batch gradient descent on 60,000 samples (the seed workload, 20x20 crops)
-  784-1024-10 on full MNIST, global batch 4,096 (compute dominates: how close 2 ranks come to 100%)
+  784-1024-10 on full MNIST, global batch 4,096 (compute dominates: how close 2 ranks come to 100%), also
+    with glibc's default allocator ("same, glibc default": NNLIB_KEEP_FREED_MEMORY=0, every process
+    faulting fresh pages in for its 4 MB arrays at every step; see nnlib.environment.keep_freed_memory)
 
 Then the cost of surviving faults, on 2 ranks, 784-128-10, global batch 256, one epoch per call,
 the variants interleaved over several repeats (medians):
@@ -47,6 +49,9 @@ CASES = {
 }
 FEW_MODES = {"400-25-10, full batch": [("allreduce", "exact"), ("zero", "exact")],
              "784-1024-10, batch 4096": [("allreduce", "exact")]}  # the compute-dominated case: its bound
+# Cases also run with glibc's default allocator (NNLIB_KEEP_FREED_MEMORY=0: freed memory handed back and
+# faulted in again at every step, see nnlib.environment.keep_freed_memory), interleaved with the others.
+ALLOCATOR_DEFAULT_CASES = ("784-1024-10, batch 4096",)
 
 
 def load(crop: bool):
@@ -180,11 +185,13 @@ def fault_costs(repeats: int = 7) -> None:
                               steps=int(np.ceil(60000 / 256)), repeats=repeats)))
 
 
-def run_ranks(ranks: int, case_name: str, strategy: str = "allreduce", sampler: str = "exact") -> dict:
+def run_ranks(ranks: int, case_name: str, strategy: str = "allreduce", sampler: str = "exact",
+              keep_freed_memory: bool = True) -> dict:
     from nnlib.environment import mpiexec_path
 
     command = [mpiexec_path(), "-n", str(ranks), sys.executable, __file__, "--worker", case_name, strategy, sampler]
-    run = subprocess.run(command, capture_output=True, text=True, check=True, timeout=900)
+    env = dict(os.environ, NNLIB_KEEP_FREED_MEMORY="1" if keep_freed_memory else "0")
+    run = subprocess.run(command, capture_output=True, text=True, check=True, timeout=900, env=env)
     return json.loads(run.stdout.strip().splitlines()[-1])
 
 
@@ -247,18 +254,25 @@ def spread(values) -> str:
 def measure_case(name: str, repeats: int, have_torch: bool) -> None:
     """Run one case's configurations in ``repeats`` interleaved rounds and print a line per 2-rank mode:
     medians over the rounds; efficiency and bound with their range over the rounds."""
-    modes = FEW_MODES.get(name, MODES)
-    one, alone, two = [], [], {mode: [] for mode in modes}
+    allocators = (True, False) if name in ALLOCATOR_DEFAULT_CASES else (True,)  # keep_freed_memory or not
+    runs_of = {kept: ([], [], {mode: [] for mode in FEW_MODES.get(name, MODES)}) for kept in allocators}
     for _ in range(repeats):  # interleaved, so that a slow minute of the machine hits every mode alike
-        one.append(run_ranks(1, name))
-        alone.append(run_ranks(2, name, "none"))
-        for mode in modes:
-            two[mode].append(run_ranks(2, name, *mode))
+        for kept, (one, alone, two) in runs_of.items():
+            one.append(run_ranks(1, name, keep_freed_memory=kept))
+            alone.append(run_ranks(2, name, "none", keep_freed_memory=kept))
+            for mode in two:
+                two[mode].append(run_ranks(2, name, *mode, keep_freed_memory=kept))
+    ddp = torch_ddp_epoch(name) if have_torch else None
+    for kept, (one, alone, two) in runs_of.items():
+        print_modes(name if kept else "  same, glibc default", one, alone, two, ddp if kept else None)
+
+
+def print_modes(name: str, one: list, alone: list, two: dict, ddp) -> None:
+    """One line per 2-rank mode of ``two`` ({mode: runs}), against the rounds' 1-rank runs ``one`` and their
+    no-communication runs ``alone``; ``ddp``: PyTorch DDP's epoch seconds, or None."""
     one_epoch = float(np.median([run["epoch_seconds"] for run in one]))
     no_communication_epoch = float(np.median([run["epoch_seconds"] for run in alone]))
-    ddp = torch_ddp_epoch(name) if have_torch else None
-    for mode in modes:
-        runs = two[mode]
+    for mode, runs in two.items():
         epoch, communicate, waiting, transfer, bare, cold = (
             float(np.median([run[key] for run in runs]))
             for key in ("epoch_seconds", "communicate_per_step", "waiting_per_step", "transfer_per_step",
@@ -306,7 +320,8 @@ def main() -> None:
     from nnlib.environment import describe
 
     machine = describe()
-    print(f"machine: {machine['machine']}; {machine['BLAS']}, kernel {machine['BLAS kernel']}; {machine['MPI library']}; 1 BLAS thread per rank\n")
+    print(f"machine: {machine['machine']}; {machine['BLAS']}, kernel {machine['BLAS kernel']}; {machine['MPI library']}; "
+          f"1 BLAS thread per rank; memory: {machine['memory']}, in every rank and DDP process\n")
     header = (f"{'case':24s} {'mode':20s} {'1 rank s/epoch':>14s} {'2 ranks s/epoch':>15s} {'speedup':>8s} "
               f"{'efficiency':>14s} {'T0 s/epoch':>10s} {'bound':>14s} {'comm/step us':>12s} {'waiting us':>10s} {'transfer us':>11s} "
               f"{'bare Allreduce us':>17s} {'cold us':>7s} {'comm/bare':>9s} {'transfer/bare':>13s} {'transfer/cold':>13s}")

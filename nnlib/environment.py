@@ -19,6 +19,10 @@ LESSON = 0  # notebook 00's environment check
 ONE_BLAS_THREAD = {name: "1" for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
 MINIMUM_CUPY = 14  # the first CuPy whose main namespace has every array API function nnlib uses
 _gpu_check = None  # (usable: bool, reason: str), computed once per process
+# glibc's malloc settings (mallopt's parameter numbers, from malloc.h) that keep_freed_memory sets.
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+KEEP_FREED_BYTES, MAPPED_FROM_BYTES = 64 << 20, 32 << 20  # 64 MiB kept at the heap's top; mmap only above 32 MiB
+_freed_memory_kept = False  # set by keep_freed_memory
 
 
 def mpi_library() -> str:
@@ -71,6 +75,31 @@ def cpu_instruction_set() -> str:
     except OSError:
         return "unknown"
     return next((name for flag, name in CPU_FLAGS.items() if flag in flags), "unknown")
+
+
+def keep_freed_memory() -> bool:
+    """Make the C library's allocator keep the memory a training step frees, for the next step to reuse.
+
+    A step allocates its arrays (activations, deltas, temporaries), frees them, and allocates the same again.
+    By default glibc's malloc hands freed memory back to the system: the top of its heap once it exceeds
+    M_TRIM_THRESHOLD (128 KiB at first), and arrays above M_MMAP_THRESHOLD as whole mappings. The next
+    step's arrays are then new pages, each zeroed by the kernel at its first touch (a page fault). For
+    784-1024-10 on 2,048 rows a step that is about 32,000 page faults per epoch of 30,000 samples; with
+    M_TRIM_THRESHOLD at 64 MiB and M_MMAP_THRESHOLD at 32 MiB about 200 (tests/test_allocator.py
+    counts them; benchmarks/data_parallel.py measures the time both ways). ``import nnlib`` calls this once.
+
+    Returns whether the setting is in effect: False where the C library is not glibc (macOS, musl: nothing
+    is set), or when the environment variable NNLIB_KEEP_FREED_MEMORY is 0 (to measure what it saves).
+    """
+    global _freed_memory_kept
+    if os.environ.get("NNLIB_KEEP_FREED_MEMORY", "1") == "0" or platform.libc_ver()[0] != "glibc":
+        return _freed_memory_kept
+    import ctypes
+
+    mallopt = ctypes.CDLL(None).mallopt  # (the C library the interpreter already runs on)
+    _freed_memory_kept = bool(mallopt(M_TRIM_THRESHOLD, KEEP_FREED_BYTES)) and bool(
+        mallopt(M_MMAP_THRESHOLD, MAPPED_FROM_BYTES))
+    return _freed_memory_kept
 
 
 def forced_older_kernel() -> str | None:
@@ -143,6 +172,9 @@ def describe() -> dict:
         **versions,
         "BLAS": blas(),
         "BLAS kernel": f"{blas_kernel()}, on a CPU with {cpu_instruction_set()}",
+        "memory": (f"freed memory kept for reuse (glibc malloc: up to {KEEP_FREED_BYTES >> 20} MiB; "
+                   "nnlib.environment.keep_freed_memory)" if _freed_memory_kept else
+                   "freed memory handed back to the system at once (the C library's default)"),
         "MPI library": mpi_library(),
         "mpiexec": mpiexec_path() or "not found",
         "GPU": reason if usable else f"none usable: {reason}",
