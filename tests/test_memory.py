@@ -268,6 +268,17 @@ def test_mixed_precision_bytes_by_hand_with_accumulation_fsdp_and_bfloat16():
         mixed_precision_bytes((4, 3, 2), 10, strategy="zero")
 
 
+def test_tensor_parallel_mixed_precision_bytes_by_hand():
+    """Layers 4-7-3 on 2 ranks: the column layer's 7 units split 4 + 3; rank 1 holds the chain 4-3-3 (its 3
+    columns, the row layer's 3 rows and whole bias): n = 15 + 12 = 27 parameters; 5 rows, the whole batch."""
+    from nnlib.lesson12_memory.budget import mixed_tensor_parallel_bytes
+
+    assert mixed_tensor_parallel_bytes((4, 7, 3), 5, 2, 1) == {
+        "parameters": 6 * 27, "gradients": 6 * 27, "optimizer state": 4 * 27, "gathered": 0,
+        "activations": 2 * 5 * (4 + 3 + 3), "temporaries": 4 * (5 * 4 + 2 * 5 * 4 + 2 * 15), "update": 5 * 27}
+    assert mixed_tensor_parallel_bytes((4, 7, 3), 5, 2, 0)["parameters"] == 6 * (4 * 4 + 4 + 4 * 3 + 3)
+
+
 def test_mixed_precision_with_recomputation_holds_the_larger_phase_by_hand():
     """Layers 1-2-2-2-1, checkpoints every 2 (a_0, a_2), 10 rows. Recomputing segment [2, 4) runs layer 2 (2 -> 2)
     beside the checkpoints and output (1 + 2 + 1), its delta (1); segment [0, 2) runs layer 0 (1 -> 2) beside the

@@ -43,7 +43,8 @@ Model parallelism (lesson 09) holds the same kinds, of its own part of the netwo
                       bytes. Combined: with FSDP the chunks (6 + 8 + 4 bytes per value of them) and one gathered
                       layer; with accumulation one micro-batch's activations and, after each later one, its
                       unscaled float32 copy; with recomputation the checkpoints', and a recomputing forward's
-                      float32 temporaries beside them (:func:`mixed_recompute_bytes`)
+                      float32 temporaries beside them (:func:`mixed_recompute_bytes`); with tensor parallelism
+                      the rank's chain of widths (:func:`mixed_tensor_parallel_bytes`)
 
 ``tracemalloc`` counts what NumPy allocates (its arrays' buffers), so :func:`measured_peak` measures the
 same things on the real run: tests/mpi/check_memory.py holds each within 10% of the prediction.
@@ -263,6 +264,15 @@ def mixed_precision_bytes(layer_sizes, rows: int, ranks: int = 1, rank: int = 0,
     return {"parameters": (low + 4) * count, "gradients": (4 if sharded else low) * count + 4 * count,
             "optimizer state": 4 * count, **backward,
             "update": max(4 * max(chunks) + count if sharded else 5 * count, accumulated)}
+
+
+def mixed_tensor_parallel_bytes(layer_sizes, rows: int, ranks: int, rank: int, every: int | None = None,
+                                micro_batches: int = 1, precision: str = "float16") -> dict:
+    """What a TensorParallelMLP rank holds under MixedPrecision over a step on the whole batch of ``rows`` rows:
+    :func:`mixed_precision_bytes` of its chain of widths (:func:`tensor_parallel_sizes`), as if one process held
+    that narrower network (the float32 partial sums the ranks add are the products HalfLayer makes anyway)."""
+    return mixed_precision_bytes(tensor_parallel_sizes(layer_sizes, ranks, rank), rows, every=every,
+                                 micro_batches=micro_batches, precision=precision)
 
 
 def recomputed_tops(layer_sizes, every: int) -> list[int]:

@@ -8,6 +8,10 @@ steps are skipped), the same verdicts on every rank, and weights within 1e-3 (fl
 largest of the sequential run's (tolerance: each rank's low-precision gradient is a partial sum over its rows,
 rounded to 2 bytes, where one process rounds the whole batch's; on 1 rank they are bit-identical). FSDP's ranks reach the same skip verdict when only one
 rank's chunk overflowed. An FSDP float16 run checkpointed and resumed equals an uninterrupted one bit for bit.
+Lesson 09's tensor parallelism in mixed precision (every rank the whole batch, its slices of each layer, partial
+products summed in float32), with accumulation and recomputation, on the uneven widths 64-127-96-121-80-113-72-10:
+the same verdicts as the sequential run on every rank, weights within the same tolerances (the float32 sums of
+partial products round in another order), and every rank skips when only one rank's slice overflowed.
 """
 
 import shutil
@@ -21,6 +25,7 @@ from nnlib import Network
 from nnlib.lesson03_training.training import Settings
 from nnlib.lesson05_data_parallel import shard, train_parallel
 from nnlib.lesson05_data_parallel.data_parallel import Allreduce
+from nnlib.lesson09_model_parallel.tensor import TensorParallelMLP
 from nnlib.lesson10_faults.checkpoint import CheckpointFolder, Checkpointing
 from nnlib.lesson12_memory.fsdp import FullySharded, FullyShardedNetwork
 from nnlib.lesson12_memory.mixed_precision import MixedPrecision, loss_scaled, train_mixed
@@ -75,6 +80,35 @@ def test_data_parallel_mixed_precision_with_accumulation_and_recomputation_equal
 def test_fsdp_mixed_precision_with_accumulation_and_recomputation_equals_sequential():
     for precision in ("float16", "bfloat16"):
         check_equal_to_sequential(True, precision)
+
+
+WIDE = (64, 127, 96, 121, 80, 113, 72, 10)  # column, row, column, row, column, row, replicated: uneven on 2-4 ranks
+WIDE_INPUTS, WIDE_LABELS = rng.random((N, WIDE[0])).astype(np.float32), rng.integers(0, WIDE[-1], N)
+
+
+def test_tensor_parallel_mixed_precision_with_accumulation_and_recomputation_equals_sequential():
+    for precision in ("float16", "bfloat16"):
+        expected = MixedPrecision(Network(WIDE, seed=3), **options(precision))
+        train_mixed(expected, WIDE_INPUTS, WIDE_LABELS, Settings(**SETTINGS))
+        mixed = MixedPrecision(TensorParallelMLP(comm, WIDE, dtype="float32", seed=3), **options(precision))
+        train_mixed(mixed, WIDE_INPUTS, WIDE_LABELS, Settings(**SETTINGS))  # every rank the same batches
+        verdicts = comm.allgather(mixed.verdicts)
+        assert verdicts == [verdicts[0]] * size and mixed.verdicts == expected.verdicts, (mixed.verdicts,
+                                                                                          expected.verdicts)
+        assert precision == "bfloat16" or 1 <= mixed.skipped < len(mixed.verdicts)
+        params = mixed.network.full_params()
+        error = float(np.abs(params - expected.params).max() / np.abs(expected.params).max())
+        assert error <= (0.0 if size == 1 else TOLERANCE[precision]), f"tensor parallel, {precision}: {error}"
+
+
+def test_tensor_parallel_ranks_skip_together_when_one_slice_overflowed():
+    mixed = MixedPrecision(TensorParallelMLP(comm, WIDE, dtype="float32", seed=3))
+    mixed.network.grads[...] = 0.0
+    if rank == size - 1:
+        mixed.network.grads[0] = np.inf  # in this rank's columns of the first layer only
+    assert comm.allgather(mixed.overflow()) == [True] * size
+    mixed.network.grads[...] = 0.0
+    assert comm.allgather(mixed.overflow()) == [False] * size
 
 
 def test_fsdp_ranks_skip_together_when_one_chunk_overflowed():
