@@ -30,7 +30,8 @@ Memory (lesson 12): ``--strategy fsdp`` shards every layer's parameters, gradien
 ranks (ZeRO-3); ``--recompute K`` keeps every K-th layer's activations and recomputes the rest;
 ``--accumulate K`` runs each step as K micro-batches; ``--precision float16`` stores the network in
 float16 with float32 master weights and dynamic loss scaling, ``--precision bfloat16`` in bfloat16 (the
-ml_dtypes package) without scaling; they combine with one another and with checkpoints (nnlib.lesson12_memory).
+ml_dtypes package) without scaling; they combine with one another and with checkpoints (nnlib.lesson12_memory),
+and --recompute, --accumulate and --precision with ``--model-parallel tensor`` (not with pipeline).
 """
 
 from __future__ import annotations
@@ -523,13 +524,18 @@ def announce(args, comm, network, gpus) -> None:
         print(f"gradients compressed: {args.compression}{f' (k = {args.topk})' if args.topk else ''}, "
               f"{message_bytes(args.compression, network.num_params, args.topk, network.params.dtype.itemsize):,} "
               f"bytes per rank per step instead of {network.params.nbytes:,}", flush=True)
-    if memory_options_used(args):
-        print(f"memory: strategy {args.strategy}, recompute every {args.recompute or 'none'}, "
-              f"{args.accumulate} micro-batch(es) per step, precision {args.precision}", flush=True)
+    announce_memory(args)
     if any(gpu is not None for gpu in gpus):
         print(f"on the GPU ({gpu_status()[1]}); GPU of each rank: {gpus}; gradients "
               f"{'passed directly (CUDA-aware MPI)' if cuda_aware_mpi() else 'staged through host memory'}",
               flush=True)
+
+
+def announce_memory(args) -> None:
+    """Rank 0 says lesson 12's options, if any are used."""
+    if memory_options_used(args):
+        print(f"memory: strategy {args.strategy}, recompute every {args.recompute or 'none'}, "
+              f"{args.accumulate} micro-batch(es) per step, precision {args.precision}", flush=True)
 
 
 def announce_talking_less(args, network) -> None:
@@ -593,18 +599,21 @@ def model_parallel_job(args, comm, settings, data, test) -> int:
         print(f"{comm.size} ranks: {comm.size // model_size if comm.size % model_size == 0 else '?'} replica(s) of "
               f"{model_size} ({args.model_parallel} parallelism inside), network {'-'.join(map(str, sizes))}, "
               f"{args.samples} samples, global batch {args.batch_size or 'full'}", flush=True)
+        announce_memory(args)
     model = dict(layer_sizes=sizes, output=args.output_layer, dtype=args.dtype, seed=args.seed)
 
     def build_piece(model_comm):  # this rank's piece of its replica (model_comm is watched, as comm)
         if args.model_parallel == "tensor":
-            return TensorParallelMLP(model_comm, **model)
+            piece = TensorParallelMLP(model_comm, **model)
+            return memory_wrapped(args, piece) if memory_options_used(args) else piece
         return ScheduledPipeline(model_comm, **model, micro_batches=args.micro_batches, schedule=args.schedule,
                                  chunks=pipeline_chunks(args))
 
     with comm.guard():  # the grid's communicators are split from the watched comm: every message has a deadline
         network, history = train_hybrid(
-            comm, model_size, build_piece, inputs, labels,
-            settings=settings, batches=PerRankBatches if args.sampler == "per_rank" else None, progress=True)
+            comm, model_size, build_piece, inputs, labels, strategy=job_strategy(args),
+            settings=settings, batches=PerRankBatches if args.sampler == "per_rank" else None,
+            progress=comm.rank == 0)  # (each piece's data_comm has a rank 0: one line, from world rank 0)
     test_accuracy = network.accuracy(test_inputs, test_labels)  # every piece of each replica takes part
     params = network.full_params()
     phases = gather_phase_seconds(comm, history)
@@ -725,8 +734,9 @@ def check_memory_options(args) -> None:
         return
     used = ("--strategy fsdp" if args.strategy == "fsdp" else "--recompute/--accumulate"
             if args.recompute or args.accumulate > 1 else f"--precision {args.precision}")
-    for given, name in [(args.model_parallel != "none", "--model-parallel"), (args.asynchronous, "--asynchronous"),
-                        (args.compression != "none", "--compression")]:
+    for given, name in [(args.model_parallel == "pipeline", "--model-parallel pipeline (its micro-batches are its "
+                         "accumulation; --model-parallel tensor takes all three)"),
+                        (args.asynchronous, "--asynchronous"), (args.compression != "none", "--compression")]:
         if given:
             raise ValueError(f"{used} does not combine with {name} in the batch job")
     if args.strategy == "fsdp" and args.device != "cpu":
@@ -752,20 +762,27 @@ def check_precision(args) -> None:
 
 
 def job_memory_network(args, comm):
-    """The network for lesson 12's options: sharded (fsdp) or not, wrapped in MicroBatched; (network, GPU index)."""
-    from nnlib.lesson12_memory.accumulation import MicroBatched
+    """The network for lesson 12's options: sharded (fsdp) or not, wrapped by memory_wrapped; (network, GPU index)."""
     from nnlib.lesson12_memory.fsdp import FullyShardedNetwork
-    from nnlib.lesson12_memory.mixed_precision import MixedPrecision
 
     if args.strategy == "fsdp":
         network, gpu_index = FullyShardedNetwork(comm, (784, *args.hidden, 10), output=args.output_layer,
                                                  dtype=args.dtype, seed=args.seed), None
     else:
         network, gpu_index = job_network(args, comm)
+    return memory_wrapped(args, network), gpu_index
+
+
+def memory_wrapped(args, network):
+    """``network`` (lesson 02's, FSDP's or a tensor-parallel piece) in MixedPrecision with --precision float16 or
+    bfloat16, else in MicroBatched with --accumulate and --recompute."""
+    from nnlib.lesson12_memory.accumulation import MicroBatched
+    from nnlib.lesson12_memory.mixed_precision import MixedPrecision
+
     if args.precision != "float32":
         return MixedPrecision(network, precision=args.precision, micro_batches=args.accumulate,
-                              recompute_every=args.recompute or None), gpu_index
-    return MicroBatched(network, args.accumulate, args.recompute or None), gpu_index
+                              recompute_every=args.recompute or None)
+    return MicroBatched(network, args.accumulate, args.recompute or None)
 
 
 def job_results(args, comm, network, test):

@@ -141,7 +141,9 @@ def job_arguments(*arguments):
     (["--recompute", "-1"], "--recompute must be 0 (keep every activation) or K >= 1"),
     (["--accumulate", "0"], "--accumulate must be at least 1"),
     (["--strategy", "fsdp", "--asynchronous"], "--asynchronous does not go with --strategy"),  # lesson 11's check
-    (["--accumulate", "2", "--model-parallel", "tensor"], "--recompute/--accumulate does not combine with --model-par"),
+    (["--accumulate", "2", "--model-parallel", "pipeline"], "--recompute/--accumulate does not combine with "
+                                                            "--model-parallel pipeline"),
+    (["--precision", "float16", "--model-parallel", "pipeline"], "--precision float16 does not combine with --model-p"),
     (["--recompute", "2", "--asynchronous"], "--recompute/--accumulate does not combine with --asynchronous"),
     (["--recompute", "2", "--compression", "float16"], "--recompute/--accumulate does not combine with --compression"),
     (["--strategy", "fsdp", "--device", "gpu"], "--strategy fsdp runs on --device cpu"),

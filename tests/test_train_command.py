@@ -234,6 +234,7 @@ def test_the_batch_job_splits_the_model_and_equals_the_one_rank_run(tmp_path, ra
     split = run_training(ranks, *settings, *options, "--output", str(tmp_path / "split.npz"))
     assert split.returncode == 0, split.stderr
     assert "parallelism inside" in split.stdout and "test accuracy" in split.stdout
+    assert split.stdout.count("epoch 2/2:") == 1, split.stdout  # one progress line per epoch, not one per piece
     expected, got = final_params(tmp_path / "alone.npz"), final_params(tmp_path / "split.npz")
     assert np.abs(got - expected).max() / np.abs(expected).max() <= 1e-10
 
