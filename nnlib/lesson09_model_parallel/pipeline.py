@@ -445,11 +445,16 @@ class PipelineMLP(Classifier):
         """dJ/dz of the chunk's top layer for micro-batch k: from the loss (the last virtual stage), else from the
         received dJ/da."""
         if self.virtual(chunk) == self.stages * self.chunks - 1:
-            loss, correct, delta = output_loss(logits, activations[-1], step.labels[step.rows(k)], step.scale,
-                                               self.output)
+            loss, correct, delta = output_loss(logits, self.loss_outputs(activations[-1]), step.labels[step.rows(k)],
+                                               step.scale, self.output)
             step.totals += (float(loss), int(correct))
             return delta
         return self.chunk_layers[chunk][-1].logits_gradient(step.arrived.pop(("backward", k, chunk)), activations[-1])
+
+    def loss_outputs(self, outputs):
+        """The output activations a_L the loss is computed from: as they are (a hook: lesson 12's mixed precision
+        computes the loss in float32 from its low-precision a_L)."""
+        return outputs
 
     def _backward(self, step: StepState, k: int, chunk: int) -> None:
         """Backpropagation through the chunk for micro-batch k: add its gradient, keep the input gradient."""

@@ -146,7 +146,60 @@ class HalfRowLayer(HalfSplitLayer):
 HALF_SPLIT_LAYERS = {"column": HalfColumnLayer, "row": HalfRowLayer, "replicated": HalfSplitLayer}
 
 
-class MixedPrecision(MicroBatched):
+class LossScaler:
+    """Dynamic loss scaling (Micikevicius et al. 2018), shared by :class:`MixedPrecision` and the mixed-precision
+    pipeline stages (nnlib.lesson12_memory.mixed_pipeline): the scale S, the verdict on each step's float32
+    gradient ``network.grads``, and the scaler's state for checkpoints.
+
+    S defaults to 2^15 for float16 and 1 for bfloat16 (float32's range: nothing to scale); ``dynamic`` (default
+    for float16 only): halved on overflow, doubled after ``growth_interval`` good steps in a row.
+    """
+
+    split_over_ranks = False  # True where each rank holds a different part of the gradient
+
+    def start_scaling(self, precision: str, loss_scale: float | None, growth_interval: int, dynamic: bool | None):
+        self.precision, self.low = precision, low_precision(precision)
+        scaled = precision == "float16"
+        self.loss_scale = float(loss_scale if loss_scale is not None else 2.0 ** 15 if scaled else 1.0)
+        self.growth_interval, self.dynamic = int(growth_interval), scaled if dynamic is None else bool(dynamic)
+        self.good_steps, self.skipped, self.overflowed, self.verdicts = 0, 0, False, []
+
+    def overflow(self) -> bool:
+        """The verdict on the step's summed float32 gradient g: overflow if g has an inf or NaN (a piece
+        overflowed on its way) or if S max|g| is beyond the low precision's largest value (the sum itself would
+        not fit). The second test depends on the sum only, not on how it was cut into micro-batches and ranks:
+        two cuttings can disagree only where one piece overflowed alone while the sum fits. FSDP's ranks hold
+        chunks of g, tensor parallelism's ranks slices, pipeline stages their layers' (``split_over_ranks``): one
+        Allreduce of the flag gives every rank the same verdict; otherwise the sync's sum is the same on every
+        rank already."""
+        grads = self.network.grads
+        peak = max(abs(float(grads.max())), abs(float(grads.min()))) if grads.size else 0.0  # (no temporary)
+        local = not (np.isfinite(grads).all() and peak * self.loss_scale <= largest_value(self.low))
+        return bool(self.network.comm.allreduce(local, op=MPI.LOR)) if self.split_over_ranks else local
+
+    def scaler_update(self, overflowed: bool) -> None:
+        """The verdict on the (summed) gradient: overflow: skip, halve S; else double S after enough good steps."""
+        self.overflowed = overflowed
+        self.verdicts.append((overflowed, self.loss_scale))
+        if overflowed:
+            self.skipped += 1
+            self.good_steps = 0
+            self.loss_scale /= 2 if self.dynamic else 1
+            return
+        self.good_steps += 1
+        if self.dynamic and self.good_steps % self.growth_interval == 0:
+            self.loss_scale *= 2
+
+    def checkpoint_state(self) -> dict:
+        """What a checkpoint keeps beyond the weights (nnlib.lesson10_faults.checkpoint): the scaler's state."""
+        return dict(loss_scale=self.loss_scale, good_steps=self.good_steps, skipped=self.skipped)
+
+    def restore_checkpoint_state(self, state: dict) -> None:
+        self.loss_scale, self.good_steps = float(state["loss_scale"]), int(state["good_steps"])
+        self.skipped = int(state["skipped"])
+
+
+class MixedPrecision(LossScaler, MicroBatched):
     """``network`` (a float32 lesson 02 Network, a FullyShardedNetwork or a TensorParallelMLP: its params are the
     master weights, its grads the unscaled float32 gradient) trained in mixed precision, ``precision`` "float16"
     or "bfloat16".
@@ -164,16 +217,13 @@ class MixedPrecision(MicroBatched):
         if str(network.params.dtype) != "float32":
             raise ValueError(f"the master weights must be float32; got {network.params.dtype}")
         super().__init__(network, micro_batches, recompute_every)
-        self.precision, self.low = precision, low_precision(precision)
-        scaled = precision == "float16"  # bfloat16 has float32's range: nothing to scale
-        self.loss_scale = float(loss_scale if loss_scale is not None else 2.0 ** 15 if scaled else 1.0)
-        self.growth_interval, self.dynamic = int(growth_interval), scaled if dynamic is None else bool(dynamic)
+        self.start_scaling(precision, loss_scale, growth_interval, dynamic)
         self.sharded = all(isinstance(layer, ShardedLayer) for layer in network.layers)
         self.tensor_parallel = isinstance(network, TensorParallelMLP)
+        self.split_over_ranks = self.sharded or self.tensor_parallel  # FSDP's chunks, tensor parallelism's slices
         self.half_params = network.params.astype(self.low)
         self.half_grads = np.zeros(network.params.size, SINGLE if self.sharded else self.low)
         self.layers = self.low_layers()
-        self.good_steps, self.skipped, self.overflowed, self.verdicts = 0, 0, False, []
 
     def low_layers(self) -> list:
         """HalfLayers over views of half_params and half_grads (HalfShardedLayers over this rank's chunks)."""
@@ -221,40 +271,6 @@ class MixedPrecision(MicroBatched):
     def loss_outputs(self, outputs):
         """The loss (and dJ/dz_L) is computed in float32."""
         return outputs.astype(SINGLE)
-
-    def overflow(self) -> bool:
-        """The verdict on the step's summed float32 gradient g: overflow if g has an inf or NaN (a piece
-        overflowed on its way) or if S max|g| is beyond the low precision's largest value (the sum itself would
-        not fit). The second test depends on the sum only, not on how it was cut into micro-batches and ranks:
-        two cuttings can disagree only where one piece overflowed alone while the sum fits. FSDP's ranks hold
-        chunks of g, tensor parallelism's ranks slices: one Allreduce of the flag gives every rank the same
-        verdict; otherwise the sync's sum is the same on every rank already."""
-        grads = self.network.grads
-        peak = max(abs(float(grads.max())), abs(float(grads.min()))) if grads.size else 0.0  # (no temporary)
-        local = not (np.isfinite(grads).all() and peak * self.loss_scale <= largest_value(self.low))
-        pieces = self.sharded or self.tensor_parallel  # every rank holds a different part of g
-        return bool(self.network.comm.allreduce(local, op=MPI.LOR)) if pieces else local
-
-    def scaler_update(self, overflowed: bool) -> None:
-        """The verdict on the (summed) gradient: overflow: skip, halve S; else double S after enough good steps."""
-        self.overflowed = overflowed
-        self.verdicts.append((overflowed, self.loss_scale))
-        if overflowed:
-            self.skipped += 1
-            self.good_steps = 0
-            self.loss_scale /= 2 if self.dynamic else 1
-            return
-        self.good_steps += 1
-        if self.dynamic and self.good_steps % self.growth_interval == 0:
-            self.loss_scale *= 2
-
-    def checkpoint_state(self) -> dict:
-        """What a checkpoint keeps beyond the weights (nnlib.lesson10_faults.checkpoint): the scaler's state."""
-        return dict(loss_scale=self.loss_scale, good_steps=self.good_steps, skipped=self.skipped)
-
-    def restore_checkpoint_state(self, state: dict) -> None:
-        self.loss_scale, self.good_steps = float(state["loss_scale"]), int(state["good_steps"])
-        self.skipped = int(state["skipped"])
 
     def state_bytes(self, optimizer) -> dict:
         """Bytes held per kind: low weights and gradients, float32 master, gradient and momentum."""

@@ -14,7 +14,7 @@ per-rank budget trains under it. A bad setup fails on every rank at once.
 """
 
 import numpy as np
-from harness import expect_error_everywhere, run_checks
+from harness import assert_on_every_rank, expect_error_everywhere, run_checks
 from mpi4py import MPI
 
 from nnlib import Network, train
@@ -130,13 +130,6 @@ WIDE = rng.random((256, 64)), rng.integers(0, 10, 256)
 def off_by_more_than_10_percent(where, peak: int, predicted: int) -> list:
     """[a message] if the measured peak is more than 10% from the prediction, else []."""
     return [] if abs(peak - predicted) <= 0.1 * predicted else [f"{where}: measured {peak:,} predicted {predicted:,}"]
-
-
-def assert_on_every_rank(failures: list) -> None:
-    """Every rank's failures, gathered after the loop of collective runs (a rank that stopped at its first
-    failure would leave the others waiting in the next run's collectives): the same verdict everywhere."""
-    everyone = [f"rank {where}: {message}" for where, found in enumerate(comm.allgather(failures)) for message in found]
-    assert not everyone, "\n".join(everyone)
 
 
 def test_measured_peak_memory_is_within_10_percent_of_the_prediction():

@@ -12,13 +12,17 @@ Lesson 09's tensor parallelism in mixed precision (every rank the whole batch, i
 products summed in float32), with accumulation and recomputation, on the uneven widths 64-127-96-121-80-113-72-10:
 the same verdicts as the sequential run on every rank, weights within the same tolerances (the float32 sums of
 partial products round in another order), and every rank skips when only one rank's slice overflowed.
+Lesson 09's pipeline in mixed precision (low layers, activations and messages; MPI sends bfloat16 as uint16), with
+GPipe and 1F1B, with and without recomputation, and lesson 13's interleaved, ZB-H1 and ZB-H2 schedules: the
+sequential run's operations on the same numbers, micro-batch by micro-batch, so its weights bit for bit and its
+verdicts; every stage skips when only one stage's layers overflowed.
 """
 
 import shutil
 import tempfile
 
 import numpy as np
-from harness import run_checks
+from harness import assert_on_every_rank, run_checks
 from mpi4py import MPI
 
 from nnlib import Network
@@ -28,7 +32,9 @@ from nnlib.lesson05_data_parallel.data_parallel import Allreduce
 from nnlib.lesson09_model_parallel.tensor import TensorParallelMLP
 from nnlib.lesson10_faults.checkpoint import CheckpointFolder, Checkpointing
 from nnlib.lesson12_memory.fsdp import FullySharded, FullyShardedNetwork
+from nnlib.lesson12_memory.mixed_pipeline import MixedPipelineMLP, MixedRecomputedPipelineMLP, MixedStages
 from nnlib.lesson12_memory.mixed_precision import MixedPrecision, loss_scaled, train_mixed
+from nnlib.lesson13_pipeline_schedules.schedules import ScheduledPipeline
 
 comm = MPI.COMM_WORLD
 rank, size = comm.rank, comm.size
@@ -109,6 +115,56 @@ def test_tensor_parallel_ranks_skip_together_when_one_slice_overflowed():
     assert comm.allgather(mixed.overflow()) == [True] * size
     mixed.network.grads[...] = 0.0
     assert comm.allgather(mixed.overflow()) == [False] * size
+
+
+class MixedScheduledPipeline(MixedStages, ScheduledPipeline):
+    """Lesson 13's schedules in mixed precision (the mixin composes as recomputation's does)."""
+
+
+def check_pipeline_equals_sequential(build, sizes, micro_batches: int, name: str) -> list:
+    """The failures of ``build(precision, scale)`` (a mixed pipeline) against the sequential MixedPrecision run with
+    the same micro-batches, float16 (from a scale that overflows at first) and bfloat16: weights bit for bit."""
+    inputs, labels = rng.random((N, sizes[0])).astype(np.float32), rng.integers(0, sizes[-1], N)
+    failures = []
+    for precision in ("float16", "bfloat16"):
+        scale = options(precision)["loss_scale"]
+        expected = MixedPrecision(Network(sizes, seed=3), precision=precision, loss_scale=scale, growth_interval=4,
+                                  micro_batches=micro_batches)
+        train_mixed(expected, inputs, labels, Settings(**SETTINGS))
+        stage = build(precision, scale)
+        train_mixed(stage, inputs, labels, Settings(**SETTINGS))
+        params, verdicts = stage.full_params(), comm.allgather(stage.verdicts)
+        if not (verdicts == [expected.verdicts] * size and np.array_equal(params, expected.params)):
+            failures.append(f"{name} {precision}: verdicts {verdicts[rank]} against {expected.verdicts}, largest "
+                            f"difference {np.abs(params - expected.params).max()}")
+    return failures
+
+
+def test_pipeline_mixed_precision_equals_sequential_bit_for_bit():
+    failures = []
+    for cls in (MixedPipelineMLP, MixedRecomputedPipelineMLP):
+        for schedule in ("gpipe", "1f1b"):
+            build = lambda precision, scale, cls=cls, schedule=schedule: cls(  # noqa: E731
+                comm, WIDE, dtype="float32", seed=3, micro_batches=3, schedule=schedule, precision=precision,
+                loss_scale=scale, growth_interval=4)
+            failures += check_pipeline_equals_sequential(build, WIDE, 3, f"{cls.__name__} {schedule}")
+    deeper = WIDE[:-1] + (12, 10)  # 8 layers: two chunks on each of up to 4 ranks
+    for schedule, chunks in (("interleaved", 2), ("zb-h1", 1), ("zb-h2", 1)):
+        build = lambda precision, scale, schedule=schedule, chunks=chunks: MixedScheduledPipeline(  # noqa: E731
+            comm, deeper, dtype="float32", seed=3, micro_batches=4, schedule=schedule, chunks=chunks,
+            precision=precision, loss_scale=scale, growth_interval=4)
+        failures += check_pipeline_equals_sequential(build, deeper, 4, schedule)
+    assert_on_every_rank(failures)
+
+
+def test_pipeline_stages_skip_together_when_one_stage_overflowed():
+    stage = MixedPipelineMLP(comm, WIDE, dtype="float32", seed=3, micro_batches=2)
+    stage.grads[...] = 0.0
+    if rank == size - 1:
+        stage.grads[-1] = np.inf  # in the last stage's layers only
+    assert comm.allgather(stage.overflow()) == [True] * size
+    stage.grads[...] = 0.0
+    assert comm.allgather(stage.overflow()) == [False] * size
 
 
 def test_fsdp_ranks_skip_together_when_one_chunk_overflowed():

@@ -41,3 +41,11 @@ def expect_error_everywhere(function, words: str) -> None:
     else:
         raise AssertionError(f"no error raised (expected one mentioning {words!r})")
     MPI.COMM_WORLD.Barrier()
+
+
+def assert_on_every_rank(failures: list) -> None:
+    """Every rank's failures, gathered after the loop of collective runs (a rank that stopped at its first
+    failure would leave the others waiting in the next run's collectives): the same verdict everywhere."""
+    found = MPI.COMM_WORLD.allgather(failures)
+    everyone = [f"rank {where}: {message}" for where, messages in enumerate(found) for message in messages]
+    assert not everyone, "\n".join(everyone)
