@@ -281,6 +281,20 @@ def test_tensor_parallel_mixed_precision_bytes_by_hand():
     assert mixed_tensor_parallel_bytes((4, 7, 3), 5, 2, 0)["parameters"] == 6 * (4 * 4 + 4 + 4 * 3 + 3)
 
 
+def test_mixed_pipeline_bytes_by_hand():
+    """Layers 4-3-2 on 2 stages, stage 1 (the last: layer 3-2, n = 8), 6 rows in 2 micro-batches of 3, float16."""
+    from nnlib.lesson12_memory.budget import MICRO_BATCH_OBJECT_BYTES, mixed_pipeline_bytes, pipeline_activation_values
+
+    held = mixed_pipeline_bytes((4, 3, 2), 6, 2, 1, 2, "gpipe")
+    casts, loss = 4 * 3 * 2 + 4 * 8, 4 * 3 * (3 * 2 + 3 + 2)  # the float32 product and gradient; the loss's arrays
+    assert held == {"parameters": 6 * 8, "gradients": 6 * 8, "optimizer state": 4 * 8, "gathered": 0,
+                    "activations": 2 * pipeline_activation_values((4, 3, 2), 6, 2, 1, 2, "gpipe"),
+                    "temporaries": 6 * 6 * 4 + max(casts, loss) + 2 * 6 * 2 + 2 * MICRO_BATCH_OBJECT_BYTES,
+                    "update": 5 * 8}
+    assert mixed_pipeline_bytes((4, 3, 2), 6, 2, 0, 2, "gpipe", "bfloat16")["temporaries"] == \
+        6 * 6 * 4 + 4 * 3 * 3 + 4 * 15 + 2 * MICRO_BATCH_OBJECT_BYTES  # stage 0: layer 4-3 (15), no loss
+
+
 def test_mixed_precision_with_recomputation_holds_the_larger_phase_by_hand():
     """Layers 1-2-2-2-1, checkpoints every 2 (a_0, a_2), 10 rows. Recomputing segment [2, 4) runs layer 2 (2 -> 2)
     beside the checkpoints and output (1 + 2 + 1), its delta (1); segment [0, 2) runs layer 0 (1 -> 2) beside the

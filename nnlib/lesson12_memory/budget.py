@@ -378,3 +378,43 @@ def recomputed_tensor_parallel_bytes(layer_sizes, rows: int, ranks: int, rank: i
     counts what recompute.recomputed_backward holds beside backward's own arrays (:func:`recomputed_beside`: the
     delta carried in from the segment above and the recomputation's last logits) and its recomputing forwards."""
     return predicted_bytes(tensor_parallel_sizes(layer_sizes, ranks, rank), rows, every=every)
+
+
+# -- mixed precision for lesson 09's pipeline (nnlib.lesson12_memory.mixed_pipeline) --------------------------
+
+LOSS_ARRAYS = 3  # float32 arrays of B_m x n_L the loss holds at once on the last stage (as measured)
+MICRO_BATCH_OBJECT_BYTES = 1536  # Python's own objects per micro-batch in flight (arrays' headers, the step's
+# dicts and tuples): tracemalloc counts them too; they matter only on a stage as small as one 72 x 10 layer
+
+
+def mixed_pipeline_bytes(layer_sizes, rows: int, stages: int, stage: int, micro_batches: int = 4,
+                         schedule: str = "1f1b", precision: str = "float16") -> dict:
+    """What a MixedStages pipeline stage holds over a step on ``rows`` rows in k micro-batches of B_m rows, its
+    layers holding n values (low bytes: 2 for float16 and bfloat16):
+
+        parameters, gradients   (low + 4) n each: the low copy and the float32 master
+        optimizer state         4 n, the float32 momentum
+        activations             :func:`pipeline_activation_values` at low bytes a value
+        temporaries             the float32 batch and its low copy, B n_0 (4 + low); the larger of backward's
+                                float32 arrays (a layer's product, B_m max_l n_out, beside the low ones
+                                :func:`backward_widths` counts, and the largest layer's gradient product, max_l n_l)
+                                and, on the last stage, the float32 loss's (LOSS_ARRAYS B_m n_L: targets, the
+                                softplus's, delta) beside the top layer's input and product (B_m (n_L-1 + n_L));
+                                there too the logits kept in float32, not low (B n_L at most); and
+                                MICRO_BATCH_OBJECT_BYTES per micro-batch
+        update                  5 n: eta g in float32 and the finiteness check's bool (mixed_precision_bytes's)
+
+    Measured within 10% on 1-4 stages, 15% with a single micro-batch (tests/mpi/check_memory.py)."""
+    low = LOW_PRECISION_BYTES[precision]
+    first, stop = stage_layers(len(layer_sizes) - 1, stages)[stage]
+    mine = layer_params(layer_sizes[first:stop + 1])
+    micro_rows, last = math.ceil(rows / micro_batches), stage == stages - 1
+    products = 4 * micro_rows * max(layer_sizes[first + 1:stop + 1]) + 4 * max(mine)
+    loss = 4 * micro_rows * (LOSS_ARRAYS * layer_sizes[-1] + layer_sizes[-2] + layer_sizes[-1]) * last
+    logits = (4 - low) * rows * layer_sizes[-1] * last
+    activations = pipeline_activation_values(layer_sizes, rows, stages, stage, micro_batches, schedule)
+    return {"parameters": (low + 4) * sum(mine), "gradients": (low + 4) * sum(mine), "optimizer state": 4 * sum(mine),
+            "gathered": 0, "activations": low * activations,
+            "temporaries": (4 + low) * rows * layer_sizes[0] + max(products, loss) + logits
+            + MICRO_BATCH_OBJECT_BYTES * min(micro_batches, rows),
+            "update": 5 * sum(mine)}

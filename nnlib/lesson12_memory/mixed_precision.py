@@ -205,9 +205,9 @@ class MixedPrecision(LossScaler, MicroBatched):
     or "bfloat16".
 
     half_params: the low copy of params; half_grads: the scaled gradient, low (float32 chunks for FSDP); layers:
-    HalfLayer (HalfShardedLayer; tensor parallel: HALF_SPLIT_LAYERS by kind). loss_scale S (default 2^15 for float16, 1 for bfloat16; ``dynamic``, default
-    for float16 only: halved on overflow, doubled after ``growth_interval`` good steps); overflowed: the last
-    step's verdict; skipped: how many steps were skipped; verdicts: every step's (overflowed, S used).
+    HalfLayer (HalfShardedLayer; tensor parallel: HALF_SPLIT_LAYERS by kind). The loss scale and its verdicts:
+    :class:`LossScaler` (loss_scale S, 2^15 for float16 and 1 for bfloat16 by default; overflowed: the last step's
+    verdict; skipped: how many steps were skipped; verdicts: every step's (overflowed, S used)).
     micro_batches, recompute_every: as :class:`~nnlib.lesson12_memory.accumulation.MicroBatched`.
     """
 

@@ -35,7 +35,6 @@ from nnlib.lesson09_model_parallel.tensor import TensorParallelMLP
 from nnlib.lesson12_memory.recompute import Tally, checkpointed_forward, forward_flops, recomputed_backward
 
 LESSON = 12
-NOTEBOOKS_ONLY = True  # tried by hand and by tests/mpi (no nnlib module imports it; demo.py may, for notebook 12)
 
 
 class RecomputedStages:
