@@ -31,7 +31,7 @@ ranks (ZeRO-3); ``--recompute K`` keeps every K-th layer's activations and recom
 ``--accumulate K`` runs each step as K micro-batches; ``--precision float16`` stores the network in
 float16 with float32 master weights and dynamic loss scaling, ``--precision bfloat16`` in bfloat16 (the
 ml_dtypes package) without scaling; they combine with one another and with checkpoints (nnlib.lesson12_memory),
-and --recompute, --accumulate and --precision with ``--model-parallel tensor`` (not with pipeline).
+and --recompute, --accumulate and --precision with ``--model-parallel tensor``, --precision with pipeline.
 """
 
 from __future__ import annotations
@@ -589,7 +589,7 @@ def model_parallel_job(args, comm, settings, data, test) -> int:
     from nnlib.lesson08_inside_allreduce.sampling import PerRankBatches
     from nnlib.lesson09_model_parallel.grid import train_hybrid
     from nnlib.lesson09_model_parallel.tensor import TensorParallelMLP
-    from nnlib.lesson13_pipeline_schedules.schedules import ScheduledPipeline
+    from nnlib.lesson13_pipeline_schedules.schedules import MixedScheduledPipeline, ScheduledPipeline
 
     (inputs, labels), (test_inputs, test_labels) = [(broadcast_new(comm, first), broadcast_new(comm, second))
                                                     for first, second in (data, test)]
@@ -606,6 +606,10 @@ def model_parallel_job(args, comm, settings, data, test) -> int:
         if args.model_parallel == "tensor":
             piece = TensorParallelMLP(model_comm, **model)
             return memory_wrapped(args, piece) if memory_options_used(args) else piece
+        if args.precision != "float32":
+            return MixedScheduledPipeline(model_comm, **model, micro_batches=args.micro_batches,
+                                          schedule=args.schedule, chunks=pipeline_chunks(args),
+                                          precision=args.precision)
         return ScheduledPipeline(model_comm, **model, micro_batches=args.micro_batches, schedule=args.schedule,
                                  chunks=pipeline_chunks(args))
 
@@ -734,8 +738,9 @@ def check_memory_options(args) -> None:
         return
     used = ("--strategy fsdp" if args.strategy == "fsdp" else "--recompute/--accumulate"
             if args.recompute or args.accumulate > 1 else f"--precision {args.precision}")
-    for given, name in [(args.model_parallel == "pipeline", "--model-parallel pipeline (its micro-batches are its "
-                         "accumulation; --model-parallel tensor takes all three)"),
+    pipeline_refuses = args.model_parallel == "pipeline" and (args.recompute or args.accumulate > 1)
+    for given, name in [(pipeline_refuses, "--model-parallel pipeline (its micro-batches are its accumulation; "
+                         "it takes --precision; --model-parallel tensor takes all three)"),
                         (args.asynchronous, "--asynchronous"), (args.compression != "none", "--compression")]:
         if given:
             raise ValueError(f"{used} does not combine with {name} in the batch job")

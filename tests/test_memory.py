@@ -143,7 +143,8 @@ def job_arguments(*arguments):
     (["--strategy", "fsdp", "--asynchronous"], "--asynchronous does not go with --strategy"),  # lesson 11's check
     (["--accumulate", "2", "--model-parallel", "pipeline"], "--recompute/--accumulate does not combine with "
                                                             "--model-parallel pipeline"),
-    (["--precision", "float16", "--model-parallel", "pipeline"], "--precision float16 does not combine with --model-p"),
+    (["--precision", "float16", "--recompute", "2", "--model-parallel", "pipeline"],
+     "--recompute/--accumulate does not combine with --model-parallel pipeline"),
     (["--recompute", "2", "--asynchronous"], "--recompute/--accumulate does not combine with --asynchronous"),
     (["--recompute", "2", "--compression", "float16"], "--recompute/--accumulate does not combine with --compression"),
     (["--strategy", "fsdp", "--device", "gpu"], "--strategy fsdp runs on --device cpu"),

@@ -2,7 +2,7 @@
 --accumulate, --recompute and --checkpoint-dir (the loss scale is checkpointed: --resume continues exactly); and
 --strategy fsdp with --checkpoint-dir (chunks gathered on save, split on resume, over any number of ranks). The
 refusals of what still does not combine are in tests/test_memory.py. With --model-parallel tensor: --recompute,
---accumulate and --precision."""
+--accumulate and --precision; with --model-parallel pipeline: --precision."""
 
 import numpy as np
 import pytest
@@ -74,3 +74,21 @@ def test_tensor_parallel_jobs_with_recomputation_accumulation_and_precision(tmp_
             accuracy[precision] = float(saved["test_accuracy"])
     assert "precision bfloat16" in run.stdout
     assert accuracy["float32"] > 0.6 and abs(accuracy["bfloat16"] - accuracy["float32"]) <= 0.02, accuracy
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "zb-h1"])
+def test_a_pipeline_job_in_float16_learns_as_float32_does(tmp_path, schedule):
+    """--model-parallel pipeline --precision float16 (lesson 13's MixedScheduledPipeline on every stage): test
+    accuracy within 0.02 of the float32 pipeline's on the same steps."""
+    accuracy = {}
+    for precision in ("float32", "float16"):
+        output = tmp_path / f"{precision}.npz"
+        run = run_training(2, "--samples", "2000", "--epochs", "2", "--batch-size", "50", "--hidden", "32",
+                           "--model-parallel", "pipeline", "--schedule", schedule, "--precision", precision,
+                           "--output", str(output))
+        assert run.returncode == 0, run.stderr
+        with np.load(output) as saved:
+            accuracy[precision] = float(saved["test_accuracy"])
+            assert saved["loss"][1] < saved["loss"][0]
+    assert "precision float16" in run.stdout
+    assert accuracy["float32"] > 0.6 and abs(accuracy["float16"] - accuracy["float32"]) <= 0.02, accuracy

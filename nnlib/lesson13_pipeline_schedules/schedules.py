@@ -35,6 +35,7 @@ from nnlib.lesson04_collectives.collectives import raised_on_every_rank, require
 from nnlib.lesson09_model_parallel.pipeline import (SCHEDULES, PipelineMLP, measured_bubble, median_seconds,
                                                     program, random_batch, simulate, stage_layers, step_span,
                                                     timed_step)
+from nnlib.lesson12_memory.mixed_pipeline import MixedStages
 
 LESSON = 13
 
@@ -198,6 +199,12 @@ class ScheduledPipeline(PipelineMLP):
 
     def programs(self, micro_batches: int):
         return schedule_programs(self.schedule, self.stages, micro_batches, self.chunks)
+
+
+class MixedScheduledPipeline(MixedStages, ScheduledPipeline):
+    """Any schedule of this lesson in lesson 12's mixed precision (low layers, activations and messages, float32
+    master weights and loss scaling): the same weights as one process's MixedPrecision run, bit for bit
+    (tests/mpi/check_mixed_precision.py). Arguments: ScheduledPipeline's, and MixedStages's precision options."""
 
 
 def measure_schedules(comm, layer_sizes, batch: int, micro_batches: int, schedules, repeats: int = 5,

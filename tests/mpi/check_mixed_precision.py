@@ -32,9 +32,9 @@ from nnlib.lesson05_data_parallel.data_parallel import Allreduce
 from nnlib.lesson09_model_parallel.tensor import TensorParallelMLP
 from nnlib.lesson10_faults.checkpoint import CheckpointFolder, Checkpointing
 from nnlib.lesson12_memory.fsdp import FullySharded, FullyShardedNetwork
-from nnlib.lesson12_memory.mixed_pipeline import MixedPipelineMLP, MixedRecomputedPipelineMLP, MixedStages
+from nnlib.lesson12_memory.mixed_pipeline import MixedPipelineMLP, MixedRecomputedPipelineMLP
 from nnlib.lesson12_memory.mixed_precision import MixedPrecision, loss_scaled, train_mixed
-from nnlib.lesson13_pipeline_schedules.schedules import ScheduledPipeline
+from nnlib.lesson13_pipeline_schedules.schedules import MixedScheduledPipeline
 
 comm = MPI.COMM_WORLD
 rank, size = comm.rank, comm.size
@@ -115,10 +115,6 @@ def test_tensor_parallel_ranks_skip_together_when_one_slice_overflowed():
     assert comm.allgather(mixed.overflow()) == [True] * size
     mixed.network.grads[...] = 0.0
     assert comm.allgather(mixed.overflow()) == [False] * size
-
-
-class MixedScheduledPipeline(MixedStages, ScheduledPipeline):
-    """Lesson 13's schedules in mixed precision (the mixin composes as recomputation's does)."""
 
 
 def check_pipeline_equals_sequential(build, sizes, micro_batches: int, name: str) -> list:
