@@ -24,13 +24,14 @@ from nnlib.lesson08_inside_allreduce.zero import ZeRO
 from nnlib.lesson09_model_parallel.pipeline import PipelineMLP
 from nnlib.lesson09_model_parallel.tensor import TensorParallelMLP
 from nnlib.lesson12_memory.accumulation import MicroBatched
-from nnlib.lesson12_memory.budget import (measured_peak, measured_step_peak, mixed_precision_bytes,
-                                          mixed_pipeline_bytes, mixed_tensor_parallel_bytes, pipeline_bytes,
-                                          predicted_bytes,
-                                          predicted_peak, tensor_parallel_bytes)
+from nnlib.lesson12_memory.budget import (measured_peak, measured_step_peak, mixed_pipeline_bytes, mixed_precision_bytes,
+                                          mixed_tensor_parallel_bytes, pipeline_bytes, predicted_bytes, predicted_peak,
+                                          recomputed_pipeline_bytes, recomputed_tensor_parallel_bytes,
+                                          tensor_parallel_bytes)
 from nnlib.lesson12_memory.fsdp import FullySharded, FullyShardedNetwork
 from nnlib.lesson12_memory.mixed_pipeline import MixedPipelineMLP
 from nnlib.lesson12_memory.mixed_precision import MixedPrecision, loss_scaled, low_precision, train_mixed
+from nnlib.lesson12_memory.recompute_parallel import RecomputedPipelineMLP, RecomputedTensorParallelMLP
 from nnlib.lesson12_memory.traffic import CountingComm, allreduce_bytes, fsdp_bytes
 
 LESSON = 12
@@ -111,11 +112,15 @@ def step_peak(comm, plan, shard_of_batch, samples: int = 256) -> int:
 #: Lesson 09's model parallelism and mixed precision, on a network of uneven widths (7 layers: the tensor-parallel
 #: column/row pairs and a replicated output layer; 3 stages of 3, 2 and 2 layers on 3 ranks).
 PARALLEL_SIZES = (64, 127, 96, 121, 80, 113, 72, 10)
-PARALLEL_PLANS = {"tensor parallel (09)": ("tensor", None, 1), "pipeline GPipe, m = 4": ("pipeline", "gpipe", 4),
+PARALLEL_PLANS = {"tensor parallel (09)": ("tensor", None, 1), "tensor, k = 2": ("recomputed tensor", None, 2),
+                  "pipeline GPipe, m = 4": ("pipeline", "gpipe", 4),
+                  "GPipe, m = 4, recomputed": ("recomputed pipeline", "gpipe", 4),
                   "pipeline 1F1B, m = 4": ("pipeline", "1f1b", 4), "mixed float16": ("mixed", None, 1)}
-#: Mixed precision combined, as (strategy, recompute every, micro-batches, precision): on PARALLEL_SIZES too.
+#: Mixed precision combined, as (strategy, recompute every or schedule, micro-batches, precision): on PARALLEL_SIZES.
 MIXED_PLANS = {"mixed FSDP, k = 3": ("fsdp", 3, 1, "float16"),
-               "mixed bf16, 4 micro": ("allreduce", None, 4, "bfloat16")}
+               "mixed bf16, 4 micro": ("allreduce", None, 4, "bfloat16"),
+               "mixed tensor parallel": ("tensor", None, 1, "float16"),
+               "mixed 1F1B, m = 4": ("pipeline", "1f1b", 4, "float16")}
 
 
 def parallel_peak(comm, plan, rows: int = 256) -> tuple:
@@ -131,6 +136,8 @@ def parallel_peak(comm, plan, rows: int = 256) -> tuple:
     settings = dict(epochs=1, learning_rate=0.1, batch_size=rows, momentum=0.9)
     if kind == "mixed":
         return mixed_peak(comm, ("allreduce", None, 1, "float16"), rows)
+    if kind.startswith("recomputed"):
+        return recomputed_parallel_peak(comm, (kind.split()[1], schedule, micro_batches), rows)
     if kind == "tensor":
         build, predicted = (lambda: TensorParallelMLP(comm, PARALLEL_SIZES, seed=2),
                             tensor_parallel_bytes(PARALLEL_SIZES, rows, comm.size, comm.rank))
@@ -138,6 +145,25 @@ def parallel_peak(comm, plan, rows: int = 256) -> tuple:
         build = lambda: PipelineMLP(comm, PARALLEL_SIZES, seed=2, micro_batches=micro_batches, schedule=schedule)
         predicted = pipeline_bytes(PARALLEL_SIZES, rows, comm.size, comm.rank, micro_batches, schedule)
     peak, _ = measured_step_peak(build, lambda network: train(network, inputs, labels, progress=False, **settings))
+    return peak, predicted
+
+
+def recomputed_parallel_peak(comm, plan, rows: int = 256) -> tuple:
+    """(tracemalloc's peak on this rank, the predicted bytes by kind) over two steps of ``rows`` samples of
+    ``plan`` = ("pipeline", schedule, micro_batches) or ("tensor", None, recompute_every) with recomputation
+    (nnlib.lesson12_memory.recompute_parallel), on PARALLEL_SIZES, as :func:`parallel_peak` measures the runs
+    without it."""
+    kind, schedule, count = plan
+    batch = np.random.default_rng(0)
+    inputs, labels = batch.random((2 * rows, PARALLEL_SIZES[0])), batch.integers(0, PARALLEL_SIZES[-1], 2 * rows)
+    if kind == "tensor":
+        build = lambda: RecomputedTensorParallelMLP(comm, PARALLEL_SIZES, seed=2, recompute_every=count)
+        predicted = recomputed_tensor_parallel_bytes(PARALLEL_SIZES, rows, comm.size, comm.rank, count)
+    else:
+        build = lambda: RecomputedPipelineMLP(comm, PARALLEL_SIZES, seed=2, micro_batches=count, schedule=schedule)
+        predicted = recomputed_pipeline_bytes(PARALLEL_SIZES, rows, comm.size, comm.rank, count, schedule)
+    peak, _ = measured_step_peak(build, lambda network: train(network, inputs, labels, progress=False, epochs=1,
+                                                               learning_rate=0.1, batch_size=rows, momentum=0.9))
     return peak, predicted
 
 

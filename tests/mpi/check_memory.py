@@ -25,7 +25,8 @@ from nnlib.lesson08_inside_allreduce.allreduce import chunk_bounds
 from nnlib.lesson08_inside_allreduce.overlap import Overlap
 from nnlib.lesson12_memory.accumulation import MicroBatched
 from nnlib.lesson12_memory.budget import measured_peak, mixed_precision_bytes, predicted_bytes, predicted_peak
-from nnlib.lesson12_memory.demo import BUDGET_SIZES, PARALLEL_SIZES, mixed_peak, parallel_peak, step_peak
+from nnlib.lesson12_memory.demo import (BUDGET_SIZES, PARALLEL_SIZES, mixed_peak, parallel_peak,
+                                        recomputed_parallel_peak, step_peak)
 from nnlib.lesson12_memory.fsdp import FullySharded, FullyShardedNetwork
 from nnlib.lesson12_memory.mixed_precision import MixedPrecision, loss_scaled, train_mixed
 from nnlib.lesson12_memory.traffic import CountingComm, allreduce_bytes, fsdp_bytes
@@ -303,29 +304,6 @@ def test_fsdp_refuses_a_network_that_is_not_sharded():
 
 # -- recomputation for lesson 09's pipeline and tensor parallelism (nnlib.lesson12_memory.recompute_parallel) ----
 
-def recomputed_parallel_peak(plan, rows: int = 256) -> tuple:
-    """(tracemalloc's peak on this rank, the predicted bytes by kind) over two steps of ``rows`` samples of
-    ``plan`` = ("pipeline", schedule, micro_batches) or ("tensor", None, recompute_every) with recomputation, on
-    demo.PARALLEL_SIZES (uneven widths and stages), as demo.parallel_peak measures the runs without it."""
-    from nnlib.lesson12_memory.budget import (measured_step_peak, recomputed_pipeline_bytes,
-                                              recomputed_tensor_parallel_bytes)
-    from nnlib.lesson12_memory.demo import PARALLEL_SIZES
-    from nnlib.lesson12_memory.recompute_parallel import RecomputedPipelineMLP, RecomputedTensorParallelMLP
-
-    kind, schedule, count = plan
-    batch = np.random.default_rng(0)
-    inputs, labels = batch.random((2 * rows, PARALLEL_SIZES[0])), batch.integers(0, PARALLEL_SIZES[-1], 2 * rows)
-    if kind == "tensor":
-        build = lambda: RecomputedTensorParallelMLP(comm, PARALLEL_SIZES, seed=2, recompute_every=count)
-        predicted = recomputed_tensor_parallel_bytes(PARALLEL_SIZES, rows, size, rank, count)
-    else:
-        build = lambda: RecomputedPipelineMLP(comm, PARALLEL_SIZES, seed=2, micro_batches=count, schedule=schedule)
-        predicted = recomputed_pipeline_bytes(PARALLEL_SIZES, rows, size, rank, count, schedule)
-    peak, _ = measured_step_peak(build, lambda network: train(network, inputs, labels, progress=False, epochs=1,
-                                                               learning_rate=0.1, batch_size=rows, momentum=0.9))
-    return peak, predicted
-
-
 def test_model_parallel_peaks_with_recomputation_are_within_10_percent_of_the_prediction():
     """Pipeline stages keeping only each micro-batch's input (GPipe and 1F1B, m = 1, 4, 7) and tensor-parallel ranks
     keeping every 2nd or 3rd layer's input: tracemalloc's peak on every rank within 10% of the prediction (up to 4
@@ -337,7 +315,7 @@ def test_model_parallel_peaks_with_recomputation_are_within_10_percent_of_the_pr
     for plan in [("tensor", None, every) for every in (2, 3)] + [("pipeline", schedule, micro_batches)
                                                                 for schedule in ("gpipe", "1f1b")
                                                                 for micro_batches in (1, 4, 7)]:
-        peak, held = recomputed_parallel_peak(plan)
+        peak, held = recomputed_parallel_peak(comm, plan)
         failures += off_by_more_than_10_percent(f"{plan} recomputed", peak, predicted_peak(held))
         peaks[plan] = (peak, held["activations"])
     assert_on_every_rank(failures)
