@@ -424,25 +424,17 @@ def job_strategy(args):
         from nnlib.lesson11_beyond_sync.compression import compressed
 
         return compressed(args.compression, args.topk)
-    if args.strategy == "zero":
-        from nnlib.lesson08_inside_allreduce.zero import ZeRO
+    from nnlib.lesson05_data_parallel.data_parallel import Allreduce
+    from nnlib.lesson08_inside_allreduce.overlap import Overlap
+    from nnlib.lesson08_inside_allreduce.zero import ZeRO
+    from nnlib.lesson12_memory.fsdp import FullySharded
 
-        return ZeRO
-    if args.strategy == "overlap":
-        from nnlib.lesson08_inside_allreduce.overlap import Overlap
-
-        return Overlap
-    if args.precision != "float32":
-        from nnlib.lesson05_data_parallel.data_parallel import Allreduce
-        from nnlib.lesson12_memory.fsdp import FullySharded
+    sync = {"zero": ZeRO, "overlap": Overlap, "fsdp": FullySharded, "allreduce": Allreduce}.get(args.strategy)
+    if args.precision != "float32":  # (allreduce, zero or fsdp: check_precision)
         from nnlib.lesson12_memory.mixed_precision import loss_scaled
 
-        return loss_scaled(FullySharded if args.strategy == "fsdp" else Allreduce)
-    if args.strategy == "fsdp":
-        from nnlib.lesson12_memory.fsdp import FullySharded
-
-        return FullySharded
-    return args.strategy
+        return loss_scaled(sync)
+    return sync if args.strategy in ("zero", "overlap", "fsdp") else args.strategy
 
 
 def job_hooks(args, comm, network) -> list:
@@ -750,14 +742,14 @@ def check_memory_options(args) -> None:
 
 
 def check_precision(args) -> None:
-    """--precision float16 / bfloat16 go with --strategy allreduce or fsdp, float32 master weights, on the CPU
+    """--precision float16 / bfloat16 go with --strategy allreduce, zero or fsdp, float32 master weights, on the CPU
     (with --recompute, --accumulate and --checkpoint-dir as they like)."""
     if args.precision == "float32":
         return
-    if args.strategy not in ("allreduce", "fsdp"):
-        raise ValueError(f"--precision {args.precision} goes with --strategy allreduce or fsdp (every rank must "
-                         f"reach the same overflow verdict: on the summed gradient, or one flag Allreduce over "
-                         f"FSDP's chunks); got --strategy {args.strategy}")
+    if args.strategy not in ("allreduce", "zero", "fsdp"):
+        raise ValueError(f"--precision {args.precision} goes with --strategy allreduce, zero or fsdp (every rank "
+                         f"must reach the same overflow verdict: on the summed gradient, or one flag Allreduce over "
+                         f"ZeRO's slices or FSDP's chunks); got --strategy {args.strategy}")
     if args.dtype != "float32" or args.device != "cpu":
         raise ValueError(f"--precision {args.precision} keeps float32 master weights (--dtype float32), "
                          f"on --device cpu")

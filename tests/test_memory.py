@@ -148,8 +148,8 @@ def job_arguments(*arguments):
     (["--recompute", "2", "--asynchronous"], "--recompute/--accumulate does not combine with --asynchronous"),
     (["--recompute", "2", "--compression", "float16"], "--recompute/--accumulate does not combine with --compression"),
     (["--strategy", "fsdp", "--device", "gpu"], "--strategy fsdp runs on --device cpu"),
-    (["--precision", "float16", "--strategy", "zero"], "--precision float16 goes with --strategy allreduce or fsdp"),
-    (["--precision", "bfloat16", "--strategy", "overlap"], "--precision bfloat16 goes with --strategy allreduce or"),
+    (["--precision", "float16", "--strategy", "overlap"], "--precision float16 goes with --strategy allreduce, zero "),
+    (["--precision", "bfloat16", "--strategy", "reduce_broadcast"], "--precision bfloat16 goes with --strategy allr"),
     (["--precision", "float16", "--dtype", "float64"], "keeps float32 master weights (--dtype float32)"),
     (["--precision", "bfloat16", "--device", "gpu"], "keeps float32 master weights (--dtype float32), on --device cpu"),
     (["--precision", "float16", "--compression", "float16"], "--precision float16 does not combine with --compression"),
@@ -263,12 +263,15 @@ def test_mixed_precision_bytes_by_hand_with_accumulation_fsdp_and_bfloat16():
     assert sharded == {"parameters": 6 * 11, "gradients": 8 * 11, "optimizer state": 4 * 11, "gathered": 12 * 15,
                        "activations": 2 * 10 * (4 + 3 + 2), "temporaries": 4 * (10 * 4 + 2 * 10 * 4),
                        "update": 4 * 7 + 11}
+    # ZeRO-1/2 on 2 ranks, rank 0: the momentum and the update over its slice of 12 of the 23 values
+    zero = mixed_precision_bytes((4, 3, 2), 10, 2, 0, "zero")
+    assert zero == dict(plain, **{"optimizer state": 4 * 12, "update": 5 * 12})
     for arguments in ((10,), (10, 2, 1, "fsdp", 1, 3), (10, 3, 2, "allreduce", 2, 4)):
         assert mixed_precision_bytes((4, 3, 2), *arguments, "bfloat16") == mixed_precision_bytes((4, 3, 2), *arguments)
     with pytest.raises(ValueError, match="float16 or bfloat16"):
         mixed_precision_bytes((4, 3, 2), 10, precision="float8")
-    with pytest.raises(ValueError, match="allreduce or fsdp"):
-        mixed_precision_bytes((4, 3, 2), 10, strategy="zero")
+    with pytest.raises(ValueError, match="allreduce, zero or fsdp"):
+        mixed_precision_bytes((4, 3, 2), 10, strategy="overlap")
 
 
 def test_tensor_parallel_mixed_precision_bytes_by_hand():

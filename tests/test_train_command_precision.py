@@ -10,7 +10,7 @@ import pytest
 from test_train_command import SMALL, interrupted_then_resumed, run_training
 
 
-@pytest.mark.parametrize("strategy", ["allreduce", "fsdp"])
+@pytest.mark.parametrize("strategy", ["allreduce", "zero", "fsdp"])
 def test_a_float16_job_resumes_bit_identically_with_its_loss_scale(tmp_path, strategy):
     """A rank raises after step 35 (mid epoch 2); resuming from the checkpoint after step 30 gives exactly the
     uninterrupted run's parameters (FSDP: each rank's chunks gathered into the whole network on save, split again

@@ -230,6 +230,8 @@ def mixed_precision_bytes(layer_sizes, rows: int, ranks: int = 1, rank: int = 0,
         update       max(5 n: eta g in float32 and the finiteness check's bool,
                          4 n + 4 B n_0 if k > 1: a later micro-batch's low gradient divided by S into
                          float32, beside the float32 batch)
+    strategy "zero" (lesson 08's ZeRO-1/2 around the whole float32 master): as "allreduce", but the momentum and
+        the update (its eta g and check) only over this rank's slice of the n values (chunk_bounds)
     strategy "fsdp" (a FullyShardedNetwork in float32: rank r's chunks, c = sum_l c_{l,r}):
         parameters 6 c, gradients (4 + 4) c (the reduce-scatter delivers float32 chunks), optimizer 4 c;
         gathered     12 max_l n_l: a whole low layer (2), its whole low gradient (2) and the float32 8 of the
@@ -243,12 +245,13 @@ def mixed_precision_bytes(layer_sizes, rows: int, ranks: int = 1, rank: int = 0,
     """
     if precision not in LOW_PRECISION_BYTES:
         raise ValueError(f"mixed precision stores float16 or bfloat16; got {precision!r}")
-    if strategy not in ("allreduce", "fsdp"):
-        raise ValueError(f"mixed precision trains with strategy allreduce or fsdp; got {strategy!r}")
+    if strategy not in ("allreduce", "zero", "fsdp"):
+        raise ValueError(f"mixed precision trains with strategy allreduce, zero or fsdp; got {strategy!r}")
     low, layers = LOW_PRECISION_BYTES[precision], layer_params(layer_sizes)
     sharded = strategy == "fsdp"
     chunks = [chunk_bounds(size, ranks)[0][rank] if sharded else size for size in layers]
     count, micro_rows = sum(chunks), math.ceil(rows / micro_batches)
+    updated = chunk_bounds(count, ranks)[0][rank] if strategy == "zero" else count  # ZeRO: this rank's slice
     backward = {"gathered": (2 * low + 8) * max(layers) if sharded else 0,
                 "activations": (low * micro_rows * layer_sizes[0]
                                 + activation_bytes(layer_sizes, micro_rows, every, low)),
@@ -262,8 +265,8 @@ def mixed_precision_bytes(layer_sizes, rows: int, ranks: int = 1, rank: int = 0,
         backward = max(backward, recomputing, key=lambda phase: sum(phase.values()))
     accumulated = 4 * count + 4 * rows * layer_sizes[0] if micro_batches > 1 else 0
     return {"parameters": (low + 4) * count, "gradients": (4 if sharded else low) * count + 4 * count,
-            "optimizer state": 4 * count, **backward,
-            "update": max(4 * max(chunks) + count if sharded else 5 * count, accumulated)}
+            "optimizer state": 4 * updated, **backward,
+            "update": max(4 * max(chunks) + count if sharded else 5 * updated, accumulated)}
 
 
 def mixed_tensor_parallel_bytes(layer_sizes, rows: int, ranks: int, rank: int, every: int | None = None,

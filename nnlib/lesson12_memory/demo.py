@@ -170,8 +170,9 @@ def recomputed_parallel_peak(comm, plan, rows: int = 256) -> tuple:
 def mixed_peak(comm, plan, rows: int = 256) -> tuple:
     """(tracemalloc's peak on this rank, the predicted bytes by kind: mixed_precision_bytes) over two data-parallel
     steps of ``rows`` samples (this rank's share) of MixedPrecision on PARALLEL_SIZES, ``plan`` = (strategy
-    "allreduce" or "fsdp" (a float32 FullyShardedNetwork), recompute every (None: keep all), micro-batches,
-    precision "float16" or "bfloat16"); the network's construction is left out of the peak, its arrays are not."""
+    "allreduce", "zero" (lesson 08's ZeRO-1/2) or "fsdp" (a float32 FullyShardedNetwork), recompute every (None:
+    keep all), micro-batches, precision "float16" or "bfloat16"); strategies "tensor" and "pipeline" are lesson
+    09's (:func:`model_parallel_mixed_peak`). The network's construction is left out of the peak, its arrays not."""
     strategy, every, micro_batches, precision = plan
     low_precision(precision)  # (bfloat16: ml_dtypes imported before the count starts, its module not counted)
     rng = np.random.default_rng(0)
@@ -187,10 +188,10 @@ def mixed_peak(comm, plan, rows: int = 256) -> tuple:
                    else Network(PARALLEL_SIZES, seed=2))
         return MixedPrecision(network, precision=precision, micro_batches=micro_batches, recompute_every=every)
 
+    sync = {"allreduce": Allreduce, "zero": ZeRO, "fsdp": FullySharded}[strategy]
     peak, _ = measured_step_peak(build, lambda mixed: train_parallel(
-        comm, mixed, local_inputs, local_labels, num_samples=2 * rows, start=start,
-        strategy=loss_scaled(FullySharded if sharded else Allreduce), epochs=1, learning_rate=0.1, batch_size=rows,
-        momentum=0.9))
+        comm, mixed, local_inputs, local_labels, num_samples=2 * rows, start=start, strategy=loss_scaled(sync),
+        epochs=1, learning_rate=0.1, batch_size=rows, momentum=0.9))
     return peak, mixed_precision_bytes(PARALLEL_SIZES, -(-rows // comm.size), comm.size, comm.rank, *plan)
 
 

@@ -164,18 +164,21 @@ class LossScaler:
         self.growth_interval, self.dynamic = int(growth_interval), scaled if dynamic is None else bool(dynamic)
         self.good_steps, self.skipped, self.overflowed, self.verdicts = 0, 0, False, []
 
-    def overflow(self) -> bool:
+    def overflow(self, comm=None, part=slice(None)) -> bool:
         """The verdict on the step's summed float32 gradient g: overflow if g has an inf or NaN (a piece
         overflowed on its way) or if S max|g| is beyond the low precision's largest value (the sum itself would
         not fit). The second test depends on the sum only, not on how it was cut into micro-batches and ranks:
         two cuttings can disagree only where one piece overflowed alone while the sum fits. FSDP's ranks hold
         chunks of g, tensor parallelism's ranks slices, pipeline stages their layers' (``split_over_ranks``): one
         Allreduce of the flag gives every rank the same verdict; otherwise the sync's sum is the same on every
-        rank already."""
-        grads = self.network.grads
+        rank already. ZeRO-1/2 (lesson 08) sums only this rank's slice ``part`` of g: the verdict on that slice,
+        and the flag Allreduce over the sync's ``comm``."""
+        grads = self.network.grads[part]
         peak = max(abs(float(grads.max())), abs(float(grads.min()))) if grads.size else 0.0  # (no temporary)
         local = not (np.isfinite(grads).all() and peak * self.loss_scale <= largest_value(self.low))
-        return bool(self.network.comm.allreduce(local, op=MPI.LOR)) if self.split_over_ranks else local
+        if comm is None and self.split_over_ranks:
+            comm = self.network.comm
+        return bool(comm.allreduce(local, op=MPI.LOR)) if comm is not None else local
 
     def scaler_update(self, overflowed: bool) -> None:
         """The verdict on the (summed) gradient: overflow: skip, halve S; else double S after enough good steps."""
@@ -287,11 +290,15 @@ class ScaledStep:
     It looks at the gradient the sync hands it: after lesson 05's Allreduce that is the sum over the ranks,
     the same on every rank, and an inf or NaN on any rank makes the sum non-finite everywhere, so every rank
     skips together, with no extra message. FSDP's ranks each hold a chunk of the sum: they agree with one
-    Allreduce of the flag (:meth:`MixedPrecision.overflow`). (ZeRO 1-2's slices: not offered.)
+    Allreduce of the flag (:meth:`LossScaler.overflow`). ZeRO-1/2's optimizer (lesson 08's ShardedSGD) updates
+    its slice [start, stop) of the parameters, the only part of the gradient the reduce-scatter summed: the
+    verdict is taken there and agreed over the sync's ``comm``.
     """
 
-    def __init__(self, optimizer, mixed: MixedPrecision):
+    def __init__(self, optimizer, mixed: MixedPrecision, comm=None):
         self.optimizer, self.mixed = optimizer, mixed
+        sliced = hasattr(optimizer, "start") and hasattr(optimizer, "stop")  # ZeRO-1/2's ShardedSGD
+        self.comm, self.part = (comm, slice(optimizer.start, optimizer.stop)) if sliced else (None, slice(None))
 
     def __getattr__(self, name):  # the optimizer's own (network, sharded, full_velocity, ... for checkpoints)
         if name == "optimizer":  # not set yet (a copy or an unpickling in progress): no endless recursion
@@ -311,19 +318,24 @@ class ScaledStep:
         return self.optimizer.velocity
 
     def step(self) -> None:
-        overflowed = self.mixed.overflow()
+        overflowed = self.mixed.overflow(self.comm, self.part)
         self.mixed.scaler_update(overflowed)
         if not overflowed:
             self.optimizer.step()
 
 
 def loss_scaled(sync_class):
-    """``sync_class`` (lesson 03's LocalUpdate, lesson 05's Allreduce, lesson 12's FullySharded) whose optimizer
-    is a :class:`ScaledStep` around the sync's own optimizer on the float32 master network."""
+    """``sync_class`` (lesson 03's LocalUpdate, lesson 05's Allreduce, lesson 08's ZeRO, lesson 12's FullySharded)
+    whose optimizer is a :class:`ScaledStep` around the sync's own optimizer on the float32 master network."""
 
     class LossScaled(sync_class):
         def optimizer(self, network, learning_rate: float, momentum: float):
-            return ScaledStep(super().optimizer(network.network, learning_rate, momentum), network)
+            return ScaledStep(super().optimizer(network.network, learning_rate, momentum), network,
+                              getattr(self, "comm", None))
+
+        def step(self, run) -> None:
+            with np.errstate(over="ignore", invalid="ignore"):  # (ZeRO's ring adds infs: what the scaler looks for)
+                super().step(run)
 
     LossScaled.__name__ = f"LossScaled{sync_class.__name__}"
     return LossScaled

@@ -207,15 +207,16 @@ def test_model_parallel_and_mixed_precision_peaks_are_within_10_percent_of_the_p
 def test_mixed_precision_combined_peaks_are_within_10_percent_of_the_prediction():
     """Mixed precision with recomputation (every k), with accumulation (k micro-batches), with FSDP (and with
     both), in float16 and bfloat16, on PARALLEL_SIZES's uneven widths and 256 rows cut unevenly over the ranks,
-    and with lesson 09's tensor parallelism (every rank the 256 rows, its slices): tracemalloc's peak on every
-    rank within 10% of mixed_precision_bytes (mixed_tensor_parallel_bytes) (up to 4 ranks, as above). bfloat16
+    with lesson 08's ZeRO-1/2, and with lesson 09's tensor parallelism (every rank the 256 rows, its slices):
+    tracemalloc's peak on every rank within 10% of mixed_precision_bytes (mixed_tensor_parallel_bytes) (up to 4
+    ranks, as above). bfloat16
     holds the bytes float16 does: the same prediction, and measured peaks within 1% of each other."""
     if size > 4:
         return
     peaks, failures = {}, []
     for strategy, every, micro_batches in (("allreduce", 3, 1), ("allreduce", None, 4), ("allreduce", 2, 3),
                                            ("fsdp", None, 1), ("fsdp", 3, 1), ("fsdp", None, 4), ("fsdp", 2, 3),
-                                           ("tensor", None, 1), ("tensor", 2, 3)):
+                                           ("zero", None, 1), ("zero", 2, 3), ("tensor", None, 1), ("tensor", 2, 3)):
         for precision in ("float16", "bfloat16") if (every, micro_batches) == (2, 3) else ("float16",):
             plan = (strategy, every, micro_batches, precision)
             peak, held = mixed_peak(comm, plan)

@@ -29,6 +29,7 @@ from nnlib import Network
 from nnlib.lesson03_training.training import Settings
 from nnlib.lesson05_data_parallel import shard, train_parallel
 from nnlib.lesson05_data_parallel.data_parallel import Allreduce
+from nnlib.lesson08_inside_allreduce.zero import ZeRO
 from nnlib.lesson09_model_parallel.tensor import TensorParallelMLP
 from nnlib.lesson10_faults.checkpoint import CheckpointFolder, Checkpointing
 from nnlib.lesson12_memory.fsdp import FullySharded, FullyShardedNetwork
@@ -58,18 +59,20 @@ def sequential(precision: str) -> MixedPrecision:
     return mixed
 
 
-def parallel(sharded: bool, precision: str, hooks=(), on_step=None) -> MixedPrecision:
-    master = FullyShardedNetwork(comm, SIZES, dtype="float32", seed=3) if sharded else Network(SIZES, seed=3)
+def parallel(sharded, precision: str, hooks=(), on_step=None) -> MixedPrecision:
+    """``sharded``: True (FSDP), False (Allreduce) or "zero" (lesson 08's ZeRO-1/2: sliced momentum and update)."""
+    master = FullyShardedNetwork(comm, SIZES, dtype="float32", seed=3) if sharded is True else Network(SIZES, seed=3)
     mixed = MixedPrecision(master, **options(precision))
     local_inputs, local_labels, start = shard(comm, INPUTS if rank == 0 else None, LABELS if rank == 0 else None)
+    sync = {True: FullySharded, False: Allreduce, "zero": ZeRO}[sharded]
     train_parallel(comm, mixed, local_inputs, local_labels, num_samples=N, start=start, hooks=list(hooks),
-                   on_step=on_step, strategy=loss_scaled(FullySharded if sharded else Allreduce), **SETTINGS)
+                   on_step=on_step, strategy=loss_scaled(sync), **SETTINGS)
     return mixed
 
 
 def check_equal_to_sequential(sharded: bool, precision: str) -> None:
     expected, mixed = sequential(precision), parallel(sharded, precision)
-    params = mixed.full_params() if sharded else mixed.params
+    params = mixed.full_params() if sharded is True else mixed.params
     verdicts = comm.allgather(mixed.verdicts)
     assert verdicts == [verdicts[0]] * size, "the ranks reached different verdicts"
     assert mixed.verdicts == expected.verdicts, (mixed.verdicts, expected.verdicts)
@@ -81,6 +84,28 @@ def check_equal_to_sequential(sharded: bool, precision: str) -> None:
 def test_data_parallel_mixed_precision_with_accumulation_and_recomputation_equals_sequential():
     for precision in ("float16", "bfloat16"):
         check_equal_to_sequential(False, precision)
+
+
+def test_zero_mixed_precision_with_accumulation_and_recomputation_equals_sequential():
+    """Lesson 08's ZeRO-1/2: each rank checks and updates its slice of the summed gradient; the ranks agree on the
+    verdict with one flag Allreduce, and the allgathered float32 master equals the sequential run's within the
+    tolerances (the same on every rank: the allgather hands out the same slices)."""
+    for precision in ("float16", "bfloat16"):
+        check_equal_to_sequential("zero", precision)
+        mixed = parallel("zero", precision)
+        assert np.array_equal(mixed.params, comm.bcast(mixed.params if rank == 0 else None))
+
+
+def test_zero_ranks_skip_together_when_one_slice_overflowed():
+    """Only the last rank's slice holds an inf (what its reduce-scatter summed): every rank skips."""
+    mixed = MixedPrecision(Network(SIZES, seed=3))
+    optimizer = loss_scaled(ZeRO)(comm, mixed).optimizer(mixed, 0.1, 0.9)
+    mixed.network.grads[...] = 0.0
+    if rank == size - 1:
+        mixed.network.grads[optimizer.stop - 1] = np.inf
+    assert comm.allgather(mixed.overflow(optimizer.comm, optimizer.part)) == [True] * size
+    mixed.network.grads[...] = 0.0
+    assert comm.allgather(mixed.overflow(optimizer.comm, optimizer.part)) == [False] * size
 
 
 def test_fsdp_mixed_precision_with_accumulation_and_recomputation_equals_sequential():
