@@ -287,16 +287,20 @@ def test_tensor_parallel_mixed_precision_bytes_by_hand():
 
 def test_mixed_pipeline_bytes_by_hand():
     """Layers 4-3-2 on 2 stages, stage 1 (the last: layer 3-2, n = 8), 6 rows in 2 micro-batches of 3, float16."""
-    from nnlib.lesson12_memory.budget import MICRO_BATCH_OBJECT_BYTES, mixed_pipeline_bytes, pipeline_activation_values
+    from nnlib.lesson12_memory.budget import (LOSS_ARRAYS, MICRO_BATCH_OBJECT_BYTES, mixed_pipeline_bytes,
+                                              pipeline_activation_values)
 
     held = mixed_pipeline_bytes((4, 3, 2), 6, 2, 1, 2, "gpipe")
-    casts, loss = 4 * 3 * 2 + 4 * 8, 4 * 3 * (3 * 2 + 3 + 2)  # the float32 product and gradient; the loss's arrays
+    running = 4 * (3 + 2) + 2 * 3  # a backward's float32 input and delta beside its low input gradient, per row
     assert held == {"parameters": 6 * 8, "gradients": 6 * 8, "optimizer state": 4 * 8, "gathered": 0,
-                    "activations": 2 * pipeline_activation_values((4, 3, 2), 6, 2, 1, 2, "gpipe"),
-                    "temporaries": 6 * 6 * 4 + max(casts, loss) + 2 * 6 * 2 + 2 * MICRO_BATCH_OBJECT_BYTES,
+                    "activations": pipeline_activation_values((4, 3, 2), 6, 2, 1, 2, "gpipe", 2, running),
+                    "temporaries": 6 * 6 * 4 + 4 * 8 + (4 * LOSS_ARRAYS * 3 + 2 * 6) * 2 + 2 * MICRO_BATCH_OBJECT_BYTES,
                     "update": 5 * 8}
+    # GPipe on the last stage: after 2 forwards it keeps 2 x 3 rows of (3 received + 2 out + 2 logits) low values,
+    # then the first backward adds 3 rows x running and the received output gradient is not there (no next stage)
+    assert held["activations"] == 2 * 6 * (3 + 2 + 2) + 3 * running
     assert mixed_pipeline_bytes((4, 3, 2), 6, 2, 0, 2, "gpipe", "bfloat16")["temporaries"] == \
-        6 * 6 * 4 + 4 * 3 * 3 + 4 * 15 + 2 * MICRO_BATCH_OBJECT_BYTES  # stage 0: layer 4-3 (15), no loss
+        6 * 6 * 4 + 4 * 15 + 2 * MICRO_BATCH_OBJECT_BYTES  # stage 0: layer 4-3 (15), no loss
 
 
 def test_mixed_precision_with_recomputation_holds_the_larger_phase_by_hand():

@@ -159,7 +159,7 @@ def backward_widths(layer_sizes, first: int, stop: int, stages: int, stage: int)
 
 
 def pipeline_activation_values(layer_sizes, rows: int, stages: int, stage: int, micro_batches: int,
-                               schedule: str) -> int:
+                               schedule: str, itemsize: int = 1, running: int | None = None) -> int:
     """The most activation values ``stage`` holds at once over its instructions of lesson 09's ``schedule``,
     backward's own temporaries (:func:`backward_widths`) included.
 
@@ -168,16 +168,18 @@ def pipeline_activation_values(layer_sizes, rows: int, stages: int, stage: int, 
     + B_k n_L logits (the last stage); its received output gradient B_k n_stop from recv_backward to backward.
     The arrays an Isend was given stay alive until the step's Waitall: the output sent forward (s < P - 1)
     and, from the backward on, the input gradient sent back (s > 0, B_k n_first).
+    With ``itemsize`` (bytes a kept value) and ``running`` (what a backward adds per row, in the same unit:
+    mixed precision's float32 arrays) the same walk counts bytes.
     """
     first, stop = stage_layers(len(layer_sizes) - 1, stages)[stage]
     not_first, not_last = stage > 0, stage < stages - 1
     n_in, n_out = layer_sizes[first], layer_sizes[stop]
     kept = sum(layer_sizes[first + 1:stop + 1]) + n_in * not_first + n_out * (not not_last)
-    running = backward_widths(layer_sizes, first, stop, stages, stage)
+    running = backward_widths(layer_sizes, first, stop, stages, stage) if running is None else running
     # after a backward its activations are freed; the output sent and the input gradient sent back stay
     return schedule_peak(rows, stages, stage, micro_batches, schedule, during={"backward": running},
-                         after={"forward": kept, "recv_backward": n_out,
-                                "backward": -kept + n_in * not_first})
+                         after={"forward": itemsize * kept, "recv_backward": itemsize * n_out,
+                                "backward": itemsize * (-kept + n_in * not_first)})
 
 
 def schedule_peak(rows: int, stages: int, stage: int, micro_batches: int, schedule: str, during: dict,
@@ -385,7 +387,7 @@ def recomputed_tensor_parallel_bytes(layer_sizes, rows: int, ranks: int, rank: i
 
 # -- mixed precision for lesson 09's pipeline (nnlib.lesson12_memory.mixed_pipeline) --------------------------
 
-LOSS_ARRAYS = 3  # float32 arrays of B_m x n_L the loss holds at once on the last stage (as measured)
+LOSS_ARRAYS = 2  # float32 arrays of B_m x n_L the loss adds on the last stage (as measured)
 MICRO_BATCH_OBJECT_BYTES = 1536  # Python's own objects per micro-batch in flight (arrays' headers, the step's
 # dicts and tuples): tracemalloc counts them too; they matter only on a stage as small as one 72 x 10 layer
 
@@ -397,27 +399,26 @@ def mixed_pipeline_bytes(layer_sizes, rows: int, stages: int, stage: int, micro_
 
         parameters, gradients   (low + 4) n each: the low copy and the float32 master
         optimizer state         4 n, the float32 momentum
-        activations             :func:`pipeline_activation_values` at low bytes a value
-        temporaries             the float32 batch and its low copy, B n_0 (4 + low); the larger of backward's
-                                float32 arrays (a layer's product, B_m max_l n_out, beside the low ones
-                                :func:`backward_widths` counts, and the largest layer's gradient product, max_l n_l)
-                                and, on the last stage, the float32 loss's (LOSS_ARRAYS B_m n_L: targets, the
-                                softplus's, delta) beside the top layer's input and product (B_m (n_L-1 + n_L));
-                                there too the logits kept in float32, not low (B n_L at most); and
+        activations             the schedule's walk (:func:`pipeline_activation_values`) of the kept arrays at low
+                                bytes a value, a backward adding per row a layer's float32 input and delta (or
+                                product), 4 (n_in + n_out), beside its low input gradient, low n_in (the most of
+                                the stage's layers)
+        temporaries             the float32 batch and its low copy, B n_0 (4 + low); the largest layer's float32
+                                gradient product, 4 max_l n_l; on the last stage the float32 loss's arrays
+                                (LOSS_ARRAYS B_m n_L) and the logits kept in float32, not low (B n_L at most);
                                 MICRO_BATCH_OBJECT_BYTES per micro-batch
         update                  5 n: eta g in float32 and the finiteness check's bool (mixed_precision_bytes's)
 
-    Measured within 10% on 1-4 stages, 15% with a single micro-batch (tests/mpi/check_memory.py)."""
+    Measured within 10% on every stage of 1-4 ranks (tests/mpi/check_memory.py)."""
     low = LOW_PRECISION_BYTES[precision]
     first, stop = stage_layers(len(layer_sizes) - 1, stages)[stage]
-    mine = layer_params(layer_sizes[first:stop + 1])
-    micro_rows, last = math.ceil(rows / micro_batches), stage == stages - 1
-    products = 4 * micro_rows * max(layer_sizes[first + 1:stop + 1]) + 4 * max(mine)
-    loss = 4 * micro_rows * (LOSS_ARRAYS * layer_sizes[-1] + layer_sizes[-2] + layer_sizes[-1]) * last
-    logits = (4 - low) * rows * layer_sizes[-1] * last
-    activations = pipeline_activation_values(layer_sizes, rows, stages, stage, micro_batches, schedule)
+    mine, widths = layer_params(layer_sizes[first:stop + 1]), layer_sizes[first:stop + 1]
+    running = max(4 * (n_in + n_out) + low * n_in for n_in, n_out in zip(widths, widths[1:]))
+    activations = pipeline_activation_values(layer_sizes, rows, stages, stage, micro_batches, schedule, low, running)
+    last = stage == stages - 1
+    final = (4 * LOSS_ARRAYS * math.ceil(rows / micro_batches) + (4 - low) * rows) * layer_sizes[-1] * last
     return {"parameters": (low + 4) * sum(mine), "gradients": (low + 4) * sum(mine), "optimizer state": 4 * sum(mine),
-            "gathered": 0, "activations": low * activations,
-            "temporaries": (4 + low) * rows * layer_sizes[0] + max(products, loss) + logits
+            "gathered": 0, "activations": activations,
+            "temporaries": (4 + low) * rows * layer_sizes[0] + 4 * max(mine) + final
             + MICRO_BATCH_OBJECT_BYTES * min(micro_batches, rows),
             "update": 5 * sum(mine)}
