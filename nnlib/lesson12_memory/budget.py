@@ -344,7 +344,7 @@ def measured_step_peak(build, step) -> tuple:
 # -- recomputation for lesson 09's model parallelism (nnlib.lesson12_memory.recompute_parallel) -------------
 
 def recomputed_pipeline_activation_values(layer_sizes, rows: int, stages: int, stage: int, micro_batches: int,
-                                          schedule: str) -> int:
+                                          schedule: str, itemsize: int = 1, running: int | None = None) -> int:
     """The most activation values ``stage`` holds at once over its instructions of ``schedule`` when it keeps
     only each micro-batch's input (received, s > 0) and sent output (s < P - 1) and recomputes the rest before
     the backward (RecomputedPipelineMLP); backward's temporaries (:func:`backward_widths`) included.
@@ -354,18 +354,20 @@ def recomputed_pipeline_activation_values(layer_sizes, rows: int, stages: int, s
     n_stop + n_L [logits, last stage]); a backward rebuilds them (B_k (n_first+1 + ... + n_stop + n_L [last])
     new arrays beside the kept ones) and adds its temporaries. As in :func:`pipeline_activation_values`, the
     received output gradient (B_k n_stop) lives from recv_backward to backward, and the Isends' arrays (the
-    output sent, the input gradient sent back, B_k n_first) until the step's Waitall.
+    output sent, the input gradient sent back, B_k n_first) until the step's Waitall. ``itemsize`` and
+    ``running``: bytes, as :func:`pipeline_activation_values` takes them.
     """
     first, stop = stage_layers(len(layer_sizes) - 1, stages)[stage]
     last = stage == stages - 1
     received, sent = layer_sizes[first] * (stage > 0), layer_sizes[stop] * (not last)
     rebuilt = sum(layer_sizes[first + 1:stop + 1]) + layer_sizes[stop] * last
-    backward = rebuilt + backward_widths(layer_sizes, first, stop, stages, stage)
+    running = backward_widths(layer_sizes, first, stop, stages, stage) if running is None else running
     # after a backward the received output gradient is freed, and the kept input gives way to the input
     # gradient sent back (the same B_k n_first); the output sent stays with its Isend
     return schedule_peak(rows, stages, stage, micro_batches, schedule,
-                         during={"forward": received + rebuilt, "backward": backward},
-                         after={"forward": received + sent, "recv_backward": sent, "backward": -sent})
+                         during={"forward": itemsize * (received + rebuilt), "backward": itemsize * rebuilt + running},
+                         after={"forward": itemsize * (received + sent), "recv_backward": itemsize * sent,
+                                "backward": -itemsize * sent})
 
 
 def recomputed_pipeline_bytes(layer_sizes, rows: int, stages: int, stage: int, micro_batches: int = 4,
@@ -393,7 +395,7 @@ MICRO_BATCH_OBJECT_BYTES = 1536  # Python's own objects per micro-batch in fligh
 
 
 def mixed_pipeline_bytes(layer_sizes, rows: int, stages: int, stage: int, micro_batches: int = 4,
-                         schedule: str = "1f1b", precision: str = "float16") -> dict:
+                         schedule: str = "1f1b", precision: str = "float16", recompute: bool = False) -> dict:
     """What a MixedStages pipeline stage holds over a step on ``rows`` rows in k micro-batches of B_m rows, its
     layers holding n values (low bytes: 2 for float16 and bfloat16):
 
@@ -402,7 +404,8 @@ def mixed_pipeline_bytes(layer_sizes, rows: int, stages: int, stage: int, micro_
         activations             the schedule's walk (:func:`pipeline_activation_values`) of the kept arrays at low
                                 bytes a value, a backward adding per row a layer's float32 input and delta (or
                                 product), 4 (n_in + n_out), beside its low input gradient, low n_in (the most of
-                                the stage's layers)
+                                the stage's layers); with ``recompute`` (MixedRecomputedPipelineMLP) the walk of
+                                :func:`recomputed_pipeline_activation_values` instead
         temporaries             the float32 batch and its low copy, B n_0 (4 + low); the largest layer's float32
                                 gradient product, 4 max_l n_l; on the last stage the float32 loss's arrays
                                 (LOSS_ARRAYS B_m n_L) and the logits kept in float32, not low (B n_L at most);
@@ -414,7 +417,8 @@ def mixed_pipeline_bytes(layer_sizes, rows: int, stages: int, stage: int, micro_
     first, stop = stage_layers(len(layer_sizes) - 1, stages)[stage]
     mine, widths = layer_params(layer_sizes[first:stop + 1]), layer_sizes[first:stop + 1]
     running = max(4 * (n_in + n_out) + low * n_in for n_in, n_out in zip(widths, widths[1:]))
-    activations = pipeline_activation_values(layer_sizes, rows, stages, stage, micro_batches, schedule, low, running)
+    walk = recomputed_pipeline_activation_values if recompute else pipeline_activation_values
+    activations = walk(layer_sizes, rows, stages, stage, micro_batches, schedule, low, running)
     last = stage == stages - 1
     final = (4 * LOSS_ARRAYS * math.ceil(rows / micro_batches) + (4 - low) * rows) * layer_sizes[-1] * last
     return {"parameters": (low + 4) * sum(mine), "gradients": (low + 4) * sum(mine), "optimizer state": 4 * sum(mine),

@@ -29,7 +29,7 @@ from nnlib.lesson12_memory.budget import (measured_peak, measured_step_peak, mix
                                           recomputed_pipeline_bytes, recomputed_tensor_parallel_bytes,
                                           tensor_parallel_bytes)
 from nnlib.lesson12_memory.fsdp import FullySharded, FullyShardedNetwork
-from nnlib.lesson12_memory.mixed_pipeline import MixedPipelineMLP
+from nnlib.lesson12_memory.mixed_pipeline import MixedPipelineMLP, MixedRecomputedPipelineMLP
 from nnlib.lesson12_memory.mixed_precision import MixedPrecision, loss_scaled, low_precision, train_mixed
 from nnlib.lesson12_memory.recompute_parallel import RecomputedPipelineMLP, RecomputedTensorParallelMLP
 from nnlib.lesson12_memory.traffic import CountingComm, allreduce_bytes, fsdp_bytes
@@ -177,7 +177,7 @@ def mixed_peak(comm, plan, rows: int = 256) -> tuple:
     low_precision(precision)  # (bfloat16: ml_dtypes imported before the count starts, its module not counted)
     rng = np.random.default_rng(0)
     inputs, labels = rng.random((2 * rows, PARALLEL_SIZES[0])), rng.integers(0, PARALLEL_SIZES[-1], 2 * rows)
-    if strategy in ("tensor", "pipeline"):  # lesson 09's model parallelism: every rank the whole batch
+    if strategy in ("tensor", "pipeline", "recomputed pipeline"):  # lesson 09's: every rank the whole batch
         return model_parallel_mixed_peak(comm, plan, inputs.astype(np.float32), labels, rows)
     whole = (inputs.astype(np.float32), labels) if comm.rank == 0 else (None, None)
     local_inputs, local_labels, start = shard(comm, *whole)
@@ -198,7 +198,8 @@ def mixed_peak(comm, plan, rows: int = 256) -> tuple:
 def model_parallel_mixed_peak(comm, plan, inputs, labels, rows: int) -> tuple:
     """mixed_peak's model-parallel plans, trained by lesson 03's loop on every rank (train_mixed): ("tensor", every,
     micro_batches, precision), MixedPrecision around a float32 TensorParallelMLP (mixed_tensor_parallel_bytes), or
-    ("pipeline", schedule, micro_batches, precision), a MixedPipelineMLP stage (mixed_pipeline_bytes)."""
+    ("pipeline" or "recomputed pipeline", schedule, micro_batches, precision), a MixedPipelineMLP (or
+    MixedRecomputedPipelineMLP) stage (mixed_pipeline_bytes)."""
     kind, detail, micro_batches, precision = plan
     if kind == "tensor":
         build = lambda: MixedPrecision(TensorParallelMLP(comm, PARALLEL_SIZES, dtype="float32", seed=2),
@@ -206,9 +207,11 @@ def model_parallel_mixed_peak(comm, plan, inputs, labels, rows: int) -> tuple:
         predicted = mixed_tensor_parallel_bytes(PARALLEL_SIZES, rows, comm.size, comm.rank, detail, micro_batches,
                                                 precision)
     else:
-        build = lambda: MixedPipelineMLP(comm, PARALLEL_SIZES, dtype="float32", seed=2, micro_batches=micro_batches,
-                                         schedule=detail, precision=precision)
-        predicted = mixed_pipeline_bytes(PARALLEL_SIZES, rows, comm.size, comm.rank, micro_batches, detail, precision)
+        stages = MixedRecomputedPipelineMLP if kind == "recomputed pipeline" else MixedPipelineMLP
+        build = lambda: stages(comm, PARALLEL_SIZES, dtype="float32", seed=2, micro_batches=micro_batches,
+                               schedule=detail, precision=precision)
+        predicted = mixed_pipeline_bytes(PARALLEL_SIZES, rows, comm.size, comm.rank, micro_batches, detail, precision,
+                                         recompute=kind == "recomputed pipeline")
     settings = Settings(epochs=1, learning_rate=0.1, batch_size=rows, momentum=0.9)
     peak, _ = measured_step_peak(build, lambda mixed: train_mixed(mixed, inputs, labels, settings))
     return peak, predicted
