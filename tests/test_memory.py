@@ -182,23 +182,9 @@ def test_the_batch_job_with_fsdp_recomputation_and_accumulation_equals_allreduce
 
 
 def test_the_batch_job_in_float16_learns_as_float32_does(tmp_path):
-    import subprocess
-    import sys
+    from test_train_command_precision import learns_as_float32_does
 
-    from nnlib.environment import mpiexec_path
-
-    accuracy = {}
-    for precision in ("float32", "float16"):
-        output = tmp_path / f"{precision}.npz"
-        run = subprocess.run([mpiexec_path(), "-n", "2", sys.executable, "-m", "nnlib", "train", "--samples", "2000",
-                              "--epochs", "2", "--batch-size", "50", "--hidden", "32", "--precision", precision,
-                              "--output", str(output)], capture_output=True, text=True, timeout=180)
-        assert run.returncode == 0, run.stderr
-        with np.load(output) as saved:
-            accuracy[precision] = float(saved["test_accuracy"])
-            assert saved["loss"][1] < saved["loss"][0]
-    assert "precision float16" in run.stdout
-    assert accuracy["float32"] > 0.6 and abs(accuracy["float16"] - accuracy["float32"]) <= 0.02, accuracy
+    learns_as_float32_does(tmp_path, "float16")
 
 
 # -- the budget of lesson 09's model parallelism and of mixed precision (measured: tests/mpi/check_memory.py) ----

@@ -26,19 +26,24 @@ def test_a_float16_job_resumes_bit_identically_with_its_loss_scale(tmp_path, str
     assert other.returncode != 0 and "precision: the checkpoint has 'float16', this run 'bfloat16'" in other.stderr
 
 
-def test_a_bfloat16_fsdp_job_learns_as_float32_does(tmp_path):
-    """Tolerance: test accuracy within 0.02 of the float32 job's on the same steps."""
+def learns_as_float32_does(tmp_path, precision: str, *options, ranks: int = 2) -> None:
+    """The job with ``options`` in ``precision`` against the same job in float32 on 2,000 samples, 2 epochs: both
+    learn (the loss falls), and the test accuracies are within 0.02 (the tolerance of 16-bit storage)."""
     accuracy = {}
-    for precision in ("float32", "bfloat16"):
-        output = tmp_path / f"{precision}.npz"
-        run = run_training(2, "--samples", "2000", "--epochs", "2", "--batch-size", "50", "--hidden", "32",
-                           "--strategy", "fsdp", "--accumulate", "2", "--precision", precision, "--output", str(output))
+    for each in ("float32", precision):
+        output = tmp_path / f"{each}.npz"
+        run = run_training(ranks, "--samples", "2000", "--epochs", "2", "--batch-size", "50", "--hidden", "32",
+                           *options, "--precision", each, "--output", str(output))
         assert run.returncode == 0, run.stderr
         with np.load(output) as saved:
-            accuracy[precision] = float(saved["test_accuracy"])
+            accuracy[each] = float(saved["test_accuracy"])
             assert saved["loss"][1] < saved["loss"][0]
-    assert "precision bfloat16" in run.stdout
-    assert accuracy["float32"] > 0.6 and abs(accuracy["bfloat16"] - accuracy["float32"]) <= 0.02, accuracy
+    assert f"precision {precision}" in run.stdout
+    assert accuracy["float32"] > 0.6 and abs(accuracy[precision] - accuracy["float32"]) <= 0.02, accuracy
+
+
+def test_a_bfloat16_fsdp_job_learns_as_float32_does(tmp_path):
+    learns_as_float32_does(tmp_path, "bfloat16", "--strategy", "fsdp", "--accumulate", "2")
 
 
 def test_an_fsdp_job_checkpointed_on_3_ranks_resumes_on_2(tmp_path):
@@ -63,32 +68,10 @@ def test_tensor_parallel_jobs_with_recomputation_accumulation_and_precision(tmp_
     assert "memory: strategy allreduce, recompute every 1, 3 micro-batch(es) per step" in split.stdout
     expected, got = final_params(tmp_path / "alone.npz"), final_params(tmp_path / "split.npz")
     assert np.abs(got - expected).max() / np.abs(expected).max() <= 1e-10
-    accuracy = {}
-    for precision in ("float32", "bfloat16"):
-        output = tmp_path / f"{precision}.npz"
-        run = run_training(4, "--samples", "2000", "--epochs", "2", "--batch-size", "50", "--hidden", "32",
-                           "--model-parallel", "tensor", "--model-size", "2", "--precision", precision,
-                           "--output", str(output))
-        assert run.returncode == 0, run.stderr
-        with np.load(output) as saved:
-            accuracy[precision] = float(saved["test_accuracy"])
-    assert "precision bfloat16" in run.stdout
-    assert accuracy["float32"] > 0.6 and abs(accuracy["bfloat16"] - accuracy["float32"]) <= 0.02, accuracy
+    learns_as_float32_does(tmp_path, "bfloat16", "--model-parallel", "tensor", "--model-size", "2", ranks=4)
 
 
 @pytest.mark.parametrize("schedule", ["1f1b", "zb-h1"])
 def test_a_pipeline_job_in_float16_learns_as_float32_does(tmp_path, schedule):
-    """--model-parallel pipeline --precision float16 (lesson 13's MixedScheduledPipeline on every stage): test
-    accuracy within 0.02 of the float32 pipeline's on the same steps."""
-    accuracy = {}
-    for precision in ("float32", "float16"):
-        output = tmp_path / f"{precision}.npz"
-        run = run_training(2, "--samples", "2000", "--epochs", "2", "--batch-size", "50", "--hidden", "32",
-                           "--model-parallel", "pipeline", "--schedule", schedule, "--precision", precision,
-                           "--output", str(output))
-        assert run.returncode == 0, run.stderr
-        with np.load(output) as saved:
-            accuracy[precision] = float(saved["test_accuracy"])
-            assert saved["loss"][1] < saved["loss"][0]
-    assert "precision float16" in run.stdout
-    assert accuracy["float32"] > 0.6 and abs(accuracy["float16"] - accuracy["float32"]) <= 0.02, accuracy
+    """--model-parallel pipeline --precision float16 (lesson 13's MixedScheduledPipeline on every stage)."""
+    learns_as_float32_does(tmp_path, "float16", "--model-parallel", "pipeline", "--schedule", schedule)
