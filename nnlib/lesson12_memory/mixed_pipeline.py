@@ -19,8 +19,8 @@ MPI knows float16 but not ml_dtypes' bfloat16: :class:`LowPrecisionMessages` han
 bfloat16 buffer (the same 2 bytes a value; nothing is converted).
 
 :class:`MixedStages` is a mixin, as recomputation's is: ``MixedPipelineMLP`` (GPipe, 1F1B),
-``MixedRecomputedPipelineMLP`` (stages that keep only their inputs), and with lesson 13's schedules
-``class MixedScheduled(MixedStages, ScheduledPipeline)`` (interleaved, zero-bubble: tested the same way).
+``MixedRecomputedPipelineMLP`` (stages that keep only their inputs), and lesson 13's
+``MixedScheduledPipeline`` (interleaved, zero-bubble: tested the same way).
 """
 
 from __future__ import annotations
@@ -48,10 +48,7 @@ class LowPrecisionMessages:
     def _message(self, buffer):
         return buffer.view(np.uint16) if getattr(buffer, "dtype", None) == self.low else buffer
 
-    def Send(self, buffer, *args, **kwargs):  # noqa: N802 (MPI's names)
-        return self.comm.Send(self._message(buffer), *args, **kwargs)
-
-    def Isend(self, buffer, *args, **kwargs):  # noqa: N802
+    def Isend(self, buffer, *args, **kwargs):  # noqa: N802 (MPI's names; the pipeline sends only with Isend)
         return self.comm.Isend(self._message(buffer), *args, **kwargs)
 
     def Recv(self, buffer, *args, **kwargs):  # noqa: N802
