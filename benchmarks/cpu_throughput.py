@@ -132,8 +132,24 @@ def step_floor(layer_sizes, inputs, batch_size, seed=0) -> dict:
         params -= 0.1 * grads
         updates.append(time.perf_counter() - began)
     gather_us, update_us = median(gathers) * 1e6, median(updates) * 1e6
-    return dict(products=product_us, gather=gather_us, update=update_us,
-                share=product_us / (product_us + gather_us + update_us))
+    fixed_us = fixed_step_cost(len(layer_sizes) - 1)
+    return dict(products=product_us, gather=gather_us, update=update_us, fixed=fixed_us,
+                share=product_us / (product_us + gather_us + update_us),
+                share_with_fixed=product_us / (product_us + gather_us + update_us + fixed_us))
+
+
+def fixed_step_cost(num_layers: int, batch_size: int = 2, num_samples: int = 1024, seed: int = 0) -> float:
+    """Microseconds per step of nnlib's own training loop on a network so small (4-3-...-2, batch 2) that its
+    arithmetic is free: what every step pays whatever its size, for its NumPy calls and its Python lines."""
+    from nnlib.lesson03_training.training import train
+
+    sizes = (4,) + (3,) * (num_layers - 1) + (2,)
+    rng = np.random.default_rng(seed)
+    inputs, labels = rng.random((num_samples, sizes[0]), dtype=np.float32), rng.integers(0, 2, num_samples)
+    network = Network(sizes, dtype="float32", seed=seed)
+    history = train(network, inputs, labels, epochs=20, learning_rate=0.1, batch_size=batch_size, seed=seed,
+                    progress=False)
+    return median(history.seconds[1:]) / (num_samples // batch_size) * 1e6
 
 
 def main():
@@ -189,7 +205,11 @@ def main():
     print(f"\nWhat a step at 784-128-10, batch 128 must do, timed alone: the matrix products take {floor['products']:.0f} "
           f"us at NumPy's rate, the random gather of the batch's rows {floor['gather']:.0f} us and the update "
           f"{floor['update']:.0f} us\n(each as nnlib does it: a fresh array for the batch, eta g as a temporary); "
-          f"a step doing only these would reach {floor['share']:.0%} of the matmul rate.")
+          f"a step doing only these would reach {floor['share']:.0%} of the matmul rate.\n"
+          f"Every step also pays a fixed cost for its NumPy calls and Python lines, whatever its size: "
+          f"{floor['fixed']:.0f} us a step on a 4-3-2 network at batch 2.\nWith it, the step's limit is "
+          f"{floor['share_with_fixed']:.0%} of the matmul rate; the rest of the gap is the element-wise work "
+          f"(sigmoid, loss, bias).")
 
 
 def print_table(cases, rounds) -> None:
