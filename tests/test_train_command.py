@@ -256,13 +256,13 @@ def test_a_rank_whose_mpi_abort_never_returns_ends_itself():
     """If the process manager is gone, MPI_Abort can wait for ever: the rank's alarm ends it anyway."""
     program = textwrap.dedent("""
         import sys, time, types
-        from nnlib import train_command  # (with the real mpi4py)
+        from nnlib.train_command import job  # (with the real mpi4py)
         from nnlib.lesson10_faults import watchdog
         fake = types.ModuleType("mpi4py")  # an MPI_Abort that never returns, as with its manager gone
         fake.MPI = types.SimpleNamespace(COMM_WORLD=types.SimpleNamespace(rank=0, Abort=lambda code: time.sleep(600)))
         sys.modules["mpi4py"] = fake
-        train_command.ABORT_GRACE = 1
-        train_command.abort_job(RuntimeError("the error to report"))
+        job.ABORT_GRACE = 1
+        job.abort_job(RuntimeError("the error to report"))
     """)
     began = time.monotonic()
     run = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60)

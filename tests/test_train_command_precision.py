@@ -26,9 +26,10 @@ def test_a_float16_job_resumes_bit_identically_with_its_loss_scale(tmp_path, str
     assert other.returncode != 0 and "precision: the checkpoint has 'float16', this run 'bfloat16'" in other.stderr
 
 
-def learns_as_float32_does(tmp_path, precision: str, *options, ranks: int = 2) -> None:
+def learns_as_float32_does(tmp_path, precision: str, *options, ranks: int = 2) -> str:
     """The job with ``options`` in ``precision`` against the same job in float32 on 2,000 samples, 2 epochs: both
-    learn (the loss falls), and the test accuracies are within 0.02 (the tolerance of 16-bit storage)."""
+    learn (the loss falls), and the test accuracies are within 0.02 (the tolerance of 16-bit storage). Returns what
+    the job in ``precision`` printed."""
     accuracy = {}
     for each in ("float32", precision):
         output = tmp_path / f"{each}.npz"
@@ -40,6 +41,7 @@ def learns_as_float32_does(tmp_path, precision: str, *options, ranks: int = 2) -
             assert saved["loss"][1] < saved["loss"][0]
     assert f"precision {precision}" in run.stdout
     assert accuracy["float32"] > 0.6 and abs(accuracy[precision] - accuracy["float32"]) <= 0.02, accuracy
+    return run.stdout
 
 
 def test_a_bfloat16_fsdp_job_learns_as_float32_does(tmp_path):
@@ -74,4 +76,6 @@ def test_tensor_parallel_jobs_with_recomputation_accumulation_and_precision(tmp_
 @pytest.mark.parametrize("schedule", ["1f1b", "zb-h1"])
 def test_a_pipeline_job_in_float16_learns_as_float32_does(tmp_path, schedule):
     """--model-parallel pipeline --precision float16 (lesson 13's MixedScheduledPipeline on every stage)."""
-    learns_as_float32_does(tmp_path, "float16", "--model-parallel", "pipeline", "--schedule", schedule)
+    printed = learns_as_float32_does(tmp_path, "float16", "--model-parallel", "pipeline", "--schedule", schedule,
+                                     "--micro-batches", "5")
+    assert "memory: strategy allreduce, recompute every none, 5 micro-batch(es) per step, precision float16" in printed

@@ -1,0 +1,191 @@
+"""The data-parallel job (lessons 05, 07, 08, 10, 11, 12): this rank's network, its sync, its hooks, and its results.
+
+Every rank trains its copy of the network on its shard with nnlib.lesson05_data_parallel.train_parallel; the
+network may be on a GPU (lesson 07), sharded or wrapped by lesson 12's memory options; the hooks inject the
+faults and stragglers of lessons 10 and 11 and write checkpoints.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+import numpy as np
+
+from nnlib.train_command.options import TRACE_STEPS, memory_options_used, parse_fault, parse_slow
+from nnlib.train_command.reports import announce, report, save_trace, sent_arrays
+
+LESSON = 13
+
+
+def data_parallel_job(args, comm, settings, data, test) -> int:
+    """The data-parallel job: shard, train (nnlib.lesson05_data_parallel.train_parallel), report."""
+    from nnlib.lesson02_network.arrays import is_numpy
+    from nnlib.lesson05_data_parallel import gather_phase_seconds, gather_timeline, shard, train_parallel
+    from nnlib.lesson07_gpu.backend import HostStaging
+    from nnlib.lesson08_inside_allreduce.sampling import PerRankBatches
+    from nnlib.lesson11_beyond_sync.compression import CountingComm
+
+    network, gpu_index = job_memory_network(args, comm) if memory_options_used(args) else job_network(args, comm)
+    on_gpu = not is_numpy(network.xp)
+    local_inputs, local_labels, start = shard(comm, *data)
+    announce(args, comm, network, comm.gather(gpu_index if on_gpu else None, root=0))
+    counting = CountingComm(comm)  # (what each rank hands to Allreduce and Allgather: lesson 11)
+    with comm.guard():  # a rank that raises tells the others, which stop at once
+        history = train_parallel(HostStaging(counting, network.xp) if on_gpu else counting, network, local_inputs,
+                                 local_labels, num_samples=args.samples, start=start, settings=settings,
+                                 strategy=job_strategy(args), progress=True, hooks=job_hooks(args, comm, network),
+                                 batches=PerRankBatches if args.sampler == "per_rank" else None,
+                                 timeline_steps=TRACE_STEPS if args.trace else 0)
+    phases = gather_phase_seconds(comm, history)
+    timelines = gather_timeline(comm, history) if args.trace else None
+    if comm.rank == 0 and args.trace:
+        from nnlib.lesson04_collectives.trace import phase_spans
+        save_trace(args.trace, phase_spans(timelines))
+    test_accuracy, params = job_results(args, comm, network, test)
+    if comm.rank == 0:
+        report(args, comm.size, history, phases, test_accuracy, params, network.layer_sizes,
+               dict(strategy=np.array(args.strategy), **sent_arrays(args, counting, history)))
+    return 0
+
+
+def job_network(args, comm):
+    """This rank's network, on its GPU with --device gpu or auto (one GPU per rank of a node); (network, GPU index)."""
+    from mpi4py import MPI
+
+    from nnlib.lesson02_network.arrays import is_numpy
+    from nnlib.lesson02_network.network import Network
+    from nnlib.lesson04_collectives.collectives import fail_together, require_same_on_every_rank
+    from nnlib.lesson07_gpu.backend import resolve_backend, use_gpu_of_local_rank
+
+    gpu_index = use_gpu_of_local_rank(MPI.COMM_WORLD) if args.device != "cpu" else None
+    try:
+        network = Network((784, *args.hidden, 10), output=args.output_layer, dtype=args.dtype, seed=args.seed,
+                          device=resolve_backend(args.device))
+        problem = None
+    except RuntimeError as no_gpu:  # --device gpu without a usable GPU on this rank
+        network, problem = None, str(no_gpu)
+    fail_together(comm, problem)
+    require_same_on_every_rank(comm, "the device (--device auto found a GPU on some ranks only)",
+                               not is_numpy(network.xp))
+    return network, gpu_index
+
+
+def job_memory_network(args, comm):
+    """The network for lesson 12's options: sharded (fsdp) or not, wrapped by memory_wrapped; (network, GPU index)."""
+    from nnlib.lesson12_memory.fsdp import FullyShardedNetwork
+
+    if args.strategy == "fsdp":
+        network, gpu_index = FullyShardedNetwork(comm, (784, *args.hidden, 10), output=args.output_layer,
+                                                 dtype=args.dtype, seed=args.seed), None
+    else:
+        network, gpu_index = job_network(args, comm)
+    return memory_wrapped(args, network), gpu_index
+
+
+def memory_wrapped(args, network):
+    """``network`` (lesson 02's, FSDP's or a tensor-parallel piece) in MixedPrecision with --precision float16 or
+    bfloat16, else in MicroBatched with --accumulate and --recompute."""
+    from nnlib.lesson12_memory.accumulation import MicroBatched
+    from nnlib.lesson12_memory.mixed_precision import MixedPrecision
+
+    if args.precision != "float32":
+        return MixedPrecision(network, precision=args.precision, micro_batches=args.accumulate,
+                              recompute_every=args.recompute or None)
+    return MicroBatched(network, args.accumulate, args.recompute or None)
+
+
+def job_strategy(args):
+    """What train_parallel takes for --strategy, --compression and --local-steps."""
+    if args.local_steps is not None:
+        from nnlib.lesson11_beyond_sync.local_sgd import local_sgd
+
+        return local_sgd(args.local_steps, args.outer_optimizer, args.outer_learning_rate)
+    if args.compression == "powersgd":
+        from nnlib.lesson11_beyond_sync.powersgd import powersgd
+
+        return powersgd(args.rank, seed=args.seed)
+    if args.compression != "none":
+        from nnlib.lesson11_beyond_sync.compression import compressed
+
+        return compressed(args.compression, args.topk)
+    from nnlib.lesson05_data_parallel.data_parallel import Allreduce
+    from nnlib.lesson08_inside_allreduce.overlap import Overlap
+    from nnlib.lesson08_inside_allreduce.zero import ZeRO
+    from nnlib.lesson12_memory.fsdp import FullySharded
+
+    sync = {"zero": ZeRO, "overlap": Overlap, "fsdp": FullySharded, "allreduce": Allreduce}.get(args.strategy)
+    if args.precision != "float32":  # (allreduce, zero or fsdp: check_precision)
+        from nnlib.lesson12_memory.mixed_precision import loss_scaled
+
+        return loss_scaled(sync)
+    return sync if args.strategy in ("zero", "overlap", "fsdp") else args.strategy
+
+
+def job_hooks(args, comm, network) -> list:
+    """The training loop's hooks for the job's options: deadlines' notes, the GPU's waits, checkpoints, faults."""
+    from nnlib.lesson02_network.arrays import is_numpy
+    from nnlib.lesson03_training.training import EveryStep
+    from nnlib.lesson07_gpu.backend import WaitForDevice
+    from nnlib.lesson10_faults.checkpoint import CheckpointFolder, Checkpointing
+    from nnlib.lesson10_faults.watchdog import RunNotes
+
+    hooks = [RunNotes(comm)]
+    for action in (fault_injector(parse_fault(args.fault), comm.rank), straggler(parse_slow(args.slow), comm.rank)):
+        if action is not None:  # a fault after step S comes before the checkpoint after step S, as it would
+            hooks.append(EveryStep(action))
+    if not is_numpy(network.xp):
+        hooks.append(WaitForDevice(network.xp))  # so each phase's time is its own
+    if args.checkpoint_dir:
+        folder = CheckpointFolder(args.checkpoint_dir, args.checkpoint_every or None)
+        hooks.append(Checkpointing(folder, args.resume, progress=True))
+    return hooks
+
+
+def straggler(slow: dict, rank: int):
+    """A function (epoch, step, total_steps) making this rank ``slow[rank]`` seconds slower per step (None: not slowed)."""
+    if rank not in slow:
+        return None
+
+    def wait(epoch, step, total_steps):
+        time.sleep(slow[rank])
+
+    return wait
+
+
+def fault_injector(fault, rank):
+    """A function (epoch, step, total_steps) making this rank fail as ``fault`` says after that step (None: none)."""
+    if fault is None or fault[0] != rank:
+        return None
+    _, at_step, kind = fault
+
+    def inject(epoch, step, total_steps):
+        if total_steps != at_step:
+            return
+        print(f"rank {rank}: injecting the fault '{kind}' after step {total_steps}", file=sys.stderr, flush=True)
+        if kind == "raise":
+            raise RuntimeError(f"injected fault: rank {rank} raised after step {total_steps}")
+        if kind == "exit":
+            os._exit(3)
+        if kind == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        while True:  # hang
+            time.sleep(1)
+
+    return inject
+
+
+def job_results(args, comm, network, test):
+    """(test accuracy, the whole parameter vector) on rank 0 (None elsewhere); collective for fsdp."""
+    if args.strategy == "fsdp":  # every rank scores its share of the test set: the forward pass is collective
+        from nnlib.lesson05_data_parallel import shard
+
+        local_inputs, local_labels, _ = shard(comm, *test)
+        correct = comm.allreduce(round(network.accuracy(local_inputs, local_labels) * len(local_labels)))
+        params = network.full_params()
+        return correct / comm.allreduce(len(local_labels)), params
+    if comm.rank != 0:
+        return None, None
+    return network.accuracy(*test), network.get_params()

@@ -1,0 +1,98 @@
+"""What rank 0 says and writes: what the job runs, the seconds per phase, --output (.npz) and --trace."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from nnlib.lesson01_mnist.files import atomic_write
+from nnlib.train_command.options import memory_options_used
+
+LESSON = 13
+
+
+def announce(args, comm, network, gpus) -> None:
+    """Rank 0 says what the job runs: ranks, strategy, network, samples, batch; compression and GPUs."""
+    from nnlib.lesson07_gpu.backend import cuda_aware_mpi, gpu_status
+
+    if comm.rank != 0:
+        return
+    print(f"{comm.size} ranks, strategy {args.strategy}, network {'-'.join(map(str, network.layer_sizes))}, "
+          f"{args.samples} samples, global batch {args.batch_size or 'full'}", flush=True)
+    if args.compression == "powersgd" or args.local_steps is not None:
+        announce_talking_less(args, network)
+    elif args.compression != "none":
+        from nnlib.lesson11_beyond_sync.compression import message_bytes
+
+        print(f"gradients compressed: {args.compression}{f' (k = {args.topk})' if args.topk else ''}, "
+              f"{message_bytes(args.compression, network.num_params, args.topk, network.params.dtype.itemsize):,} "
+              f"bytes per rank per step instead of {network.params.nbytes:,}", flush=True)
+    announce_memory(args)
+    if any(gpu is not None for gpu in gpus):
+        print(f"on the GPU ({gpu_status()[1]}); GPU of each rank: {gpus}; gradients "
+              f"{'passed directly (CUDA-aware MPI)' if cuda_aware_mpi() else 'staged through host memory'}",
+              flush=True)
+
+
+def announce_memory(args) -> None:
+    """Rank 0 says lesson 12's options, if any are used (a pipeline's micro-batches are its --micro-batches)."""
+    if memory_options_used(args):
+        micro_batches = args.micro_batches if args.model_parallel == "pipeline" else args.accumulate
+        print(f"memory: strategy {args.strategy}, recompute every {args.recompute or 'none'}, "
+              f"{micro_batches} micro-batch(es) per step, precision {args.precision}", flush=True)
+
+
+def announce_talking_less(args, network) -> None:
+    """Rank 0 says what PowerSGD sends per step, or how often local SGD talks."""
+    if args.local_steps is not None:
+        kind = "DiLoCo (Nesterov outer steps)" if args.outer_optimizer == "nesterov" else "local SGD (averaging)"
+        print(f"{kind}: each rank takes {args.local_steps} steps alone, then one Allreduce of "
+              f"{network.params.nbytes:,} bytes (and at the end of every epoch)", flush=True)
+        return
+    from nnlib.lesson11_beyond_sync.powersgd import message_bytes
+
+    first, second = message_bytes(network.layer_sizes, args.rank, network.params.dtype.itemsize)
+    print(f"gradients compressed: powersgd (rank {args.rank}), two Allreduces of {first:,} and {second:,} bytes "
+          f"per rank per step instead of {network.params.nbytes:,}", flush=True)
+
+
+def sent_arrays(args, counting, history) -> dict:
+    """With compression or local steps, rank 0 says what it handed to Allreduce and Allgather; the arrays to save:
+    sent_collectives (names), sent_message_bytes, sent_counts (one per kind of call), sent_bytes (the total)."""
+    calls = sorted(counting.calls.items())
+    if args.compression != "none" or args.local_steps is not None:
+        print(f"sent by rank 0: {counting.bytes_sent:,} bytes in {sum(count for _, count in calls)} calls "
+              f"({counting.bytes_sent / history.steps:,.0f} bytes per step on average)", flush=True)
+    return dict(sent_collectives=np.array([name for (name, _), _ in calls]),
+                sent_message_bytes=np.array([nbytes for (_, nbytes), _ in calls]),
+                sent_counts=np.array([count for _, count in calls]), sent_bytes=np.array(counting.bytes_sent))
+
+
+def report(args, ranks, history, phases, test_accuracy, params, layer_sizes, more: dict) -> None:
+    """On rank 0: print the test accuracy and every rank's seconds per phase; write --output if given, with the
+    arrays of ``more`` (the strategy's name among them)."""
+    from nnlib.lesson05_data_parallel import PHASES
+
+    print(f"test accuracy {test_accuracy:.4f}; seconds per phase (summed over the run):")
+    print("rank " + "".join(f"{phase:>12s}" for phase in PHASES))
+    for rank_number, row in enumerate(phases):
+        print(f"{rank_number:4d} " + "".join(f"{value:12.3f}" for value in row))
+    if args.output:
+        save_npz(args.output, params=params, layer_sizes=np.array(layer_sizes), loss=np.array(history.loss),
+                 train_accuracy=np.array(history.train_accuracy), epoch_seconds=np.array(history.seconds),
+                 phase_seconds=phases, phases=np.array(PHASES), test_accuracy=np.array(test_accuracy),
+                 ranks=np.array(ranks), **more)
+        print(f"wrote {args.output}")
+
+
+def save_trace(path, spans, instants=()) -> None:
+    """Write --trace (rank 0) and say so."""
+    from nnlib.lesson04_collectives.trace import write_trace
+
+    write_trace(path, spans, instants)
+    print(f"wrote the trace {path} (open it in ui.perfetto.dev or chrome://tracing)")
+
+
+def save_npz(path, **arrays) -> None:
+    """Write arrays to ``path`` (.npz) atomically (see nnlib.lesson01_mnist.files.atomic_write)."""
+    with atomic_write(path) as stream:
+        np.savez(stream, **arrays)
