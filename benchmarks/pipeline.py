@@ -6,7 +6,7 @@ Starts itself under ``mpiexec -n 2`` (one BLAS thread per rank) and, for GPipe a
 m = 1, 2, 4, 8, 16 micro-batches, runs pipeline steps on a random float32 batch (a warm-up step,
 then the median of 5 steps), in R rounds (default 3) that interleave every case. It prints the
 medians over the rounds of: the measured idle fraction (with its range), the one
-nnlib.lesson09_model_parallel.pipeline.simulated_bubble predicts from each stage's measured forward and backward
+nnlib.lesson09_model_parallel.bubbles.simulated_bubble predicts from each stage's measured forward and backward
 times, and the step's time (first computation to last); beside them (P - 1) / (m + P - 1), which
 assumes equal stages, and the most micro-batches each stage kept alive. Then, per network and m,
 1F1B's step time over GPipe's (1F1B keeps fewer micro-batches alive; it should not be slower).
@@ -34,7 +34,7 @@ COUNTS = (1, 2, 4, 8, 16)  # micro-batches per step (measure_bubbles' default)
 def worker(rounds: int) -> None:
     from mpi4py import MPI
 
-    from nnlib.lesson09_model_parallel.pipeline import measure_bubbles
+    from nnlib.lesson09_model_parallel.bubbles import measure_bubbles
     from nnlib.lesson10_faults.watchdog import watch
 
     comm = watch(MPI.COMM_WORLD)  # every message under the default deadline, as in a batch job

@@ -22,7 +22,7 @@ from nnlib.lesson03_training import training
 from nnlib.lesson04_collectives import collectives, costmodel
 from nnlib.lesson06_scaling import scaling
 from nnlib.lesson08_inside_allreduce import allreduce
-from nnlib.lesson09_model_parallel import pipeline
+from nnlib.lesson09_model_parallel import bubbles
 from nnlib.lesson11_beyond_sync import compression, local_sgd, powersgd
 from nnlib.lesson12_memory import recompute
 from nnlib.lesson13_pipeline_schedules import schedules
@@ -112,7 +112,7 @@ NNLIB = {
     "08.3": allreduce.bus_bandwidth,
     "09.1": lambda inputs, weights, biases: sigmoid(inputs @ np.hstack(weights) + np.concatenate(biases)),
     "09.2": lambda hidden, weights, biases: np.hstack(hidden) @ np.vstack(weights) + biases,  # the unsplit layer
-    "09.3": pipeline.bubble_fraction,
+    "09.3": bubbles.bubble_fraction,
     "11.1": compression.to_bfloat16,
     "11.2": top_k_step_by_nnlib,
     "11.3": powersgd_approximation_by_nnlib,

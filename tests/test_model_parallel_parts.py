@@ -6,7 +6,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from nnlib.lesson09_model_parallel.pipeline import SCHEDULES, bubble_fraction, simulated_bubble, stage_layers
+from nnlib.lesson09_model_parallel.bubbles import bubble_fraction, simulated_bubble
+from nnlib.lesson09_model_parallel.instructions import SCHEDULES
+from nnlib.lesson09_model_parallel.pipeline import stage_layers
 from nnlib.lesson09_model_parallel.tensor import layer_kinds
 
 

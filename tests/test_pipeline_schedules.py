@@ -15,7 +15,8 @@ from collections import Counter
 
 import pytest
 
-from nnlib.lesson09_model_parallel.pipeline import Instruction, simulate, stage_layers
+from nnlib.lesson09_model_parallel.instructions import Instruction, simulate
+from nnlib.lesson09_model_parallel.pipeline import stage_layers
 from nnlib.lesson13_pipeline_schedules.bubbles_job import LAYER_SIZES, balanced_layouts
 from nnlib.lesson13_pipeline_schedules.schedules import (balanced_split, bubble_formula, interleaved,
                                                           schedule_programs, simulated_bubble)

@@ -13,7 +13,7 @@ from collections import Counter
 
 import pytest
 
-from nnlib.lesson09_model_parallel.pipeline import SCHEDULES, Instruction, simulate
+from nnlib.lesson09_model_parallel.instructions import SCHEDULES, Instruction, simulate
 
 CASES = [(stages, micro_batches) for stages in range(1, 9) for micro_batches in (1, 2, 3, 5, 8, 13, 32)]
 

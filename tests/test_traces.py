@@ -23,7 +23,7 @@ from nnlib.lesson04_collectives.trace import (Span, phase_spans, pipeline_spans,
                                               write_trace)
 from nnlib.lesson05_data_parallel.data_parallel import train_parallel
 from nnlib.lesson08_inside_allreduce.overlap import CALL_THREADS, BucketedAllreduce, bucket_spans
-from nnlib.lesson09_model_parallel.pipeline import simulate
+from nnlib.lesson09_model_parallel.instructions import simulate
 from nnlib.lesson10_faults.watchdog import record_waits, train_watched, wait_spans
 from nnlib.lesson13_pipeline_schedules.pictures import chunks_of
 from nnlib.lesson13_pipeline_schedules.schedules import schedule_programs

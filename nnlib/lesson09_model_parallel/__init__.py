@@ -1,11 +1,13 @@
 """Lesson 09 (notebooks/09_model_and_pipeline_parallelism.ipynb): the network itself split over the ranks.
 
-    tensor     the hidden units of each layer split over the ranks (Megatron's MLP)
-    pipeline   consecutive layers on consecutive ranks; GPipe and 1F1B as instruction lists
-    grid       a data x tensor or data x pipeline grid of ranks made with Comm.Split
-    tradeoffs  bytes, memory and time per rank of each kind of parallelism
-    diagrams   the column and row split of tensor parallelism, drawn; the pipeline's time line and
-               bubbles, the fastest split
+    tensor        the hidden units of each layer split over the ranks (Megatron's MLP)
+    pipeline      consecutive layers on consecutive ranks: one stage, and the executor of any schedule
+    instructions  schedules as data: GPipe and 1F1B as instruction lists per stage, and their simulation
+    bubbles       the pipeline's idle time: the formula, the simulated schedule, a measured step
+    grid          a data x tensor or data x pipeline grid of ranks made with Comm.Split
+    tradeoffs     bytes, memory and time per rank of each kind of parallelism
+    diagrams      the column and row split of tensor parallelism, drawn; the pipeline's time line and
+                  bubbles, the fastest split
 """
 
 LESSON = 9

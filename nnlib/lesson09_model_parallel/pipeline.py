@@ -15,21 +15,10 @@ a (1 - a) to get its own top layer's delta). Each stage adds the weight gradient
 micro-batches, each divided by the whole batch's N, so that one step equals the sequential step
 on the whole batch (up to the order of the additions).
 
-**Schedules are data.** A schedule is a function (stages, micro_batches) -> for each stage, the
-list of :class:`Instruction` s it runs in order: "recv_forward", "forward", "send_forward",
-"recv_backward", "backward", "send_backward", each for one micro-batch. One executor
-(:meth:`PipelineMLP.loss_and_gradient`) runs any schedule, and :func:`simulate` runs the same
-lists on a clock, so a schedule is tested and its bubble predicted without MPI (as in
-ShallowSpeed's pipe.py and schedule.py). Two schedules of the same work (Huang et al. 2019, GPipe;
-Narayanan et al. 2019, PipeDream):
-
-``gpipe``  every stage runs all m forwards, then all m backwards. Simple; each stage keeps the
-           activations of all m micro-batches until their backward.
-``1f1b``   stage s runs P - s - 1 forwards to fill the pipe, then alternates one forward, one
-           backward, then drains. The same idle time, but at most P - s micro-batches alive.
-
-While the pipe fills and drains some stages wait: with equal stages the idle ("bubble") fraction
-of a step is (P - 1) / (m + P - 1), so more micro-batches mean less waste.
+**Schedules are data** (nnlib.lesson09_model_parallel.instructions): for each stage, a list of instructions
+("recv_forward", "forward", "send_forward", ...), which :meth:`PipelineMLP.loss_and_gradient` runs, one
+by one, whatever the schedule (GPipe, 1F1B, and lesson 13's). The idle time while the pipe fills and drains
+(the bubble) is predicted and measured in nnlib.lesson09_model_parallel.bubbles.
 
 A :class:`PipelineMLP` has the methods :func:`nnlib.lesson03_training.training.train` uses, so the sequential
 trainer drives it: every rank passes the same batch (stage 0 uses the inputs, the last stage the
@@ -42,7 +31,7 @@ stages' vectors in rank order, which is exactly Network's flat layout.
 from __future__ import annotations
 
 import time
-from collections import Counter, defaultdict, deque
+from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -52,15 +41,11 @@ from nnlib.lesson02_network.network import (Classifier, Network, backward_layers
                                             output_loss, parameter_offsets)
 from nnlib.lesson04_collectives.collectives import (allgather_rows, offsets, raised_on_every_rank,
                                                     require_same_on_every_rank, split_counts)
+from nnlib.lesson09_model_parallel.instructions import COMPUTE, SCHEDULES, Instruction
 
 LESSON = 9
 
 FORWARD_TAG, BACKWARD_TAG = 1, 2
-#: Where each message goes: a send's (direction, stage step) and a receive's (direction, the sender's step).
-SENDS = {"send_forward": ("forward", +1), "send_backward": ("backward", -1)}
-RECEIVES = {"recv_forward": ("forward", -1), "recv_backward": ("backward", +1)}
-#: The computing instructions, and their letter in a timeline (F3: the forward of micro-batch 3).
-COMPUTE = {"forward": "F", "backward": "B", "backward_input": "B", "backward_weight": "W"}
 
 
 def stage_layers(num_layers: int, stages: int, split=None):
@@ -89,151 +74,6 @@ def split_problem(split, num_layers: int, stages: int) -> str | None:
     if sum(split) != num_layers:
         return f"split {tuple(split)} holds {sum(split)} layers but the network has {num_layers} weight layers"
     return None
-
-
-# -- schedules: for each stage, a list of instructions -----------------------------------------------
-
-@dataclass(frozen=True)
-class Instruction:
-    """One step of a stage's schedule.
-
-    kind:        "recv_forward", "forward", "send_forward", "recv_backward", "backward" or "send_backward";
-                 or the backward split in two: "backward_input" (every layer's delta and the input
-                 gradient sent back: B) and "backward_weight" (the weight gradients a_in.T @ delta: W),
-                 which a schedule may run later than B
-    micro_batch: k, which micro-batch (0 .. m-1)
-    chunk:       which of the stage's model chunks (0 here: one slice of layers per stage). A stage
-                 with v chunks holds v slices of layers; chunk c of stage s is *virtual stage* c P + s
-                 of v P, and messages go from virtual stage j to j + 1 (forward) or j - 1 (backward).
-    """
-
-    kind: str
-    micro_batch: int
-    chunk: int = 0
-
-
-def forward_steps(stage: int, stages: int, micro_batch: int, chunk: int = 0, chunks: int = 1,
-                  kind: str = "forward") -> list[Instruction]:
-    """Receive the activation (unless the first virtual stage), run the forward, send it on (unless the last)."""
-    virtual = chunk * stages + stage
-    steps = [Instruction("recv_forward", micro_batch, chunk)] if virtual > 0 else []
-    steps.append(Instruction(kind, micro_batch, chunk))
-    return steps + ([Instruction("send_forward", micro_batch, chunk)] if virtual < chunks * stages - 1 else [])
-
-
-def backward_steps(stage: int, stages: int, micro_batch: int, chunk: int = 0, chunks: int = 1,
-                   kind: str = "backward") -> list[Instruction]:
-    """Receive the output gradient (unless the last virtual stage), run the backward, send the input gradient back.
-
-    kind: "backward", or "backward_input" (B of the split backward, which sends what "backward" sends).
-    """
-    virtual = chunk * stages + stage
-    steps = [Instruction("recv_backward", micro_batch, chunk)] if virtual < chunks * stages - 1 else []
-    steps.append(Instruction(kind, micro_batch, chunk))
-    return steps + ([Instruction("send_backward", micro_batch, chunk)] if virtual > 0 else [])
-
-
-def weight_steps(stage: int, stages: int, micro_batch: int, chunk: int = 0, chunks: int = 1,
-                 kind: str = "backward_weight") -> list[Instruction]:
-    """W of the split backward: no message, only this stage's weight gradients of micro-batch k."""
-    return [Instruction(kind, micro_batch, chunk)]
-
-
-STEPS = {"forward": forward_steps, "backward": backward_steps, "backward_input": backward_steps,
-         "backward_weight": weight_steps}
-
-
-def program(stage: int, stages: int, order, chunks: int = 1) -> list[Instruction]:
-    """A stage's instructions from its order of work, messages included.
-
-    order: [(kind, k)] or [(kind, k, chunk)], kind "forward", "backward", "backward_input" or
-    "backward_weight"; chunks: v, the model chunks of every stage (1 unless interleaved).
-    """
-    instructions = []
-    for kind, k, *chunk in order:
-        instructions += STEPS[kind](stage, stages, k, *(chunk or [0]), chunks, kind=kind)
-    return instructions
-
-
-def gpipe(stages: int, micro_batches: int) -> list[list[Instruction]]:
-    """GPipe: on every stage all m forwards, then all m backwards (in the same order)."""
-    order = [("forward", k) for k in range(micro_batches)] + [("backward", k) for k in range(micro_batches)]
-    return [program(stage, stages, order) for stage in range(stages)]
-
-
-def one_f_one_b(stages: int, micro_batches: int) -> list[list[Instruction]]:
-    """1F1B: stage s runs w = min(P - s - 1, m) forwards, then alternates forward k + w and backward k, then drains."""
-    programs = []
-    for stage in range(stages):
-        warmup = min(stages - stage - 1, micro_batches)
-        order = [("forward", k) for k in range(warmup)]
-        for k in range(micro_batches - warmup):
-            order += [("forward", warmup + k), ("backward", k)]
-        order += [("backward", k) for k in range(micro_batches - warmup, micro_batches)]
-        programs.append(program(stage, stages, order))
-    return programs
-
-
-SCHEDULES = {"gpipe": gpipe, "1f1b": one_f_one_b}
-
-
-def simulate(programs, seconds) -> list[list[tuple]]:
-    """Run every stage's instructions on a clock, as the executor runs them; return the timelines.
-
-    programs: a schedule's lists (one per stage). seconds(stage, kind): how long a computing
-    instruction takes there. A send takes no time and never waits (MPI's Isend); a receive waits
-    until the message has been sent, and takes the oldest one on its channel (MPI's order: one
-    channel per sending and receiving virtual stage), which must be the micro-batch it names.
-    Returns each stage's [(letter, k, start, end)] of its computations, like PipelineMLP.timeline.
-    Raises RuntimeError if the schedule deadlocks, receives out of order, or sends what nobody receives.
-    """
-    stages = len(programs)
-    position, clock = [0] * stages, [0.0] * stages
-    channels = defaultdict(deque)  # (direction, receiving virtual stage) -> [(micro-batch, time sent)]
-    timelines = [[] for _ in programs]
-    progressed = True
-    while progressed:
-        progressed = False
-        for stage, instructions in enumerate(programs):
-            while position[stage] < len(instructions):
-                instruction = instructions[position[stage]]
-                virtual = instruction.chunk * stages + stage
-                if instruction.kind in RECEIVES:
-                    channel = channels[RECEIVES[instruction.kind][0], virtual]
-                    if not channel:
-                        break  # blocked: the message has not been sent yet
-                    clock[stage] = max(clock[stage], received(channel, instruction, stage))
-                elif instruction.kind in SENDS:
-                    direction, step = SENDS[instruction.kind]
-                    channels[direction, virtual + step].append((instruction.micro_batch, clock[stage]))
-                else:
-                    began, clock[stage] = clock[stage], clock[stage] + seconds(stage, instruction.kind)
-                    timelines[stage].append((COMPUTE[instruction.kind], instruction.micro_batch, began, clock[stage]))
-                position[stage] += 1
-                progressed = True
-    check_finished(programs, position, channels)
-    return timelines
-
-
-def received(channel, instruction: Instruction, stage: int) -> float:
-    """Take the oldest message of ``channel`` for ``instruction`` (a receive); the time it was sent."""
-    micro_batch, sent = channel.popleft()
-    if micro_batch != instruction.micro_batch:
-        raise RuntimeError(f"stage {stage} runs {instruction} but the next message on its channel is micro-batch "
-                           f"{micro_batch}: messages arrive in the order they were sent")
-    return sent
-
-
-def check_finished(programs, position, channels) -> None:
-    """RuntimeError unless every stage ran all its instructions and every message was received."""
-    stuck = [f"stage {stage} waits in {instructions[position[stage]]}"
-             for stage, instructions in enumerate(programs) if position[stage] < len(instructions)]
-    if stuck:
-        raise RuntimeError("the schedule deadlocks: " + "; ".join(stuck))
-    unread = [f"{len(channel)} {direction} message(s) to virtual stage {virtual}"
-              for (direction, virtual), channel in channels.items() if channel]
-    if unread:
-        raise RuntimeError("the schedule sends what no stage receives: " + "; ".join(unread))
 
 
 # -- the executor -----------------------------------------------------------------------------------
@@ -571,92 +411,3 @@ def check_pipeline_settings(stages: int, num_layers: int, micro_batches, schedul
         problem = split_problem(split, num_layers, stages * chunks)
     if problem:
         raise raised_on_every_rank(ValueError(problem))
-
-
-def bubble_fraction(stages: int, micro_batches: int) -> float:
-    """The idle fraction of a pipeline step with equal stages: (P - 1) / (m + P - 1)."""
-    return (stages - 1) / (micro_batches + stages - 1)
-
-
-def step_span(timelines) -> float:
-    """Seconds from the first computation of a step, on any stage, to the end of its last one.
-
-    timelines: every stage's PipelineMLP.timeline of the same step (one host's clock).
-    """
-    start = min(begin for timeline in timelines for _, _, begin, _ in timeline)
-    end = max(finish for timeline in timelines for _, _, _, finish in timeline)
-    return end - start
-
-
-def measured_bubble(timelines) -> float:
-    """The idle fraction of a step from every stage's timeline: 1 - busy / (P x step_span)."""
-    busy = sum(finish - begin for timeline in timelines for _, _, begin, finish in timeline)
-    return 1.0 - busy / (len(timelines) * step_span(timelines))
-
-
-def measure_bubbles(comm, layer_sizes, batch: int, micro_batch_counts=(1, 2, 4, 8, 16), schedule: str = "1f1b",
-                    repeats: int = 5, dtype="float32", seed: int = 0):
-    """The measured idle fraction of a pipeline step for each m, beside (P - 1) / (m + P - 1).
-
-    Every rank runs ``repeats`` steps (after one warm-up) on the same random batch of ``batch``
-    samples; the timelines go to rank 0. Returns, on rank 0, a list of dicts (micro_batches,
-    measured: the median over the steps, formula, simulated: :func:`simulated_bubble` with each
-    stage's median forward and backward times, step_seconds: the median :func:`step_span`,
-    peak_alive: per stage, peak_bytes: per stage, timelines: the last step's); None elsewhere.
-    """
-    inputs, labels = random_batch(layer_sizes, batch, dtype, seed)
-    rows = []
-    for micro_batches in micro_batch_counts:
-        pipeline = PipelineMLP(comm, layer_sizes, dtype=dtype, seed=seed, micro_batches=micro_batches,
-                               schedule=schedule)
-        measured, simulated, spans = [], [], []
-        for repeat in range(repeats + 1):
-            timelines = timed_step(pipeline, inputs, labels)
-            if repeat and comm.rank == 0:
-                measured.append(measured_bubble(timelines))
-                spans.append(step_span(timelines))
-                durations = [median_seconds(timeline) for timeline in timelines]
-                simulated.append(simulated_bubble([stage["F"] for stage in durations],
-                                                  [stage["B"] for stage in durations], schedule, micro_batches))
-        alive = pipeline.comm.gather((pipeline.peak_alive, pipeline.peak_activation_bytes), root=0)
-        if comm.rank == 0:
-            rows.append(dict(micro_batches=micro_batches, measured=float(np.median(measured)),
-                             formula=bubble_fraction(comm.size, micro_batches), simulated=float(np.median(simulated)),
-                             step_seconds=float(np.median(spans)),
-                             peak_alive=[count for count, _ in alive], peak_bytes=[size for _, size in alive],
-                             timelines=timelines))
-    return rows if comm.rank == 0 else None
-
-
-def random_batch(layer_sizes, batch: int, dtype, seed: int):
-    """A random batch to time steps on: inputs (batch, n_0) uniform in [0, 1), labels (batch,) in 0..n_L-1."""
-    rng = np.random.default_rng(seed)
-    return rng.random((batch, layer_sizes[0])).astype(dtype), rng.integers(0, layer_sizes[-1], batch)
-
-
-def timed_step(pipeline: PipelineMLP, inputs, labels):
-    """One step of ``pipeline`` after a barrier: every stage's timeline, on rank 0 (None elsewhere)."""
-    pipeline.comm.Barrier()
-    pipeline.loss_and_gradient(inputs, labels, check=False)
-    return pipeline.comm.gather(pipeline.timeline, root=0)
-
-
-def median_seconds(timeline) -> dict:
-    """{letter: median seconds} of each kind of computation in one stage's timeline ("F", "B", "W")."""
-    letters = sorted({letter for letter, _, _, _ in timeline})
-    return {letter: float(np.median([end - begin for what, _, begin, end in timeline if what == letter]))
-            for letter in letters}
-
-
-def simulated_bubble(forward_seconds, backward_seconds, schedule: str, micro_batches: int) -> float:
-    """The idle fraction that ``schedule`` must have with these per-stage times (no message cost).
-
-    forward_seconds[s], backward_seconds[s]: stage s's time for one micro-batch. The schedule's
-    instruction lists run in :func:`simulate` (the very lists the executor runs): F(s, k) waits for
-    F(s-1, k)'s message, B(s, k) for B(s+1, k)'s. With equal stages this gives (P - 1) / (m + P - 1);
-    real stages are not equal (the first has no input gradient to compute, the last computes the
-    loss), and this says what that costs.
-    """
-    seconds = {"forward": forward_seconds, "backward": backward_seconds}
-    programs = SCHEDULES[schedule](len(forward_seconds), micro_batches)
-    return measured_bubble(simulate(programs, lambda stage, kind: seconds[kind][stage]))

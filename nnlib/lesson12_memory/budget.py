@@ -57,7 +57,8 @@ import tracemalloc
 
 from nnlib.lesson04_collectives.collectives import split_counts
 from nnlib.lesson08_inside_allreduce.allreduce import chunk_bounds
-from nnlib.lesson09_model_parallel.pipeline import SCHEDULES, stage_layers
+from nnlib.lesson09_model_parallel.instructions import SCHEDULES
+from nnlib.lesson09_model_parallel.pipeline import stage_layers
 from nnlib.lesson09_model_parallel.tensor import layer_kinds
 from nnlib.lesson12_memory.recompute import checkpoint_layers
 

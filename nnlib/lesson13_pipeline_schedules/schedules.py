@@ -32,9 +32,9 @@ from __future__ import annotations
 import numpy as np
 
 from nnlib.lesson04_collectives.collectives import raised_on_every_rank, require_same_on_every_rank, split_counts
-from nnlib.lesson09_model_parallel.pipeline import (SCHEDULES, PipelineMLP, measured_bubble, median_seconds,
-                                                    program, random_batch, simulate, stage_layers, step_span,
-                                                    timed_step)
+from nnlib.lesson09_model_parallel.bubbles import measured_bubble, median_seconds, random_batch, step_span, timed_step
+from nnlib.lesson09_model_parallel.instructions import SCHEDULES, program, simulate
+from nnlib.lesson09_model_parallel.pipeline import PipelineMLP, stage_layers
 from nnlib.lesson12_memory.mixed_pipeline import MixedStages
 
 LESSON = 13
