@@ -96,3 +96,9 @@ def functions(root: Path = PACKAGE):
                 if named and named[0].arg in ("self", "cls"):
                     count -= 1
                 yield name, node.name, node.end_lineno - node.lineno + 1, count
+
+
+def long_modules(limit: int, root: Path = PACKAGE) -> dict[str, int]:
+    """{dotted name: lines} of the modules under ``root`` longer than ``limit`` lines."""
+    lengths = {name: len(path.read_text().splitlines()) for name, path in modules(root).items()}
+    return {name: lines for name, lines in lengths.items() if lines > limit}

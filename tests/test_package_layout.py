@@ -5,7 +5,8 @@ These read the source (tests/layout.py); they run nothing of nnlib.
 
 import shutil
 
-from layout import PACKAGE, closure, constant, functions, imports, lesson_folders, lesson_of, modules, violations
+from layout import (PACKAGE, closure, constant, functions, imports, lesson_folders, lesson_of, long_modules, modules,
+                    violations)
 
 TOP_LEVEL = {"nnlib", "nnlib.__main__", "nnlib.train_command", "nnlib.check", "nnlib.environment"}
 JOB_PARTS = {f"nnlib.train_command.{part}" for part in ("options", "job", "data_parallel", "model_parallel",
@@ -66,6 +67,11 @@ def test_no_function_is_longer_than_60_lines_or_takes_more_than_8_parameters():
     assert not too_big, too_big
 
 
+def test_every_module_can_be_read_in_one_sitting():
+    """At most 500 lines a file (picotron's rule of thumb): a longer one is split by what its parts do."""
+    assert long_modules(500) == {}, "split these modules into files a reader finishes in one sitting"
+
+
 def test_the_code_a_lesson_05_reader_opens_is_at_most_900_lines_in_at_most_6_modules():
     """nnlib.lesson05_data_parallel.data_parallel (train_parallel and its syncs) and every nnlib module it imports, transitively."""
     opened = closure("nnlib.lesson05_data_parallel.data_parallel")
@@ -80,9 +86,10 @@ def test_the_size_checks_can_fail(tmp_path):
     body = "".join(f"    x{line} = {line}\n" for line in range(60))
     training = copy / "lesson03_training" / "training.py"
     training.write_text(training.read_text()
-                                      + f"\n\ndef long(a, b, c, d, e, f, g, h, i):\n{body}")
+                                      + f"\n\ndef long(a, b, c, d, e, f, g, h, i):\n{body}" + "# one more line\n" * 100)
     assert [(name, lines, parameters) for module, name, lines, parameters in functions(copy) if name == "long"] \
         == [("long", 61, 9)]
+    assert long_modules(500, copy) == {"nnlib.lesson03_training.training": len(training.read_text().splitlines())}
     opened = closure("nnlib.lesson05_data_parallel.data_parallel", copy)  # the long function lands in lesson 05's reading
     assert sum(len((copy / f"{name.replace('nnlib.', '').replace('.', '/')}.py").read_text().splitlines())
                for name in opened) > 900
