@@ -14,7 +14,8 @@ torch==2.13.0) it also trains the same network with DistributedDataParallel (glo
 Cases:
   784-128-10 on full MNIST, global batch 256, mini-batch SGD (momentum 0.9)
   400-25-10 full-batch gradient descent on 60,000 samples (the seed workload, 20x20 crops)
-  784-1024-10 on full MNIST, global batch 4,096 (compute dominates: how close 2 ranks come to 100%), also
+  784-1024-10 on full MNIST, global batch 4,096 (compute dominates: how close 2 ranks come to 100%), with
+    the exact sampler (uneven shares of each batch) and per_rank (even shares), also
     with glibc's default allocator ("same, glibc default": NNLIB_KEEP_FREED_MEMORY=0, every process
     faulting fresh pages in for its 4 MB arrays at every step; see nnlib.environment.keep_freed_memory)
 
@@ -48,10 +49,25 @@ CASES = {
     "784-1024-10, batch 4096": dict(sizes=(784, 1024, 10), batch=4096, epochs=3, crop=False, learning_rate=0.1),
 }
 FEW_MODES = {"400-25-10, full batch": [("allreduce", "exact"), ("zero", "exact")],
-             "784-1024-10, batch 4096": [("allreduce", "exact")]}  # the compute-dominated case: its bound
+             # the compute-dominated case: its bound, with the exact sampler's uneven shares and with even ones
+             "784-1024-10, batch 4096": [("allreduce", "exact"), ("allreduce", "per_rank")]}
 # Cases also run with glibc's default allocator (NNLIB_KEEP_FREED_MEMORY=0: freed memory handed back and
 # faulted in again at every step, see nnlib.environment.keep_freed_memory), interleaved with the others.
 ALLOCATOR_DEFAULT_CASES = ("784-1024-10, batch 4096",)
+
+
+def exact_imbalance(case: dict, ranks: int = 2) -> float:
+    """The exact sampler's uneven shares: the mean over an epoch's steps of max_r n_r / (B / ranks), where n_r is
+    the number of rows of global batch B that lie in rank r's shard (the sequential run's batches, cut by the
+    shards, as nnlib.lesson05_data_parallel.data_parallel.ShardBatches does). The per_rank sampler gives every
+    rank B / ranks rows exactly: 1.0. The busiest rank sets the pace of every step."""
+    from nnlib.lesson03_training.training import Settings
+    from nnlib.lesson04_collectives.collectives import split_counts
+    from nnlib.lesson05_data_parallel.data_parallel import ShardBatches
+
+    settings = Settings(epochs=1, learning_rate=case["learning_rate"], batch_size=case["batch"])
+    plans = [ShardBatches(split_counts(60000, ranks), rank, settings).epoch(0) for rank in range(ranks)]
+    return float(np.mean([max(len(rows) for rows, _ in step) / (step[0][1] / ranks) for step in zip(*plans)]))
 
 
 def load(crop: bool):
@@ -339,6 +355,10 @@ def main() -> None:
           "epoch of 2 ranks training at once, each on its half of the data at half the global batch, with no "
           "communication at all (measured in the same rounds: what each rank's own steps cost while the other "
           "computes too; a step's fixed costs do not halve with the batch).")
+    shares = ", ".join(f"{name}: {exact_imbalance(case):.3f}" for name, case in CASES.items() if case["batch"])
+    print(f"exact: every rank computes the rows of the sequential run's batch that lie in its shard, so the shares are "
+          f"uneven; the busier rank's share against an even half, averaged over an epoch's steps: {shares} (per_rank: "
+          f"1.000). The bound counts even halves: the exact sampler's extra waiting is this unevenness.")
     print("comm/step: the communicate phase per step of the rank with the most (zero: both ring halves), "
           "waiting included; waiting: that rank's time waiting for the other to arrive; transfer: the rest, "
           "what the rank that arrived last spent (nnlib.lesson05_data_parallel.data_parallel.communication_split); bare Allreduce: "
