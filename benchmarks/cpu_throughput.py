@@ -112,7 +112,10 @@ def step_floor(layer_sizes, inputs, batch_size, seed=0) -> dict:
     """Microseconds per step of what every training step at ``batch_size`` does: the matrix products (at
     NumPy's own rate), the random gather of the batch's rows (into a fresh array, as nnlib's loop does)
     and a plain SGD update of every parameter (params -= eta grads, with its temporary); and the share of
-    the products in their sum: what a step doing nothing else would reach."""
+    the products in their sum (``share``): what a step doing nothing else would reach. ``fixed``: the
+    cost of a whole training step on a tiny network (its NumPy calls and Python lines), and
+    ``share_with_fixed`` the share once that is added too. The fixed cost slightly double-counts the
+    per-call overhead of the products, gather and update, so that limit is a little low."""
     import time
 
     rng = np.random.default_rng(seed)
@@ -208,7 +211,7 @@ def main():
           f"a step doing only these would reach {floor['share']:.0%} of the matmul rate.\n"
           f"Every step also pays a fixed cost for its NumPy calls and Python lines, whatever its size: "
           f"{floor['fixed']:.0f} us a step on a 4-3-2 network at batch 2.\nWith it, the step's limit is "
-          f"{floor['share_with_fixed']:.0%} of the matmul rate; the rest of the gap is the element-wise work "
+          f"{floor['share_with_fixed']:.0%} of the matmul rate; the rest of the gap is mostly the element-wise work "
           f"(sigmoid, loss, bias).")
 
 

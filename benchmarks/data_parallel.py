@@ -358,7 +358,8 @@ def main() -> None:
     shares = ", ".join(f"{name}: {exact_imbalance(case):.3f}" for name, case in CASES.items() if case["batch"])
     print(f"exact: every rank computes the rows of the sequential run's batch that lie in its shard, so the shares are "
           f"uneven; the busier rank's share against an even half, averaged over an epoch's steps: {shares} (per_rank: "
-          f"1.000). The bound counts even halves: the exact sampler's extra waiting is this unevenness.")
+          f"1.000). The bound counts even halves: much of the exact sampler's extra waiting comes from this "
+          f"unevenness (compare the per_rank rows' waiting).")
     print("comm/step: the communicate phase per step of the rank with the most (zero: both ring halves), "
           "waiting included; waiting: that rank's time waiting for the other to arrive; transfer: the rest, "
           "what the rank that arrived last spent (nnlib.lesson05_data_parallel.data_parallel.communication_split); bare Allreduce: "

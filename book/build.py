@@ -13,7 +13,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-# The folders (one per lesson, and the exercises): their docstrings say what is inside; their modules follow.
+# The folders (one per lesson, the exercises, and the batch job's train_command): their docstrings say
+# what is inside; their modules follow.
 PACKAGES = {path.parent.name for path in (ROOT / "nnlib").glob("*/__init__.py")}
 HIDDEN = ("__main__", "exercises.lesson_")  # the command line; the worked answers (check.solution prints them)
 

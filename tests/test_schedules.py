@@ -1,6 +1,6 @@
 """Pipeline schedules on their own, without MPI: the instruction lists of every schedule are right.
 
-nnlib.lesson09_model_parallel.pipeline's schedules are data: for each stage, the list of instructions its
+nnlib.lesson09_model_parallel.instructions' schedules are data: for each stage, the list of instructions its
 executor runs. For every schedule, P <= 8 stages and m <= 32 micro-batches, these tests check:
 every micro-batch is forwarded and backwarded exactly once per stage, with the messages that
 carry it; every dependency holds (forward k on stage s after forward k on s-1; backward k on s

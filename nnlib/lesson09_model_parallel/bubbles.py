@@ -96,10 +96,10 @@ def simulated_bubble(forward_seconds, backward_seconds, schedule: str, micro_bat
     """The idle fraction that ``schedule`` must have with these per-stage times (no message cost).
 
     forward_seconds[s], backward_seconds[s]: stage s's time for one micro-batch. The schedule's
-    instruction lists run in :func:`simulate` (the very lists the executor runs): F(s, k) waits for
-    F(s-1, k)'s message, B(s, k) for B(s+1, k)'s. With equal stages this gives (P - 1) / (m + P - 1);
-    real stages are not equal (the first has no input gradient to compute, the last computes the
-    loss), and this says what that costs.
+    instruction lists run in nnlib.lesson09_model_parallel.instructions.simulate (the very lists the
+    executor runs): F(s, k) waits for F(s-1, k)'s message, B(s, k) for B(s+1, k)'s. With equal
+    stages this gives (P - 1) / (m + P - 1); real stages are not equal (the first has no input
+    gradient to compute, the last computes the loss), and this says what that costs.
     """
     seconds = {"forward": forward_seconds, "backward": backward_seconds}
     programs = SCHEDULES[schedule](len(forward_seconds), micro_batches)

@@ -35,7 +35,7 @@ and --recompute, --accumulate and --precision with ``--model-parallel tensor``, 
 
 The job's parts, one file each: ``options`` (the arguments and their checks), ``job`` (run, abort, load the
 data), ``data_parallel``, ``model_parallel`` and ``asynchronous`` (the three kinds of job), ``reports`` (what
-rank 0 prints and writes).
+rank 0 prints and writes, except the asynchronous job's own lines, which live in ``asynchronous``).
 """
 
 from nnlib.train_command.job import abort_job, run

@@ -1,5 +1,6 @@
-"""The model-parallel job (lessons 09 and 13): tensor or pipeline parallelism inside replicas, data
-parallelism across them (nnlib.lesson09_model_parallel.grid)."""
+"""The model-parallel job (lessons 09, 12 and 13): tensor or pipeline parallelism inside replicas, data
+parallelism across them (nnlib.lesson09_model_parallel.grid). It reuses the data-parallel job's
+``job_strategy`` and ``memory_wrapped`` for the memory options (lesson 12)."""
 
 from __future__ import annotations
 
