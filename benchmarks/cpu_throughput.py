@@ -31,7 +31,7 @@ for variable in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 
 import numpy as np  # noqa: E402
 
-from nnlib.environment import blas_kernel, describe  # noqa: E402
+from nnlib.environment import blas_kernel, cpu_model, describe  # noqa: E402
 from nnlib.lesson01_mnist import data  # noqa: E402
 from nnlib.lesson02_network.network import Network  # noqa: E402
 from nnlib.lesson04_collectives.costmodel import flops_per_sample  # noqa: E402
@@ -180,7 +180,7 @@ def main():
         ("400-25-10, full batch, 5,000", (400, 25, 10), course, course_labels, None),
         ("400-25-10, full batch, 60,000", (400, 25, 10), cropped_full, labels, None),
     ]
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+    print(f"machine: {cpu_model()}, {platform.machine()}, {os.cpu_count()} cores, "
           f"{args.threads} thread(s), float32, NumPy {np.__version__}, BLAS kernel {blas_kernel()}"
           + (f", PyTorch {torch.__version__}" if torch else ""))
     print(f"memory: {describe()['memory']} (one process: PyTorch's runs too)")

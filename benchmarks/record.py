@@ -6,7 +6,7 @@ The benchmark commands alone run with OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE uns
 picks the kernel for this CPU (an environment may force an older one; nnlib.environment.kernel_note
 says so and what it costs). Tests and CI keep the environment as it is. Each command's output is
 shown as it runs, then appended to benchmarks/RESULTS.md under a dated heading with the machine,
-the BLAS kernel and the versions.
+the BLAS kernel, the versions, and how steady the machine was before and after (benchmarks/steadiness.py).
 """
 
 from __future__ import annotations
@@ -53,10 +53,12 @@ def main() -> None:
     machine = subprocess.run([sys.executable, "-c", DESCRIBE], env=environment, capture_output=True, text=True,
                              check=True).stdout.strip()
     print(machine, flush=True)
+    before = run(["steadiness.py"], environment).strip()  # is the machine steady? (recorded with the results)
     outputs = [(" ".join(command), run(command, environment)) for command in BENCHMARKS
                if not args.only or command[0] in args.only]
+    after = run(["steadiness.py"], environment).strip()
     day = datetime.date.today().isoformat()
-    section = [f"\n## `make benchmark`, {day}\n", f"{machine}\n"]
+    section = [f"\n## `make benchmark`, {day}\n", f"{machine}\n", f"before: {before}  \nafter: {after}\n"]
     for command, output in outputs:
         section += [f"\n`benchmarks/{command}`:\n", "```", output.rstrip(), "```"]
     with open(HERE / "RESULTS.md", "a") as results:  # appended only once every benchmark has finished

@@ -77,6 +77,17 @@ def cpu_instruction_set() -> str:
     return next((name for flag, name in CPU_FLAGS.items() if flag in flags), "unknown")
 
 
+def cpu_model() -> str:
+    """The CPU's model name ("AMD EPYC 9R14", "Intel(R) Xeon(R) Processor", ...): /proc/cpuinfo's "model name"
+    on Linux, else what Python's platform module knows. Benchmarks print it: two runs compare only on one CPU."""
+    try:
+        with open("/proc/cpuinfo") as info:
+            name = next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), "")
+    except OSError:
+        name = ""
+    return name or platform.processor() or "unknown CPU"
+
+
 def keep_freed_memory() -> bool:
     """Make the C library's allocator keep the memory a training step frees, for the next step to reuse.
 
@@ -168,7 +179,7 @@ def describe() -> dict:
             versions[name] = "not installed"
     usable, reason = gpu_status()
     return {
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.system()} {platform.release()}",
+        "machine": f"{cpu_model()}, {platform.machine()}, {os.cpu_count()} cores, {platform.system()} {platform.release()}",
         **versions,
         "BLAS": blas(),
         "BLAS kernel": f"{blas_kernel()}, on a CPU with {cpu_instruction_set()}",

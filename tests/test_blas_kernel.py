@@ -50,6 +50,18 @@ def test_the_report_names_the_kernel_and_the_cpus_instructions():
     assert described["BLAS kernel"] == f"{environment.blas_kernel()}, on a CPU with {environment.cpu_instruction_set()}"
 
 
+def test_the_report_names_the_cpu_model():
+    """Two benchmark runs compare only on one CPU: the machine line begins with /proc/cpuinfo's model name."""
+    try:
+        with open("/proc/cpuinfo") as info:
+            names = [line.split(":", 1)[1].strip() for line in info if line.startswith("model name")]
+    except OSError:
+        names = []
+    model = environment.cpu_model()
+    assert model and model == (names[0] if names and names[0] else model), (model, names[:1])
+    assert environment.describe()["machine"].startswith(f"{model}, "), environment.describe()["machine"]
+
+
 def test_the_report_fits_a_projector_with_and_without_the_note():
     """Lesson 00's environment check: every line at most 100 characters, the long kernel note wrapped."""
     own = {name: value for name, value in os.environ.items() if name not in environment.FORCING_VARIABLES}
