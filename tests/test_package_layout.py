@@ -24,12 +24,14 @@ def test_modules_only_the_notebooks_use_say_so():
     """NOTEBOOKS_ONLY = True: no nnlib module imports it (the command line may); every other module is imported
     by one (the package itself, its command line and the exercises, which check loads by lesson, aside)."""
     known = modules()
-    users = {name: {user for user, path in known.items() if name in imports(user, path, known)} for name in known}
+    imported = {user: imports(user, path, known) for user, path in known.items()}  # each module read once
+    texts = {user: path.read_text() for user, path in known.items()}
+    users = {name: {user for user in known if name in imported[user]} for name in known}
     marked = {name for name, path in known.items() if constant(path, "NOTEBOOKS_ONLY") is True}
     assert {name: users[name] for name in marked if users[name] - {"nnlib.__main__"}} == {}
     for name in known:  # a module that another has the engines (or the controller) load is named in a string
-        users[name] |= {user for user, path in known.items() if user != name
-                        and (f"'{name}'" in path.read_text() or f'"{name}"' in path.read_text())}
+        users[name] |= {user for user, text in texts.items() if user != name
+                        and (f"'{name}'" in text or f'"{name}"' in text)}
     unused = {name for name in known if not users[name]} - {"nnlib", "nnlib.__main__"} - set(lesson_folders())
     assert sorted(name for name in unused - marked if not name.startswith("nnlib.exercises.")) == []
 
