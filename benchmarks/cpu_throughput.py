@@ -7,8 +7,9 @@ Both libraries train the same network (same sizes, same starting weights, float3
 sigmoid outputs with cross-entropy, plain SGD) on the same MNIST samples in the
 same order, with the same number of BLAS threads, in this one process. The cases run in R
 interleaved rounds (default 5): in each round every case trains in nnlib, then in PyTorch, then
-NumPy's matmul rate at its shapes is measured, each giving its best epoch of a few after a warm-up
-epoch. The table gives the median over the rounds, with the range (lowest-highest) beside it.
+NumPy's matmul rate at its shapes is measured, and PyTorch's (with the BLAS PyTorch brings: MKL on
+x86), each training run giving its best epoch of a few after a warm-up epoch. The table gives the
+median over the rounds, with the range (lowest-highest) beside it.
 """
 
 import argparse
@@ -103,6 +104,14 @@ def torch_throughput(torch, layer_sizes, inputs, labels, batch_size, epochs, lea
     return num_samples / min(seconds[1:])
 
 
+def torch_blas(torch) -> str:
+    """The BLAS PyTorch was built with ("BLAS mkl"), from its build configuration."""
+    import re
+
+    found = re.search(r"BLAS_INFO=([^,\s]+)", torch.__config__.show())
+    return f"BLAS {found.group(1)}" if found else "BLAS not named in its build configuration"
+
+
 def spread(values, form="{:,.0f}") -> str:
     """'median (lowest-highest)' of the rounds' values."""
     return f"{form.format(median(values))} ({form.format(min(values))}-{form.format(max(values))})"
@@ -182,12 +191,12 @@ def main():
     ]
     print(f"machine: {cpu_model()}, {platform.machine()}, {os.cpu_count()} cores, "
           f"{args.threads} thread(s), float32, NumPy {np.__version__}, BLAS kernel {blas_kernel()}"
-          + (f", PyTorch {torch.__version__}" if torch else ""))
+          + (f", PyTorch {torch.__version__} ({torch_blas(torch)})" if torch else ""))
     print(f"memory: {describe()['memory']} (one process: PyTorch's runs too)")
     print("FLOPs count the matrix products nnlib performs: forward, weight gradients, and input "
           f"gradients for every layer but the first. Medians of {args.rounds} interleaved rounds "
           "(lowest-highest).\n")
-    rounds = {name: dict(ours=[], theirs=[], ratio=[], share=[], seed=[]) for name, *_ in cases}
+    rounds = {name: dict(ours=[], theirs=[], ratio=[], share=[], seed=[], blas=[]) for name, *_ in cases}
     seed_rates = []
     for _ in range(args.rounds):
         seed_rates.append(seed_style_throughput(course, course_labels, iterations=1))  # timed here, in this run
@@ -195,13 +204,19 @@ def main():
             ours = training_throughput(sizes, inputs, case_labels, batch, args.epochs)
             theirs = torch_throughput(torch, sizes, inputs, case_labels, batch, args.epochs) if torch else float("nan")
             ceiling = matmul_rate(sizes, batch or inputs.shape[0])
+            theirs_ceiling = matmul_rate(sizes, batch or inputs.shape[0], convert=torch.from_numpy) if torch else float("nan")
             found = rounds[name]
             found["ours"].append(ours)
             found["theirs"].append(theirs)
             found["ratio"].append(ours / theirs)
             found["share"].append(ours * flops_per_sample(sizes) / 1e9 / ceiling)
             found["seed"].append(ours / seed_rates[-1])
+            found["blas"].append(ceiling / theirs_ceiling)
     print_table(cases, rounds)
+    print("\nmatmul ratio: NumPy's matmul rate over PyTorch's at the same shapes, in the same round: how much of "
+          "nnlib/torch\nthe two BLAS libraries give by themselves. Where the products take almost all of a step "
+          "(full batch), nnlib/torch\ncannot be much above it; at batch 128 the rest is each library's work "
+          "around the products.")
     print(f"\nx seed: against the seed scripts' step (a loop over the samples), timed in every round on "
           f"{SEED_NETWORK[0]}-{SEED_NETWORK[1]}-{SEED_NETWORK[2]} and 5,000 samples: {spread(seed_rates)} samples/s.")
     floor = step_floor((784, 128, 10), full, 128)
@@ -216,16 +231,18 @@ def main():
 
 
 def print_table(cases, rounds) -> None:
-    """One row per case: nnlib's and PyTorch's samples/s, their ratio, the share of the matmul rate, x seed."""
+    """One row per case: nnlib's and PyTorch's samples/s, their ratio, their BLAS libraries' ratio (matmul
+    ratio), nnlib's share of NumPy's matmul rate, x seed."""
     header = (f"{'case':31s} {'nnlib samples/s':>25s} {'torch samples/s':>25s} {'nnlib/torch':>17s} "
-              f"{'of matmul':>13s} {'x seed':>11s}")
+              f"{'matmul ratio':>17s} {'of matmul':>13s} {'x seed':>11s}")
     print(header)
     print("-" * len(header))
     for name, sizes, *_ in cases:
         found = rounds[name]
         seed = spread(found["seed"], "{:.0f}") if sizes == SEED_NETWORK else "-"
         print(f"{name:31s} {spread(found['ours']):>25s} {spread(found['theirs']):>25s} "
-              f"{spread(found['ratio'], '{:.2f}'):>17s} {spread(found['share'], '{:.0%}'):>13s} {seed:>11s}")
+              f"{spread(found['ratio'], '{:.2f}'):>17s} {spread(found['blas'], '{:.2f}'):>17s} "
+              f"{spread(found['share'], '{:.0%}'):>13s} {seed:>11s}")
 
 
 if __name__ == "__main__":

@@ -98,3 +98,20 @@ def test_harness_end_to_end_on_one_and_two_ranks():
     assert [row["speedup"] for row in rows if row["ranks"] == 1] == [1.0, 1.0]
     seconds = scaling.measure_messages(2, [8, 65536], repeats=5)  # one Sendrecv of each size
     assert seconds.shape == (2,) and np.all(seconds > 0)
+
+
+def test_matmul_rate_multiplies_the_steps_shapes_in_the_library_it_is_given():
+    """benchmarks/cpu_throughput.py's matmul ratio: the same products, turned into another library's arrays."""
+    from nnlib.lesson06_scaling.benchmarks import matmul_rate, step_matmul_shapes
+
+    shapes = []
+
+    class Operand(np.ndarray):  # a NumPy array that records the shapes multiplied, as another library would run them
+        def __matmul__(self, other):
+            shapes.append((self.shape[0], self.shape[1], other.shape[1]))
+            return np.asarray(self) @ np.asarray(other)
+
+    rate = matmul_rate((20, 7, 3), 5, min_seconds=0.01, convert=lambda array: array.view(Operand))
+    expected = step_matmul_shapes((20, 7, 3), 5)
+    assert rate > 0 and len(shapes) >= 2 * len(expected) and len(shapes) % len(expected) == 0
+    assert shapes[:len(expected)] == [tuple(shape) for shape in expected]

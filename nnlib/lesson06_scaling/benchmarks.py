@@ -17,15 +17,19 @@ LESSON = 6
 NOTEBOOKS_ONLY = True  # used by the scripts in benchmarks/, by no other nnlib module
 
 
-def matmul_rate(layer_sizes, batch_size: int, dtype="float32", min_seconds: float = 0.5, seed: int = 0) -> float:
+def matmul_rate(layer_sizes, batch_size: int, dtype="float32", min_seconds: float = 0.5, seed: int = 0,
+                convert=None) -> float:
     """NumPy's measured rate (GFLOP/s) doing exactly one step's matrix products, nothing else.
 
     Random operands of the step's shapes are multiplied in the same order, repeated
     for at least ``min_seconds``; the rate is total FLOPs / total time. This is the
     ceiling the training step could reach if element-wise work and data movement were free.
+    ``convert``: a function that turns each NumPy operand into another library's array
+    (``torch.from_numpy``): that library's rate at the same shapes, with its own BLAS.
     """
     rng = np.random.default_rng(seed)
-    operands = [(rng.random((m, k), dtype=dtype), rng.random((k, n), dtype=dtype))
+    convert = convert or (lambda array: array)
+    operands = [(convert(rng.random((m, k), dtype=dtype)), convert(rng.random((k, n), dtype=dtype)))
                 for m, k, n in step_matmul_shapes(layer_sizes, batch_size)]
     flops = sum(2 * a.shape[0] * a.shape[1] * b.shape[1] for a, b in operands)
     for a, b in operands:  # warm-up
