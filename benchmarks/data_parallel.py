@@ -70,6 +70,19 @@ def exact_imbalance(case: dict, ranks: int = 2) -> float:
     return float(np.mean([max(len(rows) for rows, _ in step) / (step[0][1] / ranks) for step in zip(*plans)]))
 
 
+def matmul_ratio(case: dict, ranks: int = 2) -> float:
+    """NumPy's matmul rate over PyTorch's (one thread each, each with its own BLAS) at the products of one
+    rank's step: its share of the global batch, in nnlib's chunks of at most 1,024 rows. Where the
+    products take most of both libraries' steps, DDP/nnlib approaches it."""
+    import torch
+
+    from nnlib.lesson06_scaling.benchmarks import matmul_rate
+
+    torch.set_num_threads(1)
+    rows = min(-(-(case["batch"] or 60000) // ranks), 1024)
+    return matmul_rate(case["sizes"], rows) / matmul_rate(case["sizes"], rows, convert=torch.from_numpy)
+
+
 def load(crop: bool):
     from nnlib.lesson01_mnist import data
 
@@ -360,6 +373,12 @@ def main() -> None:
           f"uneven; the busier rank's share against an even half, averaged over an epoch's steps: {shares} (per_rank: "
           f"1.000). The bound counts even halves: much of the exact sampler's extra waiting comes from this "
           f"unevenness (compare the per_rank rows' waiting).")
+    if have_torch:
+        ratios = ", ".join(f"{name}: {matmul_ratio(case):.2f}" for name, case in CASES.items())
+        print(f"DDP/nnlib against the BLAS libraries: NumPy's matmul rate over PyTorch's at one rank's products "
+              f"(one thread each; nnlib's chunks of at most 1,024 rows): {ratios}. Below 1, PyTorch's BLAS multiplies "
+              f"faster here than NumPy's; where the products take most of both libraries' steps, DDP/nnlib "
+              f"approaches this ratio.")
     print("comm/step: the communicate phase per step of the rank with the most (zero: both ring halves), "
           "waiting included; waiting: that rank's time waiting for the other to arrive; transfer: the rest, "
           "what the rank that arrived last spent (nnlib.lesson05_data_parallel.data_parallel.communication_split); bare Allreduce: "
