@@ -214,9 +214,8 @@ def main():
             found["blas"].append(ceiling / theirs_ceiling)
     print_table(cases, rounds)
     print("\nmatmul ratio: NumPy's matmul rate over PyTorch's at the same shapes, in the same round: how much of "
-          "nnlib/torch\nthe two BLAS libraries give by themselves. Where the products take almost all of a step "
-          "(full batch), nnlib/torch\ncannot be much above it; at batch 128 the rest is each library's work "
-          "around the products.")
+          "nnlib/torch\nthe two BLAS libraries give by themselves (NumPy's OpenBLAS, PyTorch's own); the rest of "
+          "nnlib/torch is each library's\nwork around the products.")
     print(f"\nx seed: against the seed scripts' step (a loop over the samples), timed in every round on "
           f"{SEED_NETWORK[0]}-{SEED_NETWORK[1]}-{SEED_NETWORK[2]} and 5,000 samples: {spread(seed_rates)} samples/s.")
     floor = step_floor((784, 128, 10), full, 128)
