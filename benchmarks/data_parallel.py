@@ -72,15 +72,15 @@ def exact_imbalance(case: dict, ranks: int = 2) -> float:
 
 def matmul_ratio(case: dict, ranks: int = 2) -> float:
     """NumPy's matmul rate over PyTorch's (one thread each, each with its own BLAS) at the products of one
-    rank's step: its share of the global batch, in nnlib's chunks of at most 1,024 rows. Where the
-    products take most of both libraries' steps, DDP/nnlib approaches it."""
+    rank's step: its share of the global batch, in nnlib's chunks of at most 1,024 rows for NumPy, whole
+    for PyTorch (DDP does not cut it)."""
     import torch
 
     from nnlib.lesson06_scaling.benchmarks import matmul_rate
 
     torch.set_num_threads(1)
-    rows = min(-(-(case["batch"] or 60000) // ranks), 1024)
-    return matmul_rate(case["sizes"], rows) / matmul_rate(case["sizes"], rows, convert=torch.from_numpy)
+    rows = -(-(case["batch"] or 60000) // ranks)
+    return matmul_rate(case["sizes"], min(rows, 1024)) / matmul_rate(case["sizes"], rows, convert=torch.from_numpy)
 
 
 def load(crop: bool):
@@ -376,9 +376,9 @@ def main() -> None:
     if have_torch:
         ratios = ", ".join(f"{name}: {matmul_ratio(case):.2f}" for name, case in CASES.items())
         print(f"DDP/nnlib against the BLAS libraries: NumPy's matmul rate over PyTorch's at one rank's products "
-              f"(one thread each; nnlib's chunks of at most 1,024 rows): {ratios}. Below 1, PyTorch's BLAS multiplies "
-              f"faster here than NumPy's; where the products take most of both libraries' steps, DDP/nnlib "
-              f"approaches this ratio.")
+              f"(one thread each; NumPy in nnlib's chunks of at most 1,024 rows, PyTorch on the whole share): {ratios}. "
+              f"Below 1, PyTorch's BLAS multiplies these products faster here than NumPy's; DDP/nnlib also counts "
+              f"each library's communication and its work around the products.")
     print("comm/step: the communicate phase per step of the rank with the most (zero: both ring halves), "
           "waiting included; waiting: that rank's time waiting for the other to arrive; transfer: the rest, "
           "what the rank that arrived last spent (nnlib.lesson05_data_parallel.data_parallel.communication_split); bare Allreduce: "

@@ -43,6 +43,14 @@ def run(command, environment) -> str:
     return "".join(lines)
 
 
+def steadiness(environment) -> str:
+    """benchmarks/steadiness.py's line; if the probe itself fails, say so rather than lose the results."""
+    try:
+        return run(["steadiness.py"], environment).strip()
+    except SystemExit as failure:
+        return f"steadiness probe failed ({failure})"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="*", help="run only these benchmark scripts")
@@ -53,10 +61,10 @@ def main() -> None:
     machine = subprocess.run([sys.executable, "-c", DESCRIBE], env=environment, capture_output=True, text=True,
                              check=True).stdout.strip()
     print(machine, flush=True)
-    before = run(["steadiness.py"], environment).strip()  # is the machine steady? (recorded with the results)
+    before = steadiness(environment)  # is the machine steady? (recorded with the results)
     outputs = [(" ".join(command), run(command, environment)) for command in BENCHMARKS
                if not args.only or command[0] in args.only]
-    after = run(["steadiness.py"], environment).strip()
+    after = steadiness(environment)
     day = datetime.date.today().isoformat()
     section = [f"\n## `make benchmark`, {day}\n", f"{machine}\n", f"before: {before}  \nafter: {after}\n"]
     for command, output in outputs:

@@ -1,11 +1,13 @@
 """Is this machine steady enough to benchmark? One fixed matrix product, timed again and again.
 
-A benchmark compares two codes on one machine, run after run. On a shared machine (a cloud VM, a
+A benchmark compares two codes on one machine, run after run. On some machines (a cloud VM, a
 laptop with a browser open) the same work can take very different times from one second to the
-next: another tenant on the same physical core, a clock that changes speed. This probe times one
+next: another tenant on the same physical core, a clock that changes speed, cores that share a
+physical core or a power budget. This probe times one
 float32 product, (128 x 784) @ (784 x 128) on one BLAS thread (the first product of a 784-128-10
 step at batch 128), in blocks of 20 products, for a few seconds on one core, then on every core at
-once (one process each), then on one core again, and says how much the same work varied:
+once (one process per core this process may use), then on one core again, and says how much the
+same work varied:
 
     spread     = p90 / p10 of the one-core block times     (1.00: perfectly steady)
     contention = the median block time with every core busy / the median on one core
@@ -13,7 +15,8 @@ once (one process each), then on one core again, and says how much the same work
 
 The machine counts as steady when spread <= 1.10 and contention <= 1.15. ``make benchmark``
 (benchmarks/record.py) runs the probe before and after the benchmarks and records both lines with
-the results: figures from a disturbed machine are kept, but said to be so.
+the results: figures from a disturbed machine are kept, but said to be so. The probe does not say
+why a machine is disturbed, only that the same work did not take the same time.
 
 Run:   .venv/bin/python benchmarks/steadiness.py
 """
@@ -54,10 +57,15 @@ def block_times(seconds: float) -> list[float]:
 
 def run_workers(count: int, seconds: float) -> list[list[float]]:
     """``count`` processes timing blocks at the same time; each one's block times."""
-    workers = [subprocess.Popen([sys.executable, __file__, "--worker", str(seconds)], stdout=subprocess.PIPE, text=True)
-               for _ in range(count)]
+    workers = []
     try:
-        return [json.loads(worker.communicate(timeout=seconds + 120)[0]) for worker in workers]
+        for _ in range(count):
+            workers.append(subprocess.Popen([sys.executable, __file__, "--worker", str(seconds)],
+                                            stdout=subprocess.PIPE, text=True))
+        outputs = [worker.communicate(timeout=seconds + 120)[0] for worker in workers]
+        if any(worker.returncode for worker in workers):
+            raise RuntimeError(f"a steadiness worker failed (exit codes {[worker.returncode for worker in workers]})")
+        return [json.loads(output) for output in outputs]
     finally:
         for worker in workers:  # on any failure, no worker outlives the probe
             if worker.poll() is None:
@@ -75,19 +83,29 @@ def verdict(alone: list[float], together: list[list[float]]) -> dict:
                 steady=spread <= STEADY_SPREAD and contention <= STEADY_CONTENTION)
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity), else os.cpu_count()."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        return os.cpu_count() or 1
+
+
 def probe(seconds: float = 3.0) -> dict:
-    """One core, every core, one core again (``seconds`` each): :func:`verdict` of it all."""
-    cores = os.cpu_count() or 1
+    """One core, every usable core, one core again (``seconds`` each): :func:`verdict` of it all, and
+    ``cores``: how many processes ran at once."""
+    cores = usable_cores()
     first = run_workers(1, seconds)[0]
     together = run_workers(cores, seconds)
     last = run_workers(1, seconds)[0]
-    return verdict(first + last, together)
+    return dict(verdict(first + last, together), cores=len(together))
 
 
 def line(found: dict) -> str:
     m, k, n = SHAPE
     state = ("steady" if found["steady"] else
-             "DISTURBED: the same work took different times; compare these figures with care")
+             "DISTURBED: the same work took different times, or slowed with every core busy; compare these "
+             "figures with care")
     return (f"steadiness: ({m} x {k}) @ ({k} x {n}) float32, 1 thread, blocks of {BLOCK}: median "
             f"{found['median_us']:.0f} us, p90/p10 {found['spread']:.2f} (steady <= {STEADY_SPREAD:.2f}), every core "
             f"busy / one {found['contention']:.2f} (steady <= {STEADY_CONTENTION:.2f}): {state}")

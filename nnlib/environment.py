@@ -77,11 +77,11 @@ def cpu_instruction_set() -> str:
     return next((name for flag, name in CPU_FLAGS.items() if flag in flags), "unknown")
 
 
-def cpu_model() -> str:
+def cpu_model(cpuinfo: str = "/proc/cpuinfo") -> str:
     """The CPU's model name ("AMD EPYC 9R14", "Intel(R) Xeon(R) Processor", ...): /proc/cpuinfo's "model name"
     on Linux, else what Python's platform module knows. Benchmarks print it: two runs compare only on one CPU."""
     try:
-        with open("/proc/cpuinfo") as info:
+        with open(cpuinfo) as info:
             name = next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), "")
     except OSError:
         name = ""

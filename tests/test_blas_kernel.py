@@ -50,16 +50,20 @@ def test_the_report_names_the_kernel_and_the_cpus_instructions():
     assert described["BLAS kernel"] == f"{environment.blas_kernel()}, on a CPU with {environment.cpu_instruction_set()}"
 
 
-def test_the_report_names_the_cpu_model():
-    """Two benchmark runs compare only on one CPU: the machine line begins with /proc/cpuinfo's model name."""
-    try:
-        with open("/proc/cpuinfo") as info:
-            names = [line.split(":", 1)[1].strip() for line in info if line.startswith("model name")]
-    except OSError:
-        names = []
-    model = environment.cpu_model()
-    assert model and model == (names[0] if names and names[0] else model), (model, names[:1])
-    assert environment.describe()["machine"].startswith(f"{model}, "), environment.describe()["machine"]
+def test_the_report_names_the_cpu_model(tmp_path, monkeypatch):
+    """Two benchmark runs compare only on one CPU: the machine line begins with cpuinfo's model name, and
+    without one (no such line, no such file) with what the platform module knows."""
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nvendor_id\t: SomeVendor\nmodel name\t: Example CPU 9000 @ 3.0GHz\nflags\t\t: fpu\n")
+    assert environment.cpu_model(str(info)) == "Example CPU 9000 @ 3.0GHz"
+    monkeypatch.setattr(environment.platform, "processor", lambda: "fallback-processor")
+    info.write_text("processor\t: 0\nflags\t\t: fpu\n")  # aarch64's /proc/cpuinfo has no "model name"
+    assert environment.cpu_model(str(info)) == "fallback-processor"
+    assert environment.cpu_model(str(tmp_path / "missing")) == "fallback-processor"
+    monkeypatch.setattr(environment.platform, "processor", lambda: "")
+    assert environment.cpu_model(str(tmp_path / "missing")) == "unknown CPU"
+    monkeypatch.undo()
+    assert environment.describe()["machine"].startswith(f"{environment.cpu_model()}, "), environment.describe()["machine"]
 
 
 def test_the_report_fits_a_projector_with_and_without_the_note():
