@@ -36,10 +36,10 @@ from nnlib.environment import blas_kernel, cpu_model, describe  # noqa: E402
 from nnlib.lesson01_mnist import data  # noqa: E402
 from nnlib.lesson02_network.network import Network  # noqa: E402
 from nnlib.lesson04_collectives.costmodel import flops_per_sample  # noqa: E402
-from nnlib.lesson06_scaling.benchmarks import matmul_rate, step_matmul_shapes, torch_copy, training_throughput  # noqa: E402
+from nnlib.lesson06_scaling.benchmarks import (matmul_rate, numpy_over_torch_matmul, step_matmul_shapes,  # noqa: E402
+                                               torch_copy, training_throughput)
 
 SEED_NETWORK = (400, 25, 10)  # the seed scripts trained only this network
-CHUNK_ROWS = Network((2, 1)).chunk_size  # the rows nnlib multiplies at once (a larger batch goes in chunks)
 
 
 def seed_style_throughput(inputs, labels, iterations=3, learning_rate=2.0, seed=0):
@@ -205,20 +205,18 @@ def main():
             ours = training_throughput(sizes, inputs, case_labels, batch, args.epochs)
             theirs = torch_throughput(torch, sizes, inputs, case_labels, batch, args.epochs) if torch else float("nan")
             ceiling = matmul_rate(sizes, batch or inputs.shape[0])
-            rows = batch or inputs.shape[0]  # PyTorch multiplies the whole batch; nnlib in chunks of at most 1,024 rows
-            ours_chunks = ceiling if rows <= CHUNK_ROWS else matmul_rate(sizes, CHUNK_ROWS)
-            theirs_ceiling = matmul_rate(sizes, rows, convert=torch.from_numpy) if torch else float("nan")
+            blas = numpy_over_torch_matmul(sizes, batch or inputs.shape[0], torch) if torch else float("nan")
             found = rounds[name]
             found["ours"].append(ours)
             found["theirs"].append(theirs)
             found["ratio"].append(ours / theirs)
             found["share"].append(ours * flops_per_sample(sizes) / 1e9 / ceiling)
             found["seed"].append(ours / seed_rates[-1])
-            found["blas"].append(ours_chunks / theirs_ceiling)
+            found["blas"].append(blas)
     print_table(cases, rounds)
     if torch:
         print(f"\nmatmul ratio: NumPy's matmul rate over PyTorch's, each at the products it runs in these cases "
-              f"(NumPy in nnlib's chunks of at most\n{CHUNK_ROWS:,} rows, PyTorch on the whole batch; contiguous "
+              f"(NumPy in nnlib's chunks of at most\n{Network((2, 1)).chunk_size:,} rows, PyTorch on the whole batch; contiguous "
               f"operands), in the same round. Below 1, PyTorch's BLAS multiplies faster here.")
     print(f"\nx seed: against the seed scripts' step (a loop over the samples), timed in every round on "
           f"{SEED_NETWORK[0]}-{SEED_NETWORK[1]}-{SEED_NETWORK[2]} and 5,000 samples: {spread(seed_rates)} samples/s.")

@@ -72,15 +72,14 @@ def exact_imbalance(case: dict, ranks: int = 2) -> float:
 
 def matmul_ratio(case: dict, ranks: int = 2) -> float:
     """NumPy's matmul rate over PyTorch's (one thread each, each with its own BLAS) at the products of one
-    rank's step: its share of the global batch, in nnlib's chunks of at most 1,024 rows for NumPy, whole
-    for PyTorch (DDP does not cut it)."""
+    rank's step, its share of the global batch (nnlib.lesson06_scaling.benchmarks.numpy_over_torch_matmul:
+    NumPy in nnlib's chunks, PyTorch whole, as DDP does not cut it)."""
     import torch
 
-    from nnlib.lesson06_scaling.benchmarks import matmul_rate
+    from nnlib.lesson06_scaling.benchmarks import numpy_over_torch_matmul
 
     torch.set_num_threads(1)
-    rows = -(-(case["batch"] or 60000) // ranks)
-    return matmul_rate(case["sizes"], min(rows, 1024)) / matmul_rate(case["sizes"], rows, convert=torch.from_numpy)
+    return numpy_over_torch_matmul(case["sizes"], -(-(case["batch"] or 60000) // ranks), torch)
 
 
 def load(crop: bool):

@@ -115,3 +115,32 @@ def test_matmul_rate_multiplies_the_steps_shapes_in_the_library_it_is_given():
     expected = step_matmul_shapes((20, 7, 3), 5)
     assert rate > 0 and len(shapes) >= 2 * len(expected) and len(shapes) % len(expected) == 0
     assert shapes[:len(expected)] == [tuple(shape) for shape in expected]
+
+
+def test_numpy_over_torch_times_numpy_in_nnlibs_chunks_and_the_other_library_whole(monkeypatch):
+    """The matmul ratio of the benchmarks: NumPy at nnlib's chunk of at most chunk_size rows, the other library
+    (here a stand-in for torch that records its products' shapes) on the whole batch."""
+    import types
+
+    from nnlib import Network
+    from nnlib.lesson06_scaling import benchmarks
+
+    shapes, rows_timed = [], []
+
+    class Operand(np.ndarray):
+        def __matmul__(self, other):
+            shapes.append((self.shape[0], self.shape[1], other.shape[1]))
+            return np.asarray(self) @ np.asarray(other)
+
+    real_rate = benchmarks.matmul_rate
+
+    def quick_rate(layer_sizes, rows, convert=None):
+        rows_timed.append(rows)
+        return real_rate(layer_sizes, rows, min_seconds=0.01, convert=convert)
+
+    monkeypatch.setattr(benchmarks, "matmul_rate", quick_rate)
+    fake_torch = types.SimpleNamespace(from_numpy=lambda array: array.view(Operand))
+    ratio = benchmarks.numpy_over_torch_matmul((6, 3, 2), 3000, fake_torch)
+    assert ratio > 0 and rows_timed == [Network((2, 1)).chunk_size, 3000], rows_timed
+    expected = [tuple(shape) for shape in benchmarks.step_matmul_shapes((6, 3, 2), 3000)]
+    assert shapes[:len(expected)] == expected  # the stand-in multiplied the whole batch's products

@@ -44,6 +44,16 @@ def matmul_rate(layer_sizes, batch_size: int, dtype="float32", min_seconds: floa
             return flops * repeats / elapsed / 1e9
 
 
+def numpy_over_torch_matmul(layer_sizes, rows: int, torch) -> float:
+    """NumPy's matmul rate over PyTorch's, each at the products it runs for a batch of ``rows``: NumPy in
+    nnlib's chunks of at most ``chunk_size`` rows (a larger batch goes in chunks), PyTorch on the whole
+    batch. Below 1, PyTorch's BLAS multiplies these products faster on this machine."""
+    from nnlib.lesson02_network.network import Network
+
+    chunk = Network((2, 1)).chunk_size
+    return matmul_rate(layer_sizes, min(rows, chunk)) / matmul_rate(layer_sizes, rows, convert=torch.from_numpy)
+
+
 def training_throughput(layer_sizes, inputs, labels, batch_size=None, epochs: int = 3,
                         learning_rate: float = 0.1, dtype="float32", seed: int = 0) -> float:
     """Samples per second of nnlib.train (best epoch of ``epochs`` after one warm-up epoch)."""
