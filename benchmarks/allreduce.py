@@ -22,8 +22,8 @@ import numpy as np
 
 
 def one_run(ranks: int, folder: Path, index: int) -> list[dict]:
-    from nnlib.environment import mpiexec_path
-    from nnlib.lesson08_inside_allreduce.allreduce import read_timings
+    from nnlib.course.environment import mpiexec_path
+    from nnlib.lesson08_inside_allreduce.allreduce_timing import read_timings
 
     csv = folder / f"run-{ranks}-{index}.csv"
     subprocess.run([mpiexec_path(), "-n", str(ranks), sys.executable, "-m", "nnlib", "allreduce-timing",
@@ -36,7 +36,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args()
-    from nnlib.environment import describe
+    from nnlib.course.environment import describe
 
     machine = describe()
     cores = os.cpu_count()

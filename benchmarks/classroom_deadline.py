@@ -3,7 +3,7 @@
 Run:   make benchmark        (or: .venv/bin/python benchmarks/classroom_deadline.py [--ranks 2] [--rounds 15])
 
 Under ``mpiexec -n RANKS``, each round times MPI's own blocking ``Allreduce`` on COMM_WORLD and the
-same call through the notebook cluster's ``comm`` (nnlib.lesson04_collectives.classroom.ClassroomComm),
+same call through the notebook cluster's ``comm`` (nnlib.course.classroom.ClassroomComm),
 one after the other (interleaved), each the median of 50 calls counted at the slowest rank. It prints
 the median over rounds of (watched / plain) with its spread (min and max over rounds).
 """
@@ -22,7 +22,7 @@ VALUES = 50_000  # float64: 400 kB
 def worker(rounds: int) -> None:
     from mpi4py import MPI
 
-    from nnlib.lesson04_collectives.classroom import ClassroomComm
+    from nnlib.course.classroom import ClassroomComm
     from nnlib.lesson04_collectives.timing import time_collective
 
     world = MPI.COMM_WORLD
@@ -35,7 +35,7 @@ def worker(rounds: int) -> None:
         ratios.append(deadline / plain)
         plain_seconds.append(plain)
     if world.rank == 0:
-        from nnlib.environment import blas_kernel
+        from nnlib.course.environment import blas_kernel
 
         print(f"BLAS kernel {blas_kernel()} (unused here); {world.size} ranks, Allreduce of {VALUES * 8 / 1e3:.0f} kB, {rounds} interleaved rounds of 50 calls: "
               f"plain {np.median(plain_seconds) * 1e6:.0f} us; watched / plain = {np.median(ratios):.3f} "
@@ -51,7 +51,7 @@ def main() -> None:
     if args.worker:
         worker(args.rounds)
         return
-    from nnlib.environment import mpiexec_path
+    from nnlib.course.environment import mpiexec_path
 
     subprocess.run([mpiexec_path(), "-n", str(args.ranks), sys.executable, __file__, "--worker",
                     "--rounds", str(args.rounds)], check=True, timeout=600)

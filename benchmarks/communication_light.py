@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from nnlib.environment import blas_kernel, mpiexec_path
+from nnlib.course.environment import blas_kernel, mpiexec_path
 from nnlib.lesson04_collectives.costmodel import ETHERNET_1G, INFINIBAND_100G
 from nnlib.lesson11_beyond_sync.compression import counted_seconds
 

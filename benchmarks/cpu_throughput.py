@@ -32,7 +32,7 @@ for variable in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 
 import numpy as np  # noqa: E402
 
-from nnlib.environment import blas_kernel, cpu_model, describe  # noqa: E402
+from nnlib.course.environment import blas_kernel, cpu_model, describe  # noqa: E402
 from nnlib.lesson01_mnist import data  # noqa: E402
 from nnlib.lesson02_network.network import Network  # noqa: E402
 from nnlib.lesson04_collectives.costmodel import flops_per_sample  # noqa: E402

@@ -17,7 +17,7 @@ Cases:
   784-1024-10 on full MNIST, global batch 4,096 (compute dominates: how close 2 ranks come to 100%), with
     the exact sampler (uneven shares of each batch) and per_rank (even shares), also
     with glibc's default allocator ("same, glibc default": NNLIB_KEEP_FREED_MEMORY=0, every process
-    faulting fresh pages in for its 4 MB arrays at every step; see nnlib.environment.keep_freed_memory)
+    faulting fresh pages in for its 4 MB arrays at every step; see nnlib.course.environment.keep_freed_memory)
 
 Then the cost of surviving faults, on 2 ranks, 784-128-10, global batch 256, one epoch per call,
 the variants interleaved over several repeats (medians):
@@ -52,7 +52,7 @@ FEW_MODES = {"400-25-10, full batch": [("allreduce", "exact"), ("zero", "exact")
              # the compute-dominated case: its bound, with the exact sampler's uneven shares and with even ones
              "784-1024-10, batch 4096": [("allreduce", "exact"), ("allreduce", "per_rank")]}
 # Cases also run with glibc's default allocator (NNLIB_KEEP_FREED_MEMORY=0: freed memory handed back and
-# faulted in again at every step, see nnlib.environment.keep_freed_memory), interleaved with the others.
+# faulted in again at every step, see nnlib.course.environment.keep_freed_memory), interleaved with the others.
 ALLOCATOR_DEFAULT_CASES = ("784-1024-10, batch 4096",)
 
 
@@ -161,7 +161,8 @@ def fault_costs(repeats: int = 7) -> None:
     from nnlib.lesson04_collectives import timing
     from nnlib.lesson05_data_parallel import shard, train_parallel
     from nnlib.lesson10_faults.checkpoint import CheckpointFolder, Checkpointing
-    from nnlib.lesson10_faults.watchdog import train_watched, watch
+    from nnlib.course.deadline import watch
+    from nnlib.lesson10_faults.watchdog import train_watched
 
     comm = MPI.COMM_WORLD
     inputs, labels = load(False) if comm.rank == 0 else (None, None)
@@ -215,7 +216,7 @@ def fault_costs(repeats: int = 7) -> None:
 
 def run_ranks(ranks: int, case_name: str, strategy: str = "allreduce", sampler: str = "exact",
               keep_freed_memory: bool = True) -> dict:
-    from nnlib.environment import mpiexec_path
+    from nnlib.course.environment import mpiexec_path
 
     command = [mpiexec_path(), "-n", str(ranks), sys.executable, __file__, "--worker", case_name, strategy, sampler]
     env = dict(os.environ, NNLIB_KEEP_FREED_MEMORY="1" if keep_freed_memory else "0")
@@ -345,7 +346,7 @@ def main() -> None:
         have_torch = False
         print("(PyTorch not installed: no DDP comparison; `make benchmark` installs torch==2.13.0)")
 
-    from nnlib.environment import describe
+    from nnlib.course.environment import describe
 
     machine = describe()
     print(f"machine: {machine['machine']}; {machine['BLAS']}, kernel {machine['BLAS kernel']}; {machine['MPI library']}; "
@@ -388,7 +389,7 @@ def main() -> None:
 
 
 def print_fault_costs() -> None:
-    from nnlib.environment import mpiexec_path
+    from nnlib.course.environment import mpiexec_path
 
     command = [mpiexec_path(), "-n", "2", sys.executable, __file__, "--fault-costs"]
     costs = json.loads(subprocess.run(command, capture_output=True, text=True, check=True, timeout=600).stdout

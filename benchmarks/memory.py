@@ -127,7 +127,7 @@ def main() -> None:
         return
     # one BLAS thread per rank; the ranks started below inherit it (set before they import NumPy)
     os.environ.update({name: "1" for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")})
-    from nnlib.environment import blas_kernel, describe, mpiexec_path
+    from nnlib.course.environment import blas_kernel, describe, mpiexec_path
 
     machine = describe()
     print(f"machine: {machine['machine']}; {machine['BLAS']}, kernel {blas_kernel()}; {machine['MPI library']}; "

@@ -35,7 +35,7 @@ def worker(rounds: int) -> None:
     from mpi4py import MPI
 
     from nnlib.lesson09_model_parallel.bubbles import measure_bubbles
-    from nnlib.lesson10_faults.watchdog import watch
+    from nnlib.course.deadline import watch
 
     comm = watch(MPI.COMM_WORLD)  # every message under the default deadline, as in a batch job
     results = {}  # (network, schedule, m) -> that case's row from each round
@@ -81,7 +81,7 @@ def launch(script: str, rounds: int, what: str, seconds_per_round: int) -> None:
     thread per rank (set here, before the ranks import NumPy; they inherit it). benchmarks/pipeline_schedules.py
     starts itself through this too."""
     os.environ.update({name: "1" for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")})
-    from nnlib.environment import describe, mpiexec_path
+    from nnlib.course.environment import describe, mpiexec_path
 
     machine = describe()
     print(f"machine: {machine['machine']}; {machine['BLAS']}, kernel {machine['BLAS kernel']}; "

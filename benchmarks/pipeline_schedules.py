@@ -27,7 +27,7 @@ COLUMNS = ("measured", "formula", "simulated", "step_seconds")
 def worker(rounds: int) -> None:
     from mpi4py import MPI
 
-    from nnlib.lesson10_faults.watchdog import watch
+    from nnlib.course.deadline import watch
     from nnlib.lesson13_pipeline_schedules.bubbles_job import BATCH, LAYER_SIZES, MICRO_BATCHES, balanced_layouts
     from nnlib.lesson13_pipeline_schedules.schedules import measure_schedules
 

@@ -3,7 +3,7 @@
 Run:   make benchmark        (or: .venv/bin/python benchmarks/record.py [--only data_parallel.py ...])
 
 The benchmark commands alone run with OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE unset, so OpenBLAS
-picks the kernel for this CPU (an environment may force an older one; nnlib.environment.kernel_note
+picks the kernel for this CPU (an environment may force an older one; nnlib.course.environment.kernel_note
 says so and what it costs). Tests and CI keep the environment as it is. Each command's output is
 shown as it runs, then appended to benchmarks/RESULTS.md under a dated heading with the machine,
 the BLAS kernel, the versions, and how steady the machine was before and after (benchmarks/steadiness.py).
@@ -21,11 +21,11 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 BENCHMARKS = [["cpu_throughput.py", "--threads", "1"], ["data_parallel.py"], ["allreduce.py"], ["pipeline.py"],
               ["pipeline_schedules.py"], ["tensor_parallel.py"], ["memory.py"], ["classroom_deadline.py"]]
-DESCRIBE = "from nnlib import environment as e; print('; '.join(f'{k}: {v}' for k, v in e.describe().items()))"
+DESCRIBE = "from nnlib.course import environment as e; print('; '.join(f'{k}: {v}' for k, v in e.describe().items()))"
 
 
 def own_kernel_environment() -> dict:
-    from nnlib.environment import FORCING_VARIABLES
+    from nnlib.course.environment import FORCING_VARIABLES
 
     return {name: value for name, value in os.environ.items() if name not in FORCING_VARIABLES}
 

@@ -7,7 +7,7 @@ thread per rank. Each run builds nnlib.lesson09_model_parallel.tensor.TensorPara
 float32, on a fixed random batch of 512 digits-sized inputs, takes 3 warm-up steps and then times
 15 steps (loss_and_gradient, then SGD with momentum): a step's time is the slowest rank's, and a
 run reports the median step (the network's Allreduces run under the watchdog's default deadline,
-nnlib.lesson10_faults.watchdog.watch, as in a batch job). The one-rank run also times the sequential nnlib.lesson02_network.network.Network,
+nnlib.course.deadline.watch, as in a batch job). The one-rank run also times the sequential nnlib.lesson02_network.network.Network,
 which the one-rank tensor-parallel network should match. The table gives the medians over the
 rounds and the speedup t(1 rank) / t(2 ranks).
 
@@ -57,7 +57,7 @@ def worker() -> None:
 
     from nnlib.lesson02_network.network import Network
     from nnlib.lesson09_model_parallel.tensor import TensorParallelMLP
-    from nnlib.lesson10_faults.watchdog import watch
+    from nnlib.course.deadline import watch
 
     comm = MPI.COMM_WORLD
     generator = np.random.default_rng(0)
@@ -74,7 +74,7 @@ def worker() -> None:
 
 def run(ranks: int) -> dict:
     """{network: {"tensor": s, "sequential": s (1 rank only)}} from one mpiexec run."""
-    from nnlib.environment import mpiexec_path
+    from nnlib.course.environment import mpiexec_path
 
     lines = subprocess.run([mpiexec_path(), "-n", str(ranks), sys.executable, __file__, "--worker"], check=True,
                            stdout=subprocess.PIPE, text=True, timeout=600).stdout.splitlines()  # errors show
@@ -92,7 +92,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3, help="interleaved 1-rank and 2-rank runs")
     rounds = parser.parse_args().rounds
-    from nnlib.environment import describe
+    from nnlib.course.environment import describe
 
     machine = describe()
     print(f"machine: {machine['machine']}; {machine['BLAS']}, kernel {machine['BLAS kernel']}; {machine['MPI library']}")

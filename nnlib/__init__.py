@@ -1,6 +1,6 @@
 """nnlib: a sigmoid MNIST network from scratch, trained sequentially, with MPI, and on the GPU."""
 
-from nnlib.environment import keep_freed_memory
+from nnlib.course.environment import keep_freed_memory
 from nnlib.lesson01_mnist.data import MNISTError, load_mnist, one_hot, scale_pixels
 from nnlib.lesson02_network.gradient_check import gradient_check, numerical_gradient, relative_error
 from nnlib.lesson02_network.network import Network

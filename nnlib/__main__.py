@@ -70,7 +70,7 @@ def main(argv=None) -> int:
 
         return scaling(argv[1:])
     if argv[:1] == ["allreduce-timing"]:
-        from nnlib.lesson08_inside_allreduce.allreduce import main as allreduce_timing
+        from nnlib.lesson08_inside_allreduce.allreduce_timing import main as allreduce_timing
 
         return allreduce_timing(argv[1:])
     if argv[:1] == ["gpu-benchmark"]:

@@ -103,7 +103,7 @@ def run_mpi_script(script, ranks: int, timeout: float = 240):
     Returns the CompletedProcess. A rank that raises alone before a collective leaves the
     others waiting forever: the timeout turns that hang into a test failure.
     """
-    from nnlib.environment import mpiexec_path
+    from nnlib.course.environment import mpiexec_path
 
     return subprocess.run([mpiexec_path(), "-n", str(ranks), sys.executable, str(script)],
                           capture_output=True, text=True, timeout=timeout)

@@ -189,7 +189,7 @@ class VirtualHosts:
 
 
 def _mpiexec() -> str:
-    from nnlib.environment import mpiexec_path
+    from nnlib.course.environment import mpiexec_path
 
     return mpiexec_path()
 

@@ -1,4 +1,4 @@
-"""nnlib.environment.keep_freed_memory: a training step's freed memory is reused, not faulted in afresh.
+"""nnlib.course.environment.keep_freed_memory: a training step's freed memory is reused, not faulted in afresh.
 
 Each check runs in a fresh interpreter (the allocator's settings are per process and cannot be undone),
 counts the minor page faults of a loop that allocates and frees what a wide layer's step does (three
@@ -21,7 +21,7 @@ LOOP = f"""
 import json, resource
 import numpy as np
 import nnlib
-from nnlib import environment
+from nnlib.course import environment
 before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 for _ in range({STEPS}):
     activations = np.ones((1024, 1024), np.float32)   # 4 MiB each, like 784-1024-10's on 1,024 rows
@@ -52,7 +52,7 @@ def test_import_nnlib_keeps_the_memory_a_step_frees():
 
 
 def test_keep_freed_memory_sets_both_thresholds_and_says_so():
-    from nnlib import environment
+    from nnlib.course import environment
 
     assert environment.keep_freed_memory() is True  # (idempotent: this process already imported nnlib)
     assert environment.KEEP_FREED_BYTES > environment.MAPPED_FROM_BYTES >= 4 << 20  # a wide layer's array fits

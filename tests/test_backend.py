@@ -237,7 +237,7 @@ def test_a_staging_communicator_is_not_watched_from_outside():
     from mpi4py import MPI
 
     from nnlib.lesson07_gpu.backend import HostStaging
-    from nnlib.lesson10_faults.watchdog import watch
+    from nnlib.course.deadline import watch
 
     with pytest.raises(TypeError, match=r"wrap the watched one instead, e.g. HostStaging\(watch\(comm\), xp\)"):
         watch(HostStaging(MPI.COMM_WORLD, np))

@@ -1,4 +1,4 @@
-"""nnlib.environment knows which BLAS kernel runs, and says so when a variable forces an older one.
+"""nnlib.course.environment knows which BLAS kernel runs, and says so when a variable forces an older one.
 
 Each case runs in a subprocess, with OPENBLAS_CORETYPE set to a kernel older than this CPU's best, or
 with the forcing variables unset (OpenBLAS reads them once, when it loads).
@@ -10,10 +10,10 @@ import sys
 
 import pytest
 
-from nnlib import environment
+from nnlib.course import environment
 
 OLDER = {"AVX-512": "Haswell", "AVX2": "Sandybridge", "AVX": "Nehalem"}  # a kernel older than the CPU's best
-REPORT = "from nnlib import environment as e; print(e.blas_kernel()); print(e.kernel_note())"
+REPORT = "from nnlib.course import environment as e; print(e.blas_kernel()); print(e.kernel_note())"
 
 
 def report(**variables):
@@ -71,7 +71,7 @@ def test_the_report_fits_a_projector_with_and_without_the_note():
     own = {name: value for name, value in os.environ.items() if name not in environment.FORCING_VARIABLES}
     older = OLDER.get(environment.cpu_instruction_set())
     for variables in ([{}, {"OPENBLAS_CORETYPE": older}] if older else [{}]):
-        reply = subprocess.run([sys.executable, "-c", "from nnlib import environment; environment.print_report()"],
+        reply = subprocess.run([sys.executable, "-c", "from nnlib.course import environment; environment.print_report()"],
                                env={**own, **variables}, capture_output=True, text=True, timeout=300, check=True)
         lines = reply.stdout.splitlines()
         assert lines and max(len(line) for line in lines) <= 100, lines

@@ -118,7 +118,7 @@ def test_restart_and_run_all_twice_in_a_row(lab, page):
 def test_an_mpi_lesson_restarted_mid_run_starts_a_clean_cluster_and_leaves_nothing(lab, page):
     """Restart Kernel and Run All while lesson 04 is still running on its cluster: the restart ends the
     kernel with its cluster's processes; the second run starts a new cluster and runs to the end."""
-    from nnlib.lesson04_collectives.reaper import tagged_processes
+    from nnlib.course.reaper import tagged_processes
 
     open_notebook(page, lab, "04_mpi_collectives.ipynb")
     menu(page, "Kernel", "Restart Kernel and Run All Cells…")
@@ -156,9 +156,9 @@ def test_a_failing_rank_in_a_px_cell_stops_every_rank_and_the_next_cell_works(la
     """Issue 22 in the browser: rank 2 raises before an Allreduce in a %%px cell (tagged raises-exception, so
     Run All goes on). The cell ends at once with rank 2's own error first, the next %%px Allreduce works, and
     closing the notebook leaves no MPI process."""
-    from nnlib.lesson04_collectives.reaper import tagged_processes
+    from nnlib.course.reaper import tagged_processes
 
-    cells = ["import os\nos.environ['NNLIB_TIMEOUT'] = '4'\nfrom nnlib.lesson04_collectives import cluster\n"
+    cells = ["import os\nos.environ['NNLIB_TIMEOUT'] = '4'\nfrom nnlib.course import cluster\n"
              "mpi = cluster.start(n=4)",
              "%%px\nimport numpy as np\nif rank == 2:\n    raise ValueError('rank 2 has a bad shard')\n"
              "comm.Allreduce(np.ones(3), np.zeros(3))",

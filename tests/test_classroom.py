@@ -1,4 +1,4 @@
-"""A student's own MPI code never hangs the class (nnlib.lesson04_collectives.classroom).
+"""A student's own MPI code never hangs the class (nnlib.course.classroom).
 
 Driven as JupyterLab drives it: a real Jupyter kernel (jupyter_client) starts a cluster of 4 MPI
 engines with a 4 s deadline, and runs cells in which a rank raises before a collective, stalls,
@@ -15,7 +15,7 @@ import time
 import psutil
 import pytest
 
-from nnlib.lesson04_collectives.reaper import TAG, tag_of, tagged_processes
+from nnlib.course.reaper import TAG, tag_of, tagged_processes
 
 DEADLINE = 4
 WORKS = "%%px\nimport numpy as np\ntotal = np.zeros(1)\ncomm.Allreduce(np.ones(1), total)\nprint(int(total[0]))"
@@ -32,7 +32,7 @@ def kernel(tmp_path_factory):
     manager, client = start_new_kernel(kernel_name="python3", env=environment, cwd=str(folder), stderr=server_log)
     tag = tag_of(psutil.Process(manager.provisioner.process.pid))
     try:
-        status, text, _ = run(client, "from nnlib.lesson04_collectives import cluster\nmpi = cluster.start(n=4, timeout=90)",
+        status, text, _ = run(client, "from nnlib.course import cluster\nmpi = cluster.start(n=4, timeout=90)",
                               timeout=120)
         assert status == "ok", text
         yield manager, client

@@ -1,4 +1,4 @@
-"""nnlib.lesson04_collectives.cluster: MPI engines start, map to ranks, recover, stop cleanly, and fail clearly."""
+"""nnlib.course.cluster: MPI engines start, map to ranks, recover, stop cleanly, and fail clearly."""
 
 import stat
 import time
@@ -6,7 +6,7 @@ import time
 import psutil
 import pytest
 
-from nnlib.lesson04_collectives import cluster
+from nnlib.course import cluster
 
 
 @pytest.fixture(autouse=True)
@@ -102,7 +102,7 @@ def test_open_mpi_gets_its_root_and_oversubscribe_settings(tmp_path):
     environment = cluster.engine_environment(str(fake))
     assert environment["OMPI_ALLOW_RUN_AS_ROOT"] == "1"
     assert environment["PRTE_MCA_rmaps_default_mapping_policy"] == ":oversubscribe"
-    from nnlib.environment import mpiexec_path
+    from nnlib.course.environment import mpiexec_path
 
     assert cluster.mpi_flavour(mpiexec_path()) == "mpich"
     assert "OMPI_ALLOW_RUN_AS_ROOT" not in cluster.engine_environment(mpiexec_path())
@@ -144,9 +144,9 @@ def errors_by_rank(running, failed_result):
 
 def test_engines_have_the_classroom_deadline():
     with cluster.start(n=2, activate=False) as running:
-        from nnlib.lesson04_collectives.cluster import CLASSROOM_TIMEOUT
+        from nnlib.course.cluster import CLASSROOM_TIMEOUT
 
-        assert on_engines(running.view, "__import__('importlib').import_module('nnlib.lesson10_faults.watchdog').default_timeout()") == \
+        assert on_engines(running.view, "__import__('importlib').import_module('nnlib.course.deadline').default_timeout()") == \
             [CLASSROOM_TIMEOUT] * 2
     assert wait_until_gone() == []
 

@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from nnlib.environment import mpiexec_path
+from nnlib.course.environment import mpiexec_path
 from nnlib.lesson04_collectives import collectives
 
 

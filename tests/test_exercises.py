@@ -21,7 +21,7 @@ from nnlib.lesson02_network.network import count_parameters, cross_entropy_from_
 from nnlib.lesson03_training import training
 from nnlib.lesson04_collectives import collectives, costmodel
 from nnlib.lesson06_scaling import scaling
-from nnlib.lesson08_inside_allreduce import allreduce
+from nnlib.lesson08_inside_allreduce import allreduce, allreduce_timing
 from nnlib.lesson09_model_parallel import bubbles
 from nnlib.lesson11_beyond_sync import compression, local_sgd, powersgd
 from nnlib.lesson12_memory import recompute
@@ -109,7 +109,7 @@ NNLIB = {
     "06.2": scaling.gustafson_speedup,
     "08.1": allreduce.chunk_bounds,
     "08.2": ring_step_by_nnlib_schedule,
-    "08.3": allreduce.bus_bandwidth,
+    "08.3": allreduce_timing.bus_bandwidth,
     "09.1": lambda inputs, weights, biases: sigmoid(inputs @ np.hstack(weights) + np.concatenate(biases)),
     "09.2": lambda hidden, weights, biases: np.hstack(hidden) @ np.vstack(weights) + biases,  # the unsplit layer
     "09.3": bubbles.bubble_fraction,

@@ -9,7 +9,8 @@ from test_train_command import run_training
 
 from nnlib.lesson02_network.network import count_parameters
 from nnlib.lesson04_collectives.costmodel import ETHERNET_1G, ring_allgather_time, ring_allreduce_time
-from nnlib.lesson11_beyond_sync.compression import CountingComm, counted_seconds
+from nnlib.lesson08_inside_allreduce.counting import CountingComm
+from nnlib.lesson11_beyond_sync.compression import counted_seconds
 from nnlib.lesson11_beyond_sync.local_sgd import check_local_sgd, outer_step, rounds_per_epoch
 from nnlib.lesson11_beyond_sync.powersgd import PowerSGDCompressor, check_rank, message_bytes, orthonormal
 
@@ -19,13 +20,38 @@ SMALL = ("--samples", "1001", "--epochs", "2", "--batch-size", "64", "--hidden",
 class OneRank:
     """What the compressors need of a communicator, for one rank: its sum is its own."""
 
-    size = 1
+    size, rank = 1, 0
 
     def Allreduce(self, sendbuf, recvbuf, op=None):
         pass
 
     def Allgather(self, sendbuf, recvbuf):
         recvbuf[0] = sendbuf
+
+
+class SecondOfThree(OneRank):
+    """Rank 1 of 3, for the counts alone (the calls do nothing)."""
+
+    size, rank = 3, 1
+
+    def Allgatherv(self, mine, received):
+        pass
+
+    def Reduce_scatter(self, whole, mine, recvcounts=None, op=None):
+        pass
+
+
+def test_counting_comm_counts_what_a_ring_makes_this_rank_send():
+    counting = CountingComm(SecondOfThree())  # 10 values in chunks of 4, 3, 3: rank 1 owns 3
+    counting.Allreduce(MPI.IN_PLACE, np.zeros(10))
+    assert counting.calls == [("Allreduce", 80, 2 * (10 - 3) * 8)]
+    counting.Allgather(np.ones(3, dtype=np.float32), np.zeros((3, 3), dtype=np.float32))
+    assert counting.calls[-1] == ("Allgather", 12, 2 * 12)
+    counts = np.array([4, 3, 3])
+    counting.Allgatherv(np.ones(3), (np.zeros(10), (counts, np.array([0, 4, 7]))))
+    counting.Reduce_scatter(np.zeros(10, dtype=np.float32), np.zeros(3, dtype=np.float32), recvcounts=counts)
+    assert counting.calls[-2:] == [("Allgatherv", 24, 7 * 8), ("Reduce_scatter", 40, 7 * 4)]
+    assert counting.ring_bytes("Allreduce") == 112 and counting.ring_bytes() == 112 + 24 + 56 + 28
 
 
 def test_powersgd_bytes_per_step():
@@ -84,10 +110,11 @@ def test_counting_comm_counts_the_messages_and_their_alpha_beta_time():
     gathered = np.zeros((1, 3), dtype=np.float32)
     counting.Allgather(np.ones(3, dtype=np.float32), gathered)
     counting.Allgather(np.ones(3, dtype=np.float32), gathered)
-    assert counting.calls == {("Allreduce", 32): 1, ("Allgather", 12): 2} and counting.size == 1
+    assert counting.messages() == {("Allreduce", 32): 1, ("Allgather", 12): 2} and counting.size == 1
+    assert counting.ring_bytes() == 0  # one rank sends nothing
     counting.calls.clear()
     counting.Allreduce(MPI.IN_PLACE, np.zeros(10))
-    assert counting.calls == {("Allreduce", 80): 1} and counting.bytes_sent == 80
+    assert counting.messages() == {("Allreduce", 80): 1} and counting.message_bytes() == 80
     alpha, beta = ETHERNET_1G.alpha, ETHERNET_1G.beta
     calls = {("Allreduce", 80): 3, ("Allgather", 12): 2}
     expected = 3 * ring_allreduce_time(80, 8, alpha, beta) + 2 * ring_allgather_time(12, 8, alpha, beta)

@@ -165,7 +165,7 @@ def test_the_batch_job_with_fsdp_recomputation_and_accumulation_equals_allreduce
     import subprocess
     import sys
 
-    from nnlib.environment import mpiexec_path
+    from nnlib.course.environment import mpiexec_path
 
     saved = {}
     for name, extra in (("plain", []), ("memory", ["--strategy", "fsdp", "--recompute", "2", "--accumulate", "3"])):

@@ -32,7 +32,7 @@ WHERE = ("from mpi4py import MPI; import socket; comm = MPI.COMM_WORLD; "
 def train(output, hosts=None, ranks=None):
     program = [sys.executable, "-m", "nnlib", "train", *SETTINGS, "--output", str(output)]
     if hosts is None:
-        from nnlib.environment import mpiexec_path
+        from nnlib.course.environment import mpiexec_path
 
         return subprocess.run([mpiexec_path(), "-n", str(ranks), *program], capture_output=True, text=True,
                               timeout=120)

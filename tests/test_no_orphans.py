@@ -18,13 +18,13 @@ import time
 import psutil
 import pytest
 
-from nnlib.lesson04_collectives.reaper import GRACE, POLL, TAG, clean_up_orphans, tag_of, tagged_processes
+from nnlib.course.reaper import GRACE, POLL, TAG, clean_up_orphans, tag_of, tagged_processes
 
 GONE_WITHIN = POLL + 2 * GRACE + 5.0  # the reaper's look, SIGTERM's grace, SIGKILL, and slack
 
 OWNER = textwrap.dedent("""
     import os, sys, time
-    from nnlib.lesson04_collectives import cluster
+    from nnlib.course import cluster
 
     mode = sys.argv[1]
     if mode == "with":
@@ -59,7 +59,7 @@ def reapers(tag):
     found = []
     for process in psutil.process_iter(["cmdline"]):
         cmdline = process.info["cmdline"] or []
-        if "nnlib.lesson04_collectives.reaper" in cmdline and tag in cmdline:
+        if "nnlib.course.reaper" in cmdline and tag in cmdline:
             found.append(process)
     return found
 
@@ -169,7 +169,7 @@ def test_a_jupyter_kernel_restarted_or_shut_down_while_a_cell_is_stuck_leaves_no
     environment.pop(TAG, None)
     manager, client = start_new_kernel(kernel_name="python3", env=environment, cwd=str(tmp_path))
     try:
-        reply = client.execute_interactive("from nnlib.lesson04_collectives import cluster\nmpi = cluster.start(n=2, timeout=90)",
+        reply = client.execute_interactive("from nnlib.course import cluster\nmpi = cluster.start(n=2, timeout=90)",
                                            timeout=120)
         assert reply["content"]["status"] == "ok", reply["content"]
         kernel = psutil.Process(manager.provisioner.process.pid)

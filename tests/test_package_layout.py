@@ -8,7 +8,7 @@ import shutil
 from layout import (PACKAGE, closure, constant, functions, imports, lesson_folders, lesson_of, long_modules, modules,
                     violations)
 
-TOP_LEVEL = {"nnlib", "nnlib.__main__", "nnlib.train_command", "nnlib.check", "nnlib.environment"}
+TOP_LEVEL = {"nnlib", "nnlib.__main__", "nnlib.train_command", "nnlib.check"}
 JOB_PARTS = {f"nnlib.train_command.{part}" for part in ("options", "job", "data_parallel", "model_parallel",
                                                          "asynchronous", "reports")}
 
@@ -32,7 +32,7 @@ def test_modules_only_the_notebooks_use_say_so():
     for name in known:  # a module that another has the engines (or the controller) load is named in a string
         users[name] |= {user for user, text in texts.items() if user != name
                         and (f"'{name}'" in text or f'"{name}"' in text)}
-    unused = {name for name in known if not users[name]} - {"nnlib", "nnlib.__main__"} - set(lesson_folders())
+    unused = {name for name in known if not users[name]} - {"nnlib", "nnlib.__main__", "nnlib.course"} - set(lesson_folders())
     assert sorted(name for name in unused - marked if not name.startswith("nnlib.exercises.")) == []
 
 
@@ -46,8 +46,20 @@ def test_each_lesson_has_its_own_folder_named_after_its_notebook():
         folder = ".".join(name.split(".")[:2])
         if folder in folders:
             assert lesson_of(path) == folders[folder], f"{name} says lesson {lesson_of(path)}, its folder another"
-        elif not name.startswith("nnlib.exercises"):
+        elif not name.startswith(("nnlib.exercises", "nnlib.course")):
             assert name in TOP_LEVEL | JOB_PARTS, f"{name} is at the top of the package; move it into its lesson's folder"
+
+
+def test_the_course_tools_import_no_lesson_and_any_lesson_may_use_them():
+    """nnlib/course/ (cluster, deadline, reaper, trace, environment, ...) is the course's infrastructure, not a lesson:
+    its modules say LESSON = 0 and import nothing of nnlib outside nnlib.course."""
+    known = modules()
+    course = {name: path for name, path in known.items() if name.startswith("nnlib.course")}
+    assert {"nnlib.course.cluster", "nnlib.course.deadline", "nnlib.course.environment"} <= set(course)
+    assert {name: lesson_of(path) for name, path in course.items() if lesson_of(path) != 0} == {}
+    outside = {name: sorted(m for m in imports(name, path, known) if not m.startswith("nnlib.course"))
+               for name, path in course.items()}
+    assert {name: found for name, found in outside.items() if found} == {}
 
 
 def test_no_module_imports_a_module_of_a_later_lesson():
@@ -58,7 +70,7 @@ def test_an_import_of_a_later_lesson_added_on_purpose_is_caught(tmp_path):
     copy = tmp_path / "nnlib"
     shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
     network = copy / "lesson02_network" / "network.py"
-    network.write_text(network.read_text() + "\n\ndef later():\n    from nnlib.lesson10_faults.watchdog import watch\n")
+    network.write_text(network.read_text() + "\n\ndef later():\n    from nnlib.lesson10_faults.watchdog import RunNotes\n")
     added = set(violations(copy)) - set(violations())
     assert added == {"nnlib.lesson02_network.network (lesson 2) imports nnlib.lesson10_faults.watchdog (lesson 10)"}
 

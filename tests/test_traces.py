@@ -1,4 +1,4 @@
-"""The trace writer (nnlib.lesson04_collectives.trace): Chrome trace-event JSON that Perfetto opens.
+"""The trace writer (nnlib.course.trace): Chrome trace-event JSON that Perfetto opens.
 
 Each trace is checked against a JSON schema of the Trace Event Format's parts it uses, its spans
 must nest on every thread (Perfetto draws overlapping spans of one thread wrongly), and they must
@@ -18,8 +18,8 @@ import pytest
 from mpi4py import MPI
 
 from nnlib import Network
-from nnlib.environment import mpiexec_path
-from nnlib.lesson04_collectives.trace import (Span, phase_spans, pipeline_spans, trace_events, update_instants,
+from nnlib.course.environment import mpiexec_path
+from nnlib.course.trace import (Span, phase_spans, pipeline_spans, trace_events, update_instants,
                                               write_trace)
 from nnlib.lesson05_data_parallel.data_parallel import train_parallel
 from nnlib.lesson08_inside_allreduce.overlap import CALL_THREADS, BucketedAllreduce, bucket_spans

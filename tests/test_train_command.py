@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from stand_in_cupy import write_cupy_shim
 
-from nnlib.environment import mpiexec_path
+from nnlib.course.environment import mpiexec_path
 from nnlib.lesson01_mnist.files import atomic_write
 from nnlib.lesson07_gpu import backend
 

@@ -132,14 +132,6 @@ def allreduce_sum(comm, array) -> np.ndarray:
     return array
 
 
-def reduce_sum(comm, array, root: int = 0):
-    """Sum ``array`` over all ranks onto ``root``: returns the total there, None elsewhere."""
-    require_contiguous(array)
-    total = np.empty_like(array) if comm.rank == root else None
-    comm.Reduce(array, total, op=MPI.SUM, root=root)
-    return total
-
-
 # -- every rank reaches the same verdict ------------------------------------------
 
 def raised_on_every_rank(error: BaseException) -> BaseException:

@@ -178,9 +178,6 @@ class Allreduce(DataParallel):
 
 
 STRATEGIES = {"parameter_server": ParameterServer, "reduce_broadcast": ReduceBroadcast, "allreduce": Allreduce}
-MOVED = {"sampler": "batches=nnlib.lesson08_inside_allreduce.sampling.PerRankBatches", "timeout": "nnlib.lesson10_faults.watchdog.train_watched",
-         "checkpoints": "hooks=[nnlib.lesson10_faults.checkpoint.Checkpointing(folder, resume)]", "cuda_aware": "backend.HostStaging",
-         "compression": "strategy=nnlib.lesson11_beyond_sync.compression.compressed(method, k)"}  # lessons 07-11's, once keywords here
 
 
 class PhaseTimer(Hook):
@@ -226,9 +223,6 @@ class ParallelOptions:
     def split(cls, settings: Settings | None, keywords: dict):
         """(Settings, ParallelOptions) from ``settings`` and keywords of either."""
         own = [name.name for name in fields(cls)]
-        moved = [f"{key}= is now {MOVED[key]}" for key in keywords if key in MOVED]
-        if moved:
-            raise TypeError("; ".join(moved))
         rest = {key: value for key, value in keywords.items() if key not in own}
         settings = Settings.from_keywords(settings, rest, others=own)  # (refuses unknown keywords)
         return settings, cls(**{key: value for key, value in keywords.items() if key in own})

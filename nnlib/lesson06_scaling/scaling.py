@@ -45,7 +45,7 @@ def physical_cores() -> int:
 
 def machine_fields(where: str = "live") -> dict:
     """The machine-description part of a record."""
-    from nnlib.environment import blas, describe, mpi_library
+    from nnlib.course.environment import blas, describe, mpi_library
 
     return {"physical_cores": physical_cores(), "blas": blas(), "mpi_library": mpi_library(),
             "machine": describe()["machine"], "where": where}
@@ -77,7 +77,7 @@ def measure_messages(ranks: int, sizes_in_bytes, repeats: int = 50, timeout: flo
 
 def _run_job(ranks: int, settings: dict, timeout: float):
     """Run :func:`_worker` under ``mpiexec -n ranks`` (one BLAS thread each); return rank 0's JSON answer."""
-    from nnlib.environment import ONE_BLAS_THREAD, mpiexec_path
+    from nnlib.course.environment import ONE_BLAS_THREAD, mpiexec_path
 
     command = [mpiexec_path(), "-n", str(ranks), sys.executable, "-m", "nnlib.lesson06_scaling.scaling", json.dumps(settings)]
     run = subprocess.run(command, capture_output=True, text=True, timeout=timeout,

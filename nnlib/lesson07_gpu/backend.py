@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from nnlib.environment import gpu_status
+from nnlib.course.environment import gpu_status
 from nnlib.lesson02_network.arrays import is_numpy, namespace_of_device, to_numpy
 from nnlib.lesson03_training.training import Hook
 
@@ -116,7 +116,7 @@ class HostStaging:
     NumPy arrays go to MPI as they are; so do GPU arrays with a CUDA-aware MPI, once the GPU has
     finished writing them (its work is queued; MPI must not read a half-written buffer). With an
     ordinary MPI, GPU arrays are *staged*: copied to host memory, communicated, copied back. It wraps
-    any communicator (MPI's, or a nnlib.lesson10_faults.watchdog.WatchedComm: ``HostStaging(watch(comm), xp)``, never the
+    any communicator (MPI's, or a nnlib.course.deadline.WatchedComm: ``HostStaging(watch(comm), xp)``, never the
 other way round); everything else is the wrapped one's::
 
         train_parallel(HostStaging(comm, network.xp), network, ...)

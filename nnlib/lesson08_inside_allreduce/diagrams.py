@@ -124,7 +124,7 @@ def ring_schedule(steps, size: int):
 def allreduce_times(rows, models=None, title: str = ""):
     """Measured Allreduce time and bus bandwidth against message size, one line per algorithm.
 
-    rows: dicts with bytes, algorithm, ranks, seconds, bus_bandwidth (nnlib.lesson08_inside_allreduce.allreduce.main's CSV)
+    rows: dicts with bytes, algorithm, ranks, seconds, bus_bandwidth (nnlib.lesson08_inside_allreduce.allreduce_timing.main's CSV)
     for one number of ranks; models: {algorithm: predicted seconds per size} drawn dashed.
     """
     import matplotlib.pyplot as plt

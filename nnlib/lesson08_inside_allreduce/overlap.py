@@ -33,7 +33,7 @@ from mpi4py import MPI
 
 from nnlib.lesson02_network.arrays import to_numpy
 from nnlib.lesson02_network.network import parameter_offsets
-from nnlib.lesson04_collectives.trace import Span
+from nnlib.course.trace import Span
 from nnlib.lesson05_data_parallel.data_parallel import DataParallel
 
 LESSON = 8
@@ -66,7 +66,7 @@ class BucketedAllreduce:
     Use:   overlap = BucketedAllreduce(comm, network)
            network.loss_and_gradient(..., on_layer_done=overlap.layer_done)   # starts the sends
            overlap.finish()                                                    # grads hold the sums
-    comm is an MPI communicator or a nnlib.lesson10_faults.watchdog.WatchedComm (then ``finish`` has its deadline).
+    comm is an MPI communicator or a nnlib.course.deadline.WatchedComm (then ``finish`` has its deadline).
     """
 
     def __init__(self, comm, network, bucket_bytes: int | None = None):

@@ -42,7 +42,7 @@ def train_hybrid(comm, model_size: int, build_piece, inputs, labels, **training)
 
     model_size: M, ranks per replica. build_piece(model_comm): this rank's piece of the model over
     its replica's ranks, e.g. ``functools.partial(TensorParallelMLP, layer_sizes=(784, 64, 10), seed=0)``
-    or a PipelineMLP the same way (wrap model_comm in nnlib.lesson10_faults.watchdog.watch for a deadline on its
+    or a PipelineMLP the same way (wrap model_comm in nnlib.course.deadline.watch for a deadline on its
     messages). inputs, labels: the whole training set, on every rank (a model's pieces all need
     their replica's samples); the D replicas each keep one shard. ``training``: train_parallel's
     arguments (epochs, learning_rate, batch_size, momentum, the shuffling's seed, ...).

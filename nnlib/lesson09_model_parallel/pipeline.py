@@ -24,7 +24,7 @@ A :class:`PipelineMLP` has the methods :func:`nnlib.lesson03_training.training.t
 trainer drives it: every rank passes the same batch (stage 0 uses the inputs, the last stage the
 labels); the loss is sent from the last stage to all after each step. The communicator is used as
 given; for a deadline on every message (lesson 10) pass a watched one,
-``PipelineMLP(nnlib.lesson10_faults.watchdog.watch(comm, timeout), ...)``. :meth:`full_params` concatenates the
+``PipelineMLP(nnlib.course.deadline.watch(comm, timeout), ...)``. :meth:`full_params` concatenates the
 stages' vectors in rank order, which is exactly Network's flat layout.
 """
 
@@ -132,7 +132,7 @@ def wait_for_sends(comm, requests) -> None:
 class PipelineMLP(Classifier):
     """This rank's stage of a fully connected sigmoid network trained with pipeline parallelism.
 
-    comm: the stages (rank s holds stage s), used as given (pass nnlib.lesson10_faults.watchdog.watch(comm, timeout)
+    comm: the stages (rank s holds stage s), used as given (pass nnlib.course.deadline.watch(comm, timeout)
     for a deadline on every message); layer_sizes, output, dtype, seed: as for Network (the same
     initial weights); micro_batches: m; schedule: a name of ``schedules`` ("gpipe" or "1f1b");
     split: None (layers as even as possible), or each stage's number of layers (stage_layers).

@@ -35,7 +35,7 @@ as Network and has the methods :func:`nnlib.lesson03_training.training.train` us
 same steps on the same batches.
 
 The communicator is used as given. For a deadline on every Allreduce (lesson 10), pass a watched
-one: ``TensorParallelMLP(nnlib.lesson10_faults.watchdog.watch(comm, timeout), ...)``.
+one: ``TensorParallelMLP(nnlib.course.deadline.watch(comm, timeout), ...)``.
 """
 
 from __future__ import annotations
@@ -131,7 +131,7 @@ class TensorParallelMLP(LayerStack):
     """This rank's part of a fully connected sigmoid network, split by hidden units.
 
     comm:   the ranks that share the network (each holds all of the data), used as given (pass
-            nnlib.lesson10_faults.watchdog.watch(comm, timeout) for a deadline on its Allreduces).
+            nnlib.course.deadline.watch(comm, timeout) for a deadline on its Allreduces).
     layer_sizes, output, dtype, seed: as for nnlib.lesson02_network.network.Network (the same initial weights).
     Attributes: kinds (per layer: "column", "row" or "replicated"), columns (per layer: the
     (start, stop) of the hidden units this rank holds), layers (ColumnLayer, RowLayer, Layer),

@@ -1,30 +1,28 @@
 """Deadlines around whole training runs: every collective of a run watched, and the errors saying where it was.
 
-Lesson 10 takes apart the deadline that lesson 04's cluster already gives every ``comm``
-(nnlib.lesson04_collectives.deadline: start the collective without blocking, poll it, and when the
+Lesson 10 takes apart the deadline that the course's cluster already gives every ``comm``
+(nnlib.course.deadline: start the collective without blocking, poll it, and when the
 deadline passes find out who did not arrive), then puts it around a training run:
 
     train_watched(train_parallel, comm, network, inputs, labels, ...)   # a deadline on every collective
     RunNotes(watched)   a hook: the errors say the epoch, the step and the phase the run was in
 
-``watch``, ``WatchedComm`` and ``CollectiveTimeout`` are lesson 04's, importable from here too.
+``watch``, ``WatchedComm`` and ``CollectiveTimeout`` live in nnlib.course.deadline, the course's own tools.
 For a trace, :func:`record_waits` notes every wait of a watched communicator (what, where,
-start, end), and :func:`wait_spans` makes them spans for lesson 04's trace writer.
+start, end), and :func:`wait_spans` makes them spans for the course's trace writer.
 """
 
 from __future__ import annotations
 
 import time
 
+from nnlib.course.deadline import WatchedComm, watch
+from nnlib.course.trace import Span
 from nnlib.lesson03_training.training import Hook
-from nnlib.lesson04_collectives.deadline import (CLASSROOM_TIMEOUT, DEFAULT_TIMEOUT, CollectiveTimeout, WatchedComm,
-                                                 check_timeout, default_timeout, describe, watch)
-from nnlib.lesson04_collectives.trace import Span
 
 LESSON = 10
 
-__all__ = ["CLASSROOM_TIMEOUT", "DEFAULT_TIMEOUT", "CollectiveTimeout", "RunNotes", "WatchedComm", "check_timeout",
-           "default_timeout", "describe", "record_waits", "train_watched", "wait_spans", "watch"]
+__all__ = ["RunNotes", "record_waits", "train_watched", "wait_spans"]
 
 
 class RunNotes(Hook):
@@ -75,7 +73,7 @@ def record_waits(watched: WatchedComm) -> list:
 
 
 def wait_spans(waits_per_rank) -> list[Span]:
-    """Spans for lesson 04's trace writer: waits_per_rank[rank] = record_waits' list; a thread "waits" per rank,
+    """Spans for the course's trace writer: waits_per_rank[rank] = record_waits' list; a thread "waits" per rank,
     a span per wait named by what it waited for, its epoch, step and phase in the args."""
     return [Span(rank, "waits", what, start, end, dict(where))
             for rank, waits in enumerate(waits_per_rank) for what, where, start, end in waits]

@@ -39,7 +39,7 @@ import numpy as np
 from nnlib.lesson03_training.training import Settings, sgd_update
 from nnlib.lesson04_collectives.collectives import offsets, raised_on_every_rank, split_counts
 from nnlib.lesson08_inside_allreduce.sampling import PerRankBatches
-from nnlib.lesson10_faults.watchdog import watch
+from nnlib.course.deadline import watch
 
 LESSON = 11
 
@@ -103,7 +103,7 @@ def train_async(comm, network, inputs, labels, settings: Settings | None = None,
     synchronous training makes in ``epochs`` epochs; the server tells the workers to stop when that
     many gradients are applied or on their way. ``staleness``: the bound s (None: fully
     asynchronous). ``slow``: {rank: seconds} added to every step of those workers (a straggler).
-    Every message has the deadline of ``comm`` (a nnlib.lesson10_faults.watchdog.WatchedComm's, or the default).
+    Every message has the deadline of ``comm`` (a nnlib.course.deadline.WatchedComm's, or the default).
     Every rank ends with the server's final parameters; rank 0 returns the
     :class:`AsyncHistory`, the workers None.
     """

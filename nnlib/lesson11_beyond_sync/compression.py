@@ -21,14 +21,12 @@ decoded messages (an ``Allgather``: MPI cannot add float16, bfloat16 or sparse v
   everything and equals it to rounding (the sum's order differs); the tests check that.
 
 Bytes per step and the alpha-beta time of each exchange: :func:`message_bytes`, :func:`exchange_time`.
-What a whole run hands to MPI, counted on the real calls: :class:`CountingComm`; the alpha-beta time
+What a whole run hands to MPI, counted on the real calls: lesson 08's CountingComm; the alpha-beta time
 of those calls on any number of ranks: :func:`counted_seconds` (lesson 11's other ways of talking
 less, nnlib.lesson11_beyond_sync.powersgd and local_sgd, are counted the same way).
 """
 
 from __future__ import annotations
-
-from collections import Counter
 
 import numpy as np
 from mpi4py import MPI
@@ -180,40 +178,8 @@ def exchange_time(method: str, num_params: int, ranks: int, alpha: float, beta: 
     return float(sum(ring_allgather_time(part, ranks, alpha, beta) for part in parts))
 
 
-class CountingComm:
-    """A communicator that counts what this rank hands to ``Allreduce`` and ``Allgather``; everything else is the
-    wrapped one's (``train_parallel(CountingComm(comm), ...)``, also around a watched or staging communicator).
-
-    ``calls`` is a Counter {(collective, bytes of this rank's message): how many calls}: the send buffer's
-    bytes (for an in-place Allreduce, the buffer summed in place). Every such call of a run is counted, the
-    loss's two numbers summed once per epoch included.
-    """
-
-    COUNTED = ("Allreduce", "Allgather")
-
-    def __init__(self, comm):
-        self.comm, self.calls = comm, Counter()
-
-    def __getattr__(self, name):
-        method = getattr(self.comm, name)
-        if name not in CountingComm.COUNTED:
-            return method
-
-        def counted(sendbuf, recvbuf, *args, **keywords):
-            message = recvbuf if sendbuf is MPI.IN_PLACE else sendbuf
-            self.calls[name, int(message.nbytes)] += 1
-            return method(sendbuf, recvbuf, *args, **keywords)
-
-        return counted
-
-    @property
-    def bytes_sent(self) -> int:
-        """The bytes of all counted messages of this rank: sum over calls of their message's bytes."""
-        return sum(nbytes * count for (_, nbytes), count in self.calls.items())
-
-
 def counted_seconds(calls, ranks: int, alpha: float, beta: float) -> float:
-    """The alpha-beta time of counted calls ({(collective, bytes): count}, :class:`CountingComm`) on ``ranks`` ranks:
+    """The alpha-beta time of counted calls ({(collective, bytes): count}, CountingComm.messages()) on ``ranks`` ranks:
     a ring Allreduce of the message's n bytes, or a ring Allgather of every rank's b bytes, per call."""
     formulas = {"Allreduce": ring_allreduce_time, "Allgather": ring_allgather_time}
     return float(sum(count * formulas[name](nbytes, ranks, alpha, beta) for (name, nbytes), count in calls.items()))

@@ -5,7 +5,7 @@
     recompute_parallel  the same for lesson 09's pipeline stages and tensor-parallel ranks
     accumulation     gradient accumulation: k micro-batches per step, nothing sent before the last
     mixed_precision  float16 storage, float32 compute and master weights, dynamic loss scaling
-    traffic          the bytes each rank sends, counted on the real MPI calls, against the formulas
+    traffic          the bytes each rank sends, by formula (lesson 08's CountingComm counts the real calls)
     budget           a rank's memory by kind: predicted from the arrays' sizes, measured with tracemalloc
     demo             the notebook's multi-rank runs as one MPI script
 """

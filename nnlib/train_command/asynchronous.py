@@ -28,7 +28,7 @@ def asynchronous_job(args, comm, settings, data, test) -> int:
     if comm.rank == 0:
         report_asynchronous(args, comm.size, history, network, test)
         if args.trace:
-            from nnlib.lesson04_collectives.trace import update_instants
+            from nnlib.course.trace import update_instants
             save_trace(args.trace, [], update_instants(history.worker, history.seconds))
     return 0
 

@@ -26,13 +26,13 @@ def data_parallel_job(args, comm, settings, data, test) -> int:
     from nnlib.lesson05_data_parallel import gather_phase_seconds, gather_timeline, shard, train_parallel
     from nnlib.lesson07_gpu.backend import HostStaging
     from nnlib.lesson08_inside_allreduce.sampling import PerRankBatches
-    from nnlib.lesson11_beyond_sync.compression import CountingComm
+    from nnlib.lesson08_inside_allreduce.counting import CountingComm
 
     network, gpu_index = job_memory_network(args, comm) if memory_options_used(args) else job_network(args, comm)
     on_gpu = not is_numpy(network.xp)
     local_inputs, local_labels, start = shard(comm, *data)
     announce(args, comm, network, comm.gather(gpu_index if on_gpu else None, root=0))
-    counting = CountingComm(comm)  # (what each rank hands to Allreduce and Allgather: lesson 11)
+    counting = CountingComm(comm)  # (what each rank hands to its collectives: lessons 08 and 11)
     with comm.guard():  # a rank that raises tells the others, which stop at once
         history = train_parallel(HostStaging(counting, network.xp) if on_gpu else counting, network, local_inputs,
                                  local_labels, num_samples=args.samples, start=start, settings=settings,
@@ -42,7 +42,7 @@ def data_parallel_job(args, comm, settings, data, test) -> int:
     phases = gather_phase_seconds(comm, history)
     timelines = gather_timeline(comm, history) if args.trace else None
     if comm.rank == 0 and args.trace:
-        from nnlib.lesson04_collectives.trace import phase_spans
+        from nnlib.course.trace import phase_spans
         save_trace(args.trace, phase_spans(timelines))
     test_accuracy, params = job_results(args, comm, network, test)
     if comm.rank == 0:

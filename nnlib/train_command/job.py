@@ -48,7 +48,7 @@ def abort_job(error: BaseException) -> None:
     """Print this rank's error (with its traceback, unless it is a watchdog's verdict), then MPI_Abort."""
     from mpi4py import MPI
 
-    from nnlib.lesson10_faults.watchdog import CollectiveTimeout
+    from nnlib.course.deadline import CollectiveTimeout
 
     rank = MPI.COMM_WORLD.rank
     if isinstance(error, CollectiveTimeout):
@@ -74,7 +74,7 @@ def train_job(args) -> int:
     from threadpoolctl import threadpool_limits
 
     from nnlib.lesson04_collectives.collectives import raised_on_every_rank
-    from nnlib.lesson10_faults.watchdog import watch
+    from nnlib.course.deadline import watch
 
     threadpool_limits(args.threads)  # one BLAS thread per rank unless told otherwise
     try:  # every rank parses the same arguments: the same verdict everywhere, before any collective

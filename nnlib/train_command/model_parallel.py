@@ -57,6 +57,6 @@ def model_parallel_job(args, comm, settings, data, test) -> int:
         report(args, comm.size, history, phases, test_accuracy, params, sizes,
                dict(strategy=np.array(f"{args.model_parallel} x {model_size}")))
         if args.trace:
-            from nnlib.lesson04_collectives.trace import pipeline_spans
+            from nnlib.course.trace import pipeline_spans
             save_trace(args.trace, pipeline_spans(*zip(*timelines), stages=model_size))  # last step, chunks named
     return 0

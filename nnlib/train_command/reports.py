@@ -58,13 +58,13 @@ def announce_talking_less(args, network) -> None:
 def sent_arrays(args, counting, history) -> dict:
     """With compression or local steps, rank 0 says what it handed to Allreduce and Allgather; the arrays to save:
     sent_collectives (names), sent_message_bytes, sent_counts (one per kind of call), sent_bytes (the total)."""
-    calls = sorted(counting.calls.items())
+    calls = sorted(counting.messages().items())
     if args.compression != "none" or args.local_steps is not None:
-        print(f"sent by rank 0: {counting.bytes_sent:,} bytes in {sum(count for _, count in calls)} calls "
-              f"({counting.bytes_sent / history.steps:,.0f} bytes per step on average)", flush=True)
+        print(f"sent by rank 0: {counting.message_bytes():,} bytes in {sum(count for _, count in calls)} calls "
+              f"({counting.message_bytes() / history.steps:,.0f} bytes per step on average)", flush=True)
     return dict(sent_collectives=np.array([name for (name, _), _ in calls]),
                 sent_message_bytes=np.array([nbytes for (_, nbytes), _ in calls]),
-                sent_counts=np.array([count for _, count in calls]), sent_bytes=np.array(counting.bytes_sent))
+                sent_counts=np.array([count for _, count in calls]), sent_bytes=np.array(counting.message_bytes()))
 
 
 def report(args, ranks, history, phases, test_accuracy, params, layer_sizes, more: dict) -> None:
@@ -86,7 +86,7 @@ def report(args, ranks, history, phases, test_accuracy, params, layer_sizes, mor
 
 def save_trace(path, spans, instants=()) -> None:
     """Write --trace (rank 0) and say so."""
-    from nnlib.lesson04_collectives.trace import write_trace
+    from nnlib.course.trace import write_trace
 
     write_trace(path, spans, instants)
     print(f"wrote the trace {path} (open it in ui.perfetto.dev or chrome://tracing)")

@@ -19,7 +19,7 @@ from nnlib.lesson02_network.network import layer_views
 from nnlib.lesson05_data_parallel import shard, train_parallel
 from nnlib.lesson08_inside_allreduce.sampling import PerRankBatches
 from nnlib.lesson10_faults.checkpoint import CheckpointFolder, Checkpointing
-from nnlib.lesson11_beyond_sync.compression import CountingComm
+from nnlib.lesson08_inside_allreduce.counting import CountingComm
 from nnlib.lesson11_beyond_sync.local_sgd import local_sgd, rounds_per_epoch
 from nnlib.lesson11_beyond_sync.powersgd import PowerSGDCompressor, message_bytes, powersgd
 
@@ -66,8 +66,8 @@ def test_local_sgd_sends_one_allreduce_of_the_parameters_per_round():
         steps_per_epoch = history.steps // SETTINGS["epochs"]
         rounds = SETTINGS["epochs"] * rounds_per_epoch(steps_per_epoch, local_steps)
         loss_sums = SETTINGS["epochs"]  # (the loss and the correct count, 16 bytes, once per epoch)
-        assert counting.calls == {("Allreduce", network_params.nbytes): rounds, ("Allreduce", 16): loss_sums}, \
-            (local_steps, counting.calls)
+        assert counting.messages() == {("Allreduce", network_params.nbytes): rounds, ("Allreduce", 16): loss_sums}, \
+            (local_steps, counting.messages())
 
 
 def test_powersgd_at_full_rank_equals_the_plain_allreduce():
@@ -84,7 +84,7 @@ def test_powersgd_sends_two_allreduces_a_step_of_the_counted_bytes():
         first, second = message_bytes(SIZES, q, itemsize=8)
         expected = {("Allreduce", first): history.steps, ("Allreduce", second): history.steps,
                     ("Allreduce", 16): SETTINGS["epochs"]}
-        assert counting.calls == expected, (q, counting.calls, expected)
+        assert counting.messages() == expected, (q, counting.messages(), expected)
 
 
 def test_powersgd_error_feedback_loses_nothing():

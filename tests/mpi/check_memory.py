@@ -29,7 +29,8 @@ from nnlib.lesson12_memory.demo import (BUDGET_SIZES, PARALLEL_SIZES, mixed_peak
                                         recomputed_parallel_peak, step_peak)
 from nnlib.lesson12_memory.fsdp import FullySharded, FullyShardedNetwork
 from nnlib.lesson12_memory.mixed_precision import MixedPrecision, loss_scaled, train_mixed
-from nnlib.lesson12_memory.traffic import CountingComm, allreduce_bytes, fsdp_bytes
+from nnlib.lesson08_inside_allreduce.counting import CountingComm
+from nnlib.lesson12_memory.traffic import allreduce_bytes, fsdp_bytes
 
 comm = MPI.COMM_WORLD
 rank, size = comm.rank, comm.size
@@ -84,14 +85,14 @@ def test_fsdp_sends_three_times_the_parameters_and_allreduce_two():
     counting = CountingComm(comm)
     network = FullyShardedNetwork(counting, SIZES, seed=3)
     network.loss_and_gradient(INPUTS[:20], LABELS[:20], normalizer=20 * size)
-    assert counting.sent_bytes() == fsdp_bytes(SIZES, size, rank), (counting.calls, fsdp_bytes(SIZES, size, rank))
+    assert counting.ring_bytes() == fsdp_bytes(SIZES, size, rank), (counting.calls, fsdp_bytes(SIZES, size, rank))
     names = [name for name, _, _ in counting.calls]
     assert names.count("Allgatherv") == 2 * 4 and names.count("Reduce_scatter") == 4
     replica = Network(SIZES, dtype="float64", seed=3)
     replica.loss_and_gradient(INPUTS[:20], LABELS[:20])
     counting = CountingComm(comm)
     counting.Allreduce(MPI.IN_PLACE, replica.grads)
-    assert counting.sent_bytes() == allreduce_bytes(replica.num_params, size, rank)
+    assert counting.ring_bytes() == allreduce_bytes(replica.num_params, size, rank)
 
 
 def test_accumulation_equals_one_step_on_the_whole_batch():
@@ -105,7 +106,7 @@ def test_accumulation_equals_one_step_on_the_whole_batch():
                 error = relative_error(network.params, expected)
                 assert error <= 1e-12, f"{strategy} k={micro_batches} {settings}: relative error {error:.1e}"
                 if strategy == "allreduce":
-                    gradient_calls = [call for call in counting.calls if call[1] == network.num_params]
+                    gradient_calls = [call for call in counting.calls if call[1] == network.params.nbytes]
                     assert len(gradient_calls) == history.steps, (len(gradient_calls), history.steps)
 
 

@@ -91,7 +91,7 @@ def check_gpu_paths_with_a_stand_in_cupy():
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
     from stand_in_cupy import StandInCuPy
 
-    from nnlib import environment
+    from nnlib.course import environment
     from nnlib.lesson07_gpu import backend
 
     stand_in = sys.modules["cupy"] = StandInCuPy()

@@ -18,7 +18,7 @@ from mpi4py import MPI
 
 from nnlib import Network, train
 from nnlib.lesson09_model_parallel.pipeline import PipelineMLP, stage_layers
-from nnlib.lesson10_faults.watchdog import CollectiveTimeout, watch
+from nnlib.course.deadline import CollectiveTimeout, watch
 
 comm = MPI.COMM_WORLD
 rank, size = comm.rank, comm.size

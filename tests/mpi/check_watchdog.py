@@ -1,7 +1,7 @@
 """Run under mpiexec (2 or more ranks): no collective of nnlib waits forever.
 
 Each fault is made to happen on the last rank, while the others train (nnlib.lesson05_data_parallel, under
-nnlib.lesson10_faults.watchdog.train_watched) or wait in a watched collective (nnlib.lesson04_collectives.deadline),
+nnlib.lesson10_faults.watchdog.train_watched) or wait in a watched collective (nnlib.course.deadline),
 and every rank checks what it was told and how soon:
 
 * a rank raising between two steps, and inside a step's compute (others in the Allreduce):
@@ -23,7 +23,8 @@ from mpi4py import MPI
 
 from nnlib import Network, train
 from nnlib.lesson05_data_parallel import shard, train_parallel
-from nnlib.lesson10_faults.watchdog import CollectiveTimeout, train_watched, watch
+from nnlib.course.deadline import CollectiveTimeout, watch
+from nnlib.lesson10_faults.watchdog import train_watched
 
 comm = MPI.COMM_WORLD
 rank, size = comm.rank, comm.size

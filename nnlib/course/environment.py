@@ -11,7 +11,7 @@ import re
 import sys
 import textwrap
 
-LESSON = 0  # notebook 00's environment check
+LESSON = 0  # the course's own tools: any lesson may use them
 
 
 # Environment variables that give each process one BLAS thread: with several MPI ranks on one
@@ -153,7 +153,7 @@ def kernel_note(measure: bool = True) -> str | None:
         import subprocess
 
         own = {name: value for name, value in os.environ.items() if name not in FORCING_VARIABLES}
-        code = "from nnlib import environment as e; print(e.blas_kernel(), e.product_seconds())"
+        code = "from nnlib.course import environment as e; print(e.blas_kernel(), e.product_seconds())"
         reply = subprocess.run([sys.executable, "-c", code], env=own, capture_output=True, text=True, timeout=120)
         if reply.returncode == 0:
             own_kernel, own_seconds = reply.stdout.split()
@@ -184,7 +184,7 @@ def describe() -> dict:
         "BLAS": blas(),
         "BLAS kernel": f"{blas_kernel()}, on a CPU with {cpu_instruction_set()}",
         "memory": (f"freed memory kept for reuse (glibc malloc: up to {KEEP_FREED_BYTES >> 20} MiB; "
-                   "nnlib.environment.keep_freed_memory)" if _freed_memory_kept else
+                   "nnlib.course.environment.keep_freed_memory)" if _freed_memory_kept else
                    "freed memory handed back to the system at once (the C library's default)"),
         "MPI library": mpi_library(),
         "mpiexec": mpiexec_path() or "not found",

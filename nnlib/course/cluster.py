@@ -1,6 +1,6 @@
 """An ipyparallel cluster whose engines are MPI ranks, started and stopped in one call.
 
-    with nnlib.lesson04_collectives.cluster.start(n=4) as cluster:   # in a notebook: `%%px` cells now run on 4 ranks
+    with nnlib.course.cluster.start(n=4) as cluster:   # in a notebook: `%%px` cells now run on 4 ranks
         cluster.view.apply_sync(...)            # the view's engines are in MPI rank order
 
 What it takes care of:
@@ -16,10 +16,10 @@ What it takes care of:
 * a start-up failure raises :class:`ClusterStartError` within ``timeout`` seconds, with the
   ``mpiexec`` command, the engines' own log lines and the likely fix;
 * the engines' ``comm`` and ``MPI.COMM_WORLD`` have a classroom deadline ($NNLIB_TIMEOUT = CLASSROOM_TIMEOUT
-  seconds; nnlib.lesson04_collectives.classroom): a rank that raises or stalls stops the cell on every
+  seconds; nnlib.course.classroom): a rank that raises or stalls stops the cell on every
   rank instead of hanging it, and the next cell finds the communicator usable again;
 * stopping is quiet (no engine log in the notebook) and leaves no process behind, and no process
-  outlives the kernel however it ends (killed, restarted, out of memory): see nnlib.lesson04_collectives.reaper.
+  outlives the kernel however it ends (killed, restarted, out of memory): see nnlib.course.reaper.
 """
 
 from __future__ import annotations
@@ -31,14 +31,14 @@ import subprocess
 import sys
 import time
 
-LESSON = 4
+LESSON = 0  # the course's own tools: any lesson may use them
 
 
-#: Seconds a collective waits in the notebook cluster ($NNLIB_TIMEOUT of its engines; nnlib.lesson04_collectives.deadline).
+#: Seconds a collective waits in the notebook cluster ($NNLIB_TIMEOUT of its engines; nnlib.course.deadline).
 CLASSROOM_TIMEOUT = 20.0
-ENGINE_SETUP = ("from mpi4py import MPI\nfrom nnlib.lesson04_collectives.classroom import install\n"
+ENGINE_SETUP = ("from mpi4py import MPI\nfrom nnlib.course.classroom import install\n"
                 "comm = install()  # MPI.COMM_WORLD, with the classroom deadline\nrank, size = comm.rank, comm.size\n")
-SETTLE_COMMUNICATOR = "__import__('nnlib.lesson04_collectives.classroom', fromlist=['settle']).settle()"
+SETTLE_COMMUNICATOR = "__import__('nnlib.course.classroom', fromlist=['settle']).settle()"
 
 
 class ClusterStartError(RuntimeError):
@@ -61,7 +61,7 @@ def mpi_flavour(mpiexec: str) -> str:
 
 def engine_environment(mpiexec: str, extra=None) -> dict:
     """Environment variables for mpiexec and its ranks: one BLAS thread, Open MPI's root/oversubscribe."""
-    from nnlib.environment import ONE_BLAS_THREAD
+    from nnlib.course.environment import ONE_BLAS_THREAD
 
     environment = dict(ONE_BLAS_THREAD)
     if mpi_flavour(mpiexec) == "openmpi":
@@ -87,7 +87,7 @@ class MPICluster:
     def __init__(self, cluster, client, n: int, timeout: float, reaper=None):
         self.cluster, self.client, self.n, self.timeout = cluster, client, n, timeout
         self.view, self.rank_of, self.sent = None, {}, 0
-        self.reaper = reaper  # ends this kernel's cluster processes if the kernel dies (nnlib.lesson04_collectives.reaper)
+        self.reaper = reaper  # ends this kernel's cluster processes if the kernel dies (nnlib.course.reaper)
 
     # -- context manager -----------------------------------------------------
     def __enter__(self):
@@ -167,7 +167,7 @@ class MPICluster:
 
     def after_cell(self, result=None) -> None:
         """After a cell that sent the engines anything (IPython's post_run_cell): every engine settles its
-        communicator (nnlib.lesson04_collectives.classroom.settle), so that after an abandoned call all
+        communicator (nnlib.course.classroom.settle), so that after an abandoned call all
         ranks start the next cell afresh, together. A script calls ``after_cell()`` after each use."""
         if self.cluster is None or self.view is None or len(self.client.history) == self.sent:
             return
@@ -269,8 +269,8 @@ def start(n: int = 4, timeout: float = 30.0, mpiexec: str | None = None, environ
     """
     import ipyparallel
 
-    from nnlib.environment import mpiexec_path
-    from nnlib.lesson04_collectives import reaper
+    from nnlib.course.environment import mpiexec_path
+    from nnlib.course import reaper
 
     mpiexec = mpiexec or mpiexec_path()
     if not mpiexec or not (os.path.isfile(mpiexec) and os.access(mpiexec, os.X_OK)):
@@ -282,7 +282,7 @@ def start(n: int = 4, timeout: float = 30.0, mpiexec: str | None = None, environ
     reaper.clean_up_orphans()  # clusters left behind by a dead kernel of this user
     owner = os.environ[reaper.TAG] = reaper.tag_of()  # inherited by the controller, mpiexec and every engine
     environment = {"NNLIB_TIMEOUT": os.environ.get("NNLIB_TIMEOUT", str(CLASSROOM_TIMEOUT)), **(environment or {})}
-    quiet = importlib.util.find_spec("nnlib.lesson04_collectives.quiet_controller").origin  # a config file
+    quiet = importlib.util.find_spec("nnlib.course.quiet_controller").origin  # a config file
     cluster = ipyparallel.Cluster(engines="mpi", n=n, controller_args=["--HeartMonitor.period=500", f"--config={quiet}"],
                                   log_level=logging.ERROR)
     cluster.config.MPIEngineSetLauncher.mpi_cmd = [mpiexec]

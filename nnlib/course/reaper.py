@@ -10,12 +10,12 @@ How nnlib prevents that:
 * every process of a cluster carries the environment variable ``NNLIB_CLUSTER_OWNER`` =
   ``"<pid>:<start time>"`` of the process that started it (children inherit it, hydra passes it
   to the ranks); the start time tells a dead owner from a new process that got its pid;
-* a small *reaper* process (``python -m nnlib.lesson04_collectives.reaper OWNER``), in its own session so that a
+* a small *reaper* process (``python -m nnlib.course.reaper OWNER``), in its own session so that a
   signal to the kernel's process group does not reach it, looks every ``POLL`` seconds whether the
   owner is alive. When it is gone, the reaper ends every process carrying the owner's tag
   (SIGTERM, then SIGKILL after ``GRACE`` seconds) and exits. ``MPICluster.stop()`` ends the
   reaper after stopping the cluster;
-* :func:`clean_up_orphans`, called by ``nnlib.lesson04_collectives.cluster.start()``, ends processes of the same user
+* :func:`clean_up_orphans`, called by ``nnlib.course.cluster.start()``, ends processes of the same user
   whose tagged owner is gone: a second safety net if a reaper was killed too.
 """
 
@@ -26,7 +26,7 @@ import subprocess
 import sys
 import time
 
-LESSON = 4  # the cluster leaves no process behind
+LESSON = 0  # the course's own tools: any lesson may use them
 
 
 TAG = "NNLIB_CLUSTER_OWNER"
@@ -99,7 +99,7 @@ def clean_up_orphans() -> int:
 def start_reaper(tag: str) -> subprocess.Popen:
     """Start the reaper for the owner ``tag`` in its own session, without the tag in its environment."""
     environment = {name: value for name, value in os.environ.items() if name != TAG}
-    return subprocess.Popen([sys.executable, "-m", "nnlib.lesson04_collectives.reaper", tag], env=environment, start_new_session=True,
+    return subprocess.Popen([sys.executable, "-m", "nnlib.course.reaper", tag], env=environment, start_new_session=True,
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 

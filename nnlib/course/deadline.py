@@ -1,6 +1,6 @@
 """A deadline for every collective: no rank waits forever, and the error names who did not come.
 
-Lesson 04's notebook cluster gives every student's ``comm`` this deadline (nnlib.lesson04_collectives.classroom);
+Lesson 04's notebook cluster gives every student's ``comm`` this deadline (nnlib.course.classroom);
 lesson 10 takes it apart and puts it around whole training runs (nnlib.lesson10_faults.watchdog).
 
 A blocking collective (``comm.Allreduce``) returns only when *every* rank has called it. If one
@@ -41,12 +41,12 @@ import traceback
 import numpy as np
 from mpi4py import MPI
 
-from nnlib.lesson04_collectives.cluster import CLASSROOM_TIMEOUT
+from nnlib.course.cluster import CLASSROOM_TIMEOUT
 
-LESSON = 4
+LESSON = 0  # the course's own tools: any lesson may use them
 
 #: Seconds a collective may wait when no timeout is given and $NNLIB_TIMEOUT is not set. The
-#: notebook cluster (nnlib.lesson04_collectives.cluster.start) sets $NNLIB_TIMEOUT to CLASSROOM_TIMEOUT for its engines.
+#: notebook cluster (nnlib.course.cluster.start) sets $NNLIB_TIMEOUT to CLASSROOM_TIMEOUT for its engines.
 DEFAULT_TIMEOUT = 120.0
 LONGEST_TIMEOUT = 24 * 3600.0
 NOTICE_TAG = 31_415  # point-to-point tag of the notices, on the run's own duplicate communicator
@@ -436,7 +436,7 @@ def watch(comm, timeout=None) -> WatchedComm:
     ``comm`` may be a WatchedComm already: the duplicate is then made from its communicator,
     with its timeout unless another is given.
     """
-    if hasattr(type(comm), "current"):  # the notebook cluster's comm (nnlib.lesson04_collectives.classroom)
+    if hasattr(type(comm), "current"):  # the notebook cluster's comm (nnlib.course.classroom)
         comm = comm.current()
     if isinstance(comm, WatchedComm):
         return WatchedComm(comm.comm, comm.timeout if timeout is None else timeout)

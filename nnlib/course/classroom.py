@@ -2,14 +2,14 @@
 
 A collective returns only when every rank has called it. In a first MPI class one rank often
 raises before it (a shape error on an uneven shard), or two ranks both ``Send`` first, and the
-other ranks would wait for ever. On every engine of :func:`nnlib.lesson04_collectives.cluster.start`:
+other ranks would wait for ever. On every engine of :func:`nnlib.course.cluster.start`:
 
     comm = MPI.COMM_WORLD = ClassroomComm(the real COMM_WORLD)
 
 so the collectives (``comm.Allreduce(...)``, ``MPI.COMM_WORLD.Bcast(...)``, ``Reduce_scatter``,
 ``Alltoall``...), ``Send``/``Recv``/``Sendrecv`` and the object forms ``send``/``recv``/``bcast``/
 ``gather``/``allgather``/``allreduce`` all run under the classroom deadline
-(nnlib.lesson04_collectives.deadline):
+(nnlib.course.deadline):
 
 * a rank whose cell raised tells the others at once (after the cell, IPython's ``post_run_cell``),
   and they stop with its traceback: no wait at all;
@@ -36,9 +36,9 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
-from nnlib.lesson04_collectives.deadline import WatchedComm, completed_within
+from nnlib.course.deadline import WatchedComm, completed_within
 
-LESSON = 4
+LESSON = 0  # the course's own tools: any lesson may use them
 
 
 class RootMismatch(ValueError):

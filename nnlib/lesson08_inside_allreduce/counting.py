@@ -1,0 +1,83 @@
+"""What each collective makes this rank send: counted on the real calls, as a ring would send it.
+
+A ring collective on P ranks over a buffer of n values, where this rank owns chunk c_r of it
+(``chunk_bounds``: the first n mod P chunks one value longer), sends from rank r:
+
+    Allreduce        2 (n - c_r) values   (a reduce-scatter, then an allgather)
+    Reduce_scatter   n - c_r              (every chunk but its own passes through once)
+    Allgatherv       n - c_r              (the same, in the other direction)
+    Allgather        (P - 1) b            (b: this rank's part; every other part passes through)
+
+So data parallelism's one Allreduce of the gradient sends 2 (n - c_r) values per step, and
+ZeRO-3 / FSDP's two allgathers of the parameters and one reduce-scatter of the gradient send
+3 (n - c_r): 1.5 times as much (lesson 12). MPI's own collectives hide their algorithm: these
+are the ring's figures for the calls really made, not bytes caught on the wire.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from mpi4py import MPI
+
+from nnlib.lesson08_inside_allreduce.allreduce import chunk_bounds
+
+LESSON = 8
+
+
+class CountingComm:
+    """``comm`` with every Allreduce, Allgather, Allgatherv and Reduce_scatter recorded; the rest passes through.
+
+    ``calls``: one (collective, bytes of this rank's message, bytes a ring makes this rank send) per call.
+    The message is what this rank hands to MPI: the buffer summed (Allreduce, Reduce_scatter) or its own
+    part (Allgather, Allgatherv). Use it as any communicator: ``train_parallel(CountingComm(comm), ...)``.
+    """
+
+    def __init__(self, comm):
+        self.comm, self.calls = comm, []
+
+    def __getattr__(self, name):  # only for names not found on self: the communicator's own
+        if name == "comm":  # not set yet (a copy or an unpickling in progress): no endless recursion
+            raise AttributeError(name)
+        return getattr(self.comm, name)
+
+    def others(self, whole, own_values: int) -> int:
+        """Bytes of the values of ``whole`` that are not this rank's own: (n - c_r) itemsize."""
+        return (int(whole.size) - int(own_values)) * whole.itemsize
+
+    def Allreduce(self, sendbuf, recvbuf, op=MPI.SUM):
+        own = chunk_bounds(int(recvbuf.size), self.comm.size)[0][self.comm.rank]
+        message = recvbuf if sendbuf is MPI.IN_PLACE else sendbuf
+        self.calls.append(("Allreduce", int(message.nbytes), 2 * self.others(recvbuf, own)))
+        return self.comm.Allreduce(sendbuf, recvbuf, op=op)
+
+    def Allgather(self, sendbuf, recvbuf):
+        self.calls.append(("Allgather", int(sendbuf.nbytes), (self.comm.size - 1) * int(sendbuf.nbytes)))
+        return self.comm.Allgather(sendbuf, recvbuf)
+
+    def Allgatherv(self, mine, received):
+        whole, (counts, _) = received
+        self.calls.append(("Allgatherv", int(mine.nbytes), self.others(whole, counts[self.comm.rank])))
+        return self.comm.Allgatherv(mine, received)
+
+    def Reduce_scatter(self, whole, mine, recvcounts=None, op=MPI.SUM):
+        self.calls.append(("Reduce_scatter", int(whole.nbytes), self.others(whole, recvcounts[self.comm.rank])))
+        return self.comm.Reduce_scatter(whole, mine, recvcounts=recvcounts, op=op)
+
+    def messages(self) -> Counter:
+        """{(collective, bytes of the message): how many calls}."""
+        return Counter((name, message) for name, message, _ in self.calls)
+
+    def message_bytes(self) -> int:
+        """All the bytes this rank handed to the counted collectives."""
+        return sum(message for _, message, _ in self.calls)
+
+    def ring_bytes(self, name: str | None = None) -> int:
+        """The bytes a ring makes this rank send in the counted calls (of collective ``name`` only, if given)."""
+        return sum(sent for called, _, sent in self.calls if name in (None, called))
+
+
+def ring_bytes(values: int, size: int, rank: int, itemsize: int = 8) -> int:
+    """Bytes rank ``rank`` sends in a ring allgather (or reduce-scatter) of ``values``: (n - c_r) itemsize."""
+    counts, _ = chunk_bounds(values, size)
+    return (values - counts[rank]) * itemsize
