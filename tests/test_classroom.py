@@ -135,11 +135,13 @@ def test_broadcasts_from_different_roots_are_named(kernel):
                       "rank 3: root=1)") == 4, text
 
 
-def test_a_function_applied_to_all_engines_ends_at_the_deadline(kernel):
+def test_a_rank_raising_in_a_function_applied_to_all_engines_stops_every_rank_at_once(kernel):
+    """As with %%px: the others are told at once (they say they stopped waiting), not left to the deadline."""
     code = ("def step():  # run on every engine, with the engine's rank and comm\n    if rank == 1:\n"
             "        raise ValueError('rank 1 failed')\n    comm.Barrier()\n\nmpi.view.apply_sync(step)")
     text = stops_in_time_and_recovers(kernel[1], code)
-    assert "ValueError: rank 1 failed" in text and "rank 1 did not arrive in Barrier" in text, text
+    assert "ValueError: rank 1 failed" in text and "did not arrive" not in text, text
+    assert text.count("stopped waiting in Barrier") == 3, text
 
 
 def interrupted(manager, client, code):

@@ -11,8 +11,9 @@ so the collectives (``comm.Allreduce(...)``, ``MPI.COMM_WORLD.Bcast(...)``, ``Re
 ``gather``/``allgather``/``allreduce`` all run under the classroom deadline
 (nnlib.course.deadline):
 
-* a rank whose cell raised tells the others at once (after the cell, IPython's ``post_run_cell``),
-  and they stop with its traceback: no wait at all;
+* a rank whose cell raised tells the others at once (after the cell, IPython's ``post_run_cell``;
+  after a ``view.apply`` function, the engine's apply handler), and they stop with its traceback:
+  no wait at all;
 * a rank that waits longer than the deadline ($NNLIB_TIMEOUT, 20 s in the cluster) stops with an
   error naming the ranks that did not come, or, when every rank was waiting (a deadlock), the call
   each one was waiting in;
@@ -27,11 +28,12 @@ told another did), and if so all make a fresh duplicate of COMM_WORLD together. 
 come to that agreement is stuck or dead: every later call then says to run ``mpi.restart()``.
 
 Any other method (``Isend``, ``Split``, ``Scan``, ``scatter``, ``reduce``...) runs on the current
-duplicate without a deadline. ``view.apply`` functions get the deadline too, but a rank raising in
-one is only noticed at the deadline (no cell ended, so no notice is sent).
+duplicate without a deadline. ``view.apply`` functions get the same deadline and the same notice.
 """
 
 from __future__ import annotations
+
+import sys
 
 import numpy as np
 from mpi4py import MPI
@@ -125,8 +127,12 @@ class ClassroomComm:
 
     def after_cell(self, result) -> None:
         """IPython's post_run_cell: if this rank's cell raised, tell the other ranks at once."""
-        error = result.error_in_exec
-        if error is not None and not self.watched.broken and not getattr(error, "on_every_rank", False):
+        if result.error_in_exec is not None:
+            self.raised(result.error_in_exec)
+
+    def raised(self, error: BaseException) -> None:
+        """This rank's code raised ``error``: tell the other ranks at once (unless every rank raises it)."""
+        if not self.watched.broken and not getattr(error, "on_every_rank", False):
             self.watched.tell_others(error)
 
     def __repr__(self):
@@ -152,4 +158,22 @@ def install(shell=None) -> ClassroomComm:
         shell = get_ipython()
     if shell is not None:
         shell.events.register("post_run_cell", comm.after_cell)
+        if hasattr(getattr(shell, "kernel", None), "do_apply"):
+            tell_others_after_apply(shell.kernel, comm)
     return comm
+
+
+def tell_others_after_apply(kernel, comm: ClassroomComm) -> None:
+    """``view.apply`` runs a function outside any cell, so no post_run_cell follows it: wrap the engine
+    kernel's ``do_apply`` so that a function that raised tells the other ranks at once, as a cell does.
+    (ipyparallel's do_apply catches the error and shows it; IPython leaves it in ``sys.last_value``.)"""
+    apply = kernel.do_apply
+
+    def do_apply(*arguments):
+        reply, result = apply(*arguments)
+        if reply.get("status") == "error":
+            error = getattr(sys, "last_value", None)
+            comm.raised(error if error is not None else RuntimeError(f"{reply.get('ename')}: {reply.get('evalue')}"))
+        return reply, result
+
+    kernel.do_apply = do_apply
