@@ -177,6 +177,8 @@ def test_the_batch_job_with_fsdp_recomputation_and_accumulation_equals_allreduce
         with np.load(output) as file:
             saved[name] = (file["params"], float(file["test_accuracy"]))
     assert "memory: strategy fsdp, recompute every 2, 3 micro-batch(es) per step, precision float32" in run.stdout
+    held = predicted_bytes((784, 16, 8, 10), 34, 3, 0, "fsdp", 2, 3, "float64")  # rank 0: 34 rows of a batch of 100
+    assert f"rank 0 holds {sum(held.values()) / 2 ** 20:.2f} MiB at a step's peak" in run.stdout, run.stdout
     assert np.abs(saved["memory"][0] - saved["plain"][0]).max() <= 1e-10 * np.abs(saved["plain"][0]).max()
     assert saved["memory"][1] == saved["plain"][1]
 

@@ -4,12 +4,10 @@ A rank holds a chain of layer widths n_0, n_1, ..., n_L (the whole network, its 
 of them), n = sum_l (n_{l-1} n_l + n_l) parameters, and trains on B rows at once; SGD with momentum, values
 of s bytes (8 in float64, 4 in float32):
 
-    parameters        n s
-    gradients         n s
-    optimizer state   n s                            the momentum
-    activations       B (n_0 + n_1 + ... + n_L) s    a_0 .. a_L, kept from the forward pass for the backward
-    backward          B max_l (n_{l+1} + 2 n_l) s    going down to hidden layer l, the chain rule's operands:
-                                                     delta_{l+1}, delta_{l+1} @ W_{l+1}.T and a_l (1 - a_l)
+    parameters, gradients, optimizer state (the momentum)    n s each
+    activations    B (n_0 + n_1 + ... + n_L) s    a_0 .. a_L, kept from the forward pass for the backward
+    backward       B max_l (n_{l+1} + 2 n_l) s    going down to hidden layer l, the chain rule's operands:
+                                                  delta_{l+1}, delta_{l+1} @ W_{l+1}.T and a_l (1 - a_l)
 
 On P ranks, a global batch of N rows (rank r's share: split_counts, uneven where P does not divide N):
 
