@@ -19,7 +19,7 @@ Left out, as in lesson 09, the temporaries: NumPy's 1 - a, a weight-gradient pro
 micro-batches), the update's eta g, the loss's arrays, a recomputing forward's z, FSDP's float32 copy of a
 gradient before its reduce-scatter, mixed precision's float32 copies of what a product reads, Python's objects.
 Against tracemalloc's whole peak (nnlib.lesson12_memory.demo), on notebook 12's cases on 1 to 4 ranks, the error
-(predicted - measured) / measured lies within MODEL_ERROR (tests/mpi/check_memory.py; seen: -32% to -1%): less
+(predicted - measured) / measured lies within MODEL_ERROR (tests/mpi/check_memory.py; seen: -32% to -0.3%): less
 is counted than NumPy holds, most where little is kept (checkpoints, micro-batches, chunks) beside the
 temporaries. It could count more only where its maxima (the largest layer, the widest backward) are apart.
 """
