@@ -24,7 +24,7 @@ from nnlib.lesson06_scaling import scaling
 from nnlib.lesson08_inside_allreduce import allreduce, allreduce_timing
 from nnlib.lesson09_model_parallel import bubbles
 from nnlib.lesson11_beyond_sync import compression, local_sgd, powersgd
-from nnlib.lesson12_memory import recompute
+from nnlib.lesson12_memory import budget
 from nnlib.lesson13_pipeline_schedules import schedules
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -120,7 +120,7 @@ NNLIB = {
     "12.1": lambda sizes, ranks, rank: np.array([(allreduce.chunk_bounds(n_in * n_out + n_out, ranks)[1][rank],
                                                   sum(allreduce.chunk_bounds(n_in * n_out + n_out, ranks)[i][rank]
                                                       for i in (0, 1))) for n_in, n_out in zip(sizes[:-1], sizes[1:])]),
-    "12.2": recompute.peak_activation_arrays,
+    "12.2": lambda num_layers, every: budget.activation_widths((1,) * (num_layers + 1), every),  # widths of 1
     "13.1": lambda stages, micro_batches, chunks: schedules.bubble_formula("interleaved", stages, micro_batches,
                                                                           chunks=chunks),
     "13.2": lambda stages, stage, micro_batches: zb_h1_order_by_nnlib(stages, stage, micro_batches),

@@ -66,7 +66,7 @@ def test_the_pipeline_benchmarks_balanced_network_gives_each_stage_the_same_work
 
 
 def test_the_cost_model_counts_bytes_and_memory_per_rank():
-    from nnlib.lesson09_model_parallel import tradeoffs
+    from nnlib.lesson09_model_parallel import memory, tradeoffs
 
     sizes = (784, 512, 512, 10)
     weights = 784 * 512 + 512 + 512 * 512 + 512 + 512 * 10 + 10
@@ -75,11 +75,16 @@ def test_the_cost_model_counts_bytes_and_memory_per_rank():
     assert tradeoffs.handed_bytes("tensor", sizes, 256, 4)["collective"] == 4 * 256 * 512
     # pipeline on 3 stages: the middle stage sends (256, 512) forward and (256, 512) back
     assert tradeoffs.handed_bytes("pipeline", sizes, 256, 3)["point_to_point"] == 4 * 2 * 256 * 512
-    data, tensor = (tradeoffs.memory_per_rank(kind, sizes, 256, 4)["parameters"] for kind in ("data", "tensor"))
-    assert data == 3 * 4 * weights and tensor < data / 2  # weights, gradients, momentum; split about 4 ways
-    gpipe = tradeoffs.memory_per_rank("pipeline", sizes, 256, 3, micro_batches=8, schedule="gpipe")
-    one_f_one_b = tradeoffs.memory_per_rank("pipeline", sizes, 256, 3, micro_batches=8, schedule="1f1b")
+    data, tensor = (memory.busiest_rank_bytes(kind, sizes, 256, 4, itemsize=4) for kind in ("data", "tensor"))
+    assert data["parameters"] == data["gradients"] == data["optimizer state"] == 4 * weights
+    assert tensor["parameters"] < data["parameters"] / 2  # split about 4 ways
+    assert data["activations"] == 4 * 64 * (784 + 512 + 512 + 10)  # a quarter of the batch, a_0 .. a_L
+    assert data["backward"] == 4 * 64 * 3 * 512  # going down to a_1: delta_2, delta_2 W_2.T and a_1 (1 - a_1)
+    gpipe = memory.rank_bytes("pipeline", sizes, 256, 3, 0, micro_batches=8, schedule="gpipe")
+    one_f_one_b = memory.rank_bytes("pipeline", sizes, 256, 3, 0, micro_batches=8, schedule="1f1b")
     assert one_f_one_b["activations"] * 8 == gpipe["activations"] * 3  # stage 0 keeps 3 of 8 micro-batches
+    assert gpipe["activations"] == 8 * 256 * (784 + 512)  # stage 0: layer 784-512, all 8 micro-batches of 32
+    assert memory.tensor_parallel_sizes((64, 127, 96, 121, 80, 113, 72, 10), 2, 1) == (64, 63, 96, 60, 80, 56, 72, 10)
     with pytest.raises(ValueError, match="needs at least 4 weight layers"):
         tradeoffs.handed_bytes("pipeline", sizes, 256, 4)
 

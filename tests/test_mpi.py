@@ -19,7 +19,7 @@ check_communication_light.py (1 to 4 ranks): local SGD with H = 1 equals synchro
 at full rank the plain Allreduce; the bytes counted on the real calls are the formulas'.
 check_memory.py (1 to 4 and 7 ranks): ZeRO-3 / FSDP, gradient accumulation and recomputation train
 exactly as sequential; FSDP's bytes sent, counted on the real calls, against the formula; mixed-precision
-ranks skip the same steps; peak memory per rank within 10% of the prediction; on 4 ranks, a network over
+ranks skip the same steps; peak memory per rank within the memory model's stated error; on 4 ranks, a network over
 twice the per-rank budget trains under it. check_mixed_precision.py (1 to 4 ranks): float16 and bfloat16 with
 accumulation and recomputation, under the Allreduce and FSDP, take the sequential run's scale decisions and
 weights (within a stated tolerance), every rank the same verdict; an FSDP float16 run resumes exactly.

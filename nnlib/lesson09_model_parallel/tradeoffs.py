@@ -17,7 +17,7 @@ pipeline  consecutive layers per stage (nnlib.lesson09_model_parallel.pipeline).
 it with counters on the real calls); :func:`parallel_step_time` turns it into seconds with nnlib.lesson04_collectives.costmodel's
 formulas, and nothing else: a ring Allreduce per collective message, alpha + n beta per
 point-to-point message, the FLOPs of a step at a given rate divided over the ranks, and for
-pipelines the bubble (P - 1) / (m + P - 1).
+pipelines the bubble (P - 1) / (m + P - 1). What a rank holds is nnlib.lesson09_model_parallel.memory's count.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from __future__ import annotations
 import numpy as np
 
 from nnlib.lesson02_network.network import count_parameters
-from nnlib.lesson04_collectives.collectives import split_counts
 from nnlib.lesson04_collectives.costmodel import (Machine, bubble_fraction, flops_per_sample, predicted_time,
                                                   ring_allreduce_time, step_time)
+from nnlib.lesson09_model_parallel.memory import busiest_rank_bytes
 from nnlib.lesson09_model_parallel.pipeline import stage_layers
 from nnlib.lesson09_model_parallel.tensor import layer_kinds
 
@@ -85,46 +85,6 @@ def handed_bytes(kind: str, layer_sizes, batch: int, ranks: int, itemsize: int =
     return {"collective": 0, "point_to_point": max(sent) * itemsize}
 
 
-def memory_per_rank(kind: str, layer_sizes, batch: int, ranks: int, itemsize: int = 4, momentum: bool = True,
-                    micro_batches: int = 4, schedule: str = "1f1b") -> dict:
-    """Bytes on the busiest rank: {"parameters": weights + gradients (+ momentum), "activations": kept for backward}."""
-    check_pipeline_depth(kind, layer_sizes, ranks)
-    shapes = list(zip(layer_sizes[:-1], layer_sizes[1:]))
-    copies = 3 if momentum else 2
-    if kind == "data":
-        local_batch = int(split_counts(batch, ranks)[0])  # the largest shard
-        activations = local_batch * sum(layer_sizes)
-        return {"parameters": copies * count_parameters(layer_sizes) * itemsize, "activations": activations * itemsize}
-    if kind == "tensor":
-        per_rank = np.zeros(ranks)
-        activations = np.full(ranks, batch * layer_sizes[0], dtype=float)
-        for layer, split in enumerate(layer_kinds(len(shapes))):
-            n_in, n_out = shapes[layer]
-            if split == "column":
-                units = split_counts(n_out, ranks)
-                per_rank += units * (n_in + 1)
-                activations += batch * units
-            elif split == "row":
-                units = split_counts(n_in, ranks)
-                per_rank += units * n_out + n_out
-                activations += batch * n_out
-            else:
-                per_rank += n_in * n_out + n_out
-                activations += batch * n_out
-        busiest = int(np.argmax(per_rank))
-        return {"parameters": int(copies * per_rank[busiest] * itemsize),
-                "activations": int(activations.max() * itemsize)}
-    if kind == "pipeline":
-        parameters, activations = [], []
-        for stage, (first, stop) in enumerate(stage_layers(len(shapes), ranks)):
-            parameters.append(sum(n_in * n_out + n_out for n_in, n_out in shapes[first:stop]))
-            widths = sum(layer_sizes[first:stop + 1])
-            alive = micro_batches if schedule == "gpipe" else min(ranks - stage, micro_batches)
-            activations.append(batch * widths * alive / micro_batches)
-        return {"parameters": int(copies * max(parameters) * itemsize), "activations": int(max(activations) * itemsize)}
-    raise ValueError(f"kind must be one of {', '.join(KINDS)}; got {kind!r}")
-
-
 def parallel_step_time(kind: str, layer_sizes, batch: int, ranks: int, machine: Machine, itemsize: int = 4,
                        micro_batches: int = 4) -> float:
     """Predicted seconds per step of ``kind`` parallelism on P ranks, with nnlib.lesson04_collectives.costmodel's formulas:
@@ -171,7 +131,8 @@ def fastest(layer_sizes_of, hidden_sizes, rank_counts, batch: int, alpha: float,
 
 def largest_hidden_size(kind: str, layer_sizes_of, ranks: int, budget_bytes: float, batch: int,
                         itemsize: int = 4, micro_batches: int = 8) -> int:
-    """The widest hidden size (a multiple of 64) whose parameters and activations fit ``budget_bytes`` per rank.
+    """The widest hidden size (a multiple of 64) whose busiest rank holds at most ``budget_bytes``
+    (nnlib.lesson09_model_parallel.memory's count: parameters, gradients, momentum, activations, backward's arrays).
 
     0 if none fits (or a pipeline has more stages than the network has layers).
     """
@@ -179,8 +140,8 @@ def largest_hidden_size(kind: str, layer_sizes_of, ranks: int, budget_bytes: flo
         return 0
     hidden, best = 64, 0
     while hidden <= 1 << 16:
-        memory = memory_per_rank(kind, layer_sizes_of(hidden), batch, ranks, itemsize, micro_batches=micro_batches)
-        if memory["parameters"] + memory["activations"] > budget_bytes:
+        held = busiest_rank_bytes(kind, layer_sizes_of(hidden), batch, ranks, itemsize, micro_batches=micro_batches)
+        if sum(held.values()) > budget_bytes:
             break
         best, hidden = hidden, hidden + 64
     return best

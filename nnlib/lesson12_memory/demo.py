@@ -1,38 +1,36 @@
 """Lesson 12's multi-rank runs as one MPI script (notebook 12 runs ``mpiexec -n P python -m
 nnlib.lesson12_memory.demo RESULTS.json``): FSDP and gradient accumulation against sequential training
-on MNIST, the bytes sent counted on the real calls, what each rank holds over one FSDP step, and the
-memory budgets (measured with tracemalloc beside the prediction) of data parallelism, ZeRO, FSDP,
-recomputation, accumulation, lesson 09's tensor and pipeline parallelism and mixed precision (alone, and with
-FSDP and recomputation, or in bfloat16 with accumulation).
-Rank 0 writes the results as JSON.
+on MNIST, the bytes sent counted on the real calls, what each rank holds over one FSDP step, and each rank's
+peak memory over a step, measured with tracemalloc beside the memory model's prediction (nnlib.lesson12_memory.
+budget, lesson 09's nnlib.lesson09_model_parallel.memory): one network and one global batch for every case, data
+parallelism, ZeRO, FSDP, recomputation, accumulation and mixed precision, and lesson 09's tensor and pipeline
+parallelism. Rank 0 writes the results as JSON.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+import tracemalloc
 
 import numpy as np
 from mpi4py import MPI
 
 from nnlib import Network, train
 from nnlib.lesson01_mnist import data
-from nnlib.lesson03_training.training import Settings
+from nnlib.lesson04_collectives.collectives import split_counts
 from nnlib.lesson05_data_parallel import shard, train_parallel
 from nnlib.lesson05_data_parallel.data_parallel import Allreduce
+from nnlib.lesson08_inside_allreduce.counting import CountingComm
+from nnlib.lesson08_inside_allreduce.sampling import PerRankBatches
 from nnlib.lesson08_inside_allreduce.zero import ZeRO
+from nnlib.lesson09_model_parallel.memory import rank_bytes
 from nnlib.lesson09_model_parallel.pipeline import PipelineMLP
 from nnlib.lesson09_model_parallel.tensor import TensorParallelMLP
 from nnlib.lesson12_memory.accumulation import MicroBatched
-from nnlib.lesson12_memory.budget import (measured_peak, measured_step_peak, mixed_pipeline_bytes, mixed_precision_bytes,
-                                          mixed_tensor_parallel_bytes, pipeline_bytes, predicted_bytes, predicted_peak,
-                                          recomputed_pipeline_bytes, recomputed_tensor_parallel_bytes,
-                                          tensor_parallel_bytes)
+from nnlib.lesson12_memory.budget import predicted_bytes
 from nnlib.lesson12_memory.fsdp import FullySharded, FullyShardedNetwork
-from nnlib.lesson12_memory.mixed_pipeline import MixedPipelineMLP, MixedRecomputedPipelineMLP
-from nnlib.lesson12_memory.mixed_precision import MixedPrecision, loss_scaled, low_precision, train_mixed
-from nnlib.lesson12_memory.recompute_parallel import RecomputedPipelineMLP, RecomputedTensorParallelMLP
-from nnlib.lesson08_inside_allreduce.counting import CountingComm
+from nnlib.lesson12_memory.mixed_precision import MixedPrecision, loss_scaled, low_precision
 from nnlib.lesson12_memory.traffic import allreduce_bytes, fsdp_bytes
 
 LESSON = 12
@@ -88,151 +86,89 @@ def one_fsdp_step(comm, local_inputs, local_labels, samples: int) -> dict:
             "total_params": total, "events": network.log.events}
 
 
-BUDGET_SIZES = (64,) + (128,) * 8 + (10,)
-PLANS = {"data parallel": ("allreduce", None, 1), "ZeRO-1 (08)": ("zero", None, 1), "FSDP": ("fsdp", None, 1),
-         "FSDP, k = 3": ("fsdp", 3, 1), "FSDP, k = 3, 4 micro": ("fsdp", 3, 4)}
+BUDGET_SIZES, BUDGET_ROWS = (64, 127, 96, 121, 80, 113, 72, 10), 256  # uneven widths: tensor parallelism's 127
+#: hidden units do not split evenly, 7 layers make uneven pipeline stages
+#: case -> (strategy, recompute every, micro-batches, precision): data parallelism with lesson 08's and 12's savers
+DATA_PARALLEL_CASES = {"data parallel": ("allreduce", None, 1, "float64"), "ZeRO-1 (08)": ("zero", None, 1, "float64"),
+                       "FSDP": ("fsdp", None, 1, "float64"), "FSDP, k = 3": ("fsdp", 3, 1, "float64"),
+                       "FSDP, k = 3, 4 micro": ("fsdp", 3, 4, "float64"),
+                       "mixed float16": ("allreduce", None, 1, "float16"),
+                       "mixed FSDP, k = 3": ("fsdp", 3, 1, "float16"),
+                       "mixed bf16, 4 micro": ("allreduce", None, 4, "bfloat16")}
+#: case -> (kind, schedule, micro-batches): lesson 09's model parallelism, every rank on the whole batch
+MODEL_PARALLEL_CASES = {"tensor parallel (09)": ("tensor", None, 1), "pipeline GPipe, m = 4": ("pipeline", "gpipe", 4),
+                        "pipeline 1F1B, m = 4": ("pipeline", "1f1b", 4)}
 
 
-def step_peak(comm, plan, shard_of_batch, samples: int = 256) -> int:
-    """tracemalloc's peak on this rank over building BUDGET_SIZES's network for ``plan`` = (strategy, every,
-    micro_batches) and one step of ``samples`` rows; shard_of_batch: this rank's (inputs, labels, start)."""
-    strategy, every, micro_batches = plan
-    syncs = {"allreduce": "allreduce", "zero": ZeRO, "fsdp": FullySharded}
-    local_inputs, local_labels, start = shard_of_batch
-
-    def work():
-        network = (FullyShardedNetwork(comm, BUDGET_SIZES) if strategy == "fsdp"
-                   else Network(BUDGET_SIZES, dtype="float64"))
-        train_parallel(comm, MicroBatched(network, micro_batches, every), local_inputs, local_labels,
-                       num_samples=samples, start=start, strategy=syncs[strategy], epochs=1, learning_rate=0.1,
-                       batch_size=samples, momentum=0.9)
-
-    return measured_peak(work)[0]
+def measured_peak(build, step) -> tuple:
+    """(the most bytes NumPy held while ``step(built)`` ran, counting what ``built = build()`` made and kept, built):
+    tracemalloc counts every allocation from its start; its peak is reset once ``build`` returns, so what building
+    passed through (lesson 09's build a Network and keep their part) is left out, what it keeps is not."""
+    tracemalloc.start()
+    try:
+        built = build()
+        tracemalloc.reset_peak()
+        step(built)
+        return tracemalloc.get_traced_memory()[1], built
+    finally:
+        tracemalloc.stop()
 
 
-#: Lesson 09's model parallelism and mixed precision, on a network of uneven widths (7 layers: the tensor-parallel
-#: column/row pairs and a replicated output layer; 3 stages of 3, 2 and 2 layers on 3 ranks).
-PARALLEL_SIZES = (64, 127, 96, 121, 80, 113, 72, 10)
-PARALLEL_PLANS = {"tensor parallel (09)": ("tensor", None, 1), "tensor, k = 2": ("recomputed tensor", None, 2),
-                  "pipeline GPipe, m = 4": ("pipeline", "gpipe", 4),
-                  "GPipe, m = 4, recomputed": ("recomputed pipeline", "gpipe", 4),
-                  "pipeline 1F1B, m = 4": ("pipeline", "1f1b", 4), "mixed float16": ("mixed", None, 1)}
-#: Mixed precision combined, as (strategy, recompute every or schedule, micro-batches, precision): on PARALLEL_SIZES.
-MIXED_PLANS = {"mixed FSDP, k = 3": ("fsdp", 3, 1, "float16"),
-               "mixed bf16, 4 micro": ("allreduce", None, 4, "bfloat16"),
-               "mixed tensor parallel": ("tensor", None, 1, "float16"),
-               "mixed 1F1B, m = 4": ("pipeline", "1f1b", 4, "float16")}
-
-
-def parallel_peak(comm, plan, rows: int = 256) -> tuple:
-    """(tracemalloc's peak on this rank, the predicted bytes by kind) over steps of ``rows`` samples of ``plan``
-    = (kind, schedule, micro_batches) on PARALLEL_SIZES: kind "tensor" (TensorParallelMLP) or "pipeline"
-    (PipelineMLP), every rank on the whole batch (lesson 03's train), or "mixed" (MixedPrecision, data parallel:
-    its share of the batch). Two steps of a random data set of 2 ``rows`` samples, so that each takes its batch;
-    the network's construction (lesson 09's passes through the whole network) is left out of the peak, its
-    arrays are not (:func:`measured_step_peak`)."""
-    kind, schedule, micro_batches = plan
+def random_batches(rows: int = BUDGET_ROWS, dtype="float64"):
+    """Two global batches of ``rows`` random samples for BUDGET_SIZES: (inputs, labels)."""
     rng = np.random.default_rng(0)
-    inputs, labels = rng.random((2 * rows, PARALLEL_SIZES[0])), rng.integers(0, PARALLEL_SIZES[-1], 2 * rows)
-    settings = dict(epochs=1, learning_rate=0.1, batch_size=rows, momentum=0.9)
-    if kind == "mixed":
-        return mixed_peak(comm, ("allreduce", None, 1, "float16"), rows)
-    if kind.startswith("recomputed"):
-        return recomputed_parallel_peak(comm, (kind.split()[1], schedule, micro_batches), rows)
-    if kind == "tensor":
-        build, predicted = (lambda: TensorParallelMLP(comm, PARALLEL_SIZES, seed=2),
-                            tensor_parallel_bytes(PARALLEL_SIZES, rows, comm.size, comm.rank))
-    else:
-        build = lambda: PipelineMLP(comm, PARALLEL_SIZES, seed=2, micro_batches=micro_batches, schedule=schedule)
-        predicted = pipeline_bytes(PARALLEL_SIZES, rows, comm.size, comm.rank, micro_batches, schedule)
-    peak, _ = measured_step_peak(build, lambda network: train(network, inputs, labels, progress=False, **settings))
-    return peak, predicted
+    return rng.random((2 * rows, BUDGET_SIZES[0])).astype(dtype), rng.integers(0, BUDGET_SIZES[-1], 2 * rows)
 
 
-def recomputed_parallel_peak(comm, plan, rows: int = 256) -> tuple:
-    """(tracemalloc's peak on this rank, the predicted bytes by kind) over two steps of ``rows`` samples of
-    ``plan`` = ("pipeline", schedule, micro_batches) or ("tensor", None, recompute_every) with recomputation
-    (nnlib.lesson12_memory.recompute_parallel), on PARALLEL_SIZES, as :func:`parallel_peak` measures the runs
-    without it."""
-    kind, schedule, count = plan
-    batch = np.random.default_rng(0)
-    inputs, labels = batch.random((2 * rows, PARALLEL_SIZES[0])), batch.integers(0, PARALLEL_SIZES[-1], 2 * rows)
-    if kind == "tensor":
-        build = lambda: RecomputedTensorParallelMLP(comm, PARALLEL_SIZES, seed=2, recompute_every=count)
-        predicted = recomputed_tensor_parallel_bytes(PARALLEL_SIZES, rows, comm.size, comm.rank, count)
-    else:
-        build = lambda: RecomputedPipelineMLP(comm, PARALLEL_SIZES, seed=2, micro_batches=count, schedule=schedule)
-        predicted = recomputed_pipeline_bytes(PARALLEL_SIZES, rows, comm.size, comm.rank, count, schedule)
-    peak, _ = measured_step_peak(build, lambda network: train(network, inputs, labels, progress=False, epochs=1,
-                                                               learning_rate=0.1, batch_size=rows, momentum=0.9))
-    return peak, predicted
-
-
-def mixed_peak(comm, plan, rows: int = 256) -> tuple:
-    """(tracemalloc's peak on this rank, the predicted bytes by kind: mixed_precision_bytes) over two data-parallel
-    steps of ``rows`` samples (this rank's share) of MixedPrecision on PARALLEL_SIZES, ``plan`` = (strategy
-    "allreduce", "zero" (lesson 08's ZeRO-1/2) or "fsdp" (a float32 FullyShardedNetwork), recompute every (None:
-    keep all), micro-batches, precision "float16" or "bfloat16"); strategies "tensor" and "pipeline" are lesson
-    09's (:func:`model_parallel_mixed_peak`). The network's construction is left out of the peak, its arrays not."""
-    strategy, every, micro_batches, precision = plan
-    low_precision(precision)  # (bfloat16: ml_dtypes imported before the count starts, its module not counted)
-    rng = np.random.default_rng(0)
-    inputs, labels = rng.random((2 * rows, PARALLEL_SIZES[0])), rng.integers(0, PARALLEL_SIZES[-1], 2 * rows)
-    if strategy in ("tensor", "pipeline", "recomputed pipeline"):  # lesson 09's: every rank the whole batch
-        return model_parallel_mixed_peak(comm, plan, inputs.astype(np.float32), labels, rows)
-    whole = (inputs.astype(np.float32), labels) if comm.rank == 0 else (None, None)
-    local_inputs, local_labels, start = shard(comm, *whole)
-    sharded = strategy == "fsdp"
+def data_parallel_peak(comm, case, rows: int = BUDGET_ROWS) -> tuple:
+    """(tracemalloc's peak on this rank, predicted_bytes) over two data-parallel steps of ``rows`` samples on
+    BUDGET_SIZES: ``case`` = (strategy, recompute every, micro-batches, precision). Each rank takes its
+    split_counts share of every batch (lesson 08's PerRankBatches), the rows the prediction is for."""
+    strategy, every, micro_batches, precision = case
+    mixed = precision in ("float16", "bfloat16")
+    if mixed:
+        low_precision(precision)  # (bfloat16: ml_dtypes imported before the count starts)
+    dtype = "float32" if mixed else precision
+    batches = random_batches(rows, dtype)  # on every rank: NumPy's generators set themselves up before the count
+    local_inputs, local_labels, start = shard(comm, *(batches if comm.rank == 0 else (None, None)))
 
     def build():
-        network = (FullyShardedNetwork(comm, PARALLEL_SIZES, dtype="float32", seed=2) if sharded
-                   else Network(PARALLEL_SIZES, seed=2))
-        return MixedPrecision(network, precision=precision, micro_batches=micro_batches, recompute_every=every)
+        network = (FullyShardedNetwork(comm, BUDGET_SIZES, dtype=dtype, seed=2) if strategy == "fsdp"
+                   else Network(BUDGET_SIZES, dtype=dtype, seed=2))
+        return (MixedPrecision(network, precision=precision, micro_batches=micro_batches, recompute_every=every)
+                if mixed else MicroBatched(network, micro_batches, every))
 
     sync = {"allreduce": Allreduce, "zero": ZeRO, "fsdp": FullySharded}[strategy]
-    peak, _ = measured_step_peak(build, lambda mixed: train_parallel(
-        comm, mixed, local_inputs, local_labels, num_samples=2 * rows, start=start, strategy=loss_scaled(sync),
-        epochs=1, learning_rate=0.1, batch_size=rows, momentum=0.9))
-    return peak, mixed_precision_bytes(PARALLEL_SIZES, -(-rows // comm.size), comm.size, comm.rank, *plan)
+    peak, _ = measured_peak(build, lambda network: train_parallel(
+        comm, network, local_inputs, local_labels, num_samples=2 * rows, start=start,
+        strategy=loss_scaled(sync) if mixed else sync, batches=PerRankBatches, epochs=1, learning_rate=0.1,
+        batch_size=rows, momentum=0.9))
+    mine = int(split_counts(rows, comm.size)[comm.rank])
+    return peak, predicted_bytes(BUDGET_SIZES, mine, comm.size, comm.rank, *case)
 
 
-def model_parallel_mixed_peak(comm, plan, inputs, labels, rows: int) -> tuple:
-    """mixed_peak's model-parallel plans, trained by lesson 03's loop on every rank (train_mixed): ("tensor", every,
-    micro_batches, precision), MixedPrecision around a float32 TensorParallelMLP (mixed_tensor_parallel_bytes), or
-    ("pipeline" or "recomputed pipeline", schedule, micro_batches, precision), a MixedPipelineMLP (or
-    MixedRecomputedPipelineMLP) stage (mixed_pipeline_bytes)."""
-    kind, detail, micro_batches, precision = plan
+def model_parallel_peak(comm, case, rows: int = BUDGET_ROWS) -> tuple:
+    """(tracemalloc's peak on this rank, lesson 09's rank_bytes) over two steps of ``rows`` samples on BUDGET_SIZES,
+    every rank on the whole batch (lesson 03's train): ``case`` = ("tensor", None, 1) for a TensorParallelMLP,
+    ("pipeline", schedule, micro-batches) for a PipelineMLP stage."""
+    kind, schedule, micro_batches = case
+    inputs, labels = random_batches(rows)
     if kind == "tensor":
-        build = lambda: MixedPrecision(TensorParallelMLP(comm, PARALLEL_SIZES, dtype="float32", seed=2),
-                                       precision=precision, micro_batches=micro_batches, recompute_every=detail)
-        predicted = mixed_tensor_parallel_bytes(PARALLEL_SIZES, rows, comm.size, comm.rank, detail, micro_batches,
-                                                precision)
+        build = lambda: TensorParallelMLP(comm, BUDGET_SIZES, seed=2)
     else:
-        stages = MixedRecomputedPipelineMLP if kind == "recomputed pipeline" else MixedPipelineMLP
-        build = lambda: stages(comm, PARALLEL_SIZES, dtype="float32", seed=2, micro_batches=micro_batches,
-                               schedule=detail, precision=precision)
-        predicted = mixed_pipeline_bytes(PARALLEL_SIZES, rows, comm.size, comm.rank, micro_batches, detail, precision,
-                                         recompute=kind == "recomputed pipeline")
-    settings = Settings(epochs=1, learning_rate=0.1, batch_size=rows, momentum=0.9)
-    peak, _ = measured_step_peak(build, lambda mixed: train_mixed(mixed, inputs, labels, settings))
-    return peak, predicted
+        build = lambda: PipelineMLP(comm, BUDGET_SIZES, seed=2, micro_batches=micro_batches, schedule=schedule)
+    peak, _ = measured_peak(build, lambda network: train(network, inputs, labels, progress=False, epochs=1,
+                                                          learning_rate=0.1, batch_size=rows, momentum=0.9))
+    return peak, rank_bytes(kind, BUDGET_SIZES, rows, comm.size, comm.rank, 8, micro_batches, schedule or "1f1b")
 
 
 def budgets(comm) -> dict:
-    """Rank 0's measured peak (tracemalloc) and predicted bytes by kind, for a step of 256 samples of each plan
-    (PLANS on BUDGET_SIZES, PARALLEL_PLANS and MIXED_PLANS on PARALLEL_SIZES); "within": every rank's verdict,
-    measured within 10% of the predicted peak."""
-    rng = np.random.default_rng(0)
-    whole = (rng.random((256, 64)), rng.integers(0, 10, 256)) if comm.rank == 0 else (None, None)
-    shard_of_batch = shard(comm, *whole)
-    rows = -(-256 // comm.size)
-    measured = {name: (step_peak(comm, plan, shard_of_batch),
-                       predicted_bytes(BUDGET_SIZES, rows, comm.size, comm.rank, *plan)) for name, plan in PLANS.items()}
-    measured.update({name: parallel_peak(comm, plan) for name, plan in PARALLEL_PLANS.items()})
-    measured.update({name: mixed_peak(comm, plan) for name, plan in MIXED_PLANS.items()})
-    within = {name: comm.allreduce(int(abs(peak - predicted_peak(held)) <= 0.1 * predicted_peak(held)), op=MPI.MIN)
-              for name, (peak, held) in measured.items()}
-    return {name: {"measured": peak, "predicted": held, "within": bool(within[name])}
+    """Rank 0's measured peak (tracemalloc) and predicted bytes by kind for every case, and every rank's error
+    (predicted - measured) / measured."""
+    measured = {name: data_parallel_peak(comm, case) for name, case in DATA_PARALLEL_CASES.items()}
+    measured.update({name: model_parallel_peak(comm, case) for name, case in MODEL_PARALLEL_CASES.items()})
+    errors = {name: comm.allgather((sum(held.values()) - peak) / peak) for name, (peak, held) in measured.items()}
+    return {name: {"measured": peak, "predicted": held, "errors": errors[name]}
             for name, (peak, held) in measured.items()}
 
 

@@ -4,8 +4,8 @@ their gradients and of the optimizer state; a layer's whole parameters exist onl
 Lesson 08's ZeRO cuts the optimizer state (stage 1) and sends the gradient as a reduce-scatter
 (stage 2's communication), but every rank still holds the whole parameter vector. Here (Rajbhandari
 et al. 2020, stage 3; PyTorch's FullyShardedDataParallel) each layer's flat parameters
-[W_l, b_l] (n_l = n_in n_out + n_out values) are cut into P chunks (``chunk_bounds``: uneven where
-P does not divide n_l), and rank r keeps chunk r of every layer, its gradient and its momentum:
+[W_l, b_l] (n_l = n_in n_out + n_out values) are cut into P chunks (lesson 04's ``split_evenly``: uneven
+where P does not divide n_l), and rank r keeps chunk r of every layer, its gradient and its momentum:
 
     forward, layer l:   allgather W_l, b_l from the chunks  ->  z_l, a_l = Layer.forward  ->  free them
     backward, layer l:  allgather W_l, b_l again  ->  dJ/dW_l, dJ/db_l (whole, this rank's rows)
@@ -32,9 +32,8 @@ import numpy as np
 from mpi4py import MPI
 
 from nnlib.lesson02_network.network import Layer, LayerStack, initial_layers, layer_views, parameter_offsets
-from nnlib.lesson03_training.training import SGD, sgd_update
-from nnlib.lesson05_data_parallel.data_parallel import DataParallel
-from nnlib.lesson08_inside_allreduce.allreduce import chunk_bounds
+from nnlib.lesson03_training.training import SGD, LocalUpdate, sgd_update
+from nnlib.lesson04_collectives.collectives import raised_on_every_rank, split_evenly
 
 LESSON = 12
 
@@ -73,7 +72,7 @@ class ShardedLayer(Layer):
         self.shard, self.grad_shard = views
         self.activation, self.xp = activation, np
         self.size = self.full_shape[0] * self.full_shape[1] + self.full_shape[1]
-        self.counts, self.starts = chunk_bounds(self.size, comm.size)
+        self.counts, self.starts = split_evenly(self.size, comm.size)
         self.weights = self.biases = self.grad_weights = self.grad_biases = None
 
     @property
@@ -147,7 +146,7 @@ class FullyShardedNetwork(LayerStack):
         shapes = list(zip(layer_sizes[:-1], layer_sizes[1:]))
         pieces = []
         for whole in initial_layers(shapes, seed):  # one whole layer at a time: keep this rank's chunk
-            counts, starts = chunk_bounds(whole.size, comm.size)
+            counts, starts = split_evenly(whole.size, comm.size)
             pieces.append(whole[starts[comm.rank]:starts[comm.rank] + counts[comm.rank]].astype(np.dtype(dtype)))
         params = np.concatenate(pieces)
         grads = np.zeros_like(params)
@@ -214,9 +213,11 @@ class ChunkwiseSGD(SGD):
             offset += layer.shard.size
 
 
-class FullySharded(DataParallel):
+class FullySharded(LocalUpdate):
     """The sync of a :class:`FullyShardedNetwork` under lesson 05's ``train_parallel(..., strategy=FullySharded)``:
-    the gradients arrive reduce-scattered during backpropagation, so a step is only SGD on this rank's chunks."""
+    the gradients arrive reduce-scattered during backpropagation, so a step is one process's (lesson 03's
+    LocalUpdate: SGD, here on this rank's chunks, and scoring on the network, whose forward pass is collective);
+    only the epoch's loss is summed over the ranks."""
 
     name = "fsdp"
 
@@ -225,17 +226,14 @@ class FullySharded(DataParallel):
             raise TypeError(f"strategy fsdp trains a FullyShardedNetwork; got {type(network).__name__}")
         if network.comm.size != comm.size:
             raise ValueError(f"the network is sharded over {network.comm.size} ranks but the run has {comm.size}")
-        super().__init__(comm, network)
+        self.comm, self.network, self.size, self.rank = comm, network, comm.size, comm.rank
 
     def optimizer(self, network, learning_rate: float, momentum: float):
         return ChunkwiseSGD(network, learning_rate, momentum)
 
-    def begin(self, run) -> None:
-        pass  # every rank drew the same starting weights and kept its own chunks
+    def sum_over_ranks(self, values: np.ndarray) -> np.ndarray:
+        self.comm.Allreduce(MPI.IN_PLACE, values, op=MPI.SUM)
+        return values
 
-    def step(self, run) -> None:
-        run.phase("update")
-        run.optimizer.step()  # SGD on the chunks: params, grads and velocity are all this rank's
-
-    def score(self, network, validation) -> float:
-        return network.accuracy(*validation)  # collective: every rank runs the forward pass
+    def raised_on_every_rank(self, error: BaseException) -> BaseException:
+        return raised_on_every_rank(error)

@@ -11,7 +11,8 @@ the forward pass of each segment from its checkpoint, then backpropagate through
                                 sum over those layers of 2 N n_in n_out multiply-adds' FLOPs
 
 With k = 1 nothing is recomputed (every input is kept); k near sqrt(L) makes ceil(L / k) + k - 1, the
-peak, smallest: about 2 sqrt(L) arrays instead of L, for about one more forward pass. The forward runs
+peak, smallest: about 2 sqrt(L) arrays instead of L, for about one more forward pass (for any widths,
+nnlib.lesson12_memory.budget.activation_widths counts the values per row held at the peak). The forward runs
 are lesson 02's ``Layer.forward`` (through ``forward_layers``) and the backward is ``backward_layers`` on
 each segment, so the gradients, and the parameters after training, are bit-identical to keeping everything.
 """
@@ -46,14 +47,6 @@ def extra_forward_flops(rows: int, shapes, every: int) -> int:
     """The formula: every layer whose input is not a checkpoint runs forward once more."""
     kept = set(checkpoint_layers(len(shapes), every))
     return forward_flops(rows, [shape for layer, shape in enumerate(shapes) if layer not in kept])
-
-
-def peak_activation_arrays(num_layers: int, every: int) -> int:
-    """The formula: arrays a_l held at the peak of backward: the checkpoints after a_0 (the batch itself),
-    the output a_L, and the k - 1 recomputed inputs of the longest segment (L of them without recomputation)."""
-    checkpoints = checkpoint_layers(num_layers, every)
-    longest = max(stop - start for start, stop in zip(checkpoints, checkpoints[1:] + [num_layers]))
-    return len(checkpoints) - 1 + 1 + longest - 1
 
 
 class Tally:

@@ -26,19 +26,30 @@ def announce(args, comm, network, gpus) -> None:
         print(f"gradients compressed: {args.compression}{f' (k = {args.topk})' if args.topk else ''}, "
               f"{message_bytes(args.compression, network.num_params, args.topk, network.params.dtype.itemsize):,} "
               f"bytes per rank per step instead of {network.params.nbytes:,}", flush=True)
-    announce_memory(args)
+    announce_memory(args, comm.size)
     if any(gpu is not None for gpu in gpus):
         print(f"on the GPU ({gpu_status()[1]}); GPU of each rank: {gpus}; gradients "
               f"{'passed directly (CUDA-aware MPI)' if cuda_aware_mpi() else 'staged through host memory'}",
               flush=True)
 
 
-def announce_memory(args) -> None:
-    """Rank 0 says lesson 12's options, if any are used (a pipeline's micro-batches are its --micro-batches)."""
-    if memory_options_used(args):
-        micro_batches = args.micro_batches if args.model_parallel == "pipeline" else args.accumulate
-        print(f"memory: strategy {args.strategy}, recompute every {args.recompute or 'none'}, "
-              f"{micro_batches} micro-batch(es) per step, precision {args.precision}", flush=True)
+def announce_memory(args, ranks: int | None = None) -> None:
+    """Rank 0 says lesson 12's options, if any are used (a pipeline's micro-batches are its --micro-batches), and in a
+    data-parallel job on ``ranks`` ranks what lesson 12's memory model counts on rank 0 (its share of a batch)."""
+    if not memory_options_used(args):
+        return
+    micro_batches = args.micro_batches if args.model_parallel == "pipeline" else args.accumulate
+    print(f"memory: strategy {args.strategy}, recompute every {args.recompute or 'none'}, "
+          f"{micro_batches} micro-batch(es) per step, precision {args.precision}", flush=True)
+    if ranks and args.strategy in ("allreduce", "zero", "fsdp"):
+        from nnlib.lesson04_collectives.collectives import split_counts
+        from nnlib.lesson12_memory.budget import predicted_bytes
+
+        rows = int(split_counts(min(args.batch_size or args.samples, args.samples), ranks)[0])
+        held = predicted_bytes((784, *args.hidden, 10), rows, ranks, 0, args.strategy, args.recompute or None,
+                               args.accumulate, args.dtype if args.precision == "float32" else args.precision)
+        print(f"memory model (nnlib.lesson12_memory.budget): rank 0 holds {sum(held.values()) / 2 ** 20:.2f} MiB at "
+              f"a step's peak, NumPy's temporaries aside", flush=True)
 
 
 def announce_talking_less(args, network) -> None:
