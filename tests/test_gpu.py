@@ -12,6 +12,7 @@ import pytest
 from stand_in_cupy import StandInCuPy
 
 from nnlib import Network, environment
+from nnlib.lesson03_training.training import Batches, Hook, ProgressLines, Run, Settings, train_loop
 from nnlib.lesson07_gpu import backend, gpu
 
 gpu_usable, gpu_reason = backend.gpu_status()
@@ -181,3 +182,107 @@ def test_gpu_sweep_and_forward_on_a_real_gpu():
     inputs = np.random.default_rng(0).random((7, 12))
     np.testing.assert_allclose(gpu.forward_one_sample_at_a_time(network, inputs),
                                gpu.forward_batched(network, inputs), rtol=1e-10)
+
+
+# -- counting kernels and synchronisations on the CPU (tests/stand_in_cupy.py's CountingCuPy) ----------------
+
+@pytest.fixture
+def counting_gpu(monkeypatch):
+    """NumPy posing as CuPy, with CuPy's array rules, counting every kernel launch and synchronisation."""
+    from stand_in_cupy import CountingCuPy
+
+    cupy = CountingCuPy()
+    monkeypatch.setitem(sys.modules, "cupy", cupy)
+    monkeypatch.setattr(environment, "_gpu_check", None)
+    return cupy
+
+
+def test_counting_stand_in_refuses_silent_trips_to_the_host_as_cupy_does(counting_gpu):
+    cupy = counting_gpu
+    array = cupy.asarray(np.arange(6.0).reshape(2, 3))
+    with pytest.raises(TypeError, match="Implicit conversion to a NumPy array is not allowed"):
+        np.asarray(array)
+    with pytest.raises(TypeError, match="Unsupported type"):
+        array + np.ones(3)  # a NumPy operand
+    with pytest.raises(TypeError, match="Unsupported type"):
+        cupy.tanh(np.ones(3))
+    assert cupy.counts() == (1, 0)  # the copy to the device; the refusals launched nothing
+    assert isinstance(array, cupy.ndarray) and type(array).__module__.startswith("cupy")
+
+
+def test_counting_stand_in_counts_kernels_views_and_synchronisations(counting_gpu):
+    cupy = counting_gpu
+    a = cupy.asarray(np.ones((256, 3), np.float32))                  # copy to the device: 1
+    view = a[10:20, ...].T                                           # views: 0
+    b = cupy.tanh(a * 0.5)                                           # 2
+    b += 1                                                           # 1
+    total = cupy.count_nonzero(b)                                    # whole-array block reduction, 768 items: 2
+    assert cupy.counts() == (6, 0) and view.shape == (3, 10) and total.shape == ()
+    assert int(total) == 768 and b[0, 0].get() == pytest.approx(np.tanh(0.5) + 1)  # two trips to the host
+    assert cupy.synchronizations == 2 and cupy.waited_for == ["int", "get"]
+    cupy.cuda.get_current_stream().synchronize()
+    assert cupy.synchronizations == 3
+
+
+def test_counting_stand_in_fuse_is_one_kernel_computing_the_function(counting_gpu):
+    cupy = counting_gpu
+
+    def scaled_add(x, y, scale):
+        x += y * scale
+        return x * 2
+
+    fused = cupy.fuse(kernel_name="scaled_add")(scaled_add)
+    x, y = cupy.asarray(np.arange(4.0)), cupy.asarray(np.ones(4))
+    before = cupy.launches
+    result = fused(x, y, 0.5)
+    assert cupy.launches - before == 1 and cupy.launched[-1] == "fused scaled_add"
+    assert x.get().tolist() == [0.5, 1.5, 2.5, 3.5] and result.get().tolist() == [1.0, 3.0, 5.0, 7.0]
+    with pytest.raises(TypeError, match="Unsupported type"):
+        fused(np.arange(4.0), y, 0.5)  # cupy.fuse has no CPU fallback for NumPy arrays
+    assert fused(1.0, 2.0, 0.5) == 4.0  # scalars only: the Python function as it is, no kernel
+
+
+class StepMarks(Hook):
+    """Notes the stand-in's (launches, synchronisations) as each epoch begins and after every step."""
+
+    def __init__(self, cupy):
+        self.cupy, self.epochs, self.steps = cupy, [], []
+
+    def begin_epoch(self, run):
+        self.epochs.append(self.cupy.counts())
+
+    def after_step(self, run):
+        self.steps.append(self.cupy.counts())
+
+
+def count_training(cupy, sizes=(784, 128, 10), batch_size=128, batches=4, momentum=0.0, dtype="float32"):
+    """Train one epoch on the counting stand-in; (kernels of each step after the first, the names of the
+    last step's kernels, synchronisations from the epoch's start to its last step)."""
+    rng = np.random.default_rng(0)
+    inputs = rng.random((batch_size * batches, sizes[0])).astype(dtype)
+    labels = rng.integers(0, sizes[-1], batch_size * batches)
+    network = Network(sizes, dtype=dtype, seed=0, device=backend.resolve_backend("gpu"))
+    marks = StepMarks(cupy)
+    settings = Settings(epochs=1, learning_rate=0.1, batch_size=batch_size, momentum=momentum)
+    run = Run(network, settings, Batches(inputs.shape[0], batch_size, 0), hooks=[ProgressLines(False), marks])
+    train_loop(run, inputs, labels)  # what train does, with the marks among its hooks
+    per_step = [after[0] - before[0] for before, after in zip(marks.steps, marks.steps[1:])]
+    last = cupy.launched[marks.steps[-2][0]:marks.steps[-1][0]]
+    return per_step, last, marks.steps[-1][1] - marks.epochs[0][1]
+
+
+def test_kernels_of_a_training_step_before_fusion(counting_gpu):
+    """Today's step at 784-128-10, batch 128, plain SGD: 52 kernels as CuPy launches them.
+
+    gather the batch 2 (take inputs, labels); forward 12 (per layer: matmul, + b, and the sigmoid's
+    z * 0.5, tanh, * 0.5, + 0.5); the output's loss, accuracy and delta 19 (one-hot: eye 2 + take;
+    cross-entropy: maximum, abs, negative, exp, log1p, add, y * z, subtract, sum, * scale; accuracy: argmax,
+    ==, count_nonzero 2 (CUB's two passes); delta: subtract, * scale); adding the chunk's loss and count 2;
+    backward 12 (per layer: ones, ones @ delta, a.T @ delta, the bias copy; between them delta @ W.T and
+    the sigmoid's 1 - a, a * (1 - a), *=); the epoch's sums 3 (loss * N, +=, +=); the update 2
+    (eta * g, -=). Momentum adds 2 (v *= mu, v += ...). The H200's profiler counted 55: it also sees the
+    kernels cuBLAS launches inside a product (split-K reductions), which no stand-in sees."""
+    per_step, last, synchronizations = count_training(counting_gpu)
+    assert set(per_step) == {52} and synchronizations == 0, (per_step, last)
+    assert last.count("matmul") == 7 and last[:2] == ["take", "take"]
+    assert set(count_training(counting_gpu, momentum=0.9)[0]) == {54}
