@@ -72,16 +72,18 @@ class StandInCuPy(types.ModuleType):
         return getattr(np, name)
 
 
-def write_cupy_shim(folder, **settings):
-    """Write ``folder/cupy.py``, which makes ``import cupy`` give a StandInCuPy(**settings) in any
-    process that has ``folder`` and this file's folder on its PYTHONPATH. Returns that PYTHONPATH."""
+def write_cupy_shim(folder, counting=False, **settings):
+    """Write ``folder/cupy.py``, which makes ``import cupy`` give a StandInCuPy(**settings) (``counting``: a
+    CountingCuPy, whose arrays refuse silent trips to the host) in any process that has ``folder`` and this
+    file's folder on its PYTHONPATH. Returns that PYTHONPATH."""
     import os
     import pathlib
 
     here = pathlib.Path(__file__).resolve().parent
+    kind = "CountingCuPy" if counting else "StandInCuPy"
     (pathlib.Path(folder) / "cupy.py").write_text(
-        "import sys\nfrom stand_in_cupy import StandInCuPy\n"
-        f"sys.modules[__name__] = StandInCuPy(**{settings!r})\n")
+        f"import sys\nfrom stand_in_cupy import {kind}\n"
+        f"sys.modules[__name__] = {kind}(**{settings!r})\n")
     return os.pathsep.join([str(folder), str(here)])
 
 
@@ -341,11 +343,14 @@ class CountingCuPy(StandInCuPy):
     """A stand-in ``cupy`` whose arrays are :class:`DeviceArray` s, counting kernel launches and synchronisations.
 
     ``launched``: the name of every kernel launched, in order (``launches`` counts them); ``synchronizations``:
-    how many times the host waited for the device, ``waited_for``: what for. ``fuse`` behaves as cupy.fuse.
+    how many times the host waited for the device, ``waited_for``: what for. ``fuse`` behaves as cupy.fuse
+    (``fusion=False``: there is none).
     """
 
-    def __init__(self, **settings):
+    def __init__(self, fusion=True, **settings):
         super().__init__(**settings)
+        if not fusion:
+            self.fuse = None  # a CuPy without cupy.fuse: nnlib runs its element-wise pieces unfused
         self.launched, self.waited_for = [], []
         self.ndarray = DeviceArray
         self.cuda.runtime.getDevice = lambda: self.current_device

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 from stand_in_cupy import StandInCuPy
 
-from nnlib import Network, environment
+from nnlib import Network, environment, train
+from nnlib.lesson02_network.arrays import to_numpy
 from nnlib.lesson03_training.training import Batches, Hook, ProgressLines, Run, Settings, train_loop
 from nnlib.lesson07_gpu import backend, gpu
 
@@ -271,18 +272,122 @@ def count_training(cupy, sizes=(784, 128, 10), batch_size=128, batches=4, moment
     return per_step, last, marks.steps[-1][1] - marks.epochs[0][1]
 
 
-def test_kernels_of_a_training_step_before_fusion(counting_gpu):
-    """Today's step at 784-128-10, batch 128, plain SGD: 52 kernels as CuPy launches them.
+def test_a_training_step_launches_16_kernels_and_an_epoch_never_waits(counting_gpu):
+    """784-128-10, batch 128, SGD (and momentum): 16 kernels a step, no synchronisation inside the epoch.
 
-    gather the batch 2 (take inputs, labels); forward 12 (per layer: matmul, + b, and the sigmoid's
-    z * 0.5, tanh, * 0.5, + 0.5); the output's loss, accuracy and delta 19 (one-hot: eye 2 + take;
-    cross-entropy: maximum, abs, negative, exp, log1p, add, y * z, subtract, sum, * scale; accuracy: argmax,
-    ==, count_nonzero 2 (CUB's two passes); delta: subtract, * scale); adding the chunk's loss and count 2;
-    backward 12 (per layer: ones, ones @ delta, a.T @ delta, the bias copy; between them delta @ W.T and
-    the sigmoid's 1 - a, a * (1 - a), *=); the epoch's sums 3 (loss * N, +=, +=); the update 2
-    (eta * g, -=). Momentum adds 2 (v *= mu, v += ...). The H200's profiler counted 55: it also sees the
-    kernels cuBLAS launches inside a product (split-K reductions), which no stand-in sees."""
+    forward 4 (per layer: a_in @ W, fused bias + sigmoid); the output 4 (fused loss, argmax, fused count,
+    fused delta); backward 6 (per layer: 1^T delta into the bias gradient, a_in.T @ delta into the weight
+    gradient; between them delta @ W.T and the fused sigmoid backward); the epoch's sums 1 (fused); the update
+    1 (fused). The batch is a view of the epoch's rows, gathered once per epoch.
+
+    Before (commit afda03c), CuPy launched 52 (54 with momentum): gather 2; forward 12 (per layer: @, + b,
+    and the sigmoid's * 0.5, tanh, * 0.5, + 0.5); the output 19 (one-hot: eye 2, take; cross-entropy 10:
+    maximum, abs, negative, exp, log1p, add, y * z, subtract, sum, * scale; accuracy 4: argmax, ==,
+    count_nonzero in CUB's two passes; delta 2); adding the chunk's loss and count 2; backward 12 (per layer:
+    ones, 1^T delta, a.T @ delta, the bias copy; between them delta @ W.T, 1 - a, a (1 - a), *=); the epoch's
+    sums 3; the update 2 (momentum 4). The H200's profiler counted 55 there: it also sees kernels that
+    cuBLAS launches inside a product (split-K), which no stand-in sees."""
     per_step, last, synchronizations = count_training(counting_gpu)
-    assert set(per_step) == {52} and synchronizations == 0, (per_step, last)
-    assert last.count("matmul") == 7 and last[:2] == ["take", "take"]
-    assert set(count_training(counting_gpu, momentum=0.9)[0]) == {54}
+    assert set(per_step) == {16} and synchronizations == 0, (per_step, last)
+    assert last == ["matmul", "fused bias_sigmoid", "matmul", "fused bias_sigmoid", "fused sigmoid_cross_entropy",
+                    "argmax", "fused count_equal", "fused output_delta", "matmul", "matmul", "matmul",
+                    "fused sigmoid_backward", "matmul", "matmul", "fused add_to_sums", "fused sgd_update"]
+    per_step, last, synchronizations = count_training(counting_gpu, momentum=0.9)
+    assert set(per_step) == {16} and synchronizations == 0 and last[-1] == "fused sgd_update"
+
+
+def test_without_fusion_the_same_step_launches_45_kernels(monkeypatch):
+    """What fusion saves, counted on a CuPy without cupy.fuse: nnlib runs its plain pieces on the device."""
+    from stand_in_cupy import CountingCuPy
+
+    cupy = CountingCuPy(fusion=False)
+    monkeypatch.setitem(sys.modules, "cupy", cupy)
+    monkeypatch.setattr(environment, "_gpu_check", None)
+    per_step, last, synchronizations = count_training(cupy)
+    assert set(per_step) == {45} and synchronizations == 0, (per_step, last)
+    assert "fused" not in " ".join(last) and last.count("matmul") == 7
+
+
+def test_no_chunks_on_the_gpu(counting_gpu):
+    """The CPU's 1,024-row chunks keep its arrays in cache; a GPU takes a batch of 3,000 rows whole."""
+    per_step, last, _ = count_training(counting_gpu, sizes=(20, 16, 10), batch_size=3000, batches=2)
+    assert set(per_step) == {16} and last.count("matmul") == 7
+    assert Network((4, 2), device=backend.resolve_backend("gpu")).chunk_size is None
+    assert Network((4, 2)).chunk_size == 1024
+
+
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+def test_the_gpu_path_on_the_counting_stand_in_trains_as_the_cpu(counting_gpu, momentum):
+    """float64: the fused pieces, the epoch's gathered rows and the sums kept on the device give the CPU's run."""
+    rng = np.random.default_rng(1)
+    inputs, labels = rng.random((300, 12)), rng.integers(0, 4, 300)
+    settings = dict(epochs=3, learning_rate=0.5, batch_size=32, momentum=momentum, seed=2, progress=False)
+    cpu = Network((12, 9, 7, 4), dtype="float64", seed=0)
+    expected = train(cpu, inputs, labels, validation=(inputs[:50], labels[:50]), **settings)
+    gpu = Network((12, 9, 7, 4), dtype="float64", seed=0, device=backend.resolve_backend("gpu"))
+    history = train(gpu, inputs, labels, validation=(inputs[:50], labels[:50]), **settings)
+    np.testing.assert_allclose(to_numpy(gpu.params), cpu.params, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(history.loss, expected.loss, rtol=1e-12)
+    assert history.train_accuracy == expected.train_accuracy
+    assert history.validation_accuracy == expected.validation_accuracy
+    assert counting_gpu.launched.count("fused sgd_update") == history.steps
+
+
+def fused_pieces():
+    """(piece, arguments) of every element-wise piece nnlib fuses on a GPU, on host arrays (float64)."""
+    from nnlib.lesson02_network import loss, network
+    from nnlib.lesson03_training import training
+
+    rng = np.random.default_rng(3)
+    z, a, g = rng.normal(0, 3, (6, 4)), rng.random((6, 4)), rng.normal(size=(6, 4))
+    labels = rng.integers(0, 4, 6)
+    return [(network.bias_sigmoid, (z, rng.normal(size=4))), (network.sigmoid, (z,)),
+            (network.sigmoid_backward, (g, a)), (loss.sigmoid_cross_entropy, (z, labels[:, None], np.arange(4), 0.25)),
+            (loss.output_delta, (a, labels[:, None], np.arange(4), 0.25)),
+            (loss.count_equal, (rng.integers(0, 4, 6), labels)),
+            (training.sgd_update, (a.ravel().copy(), g.ravel(), None, 0.1, 0.0)),
+            (training.sgd_update, (a.ravel().copy(), g.ravel(), z.ravel().copy(), 0.1, 0.9)),
+            (training.add_to_sums, (np.asarray(1.5), np.asarray(3), np.asarray(0.25), np.asarray(2), 4))]
+
+
+def fused_equals_plain(cupy, piece, arguments, rtol):
+    """Run ``piece`` fused by ``cupy`` on device copies and plain on the host: the results and every argument
+    it changes in place must agree."""
+    from nnlib.lesson02_network.arrays import fused
+
+    host = [argument.copy() if isinstance(argument, np.ndarray) else argument for argument in arguments]
+    device = [cupy.asarray(argument) if isinstance(argument, np.ndarray) else argument for argument in arguments]
+    expected, got = piece(*host), fused(piece, cupy)(*device)
+    expected = expected if isinstance(expected, tuple) else (expected,)
+    got = got if isinstance(got, tuple) else (got,)
+    for want, have in zip(expected + tuple(host), got + tuple(device)):
+        if isinstance(want, (np.ndarray, np.generic)) or want is not None and hasattr(have, "get"):
+            np.testing.assert_allclose(to_numpy(have), want, rtol=rtol, atol=1e-15)
+
+
+@pytest.mark.parametrize("index", range(9))
+def test_each_fused_piece_equals_its_numpy_form_on_the_stand_in(counting_gpu, index):
+    piece, arguments = fused_pieces()[index]
+    before = counting_gpu.launches
+    fused_equals_plain(counting_gpu, piece, arguments, rtol=0)
+    assert counting_gpu.launched[before:].count(f"fused {piece.__name__}") == 1
+
+
+@pytest.mark.skipif(not gpu_usable, reason=f"no usable GPU here: {gpu_reason}")
+@pytest.mark.parametrize("index", range(9))
+def test_each_fused_piece_equals_its_numpy_form_on_a_real_gpu(index):
+    import cupy
+
+    piece, arguments = fused_pieces()[index]
+    fused_equals_plain(cupy, piece, arguments, rtol=1e-12)
+
+
+def test_the_fused_loss_equals_the_cpu_loss_within_rounding():
+    """The GPU's loss scales each term before the sum (a fused kernel cannot scale after its reduction)."""
+    from nnlib.lesson02_network.loss import cross_entropy_from_logits, one_hot_targets, sigmoid_cross_entropy
+
+    rng = np.random.default_rng(4)
+    for dtype, rtol in ((np.float64, 1e-14), (np.float32, 1e-6)):
+        z, labels = rng.normal(0, 5, (300, 10)).astype(dtype), rng.integers(0, 10, 300)
+        cpu = cross_entropy_from_logits(z, one_hot_targets(labels, 10, dtype, np), "sigmoid", np) * (1 / 300)
+        assert sigmoid_cross_entropy(z, labels[:, None], np.arange(10), 1 / 300) == pytest.approx(cpu, rel=rtol)
