@@ -1,8 +1,10 @@
 """nnlib.lesson07_gpu.gpu: the timing helpers and the seed's one-sample-at-a-time forward pass, on NumPy
 (and the strict array API); on a GPU the same functions run against CuPy."""
 
+import importlib.util
 import json
 import math
+import os
 import pathlib
 import subprocess
 import sys
@@ -391,3 +393,38 @@ def test_the_fused_loss_equals_the_cpu_loss_within_rounding():
         z, labels = rng.normal(0, 5, (300, 10)).astype(dtype), rng.integers(0, 10, 300)
         cpu = cross_entropy_from_logits(z, one_hot_targets(labels, 10, dtype, np), "sigmoid", np) * (1 / 300)
         assert sigmoid_cross_entropy(z, labels[:, None], np.arange(10), 1 / 300) == pytest.approx(cpu, rel=rtol)
+
+
+# -- benchmarks/gpu_throughput.py ------------------------------------------------------------------------------
+
+THROUGHPUT = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_throughput.py"
+
+
+def run_throughput(*arguments, timeout=300):
+    environment = dict(os.environ, PYTHONPATH=str(THROUGHPUT.parents[1]))
+    return subprocess.run([sys.executable, str(THROUGHPUT), *arguments], capture_output=True, text=True,
+                          timeout=timeout, env=environment)
+
+
+def test_gpu_throughput_dry_run_on_the_cpu(mnist):
+    """The benchmark's whole path on the CPU: nnlib on NumPy (and PyTorch on the CPU where installed), the five
+    networks scaled down, interleaved rounds, medians with ranges, the ratio, TFLOP/s."""
+    run = run_throughput("--dry-run", "--rounds", "2", "--epochs", "1", "--samples", "512")
+    assert run.returncode == 0, run.stderr
+    lines = [line for line in run.stdout.splitlines() if not line.startswith("PyTorch is not installed")]
+    assert lines[0].startswith("device: none (a dry run on the CPU") and "medians of 2 interleaved rounds" in lines[1]
+    rows = [line for line in lines if line.startswith("784-")]
+    assert [row.split(",")[0] for row in rows] == ["784-16-10", "784-32-10", "784-64-10", "784-32-32-10", "784-64-64-10"]
+    for row in rows:
+        samples = row.split("batch")[1].split()[1]  # nnlib's median samples/s
+        assert float(samples.replace(",", "")) > 0, row
+    if importlib.util.find_spec("torch") is None:
+        assert "PyTorch is not installed: nnlib only" in run.stdout and all("nan (nan-nan)" in row for row in rows)
+    else:
+        assert not any("nan" in row for row in rows)
+
+
+@pytest.mark.skipif(gpu_usable, reason="checks the message given on machines without a GPU")
+def test_gpu_throughput_refuses_without_a_gpu():
+    run = run_throughput("--no-torch", timeout=60)
+    assert run.returncode == 1 and "error: no usable GPU (" in run.stderr and "--dry-run" in run.stderr
