@@ -83,7 +83,7 @@ def constant_vector(kind: str, length: int, xp, dtype=None):
 
     On a GPU, making it again for every batch would cost a kernel launch each time. Never write into it.
     """
-    device = xp.cuda.runtime.getDevice() if hasattr(xp, "cuda") else None
+    device = None if xp is np or not hasattr(xp, "cuda") else xp.cuda.runtime.getDevice()  # (hasattr(np, ...) is slow)
     return _constant(kind, length, dtype, xp, device)
 
 
