@@ -46,6 +46,9 @@ DRY_CASES = [("784-16-10, batch 32", (784, 16, 10), 32),
 # FP32 lanes per SM by compute capability (CUDA C++ Programming Guide, "Arithmetic Instructions").
 FP32_LANES = {(6, 0): 64, (7, 0): 64, (7, 5): 64, (8, 0): 64, (8, 6): 128, (8, 7): 128, (8, 9): 128, (9, 0): 128,
               (10, 0): 128, (12, 0): 128}
+# Where the runtime gives no clock rate (CUDA 13 dropped it from the device properties): the vendor's figure.
+PEAK_BY_NAME = [("H200", 66.9), ("H100 PCIe", 51.2), ("H100 NVL", 60.0), ("H100", 66.9), ("A100", 19.5),
+                ("L40S", 91.6), ("L4", 30.3), ("A10", 31.2), ("V100", 15.7), ("T4", 8.1)]
 
 
 def parse_arguments(argv=None):
@@ -70,17 +73,19 @@ def device_and_peak(cupy, override=None) -> tuple[str, float | None, str]:
     name = properties["name"].decode() if isinstance(properties["name"], bytes) else properties["name"]
     if override:
         return name, override, "given by --peak-tflops"
-    capability = (int(properties["major"]), int(properties["minor"]))
+    capability = (int(properties.get("major", 0)), int(properties.get("minor", 0)))
     clock_khz = properties.get("clockRate") or 0
     if not clock_khz:
         try:
             clock_khz = cupy.cuda.runtime.deviceGetAttribute(13, device.id)  # cudaDevAttrClockRate
         except Exception:  # (removed from CUDA 13's runtime)
             clock_khz = 0
-    lanes, sms = FP32_LANES.get(capability), int(properties["multiProcessorCount"])
+    lanes, sms = FP32_LANES.get(capability), int(properties.get("multiProcessorCount", 0))
     if not clock_khz or lanes is None:
-        return name, None, (f"not known for compute capability {capability[0]}.{capability[1]} without a clock "
-                            "rate: pass --peak-tflops")
+        for part, peak in PEAK_BY_NAME:
+            if part in name:
+                return name, peak, f"NVIDIA's figure for the {part} (no clock rate from the runtime)"
+        return name, None, "not known (no clock rate from the runtime, an unlisted card): pass --peak-tflops"
     peak = sms * lanes * 2 * clock_khz * 1e3 / 1e12
     return name, peak, f"{sms} SMs x {lanes} FP32 lanes x 2 x {clock_khz / 1e6:.2f} GHz"
 

@@ -428,3 +428,33 @@ def test_gpu_throughput_dry_run_on_the_cpu(mnist):
 def test_gpu_throughput_refuses_without_a_gpu():
     run = run_throughput("--no-torch", timeout=60)
     assert run.returncode == 1 and "error: no usable GPU (" in run.stderr and "--dry-run" in run.stderr
+
+
+def test_gpu_throughput_finds_the_cards_float32_peak():
+    """SMs x FP32 lanes x 2 x clock where the runtime gives a clock; else NVIDIA's figure by name; else none."""
+    import importlib.util as loader
+    import types
+
+    spec = loader.spec_from_file_location("gpu_throughput", THROUGHPUT)
+    module = loader.module_from_spec(spec)
+    spec.loader.exec_module(module)
+
+    def fake_cupy(properties, attribute=None):
+        def get_attribute(number, device):
+            if attribute is None:
+                raise RuntimeError("cudaErrorInvalidValue")
+            return attribute
+        runtime = types.SimpleNamespace(getDeviceProperties=lambda index: properties, deviceGetAttribute=get_attribute)
+        return types.SimpleNamespace(cuda=types.SimpleNamespace(Device=lambda: types.SimpleNamespace(id=0),
+                                                                runtime=runtime))
+
+    h200 = {"name": b"NVIDIA H200", "major": 9, "minor": 0, "multiProcessorCount": 132, "clockRate": 1980000}
+    name, peak, how = module.device_and_peak(fake_cupy(h200))
+    assert name == "NVIDIA H200" and peak == pytest.approx(66.9, rel=1e-3) and "132 SMs x 128 FP32 lanes" in how
+    no_clock = dict(h200, clockRate=0)
+    assert module.device_and_peak(fake_cupy(no_clock, attribute=1755000))[1] == pytest.approx(59.3, rel=1e-3)
+    assert module.device_and_peak(fake_cupy(no_clock))[1:] == (66.9, "NVIDIA's figure for the H200 (no clock rate "
+                                                                    "from the runtime)")
+    unknown = dict(no_clock, name="Some GPU")
+    assert module.device_and_peak(fake_cupy(unknown))[1] is None
+    assert module.device_and_peak(fake_cupy(unknown), override=12.5)[1] == 12.5
