@@ -298,7 +298,7 @@ def test_a_training_step_launches_16_kernels_and_an_epoch_never_waits(counting_g
     assert set(per_step) == {16} and synchronizations == 0 and last[-1] == "fused sgd_update"
 
 
-def test_without_fusion_the_same_step_launches_45_kernels(monkeypatch):
+def test_without_fusion_the_same_step_launches_44_kernels(monkeypatch):
     """What fusion saves, counted on a CuPy without cupy.fuse: nnlib runs its plain pieces on the device."""
     from stand_in_cupy import CountingCuPy
 
@@ -306,7 +306,7 @@ def test_without_fusion_the_same_step_launches_45_kernels(monkeypatch):
     monkeypatch.setitem(sys.modules, "cupy", cupy)
     monkeypatch.setattr(environment, "_gpu_check", None)
     per_step, last, synchronizations = count_training(cupy)
-    assert set(per_step) == {45} and synchronizations == 0, (per_step, last)
+    assert set(per_step) == {44} and synchronizations == 0, (per_step, last)
     assert "fused" not in " ".join(last) and last.count("matmul") == 7
 
 
@@ -384,15 +384,20 @@ def test_each_fused_piece_equals_its_numpy_form_on_a_real_gpu(index):
     fused_equals_plain(cupy, piece, arguments, rtol=1e-12)
 
 
-def test_the_fused_loss_equals_the_cpu_loss_within_rounding():
-    """The GPU's loss scales each term before the sum (a fused kernel cannot scale after its reduction)."""
-    from nnlib.lesson02_network.loss import cross_entropy_from_logits, one_hot_targets, sigmoid_cross_entropy
+def test_the_gpus_output_pieces_equal_the_cpus_lines():
+    """output_loss: the CPU's plain lines against the GPU's pieces (run here on NumPy, as the stand-in does). The
+    GPU's loss scales each term before the sum (a fused kernel cannot scale after its reduction): equal within
+    rounding; the count and delta_L exactly."""
+    from nnlib.lesson02_network.loss import count_equal, output_delta, output_loss, sigmoid_cross_entropy
 
     rng = np.random.default_rng(4)
     for dtype, rtol in ((np.float64, 1e-14), (np.float32, 1e-6)):
         z, labels = rng.normal(0, 5, (300, 10)).astype(dtype), rng.integers(0, 10, 300)
-        cpu = cross_entropy_from_logits(z, one_hot_targets(labels, 10, dtype, np), "sigmoid", np) * (1 / 300)
-        assert sigmoid_cross_entropy(z, labels[:, None], np.arange(10), 1 / 300) == pytest.approx(cpu, rel=rtol)
+        a = 1 / (1 + np.exp(-z))
+        loss, correct, delta = output_loss(z, a, labels, 1 / 300, "sigmoid")
+        assert sigmoid_cross_entropy(z, labels[:, None], np.arange(10), 1 / 300) == pytest.approx(loss, rel=rtol)
+        assert count_equal(np.argmax(a, axis=1), labels) == correct
+        np.testing.assert_array_equal(output_delta(a, labels[:, None], np.arange(10), 1 / 300), delta)
 
 
 # -- benchmarks/gpu_throughput.py ------------------------------------------------------------------------------

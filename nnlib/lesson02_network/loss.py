@@ -6,8 +6,9 @@ For a batch of N samples with logits z_L and outputs a_L (N, K), labels y (N,) a
     softmax outputs: J = sum_n [ logsumexp(z_n) - sum_k y_k z_k ]    (= -sum_k y log a)
     delta_L = dJ/dz_L = (a_L - Y) * scale                            (both outputs)
 
-(nnlib.lesson02_network.network has the whole network.) On a GPU the loss of sigmoid outputs, the count and
-delta_L are one fused kernel each (nnlib.lesson02_network.arrays.fused); NumPy runs the same lines as written.
+(nnlib.lesson02_network.network has the whole network.) NumPy (the CPU) runs output_loss's plain lines; a GPU
+runs the loss of sigmoid outputs, the count and delta_L as one fused kernel each (nnlib.lesson02_network.arrays.fused
+of sigmoid_cross_entropy, count_equal and output_delta, which equal those lines: tests/test_gpu.py).
 """
 
 from __future__ import annotations
@@ -73,15 +74,19 @@ def output_loss(logits, outputs, labels, scale: float, output: str):
     logits z_L and outputs a_L (N, n_L) of the output layer, labels (N,) integers, ``output``
     "sigmoid" or "softmax", ``scale`` = 1 / normalizer. Returns loss = J * scale and correct = how
     many argmax(a_L) equal the label (both 0-d arrays where the arrays live), and
-    delta_L = dJ/dz_L = (a_L - Y) * scale (N, n_L), the same for both outputs. On a GPU: argmax, and one
-    fused kernel each for the loss (sigmoid outputs), the count and delta_L.
+    delta_L = dJ/dz_L = (a_L - Y) * scale (N, n_L), the same for both outputs.
     """
     xp = array_namespace(outputs)
+    if fused(output_delta, xp) is output_delta:  # NumPy (the CPU): these lines, Y made once
+        targets = one_hot_targets(labels, outputs.shape[1], outputs.dtype, xp)
+        loss = cross_entropy_from_logits(logits, targets, output, xp) * scale
+        correct = xp.count_nonzero(xp.argmax(outputs, axis=1) == labels)
+        return loss, correct, (outputs - targets) * scale
+    # A GPU: the same, as argmax and one fused kernel each for the loss (sigmoid outputs), the count and delta_L.
     labels_column, classes = labels[:, None], constant_vector("classes", outputs.shape[1], xp)
-    if output == "sigmoid" and fused(sigmoid_cross_entropy, xp) is not sigmoid_cross_entropy:
+    if output == "sigmoid":
         loss = fused(sigmoid_cross_entropy, xp)(logits, labels_column, classes, scale)
     else:
-        targets = one_hot(labels_column, classes, logits.dtype)
-        loss = cross_entropy_from_logits(logits, targets, output, xp) * scale
+        loss = cross_entropy_from_logits(logits, one_hot(labels_column, classes, logits.dtype), output, xp) * scale
     correct = fused(count_equal, xp)(xp.argmax(outputs, axis=1), labels)
     return loss, correct, fused(output_delta, xp)(outputs, labels_column, classes, scale)
