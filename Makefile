@@ -11,9 +11,13 @@
 #                   to benchmarks/RESULTS.md
 #   make multihost  as root: the batch job across 2 and 3 hosts (network namespaces on this machine),
 #                   its bytes on the links, and a pulled cable caught by the watchdog (also in make test)
-#   make gpu        on a machine with an NVIDIA GPU: install CuPy, run the GPU tests, record the GPU
-#                   figures into notebooks/results/gpu-<device>.csv for notebook 07
-#                   (CUPY=cupy-cuda13x for a CUDA 13 driver; default cupy-cuda12x)
+#   make gpu        on a machine with an NVIDIA GPU, its CuPy and PyTorch already installed (nothing is
+#                   installed; no registry needed): scripts/gpu-check.sh, at most about 5 minutes: the GPU
+#                   tests, the batch job on the GPU against the CPU in every mode, benchmarks/gpu_throughput.py
+#                   (nnlib against PyTorch on CUDA), and the figures for notebook 07 recorded into
+#                   notebooks/results/gpu-<device>.csv. MPI comes from the wheels in build/wheels:
+#   make gpu-wheels on a machine with PyPI: download the mpich, mpi4py and array-api-strict wheels for the GPU
+#                   machine's Python (GPU_PYTHON_VERSION, default 3.12) into build/wheels; copy the project
 
 PYTHON ?= python3
 VENV   := .venv
@@ -22,9 +26,10 @@ BIN    := $(VENV)/bin
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 # ipyparallel writes its profiles here; keep them out of ~/.ipython during tests.
 TEST_IPYTHONDIR := $(CURDIR)/build/ipython
-CUPY ?= cupy-cuda12x
+GPU_PYTHON ?= python3
+GPU_PYTHON_VERSION ?= 3.12
 
-.PHONY: setup data browser lab test browser-test rehearse book benchmark multihost gpu clean
+.PHONY: setup data browser lab test browser-test rehearse book benchmark multihost gpu gpu-wheels clean
 
 $(VENV)/.installed: pyproject.toml scripts/make-venv.sh
 	sh scripts/make-venv.sh $(PYTHON) $(VENV)
@@ -68,12 +73,14 @@ benchmark: data
 multihost: data
 	$(BIN)/python -m pytest -v -rs tests/test_multihost.py
 
-gpu: data
-	$(BIN)/python -m pip install --quiet '$(CUPY)>=14'
-	$(BIN)/python -c "from nnlib.lesson07_gpu import backend; usable, why = backend.gpu_status(); print(why); exit(not usable)"
-	IPYTHONDIR=$(TEST_IPYTHONDIR) $(BIN)/python -m pytest -rs tests/test_backend.py tests/test_gpu.py tests/test_train_command.py
-	$(BIN)/python -m nnlib gpu-benchmark --results-dir notebooks/results
-	@echo "Recorded. Re-run notebook 07 (and make test) to show the figures; commit notebooks/results/."
+gpu:
+	PYTHON=$(GPU_PYTHON) sh scripts/gpu-check.sh
+
+gpu-wheels: setup
+	$(BIN)/python -m pip download --quiet --only-binary=:all: --no-deps --dest build/wheels \
+	    --python-version $(GPU_PYTHON_VERSION) --platform manylinux_2_28_x86_64 \
+	    --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+	    "mpich>=4.2" "mpi4py>=4.0" "array-api-strict>=2.0"
 
 clean:
 	rm -rf $(VENV) build

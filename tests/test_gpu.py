@@ -1,8 +1,10 @@
 """nnlib.lesson07_gpu.gpu: the timing helpers and the seed's one-sample-at-a-time forward pass, on NumPy
 (and the strict array API); on a GPU the same functions run against CuPy."""
 
+import importlib.util
 import json
 import math
+import os
 import pathlib
 import subprocess
 import sys
@@ -11,7 +13,9 @@ import numpy as np
 import pytest
 from stand_in_cupy import StandInCuPy
 
-from nnlib import Network, environment
+from nnlib import Network, environment, train
+from nnlib.lesson02_network.arrays import to_numpy
+from nnlib.lesson03_training.training import Batches, Hook, ProgressLines, Run, Settings, train_loop
 from nnlib.lesson07_gpu import backend, gpu
 
 gpu_usable, gpu_reason = backend.gpu_status()
@@ -181,3 +185,281 @@ def test_gpu_sweep_and_forward_on_a_real_gpu():
     inputs = np.random.default_rng(0).random((7, 12))
     np.testing.assert_allclose(gpu.forward_one_sample_at_a_time(network, inputs),
                                gpu.forward_batched(network, inputs), rtol=1e-10)
+
+
+# -- counting kernels and synchronisations on the CPU (tests/stand_in_cupy.py's CountingCuPy) ----------------
+
+@pytest.fixture
+def counting_gpu(monkeypatch):
+    """NumPy posing as CuPy, with CuPy's array rules, counting every kernel launch and synchronisation."""
+    from stand_in_cupy import CountingCuPy
+
+    cupy = CountingCuPy()
+    monkeypatch.setitem(sys.modules, "cupy", cupy)
+    monkeypatch.setattr(environment, "_gpu_check", None)
+    return cupy
+
+
+def test_counting_stand_in_refuses_silent_trips_to_the_host_as_cupy_does(counting_gpu):
+    cupy = counting_gpu
+    array = cupy.asarray(np.arange(6.0).reshape(2, 3))
+    with pytest.raises(TypeError, match="Implicit conversion to a NumPy array is not allowed"):
+        np.asarray(array)
+    with pytest.raises(TypeError, match="Unsupported type"):
+        array + np.ones(3)  # a NumPy operand
+    with pytest.raises(TypeError, match="Unsupported type"):
+        cupy.tanh(np.ones(3))
+    assert cupy.counts() == (1, 0)  # the copy to the device; the refusals launched nothing
+    assert isinstance(array, cupy.ndarray) and type(array).__module__.startswith("cupy")
+
+
+def test_counting_stand_in_counts_kernels_views_and_synchronisations(counting_gpu):
+    cupy = counting_gpu
+    a = cupy.asarray(np.ones((256, 3), np.float32))                  # copy to the device: 1
+    view = a[10:20, ...].T                                           # views: 0
+    b = cupy.tanh(a * 0.5)                                           # 2
+    b += 1                                                           # 1
+    total = cupy.count_nonzero(b)                                    # whole-array block reduction, 768 items: 2
+    assert cupy.counts() == (6, 0) and view.shape == (3, 10) and total.shape == ()
+    assert int(total) == 768 and b[0, 0].get() == pytest.approx(np.tanh(0.5) + 1)  # two trips to the host
+    assert cupy.synchronizations == 2 and cupy.waited_for == ["int", "get"]
+    cupy.cuda.get_current_stream().synchronize()
+    assert cupy.synchronizations == 3
+
+
+def test_counting_stand_in_fuse_is_one_kernel_computing_the_function(counting_gpu):
+    cupy = counting_gpu
+
+    def scaled_add(x, y, scale):
+        x += y * scale
+        return x * 2
+
+    fused = cupy.fuse(kernel_name="scaled_add")(scaled_add)
+    x, y = cupy.asarray(np.arange(4.0)), cupy.asarray(np.ones(4))
+    before = cupy.launches
+    result = fused(x, y, 0.5)
+    assert cupy.launches - before == 1 and cupy.launched[-1] == "fused scaled_add"
+    assert x.get().tolist() == [0.5, 1.5, 2.5, 3.5] and result.get().tolist() == [1.0, 3.0, 5.0, 7.0]
+    with pytest.raises(TypeError, match="Unsupported type"):
+        fused(np.arange(4.0), y, 0.5)  # cupy.fuse has no CPU fallback for NumPy arrays
+    assert fused(1.0, 2.0, 0.5) == 4.0  # scalars only: the Python function as it is, no kernel
+
+
+class StepMarks(Hook):
+    """Notes the stand-in's (launches, synchronisations) as each epoch begins and after every step."""
+
+    def __init__(self, cupy):
+        self.cupy, self.epochs, self.steps = cupy, [], []
+
+    def begin_epoch(self, run):
+        self.epochs.append(self.cupy.counts())
+
+    def after_step(self, run):
+        self.steps.append(self.cupy.counts())
+
+
+def count_training(cupy, sizes=(784, 128, 10), batch_size=128, batches=4, momentum=0.0, dtype="float32"):
+    """Train one epoch on the counting stand-in; (kernels of each step after the first, the names of the
+    last step's kernels, synchronisations from the epoch's start to its last step)."""
+    rng = np.random.default_rng(0)
+    inputs = rng.random((batch_size * batches, sizes[0])).astype(dtype)
+    labels = rng.integers(0, sizes[-1], batch_size * batches)
+    network = Network(sizes, dtype=dtype, seed=0, device=backend.resolve_backend("gpu"))
+    marks = StepMarks(cupy)
+    settings = Settings(epochs=1, learning_rate=0.1, batch_size=batch_size, momentum=momentum)
+    run = Run(network, settings, Batches(inputs.shape[0], batch_size, 0), hooks=[ProgressLines(False), marks])
+    train_loop(run, inputs, labels)  # what train does, with the marks among its hooks
+    per_step = [after[0] - before[0] for before, after in zip(marks.steps, marks.steps[1:])]
+    last = cupy.launched[marks.steps[-2][0]:marks.steps[-1][0]]
+    return per_step, last, marks.steps[-1][1] - marks.epochs[0][1]
+
+
+def test_a_training_step_launches_16_kernels_and_an_epoch_never_waits(counting_gpu):
+    """784-128-10, batch 128, SGD (and momentum): 16 kernels a step, no synchronisation inside the epoch.
+
+    forward 4 (per layer: a_in @ W, fused bias + sigmoid); the output 4 (fused loss, argmax, fused count,
+    fused delta); backward 6 (per layer: 1^T delta into the bias gradient, a_in.T @ delta into the weight
+    gradient; between them delta @ W.T and the fused sigmoid backward); the epoch's sums 1 (fused); the update
+    1 (fused). The batch is a view of the epoch's rows, gathered once per epoch.
+
+    Before (commit afda03c), CuPy launched 52 (54 with momentum): gather 2; forward 12 (per layer: @, + b,
+    and the sigmoid's * 0.5, tanh, * 0.5, + 0.5); the output 19 (one-hot: eye 2, take; cross-entropy 10:
+    maximum, abs, negative, exp, log1p, add, y * z, subtract, sum, * scale; accuracy 4: argmax, ==,
+    count_nonzero in CUB's two passes; delta 2); adding the chunk's loss and count 2; backward 12 (per layer:
+    ones, 1^T delta, a.T @ delta, the bias copy; between them delta @ W.T, 1 - a, a (1 - a), *=); the epoch's
+    sums 3; the update 2 (momentum 4). The H200's profiler counted 55 there: it also sees kernels that
+    cuBLAS launches inside a product (split-K), which no stand-in sees."""
+    per_step, last, synchronizations = count_training(counting_gpu)
+    assert set(per_step) == {16} and synchronizations == 0, (per_step, last)
+    assert last == ["matmul", "fused bias_sigmoid", "matmul", "fused bias_sigmoid", "fused sigmoid_cross_entropy",
+                    "argmax", "fused count_equal", "fused output_delta", "matmul", "matmul", "matmul",
+                    "fused sigmoid_backward", "matmul", "matmul", "fused add_to_sums", "fused sgd_update"]
+    per_step, last, synchronizations = count_training(counting_gpu, momentum=0.9)
+    assert set(per_step) == {16} and synchronizations == 0 and last[-1] == "fused sgd_update"
+
+
+def test_without_fusion_the_same_step_launches_44_kernels(monkeypatch):
+    """What fusion saves, counted on a CuPy without cupy.fuse: nnlib runs its plain pieces on the device."""
+    from stand_in_cupy import CountingCuPy
+
+    cupy = CountingCuPy(fusion=False)
+    monkeypatch.setitem(sys.modules, "cupy", cupy)
+    monkeypatch.setattr(environment, "_gpu_check", None)
+    per_step, last, synchronizations = count_training(cupy)
+    assert set(per_step) == {44} and synchronizations == 0, (per_step, last)
+    assert "fused" not in " ".join(last) and last.count("matmul") == 7
+
+
+def test_no_chunks_on_the_gpu(counting_gpu):
+    """The CPU's 1,024-row chunks keep its arrays in cache; a GPU takes a batch of 3,000 rows whole."""
+    per_step, last, _ = count_training(counting_gpu, sizes=(20, 16, 10), batch_size=3000, batches=2)
+    assert set(per_step) == {16} and last.count("matmul") == 7
+    assert Network((4, 2), device=backend.resolve_backend("gpu")).chunk_size is None
+    assert Network((4, 2)).chunk_size == 1024
+
+
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+def test_the_gpu_path_on_the_counting_stand_in_trains_as_the_cpu(counting_gpu, momentum):
+    """float64: the fused pieces, the epoch's gathered rows and the sums kept on the device give the CPU's run."""
+    rng = np.random.default_rng(1)
+    inputs, labels = rng.random((300, 12)), rng.integers(0, 4, 300)
+    settings = dict(epochs=3, learning_rate=0.5, batch_size=32, momentum=momentum, seed=2, progress=False)
+    cpu = Network((12, 9, 7, 4), dtype="float64", seed=0)
+    expected = train(cpu, inputs, labels, validation=(inputs[:50], labels[:50]), **settings)
+    gpu = Network((12, 9, 7, 4), dtype="float64", seed=0, device=backend.resolve_backend("gpu"))
+    history = train(gpu, inputs, labels, validation=(inputs[:50], labels[:50]), **settings)
+    np.testing.assert_allclose(to_numpy(gpu.params), cpu.params, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(history.loss, expected.loss, rtol=1e-12)
+    assert history.train_accuracy == expected.train_accuracy
+    assert history.validation_accuracy == expected.validation_accuracy
+    assert counting_gpu.launched.count("fused sgd_update") == history.steps
+
+
+def fused_pieces():
+    """(piece, arguments) of every element-wise piece nnlib fuses on a GPU, on host arrays (float64)."""
+    from nnlib.lesson02_network import loss, network
+    from nnlib.lesson03_training import training
+
+    rng = np.random.default_rng(3)
+    z, a, g = rng.normal(0, 3, (6, 4)), rng.random((6, 4)), rng.normal(size=(6, 4))
+    labels = rng.integers(0, 4, 6)
+    return [(network.bias_sigmoid, (z, rng.normal(size=4))), (network.sigmoid, (z,)),
+            (network.sigmoid_backward, (g, a)), (loss.sigmoid_cross_entropy, (z, labels[:, None], np.arange(4), 0.25)),
+            (loss.output_delta, (a, labels[:, None], np.arange(4), 0.25)),
+            (loss.count_equal, (rng.integers(0, 4, 6), labels)),
+            (training.sgd_update, (a.ravel().copy(), g.ravel(), None, 0.1, 0.0)),
+            (training.sgd_update, (a.ravel().copy(), g.ravel(), z.ravel().copy(), 0.1, 0.9)),
+            (training.add_to_sums, (np.asarray(1.5), np.asarray(3), np.asarray(0.25), np.asarray(2), 4))]
+
+
+def fused_equals_plain(cupy, piece, arguments, rtol):
+    """Run ``piece`` fused by ``cupy`` on device copies and plain on the host: the results and every argument
+    it changes in place must agree."""
+    from nnlib.lesson02_network.arrays import fused
+
+    host = [argument.copy() if isinstance(argument, np.ndarray) else argument for argument in arguments]
+    device = [cupy.asarray(argument) if isinstance(argument, np.ndarray) else argument for argument in arguments]
+    expected, got = piece(*host), fused(piece, cupy)(*device)
+    expected = expected if isinstance(expected, tuple) else (expected,)
+    got = got if isinstance(got, tuple) else (got,)
+    for want, have in zip(expected + tuple(host), got + tuple(device)):
+        if isinstance(want, (np.ndarray, np.generic)) or want is not None and hasattr(have, "get"):
+            np.testing.assert_allclose(to_numpy(have), want, rtol=rtol, atol=1e-15)
+
+
+@pytest.mark.parametrize("index", range(9))
+def test_each_fused_piece_equals_its_numpy_form_on_the_stand_in(counting_gpu, index):
+    piece, arguments = fused_pieces()[index]
+    before = counting_gpu.launches
+    fused_equals_plain(counting_gpu, piece, arguments, rtol=0)
+    assert counting_gpu.launched[before:].count(f"fused {piece.__name__}") == 1
+
+
+@pytest.mark.skipif(not gpu_usable, reason=f"no usable GPU here: {gpu_reason}")
+@pytest.mark.parametrize("index", range(9))
+def test_each_fused_piece_equals_its_numpy_form_on_a_real_gpu(index):
+    import cupy
+
+    piece, arguments = fused_pieces()[index]
+    fused_equals_plain(cupy, piece, arguments, rtol=1e-12)
+
+
+def test_the_gpus_output_pieces_equal_the_cpus_lines():
+    """output_loss: the CPU's plain lines against the GPU's pieces (run here on NumPy, as the stand-in does). The
+    GPU's loss scales each term before the sum (a fused kernel cannot scale after its reduction): equal within
+    rounding; the count and delta_L exactly."""
+    from nnlib.lesson02_network.loss import count_equal, output_delta, output_loss, sigmoid_cross_entropy
+
+    rng = np.random.default_rng(4)
+    for dtype, rtol in ((np.float64, 1e-14), (np.float32, 1e-6)):
+        z, labels = rng.normal(0, 5, (300, 10)).astype(dtype), rng.integers(0, 10, 300)
+        a = 1 / (1 + np.exp(-z))
+        loss, correct, delta = output_loss(z, a, labels, 1 / 300, "sigmoid")
+        assert sigmoid_cross_entropy(z, labels[:, None], np.arange(10), 1 / 300) == pytest.approx(loss, rel=rtol)
+        assert count_equal(np.argmax(a, axis=1), labels) == correct
+        np.testing.assert_array_equal(output_delta(a, labels[:, None], np.arange(10), 1 / 300), delta)
+
+
+# -- benchmarks/gpu_throughput.py ------------------------------------------------------------------------------
+
+THROUGHPUT = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_throughput.py"
+
+
+def run_throughput(*arguments, timeout=300):
+    environment = dict(os.environ, PYTHONPATH=str(THROUGHPUT.parents[1]))
+    return subprocess.run([sys.executable, str(THROUGHPUT), *arguments], capture_output=True, text=True,
+                          timeout=timeout, env=environment)
+
+
+def test_gpu_throughput_dry_run_on_the_cpu(mnist):
+    """The benchmark's whole path on the CPU: nnlib on NumPy (and PyTorch on the CPU where installed), the five
+    networks scaled down, interleaved rounds, medians with ranges, the ratio, TFLOP/s."""
+    run = run_throughput("--dry-run", "--rounds", "2", "--epochs", "1", "--samples", "512")
+    assert run.returncode == 0, run.stderr
+    lines = [line for line in run.stdout.splitlines() if not line.startswith("PyTorch is not installed")]
+    assert lines[0].startswith("device: none (a dry run on the CPU") and "medians of 2 interleaved rounds" in lines[1]
+    rows = [line for line in lines if line.startswith("784-")]
+    assert [row.split(",")[0] for row in rows] == ["784-16-10", "784-32-10", "784-64-10", "784-32-32-10", "784-64-64-10"]
+    for row in rows:
+        samples = row.split("batch")[1].split()[1]  # nnlib's median samples/s
+        assert float(samples.replace(",", "")) > 0, row
+    if importlib.util.find_spec("torch") is None:
+        assert "PyTorch is not installed: nnlib only" in run.stdout and all("nan (nan-nan)" in row for row in rows)
+    else:
+        assert not any("nan" in row for row in rows)
+
+
+@pytest.mark.skipif(gpu_usable, reason="checks the message given on machines without a GPU")
+def test_gpu_throughput_refuses_without_a_gpu():
+    run = run_throughput("--no-torch", timeout=60)
+    assert run.returncode == 1 and "error: no usable GPU (" in run.stderr and "--dry-run" in run.stderr
+
+
+def test_gpu_throughput_finds_the_cards_float32_peak():
+    """SMs x FP32 lanes x 2 x clock where the runtime gives a clock; else NVIDIA's figure by name; else none."""
+    import importlib.util as loader
+    import types
+
+    spec = loader.spec_from_file_location("gpu_throughput", THROUGHPUT)
+    module = loader.module_from_spec(spec)
+    spec.loader.exec_module(module)
+
+    def fake_cupy(properties, attribute=None):
+        def get_attribute(number, device):
+            if attribute is None:
+                raise RuntimeError("cudaErrorInvalidValue")
+            return attribute
+        runtime = types.SimpleNamespace(getDeviceProperties=lambda index: properties, deviceGetAttribute=get_attribute)
+        return types.SimpleNamespace(cuda=types.SimpleNamespace(Device=lambda: types.SimpleNamespace(id=0),
+                                                                runtime=runtime))
+
+    h200 = {"name": b"NVIDIA H200", "major": 9, "minor": 0, "multiProcessorCount": 132, "clockRate": 1980000}
+    name, peak, how = module.device_and_peak(fake_cupy(h200))
+    assert name == "NVIDIA H200" and peak == pytest.approx(66.9, rel=1e-3) and "132 SMs x 128 FP32 lanes" in how
+    no_clock = dict(h200, clockRate=0)
+    assert module.device_and_peak(fake_cupy(no_clock, attribute=1755000))[1] == pytest.approx(59.3, rel=1e-3)
+    assert module.device_and_peak(fake_cupy(no_clock))[1:] == (66.9, "NVIDIA's figure for the H200 (no clock rate "
+                                                                    "from the runtime)")
+    unknown = dict(no_clock, name="Some GPU")
+    assert module.device_and_peak(fake_cupy(unknown))[1] is None
+    assert module.device_and_peak(fake_cupy(unknown), override=12.5)[1] == 12.5

@@ -2,6 +2,7 @@
 
     arrays          which array library the math runs on (NumPy; CuPy from lesson 07), through the array API
     network         Layer (forward, backward) and Network, every parameter in one flat vector
+    loss            the output layer: cross-entropy, the count of right answers, delta_L
     gradient_check  backpropagation against a numerical gradient, as a relative error
 """
 

@@ -6,6 +6,8 @@ The network never imports numpy for its math; it asks the arrays for their names
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 LESSON = 2
@@ -47,6 +49,42 @@ def to_numpy(array) -> np.ndarray:
     if hasattr(array, "__dlpack__"):  # any other CPU array library (e.g. array_api_strict)
         return np.from_dlpack(array)
     return np.asarray(array)
+
+
+def as_type(array, dtype):
+    """``array``'s values as ``dtype``: the arrays' own ``astype`` method where they have one (NumPy, CuPy, and
+    CuPy's arrays inside a fused function), else the array API's ``xp.astype`` (array_api_strict)."""
+    if hasattr(array, "astype"):
+        return array.astype(dtype)
+    return array_namespace(array).astype(array, dtype)
+
+
+@functools.lru_cache(maxsize=256)
+def fused(function, xp):
+    """``function`` compiled into one GPU kernel where the namespace can fuse (CuPy: ``cupy.fuse``), else itself.
+
+    Each element-wise operation CuPy runs is a kernel launch, which costs the host a fixed time whatever the
+    array's size; an expression of several operations fused is one launch (lesson 07 measures why that
+    matters). ``function`` is written once, with the arrays' operators and namespace (``array_namespace`` of
+    its arguments), and that plain form is what NumPy (the CPU) runs. It may change its arguments in place
+    and return arrays; fused, it must not read ``.shape`` and may end in one reduction (a sum).
+    """
+    fuse = getattr(xp, "fuse", None)
+    return function if fuse is None else fuse(kernel_name=function.__name__)(function)
+
+
+@functools.lru_cache(maxsize=64)
+def _constant(kind: str, length: int, dtype, xp, device):
+    return xp.ones(length, dtype=dtype) if kind == "ones" else xp.arange(length)
+
+
+def constant_vector(kind: str, length: int, xp, dtype=None):
+    """A vector made once per device and kept: ``"ones"`` (length,) of ``dtype``, or ``"classes"``, 0 .. length-1.
+
+    On a GPU, making it again for every batch would cost a kernel launch each time. Never write into it.
+    """
+    device = None if xp is np or not hasattr(xp, "cuda") else xp.cuda.runtime.getDevice()  # (hasattr(np, ...) is slow)
+    return _constant(kind, length, dtype, xp, device)
 
 
 def is_numpy(xp) -> bool:

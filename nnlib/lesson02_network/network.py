@@ -29,7 +29,9 @@ backpropagation of nnlib: the tensor-parallel network and the pipeline stages of
 it on their own layers); :class:`Network` is the list of all layers, on one process.
 
 The math uses only the Python array API (``xp`` is the arrays' namespace), so the
-same code runs on NumPy and on CuPy arrays.
+same code runs on NumPy and on CuPy arrays. The element-wise pieces of a step (bias + sigmoid, the
+output's loss, count and delta, the sigmoid's backward) are small functions that NumPy runs as they
+are and that a GPU runs as one fused kernel each (nnlib.lesson02_network.arrays.fused; lesson 07).
 """
 
 from __future__ import annotations
@@ -38,7 +40,9 @@ import math
 
 import numpy as np
 
-from nnlib.lesson02_network.arrays import array_namespace, namespace_of_device, product_into, to_numpy
+from nnlib.lesson02_network.arrays import (array_namespace, constant_vector, fused, is_numpy, namespace_of_device,
+                                           product_into, to_numpy)
+from nnlib.lesson02_network.loss import cross_entropy_from_logits, one_hot_targets, output_loss  # noqa: F401
 
 LESSON = 2
 
@@ -61,9 +65,18 @@ def sigmoid_prime_from_activation(a):
     return a * (1 - a)
 
 
-def softplus(z, xp):
-    """log(1 + exp(z)), computed without overflow as max(z, 0) + log1p(exp(-|z|))."""
-    return xp.maximum(z, 0) + xp.log1p(xp.exp(-xp.abs(z)))
+# Element-wise pieces: each runs as written on NumPy and as one fused kernel on a GPU (arrays.fused); the
+# output layer's are in nnlib.lesson02_network.loss.
+
+def bias_sigmoid(logits, biases):
+    """z += b in place (z (N, n_out) = a_in @ W, b (n_out,)), and a = sigma(z) (N, n_out) returned."""
+    logits += biases
+    return sigmoid(logits)
+
+
+def sigmoid_backward(activation_gradient, activation) -> None:
+    """dJ/dz = dJ/da * a (1 - a), written over dJ/da (N, n_out) in place; a = sigma(z) (N, n_out)."""
+    activation_gradient *= sigmoid_prime_from_activation(activation)
 
 
 def softmax(z, xp):
@@ -71,40 +84,6 @@ def softmax(z, xp):
     shifted = z - xp.max(z, axis=1, keepdims=True)
     exponentials = xp.exp(shifted)
     return exponentials / xp.sum(exponentials, axis=1, keepdims=True)
-
-
-def cross_entropy_from_logits(logits, targets, output: str, xp):
-    """Summed cross-entropy over the batch, from the output layer's logits z_L (N, K).
-
-    With a = sigmoid(z): -[y log a + (1-y) log(1-a)] = softplus(z) - y z.
-    With a = softmax(z): -sum_k y_k log a_k = logsumexp(z) - sum_k y_k z_k.
-    Both forms stay finite where a rounds to 0 or 1. Returns a 0-d array, on the arrays' device.
-    """
-    if output == "sigmoid":
-        return xp.sum(softplus(logits, xp) - targets * logits)
-    row_max = xp.max(logits, axis=1, keepdims=True)
-    log_sum_exp = xp.log(xp.sum(xp.exp(logits - row_max), axis=1)) + row_max[:, 0]
-    return xp.sum(log_sum_exp) - xp.sum(targets * logits)
-
-
-def one_hot_targets(labels, num_classes: int, dtype, xp):
-    """Integer labels (N,) to one-hot targets (N, num_classes) of ``dtype``: for label y, row y of the identity."""
-    return xp.take(xp.eye(num_classes, dtype=dtype), labels, axis=0)
-
-
-def output_loss(logits, outputs, labels, scale: float, output: str):
-    """Where backpropagation starts, for one batch: (loss, correct, delta_L).
-
-    logits z_L and outputs a_L (N, n_L) of the output layer, labels (N,) integers, ``output``
-    "sigmoid" or "softmax", ``scale`` = 1 / normalizer. Returns loss = J * scale and correct = how
-    many argmax(a_L) equal the label (both 0-d arrays where the arrays live), and
-    delta_L = dJ/dz_L = (a_L - Y) * scale (N, n_L), the same for both outputs.
-    """
-    xp = array_namespace(outputs)
-    targets = one_hot_targets(labels, outputs.shape[1], outputs.dtype, xp)
-    loss = cross_entropy_from_logits(logits, targets, output, xp) * scale
-    correct = xp.count_nonzero(xp.argmax(outputs, axis=1) == labels)
-    return loss, correct, (outputs - targets) * scale
 
 
 class Layer:
@@ -146,11 +125,18 @@ class Layer:
         return logits
 
     def forward(self, inputs):
-        """(z, a): the logits and the activation f(z), both (N, n_out), for inputs a_in (N, n_in)."""
+        """(z, a): the logits and the activation f(z), both (N, n_out), for inputs a_in (N, n_in).
+
+        A sigmoid layer adds its bias in the activation's pass (bias_sigmoid: one kernel on a GPU); a layer
+        that makes z its own way (it overrides ``logits``, as lesson 09's row layer does) is activated as is.
+        """
+        if self.activation == "sigmoid" and type(self).logits is Layer.logits:
+            logits = inputs @ self.weights
+            return logits, fused(bias_sigmoid, self.xp)(logits, self.biases)
         logits = self.logits(inputs)
         if self.activation == "softmax":
             return logits, softmax(logits, self.xp)
-        return logits, sigmoid(logits, self.xp)
+        return logits, fused(sigmoid, self.xp)(logits)
 
     def weight_gradient(self, inputs, delta, accumulate: bool = False) -> None:
         """Write dJ/dW = a_in.T @ delta and dJ/db = sum of delta into the gradient views (or add them).
@@ -160,13 +146,13 @@ class Layer:
         """
         # dJ/db = sum over samples of delta, written as the product 1^T delta with a vector of ones (N,):
         # BLAS does it several times faster than sum(delta, axis=0) (tests/test_network.py checks the two agree)
-        biases_gradient = self.xp.ones(delta.shape[0], dtype=delta.dtype) @ delta   # (n_out,)
+        ones = constant_vector("ones", delta.shape[0], self.xp, delta.dtype)
         if accumulate:
             self.grad_weights += inputs.T @ delta                         # (n_in, n_out)
-            self.grad_biases += biases_gradient
+            self.grad_biases += ones @ delta                              # (n_out,)
         else:
             product_into(inputs.T, delta, self.grad_weights)              # grad_weights = inputs.T @ delta
-            self.grad_biases[...] = biases_gradient
+            product_into(ones, delta, self.grad_biases)                   # grad_biases = 1^T delta
 
     def input_gradient(self, delta):
         """dJ/da_in = delta @ W.T (N, n_in), from delta = dJ/dz (N, n_out)."""
@@ -180,7 +166,7 @@ class Layer:
         if self.activation != "sigmoid":
             raise ValueError("only a sigmoid layer passes a gradient through its activation; "
                              "a softmax output layer's delta comes from output_loss")
-        activation_gradient *= sigmoid_prime_from_activation(activation)
+        fused(sigmoid_backward, self.xp)(activation_gradient, activation)
         return activation_gradient
 
 
@@ -264,6 +250,10 @@ class Classifier:
                 f"labels must lie in 0..{self.layer_sizes[-1] - 1}; got values from {low} to {high}"
             )
 
+    def fused(self, function):
+        """``function`` as one kernel on this network's device (nnlib.lesson02_network.arrays.fused)."""
+        return fused(function, self.xp)
+
     def predict(self, inputs):
         """The most likely class for each sample: (N,) integers."""
         return self.xp.argmax(self.predict_probabilities(inputs), axis=1)
@@ -295,8 +285,9 @@ class LayerStack(Classifier):
         # Rows per piece of a large batch (see loss_and_gradient): 1,024 rows are enough for the
         # matrix products to run at NumPy's full rate, and keep a narrow network's arrays small
         # (a 25-unit layer's activations take 100 KB in float32): larger pieces measured slower
-        # (benchmarks/RESULTS.md, "chunk size").
-        self.chunk_size = 1024
+        # (benchmarks/RESULTS.md, "chunk size"). On the CPU only: a GPU (any namespace but NumPy)
+        # takes the whole batch at once (None), its products only faster for the size.
+        self.chunk_size = 1024 if is_numpy(self.xp) else None
         self.last_correct, self.output_logits = 0, None
 
     @property
@@ -305,7 +296,9 @@ class LayerStack(Classifier):
         return len(self.layers)
 
     def chunks(self, num_samples: int):
-        """(start, end) row ranges of at most ``chunk_size`` rows covering 0..num_samples."""
+        """(start, end) row ranges of at most ``chunk_size`` rows covering 0..num_samples (one if None)."""
+        if self.chunk_size is None:
+            return [(0, num_samples)]
         return [(start, min(start + self.chunk_size, num_samples)) for start in range(0, num_samples, self.chunk_size)]
 
     # -- forward and backward -------------------------------------------------
@@ -327,8 +320,8 @@ class LayerStack(Classifier):
         bigger batch passes the global batch size, so that the ranks' gradients add
         up to exactly the full-batch gradient. Returns J (summed / normalizer).
 
-        A batch larger than ``self.chunk_size`` rows is processed chunk by chunk and
-        the chunks' gradients are added up (a sum over samples splits into sums over
+        On the CPU, a batch larger than ``self.chunk_size`` rows is processed chunk by chunk
+        and the chunks' gradients are added up (a sum over samples splits into sums over
         chunks). The arrays of one chunk fit in the CPU cache, which makes the
         element-wise work several times faster than on one huge batch.
         Also sets ``self.last_correct``: how many samples the network got right.
@@ -343,12 +336,13 @@ class LayerStack(Classifier):
             self.check_inputs(inputs)
             self.check_labels(labels, inputs.shape[0])
         scale = 1.0 / (inputs.shape[0] if normalizer is None else normalizer)
-        loss, self.last_correct = 0.0, 0
+        loss, self.last_correct = None, 0
         chunks = self.chunks(inputs.shape[0]) or [(0, 0)]  # no rows: one empty chunk, whose gradient is 0
         for start, end in chunks:
             last = end == chunks[-1][1]
-            loss += self._chunk_loss_and_gradient(inputs[start:end, ...], labels[start:end], scale, start > 0,
-                                                  on_layer_done if last else None)
+            chunk_loss = self._chunk_loss_and_gradient(inputs[start:end, ...], labels[start:end], scale, start > 0,
+                                                       on_layer_done if last else None)
+            loss = chunk_loss if loss is None else loss + chunk_loss  # (one chunk: no addition, no GPU kernel)
         if on_device:
             return loss
         self.last_correct = int(self.last_correct)
@@ -361,7 +355,7 @@ class LayerStack(Classifier):
         """
         activations = self.forward(inputs)
         loss, correct, delta = output_loss(self.output_logits, activations[-1], labels, scale, self.output)
-        self.last_correct += correct
+        self.last_correct = self.last_correct + correct if accumulate else correct
         backward_layers(self.layers, activations, delta, accumulate, on_layer_done)
         return loss
 

@@ -44,8 +44,9 @@ class SGD:
         self.velocity = network.xp.zeros_like(network.params) if momentum else None
 
     def step(self) -> None:
-        """Update ``network.params`` in place from ``network.grads``."""
-        sgd_update(self.network.params, self.network.grads, self.velocity, self.learning_rate, self.momentum)
+        """Update ``network.params`` in place from ``network.grads`` (on a GPU in one fused kernel)."""
+        self.network.fused(sgd_update)(self.network.params, self.network.grads, self.velocity, self.learning_rate,
+                                       self.momentum)
 
 
 def sgd_update(params, grads, velocity, learning_rate: float, momentum: float) -> None:
@@ -56,6 +57,11 @@ def sgd_update(params, grads, velocity, learning_rate: float, momentum: float) -
         velocity *= momentum
         velocity -= learning_rate * grads
         params += velocity
+
+
+def add_to_sums(loss_sum, correct_sum, loss, correct, divide_by):
+    """(loss_sum + loss * divide_by, correct_sum + correct): a step's share of its epoch's sums (one GPU kernel)."""
+    return loss_sum + loss * divide_by, correct_sum + correct
 
 
 def check_momentum(momentum) -> None:
@@ -318,13 +324,13 @@ def train_loop(run: Run, inputs, labels) -> History:
         began = time.perf_counter()
         for hook in run.hooks:
             hook.begin_epoch(run)
-        steps = rows_on_device(run.plan.epoch(run.epoch), xp)
+        steps = epoch_on_device(run.plan.epoch(run.epoch), inputs, labels, xp)
         run.steps_in_epoch = len(steps)
         if run.step == 0:  # (a run restored from a checkpoint may begin part-way, its sums restored)
             run.loss_sum, run.correct_sum = 0.0, 0
         for step in range(run.step, len(steps)):
             run.step, run.rate = step, schedule(run.epoch + step / len(steps))
-            train_step(run, inputs, labels, *steps[step])
+            train_step(run, *steps[step])
         end_epoch(run, began)
     return run.history
 
@@ -343,8 +349,8 @@ def train_step(run: Run, inputs, labels, rows, divide_by: int) -> None:
                                      **backward_hook)
     if run.sync.size == 1 and xp is np and not math.isfinite(loss):
         raise diverged(loss, f"at epoch {run.epoch + 1}, step {run.step + 1}", run.rate)
-    run.loss_sum += loss * divide_by
-    run.correct_sum += network.last_correct
+    run.loss_sum, run.correct_sum = network.fused(add_to_sums)(run.loss_sum, run.correct_sum, loss,
+                                                               network.last_correct, divide_by)
     run.sync.step(run)
     run.phase(None)
     run.total_steps += 1
@@ -372,13 +378,15 @@ def end_epoch(run: Run, began: float) -> None:
     run.epoch, run.step = run.epoch + 1, 0
 
 
-def rows_on_device(steps: list, xp) -> list:
-    """The steps' row indices on the arrays' device in one copy per epoch (per step, a GPU would wait)."""
+def epoch_on_device(steps: list, inputs, labels, xp) -> list:
+    """Each step's (inputs, labels, rows, divide_by): on NumPy the data and the step's rows to take; on a GPU the
+    epoch's rows gathered once, in the steps' order, and each step a slice of them (a view: no kernel, no wait)."""
     if xp is np or all(rows is None for rows, _ in steps):
-        return steps
-    order = xp.asarray(np.concatenate([rows for rows, _ in steps]))
-    ends = np.cumsum([len(rows) for rows, _ in steps])
-    return [(order[end - len(rows):end], divide_by) for (rows, divide_by), end in zip(steps, ends)]
+        return [(inputs, labels, rows, divide_by) for rows, divide_by in steps]
+    order = xp.asarray(np.concatenate([rows for rows, _ in steps]))  # one copy to the device, two gathers
+    inputs, labels = xp.take(inputs, order, axis=0), xp.take(labels, order, axis=0)
+    starts = np.cumsum([0] + [len(rows) for rows, _ in steps]).tolist()
+    return [(inputs[a:b, ...], labels[a:b], None, divide_by) for (_, divide_by), a, b in zip(steps, starts, starts[1:])]
 
 
 def train(network, inputs, labels, settings: Settings | None = None, *, validation=None, progress: bool = True,

@@ -1,0 +1,92 @@
+"""The output layer: the loss, the count of right answers, and delta_L, where backpropagation starts.
+
+For a batch of N samples with logits z_L and outputs a_L (N, K), labels y (N,) and their one-hot Y (N, K):
+
+    sigmoid outputs: J = sum_n sum_k [ softplus(z) - y z ]          (= -[y log a + (1-y) log(1-a)])
+    softmax outputs: J = sum_n [ logsumexp(z_n) - sum_k y_k z_k ]    (= -sum_k y log a)
+    delta_L = dJ/dz_L = (a_L - Y) * scale                            (both outputs)
+
+(nnlib.lesson02_network.network has the whole network.) NumPy (the CPU) runs output_loss's plain lines; a GPU
+runs the loss of sigmoid outputs, the count and delta_L as one fused kernel each (nnlib.lesson02_network.arrays.fused
+of sigmoid_cross_entropy, count_equal and output_delta, which equal those lines: tests/test_gpu.py).
+"""
+
+from __future__ import annotations
+
+from nnlib.lesson02_network.arrays import array_namespace, as_type, constant_vector, fused
+
+LESSON = 2
+
+
+def softplus(z, xp):
+    """log(1 + exp(z)), computed without overflow as max(z, 0) + log1p(exp(-|z|))."""
+    return xp.maximum(z, 0) + xp.log1p(xp.exp(-xp.abs(z)))
+
+
+def cross_entropy_from_logits(logits, targets, output: str, xp):
+    """Summed cross-entropy over the batch, from the output layer's logits z_L (N, K).
+
+    With a = sigmoid(z): -[y log a + (1-y) log(1-a)] = softplus(z) - y z.
+    With a = softmax(z): -sum_k y_k log a_k = logsumexp(z) - sum_k y_k z_k.
+    Both forms stay finite where a rounds to 0 or 1. Returns a 0-d array, on the arrays' device.
+    """
+    if output == "sigmoid":
+        return xp.sum(softplus(logits, xp) - targets * logits)
+    row_max = xp.max(logits, axis=1, keepdims=True)
+    log_sum_exp = xp.log(xp.sum(xp.exp(logits - row_max), axis=1)) + row_max[:, 0]
+    return xp.sum(log_sum_exp) - xp.sum(targets * logits)
+
+
+def one_hot_targets(labels, num_classes: int, dtype, xp):
+    """Integer labels (N,) to one-hot targets (N, num_classes) of ``dtype``: for label y, row y of the identity."""
+    return xp.take(xp.eye(num_classes, dtype=dtype), labels, axis=0)
+
+
+def one_hot(labels_column, classes, dtype):
+    """Y (N, K) of ``dtype``: Y[n, k] = 1 where label n (labels_column (N, 1)) is k (classes = 0..K-1), else 0."""
+    return as_type(labels_column == classes, dtype)
+
+
+def sigmoid_cross_entropy(logits, labels_column, classes, scale):
+    """J * scale = sum over n, k of [softplus(z) - y z] * scale (0-d), from the logits z_L (N, K).
+
+    The GPU's one-kernel form of cross_entropy_from_logits(z, Y, "sigmoid") * scale, which the CPU runs:
+    each term is scaled before the sum, as a fused kernel cannot apply a parameter after its reduction;
+    the two agree within rounding."""
+    xp = array_namespace(logits)
+    return xp.sum((softplus(logits, xp) - one_hot(labels_column, classes, logits.dtype) * logits) * scale)
+
+
+def count_equal(predicted, labels):
+    """How many of ``predicted`` (N,) equal ``labels`` (N,): a 0-d integer array."""
+    xp = array_namespace(predicted, labels)
+    return xp.sum(as_type(predicted == labels, xp.int64))
+
+
+def output_delta(outputs, labels_column, classes, scale):
+    """delta_L = dJ/dz_L = (a_L - Y) * scale (N, K), for sigmoid and softmax outputs alike."""
+    return (outputs - one_hot(labels_column, classes, outputs.dtype)) * scale
+
+
+def output_loss(logits, outputs, labels, scale: float, output: str):
+    """Where backpropagation starts, for one batch: (loss, correct, delta_L).
+
+    logits z_L and outputs a_L (N, n_L) of the output layer, labels (N,) integers, ``output``
+    "sigmoid" or "softmax", ``scale`` = 1 / normalizer. Returns loss = J * scale and correct = how
+    many argmax(a_L) equal the label (both 0-d arrays where the arrays live), and
+    delta_L = dJ/dz_L = (a_L - Y) * scale (N, n_L), the same for both outputs.
+    """
+    xp = array_namespace(outputs)
+    if fused(output_delta, xp) is output_delta:  # NumPy (the CPU): these lines, Y made once
+        targets = one_hot_targets(labels, outputs.shape[1], outputs.dtype, xp)
+        loss = cross_entropy_from_logits(logits, targets, output, xp) * scale
+        correct = xp.count_nonzero(xp.argmax(outputs, axis=1) == labels)
+        return loss, correct, (outputs - targets) * scale
+    # A GPU: the same, as argmax and one fused kernel each for the loss (sigmoid outputs), the count and delta_L.
+    labels_column, classes = labels[:, None], constant_vector("classes", outputs.shape[1], xp)
+    if output == "sigmoid":
+        loss = fused(sigmoid_cross_entropy, xp)(logits, labels_column, classes, scale)
+    else:
+        loss = cross_entropy_from_logits(logits, one_hot(labels_column, classes, logits.dtype), output, xp) * scale
+    correct = fused(count_equal, xp)(xp.argmax(outputs, axis=1), labels)
+    return loss, correct, fused(output_delta, xp)(outputs, labels_column, classes, scale)
