@@ -147,7 +147,7 @@ def print_table(cases, rounds, peak) -> None:
 
 def gpu_libraries(args):
     """(cupy, torch or None, torch's device or None), or exit 2 saying why there is no GPU to measure."""
-    from nnlib.environment import gpu_status
+    from nnlib.course.environment import gpu_status
 
     usable, reason = gpu_status()
     if not usable:

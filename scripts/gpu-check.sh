@@ -59,7 +59,7 @@ if [ ! -f "$NNLIB_DATA/train-images-idx3-ubyte.gz" ]; then
     exit 2
 fi
 if [ $DRY_RUN -eq 0 ]; then
-    "$PYTHON" -c "from nnlib.environment import gpu_status; usable, why = gpu_status(); print(why); exit(not usable)" \
+    "$PYTHON" -c "from nnlib.course.environment import gpu_status; usable, why = gpu_status(); print(why); exit(not usable)" \
         || { echo "error: no usable GPU here (see above); sh scripts/gpu-check.sh --dry-run checks the script on the CPU"; exit 2; }
     "$PYTHON" -c "import torch; assert torch.cuda.is_available(), 'PyTorch finds no CUDA GPU'" \
         || { echo "error: PyTorch with CUDA is needed for the benchmark against PyTorch"; exit 2; }

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 from stand_in_cupy import StandInCuPy
 
-from nnlib import Network, environment, gradient_check, train
+from nnlib import Network, gradient_check, train
+from nnlib.course import environment
 from nnlib.lesson02_network import arrays
 from nnlib.lesson02_network.arrays import to_numpy
 from nnlib.lesson07_gpu import backend

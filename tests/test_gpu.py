@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 from stand_in_cupy import StandInCuPy
 
-from nnlib import Network, environment, train
+from nnlib import Network, train
+from nnlib.course import environment
 from nnlib.lesson02_network.arrays import to_numpy
 from nnlib.lesson03_training.training import Batches, Hook, ProgressLines, Run, Settings, train_loop
 from nnlib.lesson07_gpu import backend, gpu
