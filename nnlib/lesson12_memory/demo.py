@@ -3,7 +3,7 @@ nnlib.lesson12_memory.demo RESULTS.json``): FSDP and gradient accumulation again
 on MNIST, the bytes sent counted on the real calls, what each rank holds over one FSDP step, and the
 memory budgets (measured with tracemalloc beside the prediction) of data parallelism, ZeRO, FSDP,
 recomputation, accumulation, lesson 09's tensor and pipeline parallelism and mixed precision (alone, and with
-FSDP and recomputation, or in bfloat16 with accumulation).
+FSDP and recomputation, or in bfloat16 with accumulation: data parallelism and FSDP only).
 Rank 0 writes the results as JSON.
 """
 
@@ -17,21 +17,16 @@ from mpi4py import MPI
 
 from nnlib import Network, train
 from nnlib.lesson01_mnist import data
-from nnlib.lesson03_training.training import Settings
 from nnlib.lesson05_data_parallel import shard, train_parallel
 from nnlib.lesson05_data_parallel.data_parallel import Allreduce
 from nnlib.lesson08_inside_allreduce.zero import ZeRO
 from nnlib.lesson09_model_parallel.pipeline import PipelineMLP
 from nnlib.lesson09_model_parallel.tensor import TensorParallelMLP
 from nnlib.lesson12_memory.accumulation import MicroBatched
-from nnlib.lesson12_memory.budget import (measured_peak, measured_step_peak, mixed_pipeline_bytes, mixed_precision_bytes,
-                                          mixed_tensor_parallel_bytes, pipeline_bytes, predicted_bytes, predicted_peak,
-                                          recomputed_pipeline_bytes, recomputed_tensor_parallel_bytes,
-                                          tensor_parallel_bytes)
+from nnlib.lesson12_memory.budget import (measured_peak, measured_step_peak, mixed_precision_bytes, pipeline_bytes,
+                                          predicted_bytes, predicted_peak, tensor_parallel_bytes)
 from nnlib.lesson12_memory.fsdp import FullySharded, FullyShardedNetwork
-from nnlib.lesson12_memory.mixed_pipeline import MixedPipelineMLP, MixedRecomputedPipelineMLP
-from nnlib.lesson12_memory.mixed_precision import MixedPrecision, loss_scaled, low_precision, train_mixed
-from nnlib.lesson12_memory.recompute_parallel import RecomputedPipelineMLP, RecomputedTensorParallelMLP
+from nnlib.lesson12_memory.mixed_precision import MixedPrecision, loss_scaled, low_precision
 from nnlib.lesson08_inside_allreduce.counting import CountingComm
 from nnlib.lesson12_memory.traffic import allreduce_bytes, fsdp_bytes
 
@@ -113,15 +108,11 @@ def step_peak(comm, plan, shard_of_batch, samples: int = 256) -> int:
 #: Lesson 09's model parallelism and mixed precision, on a network of uneven widths (7 layers: the tensor-parallel
 #: column/row pairs and a replicated output layer; 3 stages of 3, 2 and 2 layers on 3 ranks).
 PARALLEL_SIZES = (64, 127, 96, 121, 80, 113, 72, 10)
-PARALLEL_PLANS = {"tensor parallel (09)": ("tensor", None, 1), "tensor, k = 2": ("recomputed tensor", None, 2),
-                  "pipeline GPipe, m = 4": ("pipeline", "gpipe", 4),
-                  "GPipe, m = 4, recomputed": ("recomputed pipeline", "gpipe", 4),
+PARALLEL_PLANS = {"tensor parallel (09)": ("tensor", None, 1), "pipeline GPipe, m = 4": ("pipeline", "gpipe", 4),
                   "pipeline 1F1B, m = 4": ("pipeline", "1f1b", 4), "mixed float16": ("mixed", None, 1)}
 #: Mixed precision combined, as (strategy, recompute every or schedule, micro-batches, precision): on PARALLEL_SIZES.
 MIXED_PLANS = {"mixed FSDP, k = 3": ("fsdp", 3, 1, "float16"),
-               "mixed bf16, 4 micro": ("allreduce", None, 4, "bfloat16"),
-               "mixed tensor parallel": ("tensor", None, 1, "float16"),
-               "mixed 1F1B, m = 4": ("pipeline", "1f1b", 4, "float16")}
+               "mixed bf16, 4 micro": ("allreduce", None, 4, "bfloat16")}
 
 
 def parallel_peak(comm, plan, rows: int = 256) -> tuple:
@@ -137,8 +128,6 @@ def parallel_peak(comm, plan, rows: int = 256) -> tuple:
     settings = dict(epochs=1, learning_rate=0.1, batch_size=rows, momentum=0.9)
     if kind == "mixed":
         return mixed_peak(comm, ("allreduce", None, 1, "float16"), rows)
-    if kind.startswith("recomputed"):
-        return recomputed_parallel_peak(comm, (kind.split()[1], schedule, micro_batches), rows)
     if kind == "tensor":
         build, predicted = (lambda: TensorParallelMLP(comm, PARALLEL_SIZES, seed=2),
                             tensor_parallel_bytes(PARALLEL_SIZES, rows, comm.size, comm.rank))
@@ -149,37 +138,16 @@ def parallel_peak(comm, plan, rows: int = 256) -> tuple:
     return peak, predicted
 
 
-def recomputed_parallel_peak(comm, plan, rows: int = 256) -> tuple:
-    """(tracemalloc's peak on this rank, the predicted bytes by kind) over two steps of ``rows`` samples of
-    ``plan`` = ("pipeline", schedule, micro_batches) or ("tensor", None, recompute_every) with recomputation
-    (nnlib.lesson12_memory.recompute_parallel), on PARALLEL_SIZES, as :func:`parallel_peak` measures the runs
-    without it."""
-    kind, schedule, count = plan
-    batch = np.random.default_rng(0)
-    inputs, labels = batch.random((2 * rows, PARALLEL_SIZES[0])), batch.integers(0, PARALLEL_SIZES[-1], 2 * rows)
-    if kind == "tensor":
-        build = lambda: RecomputedTensorParallelMLP(comm, PARALLEL_SIZES, seed=2, recompute_every=count)
-        predicted = recomputed_tensor_parallel_bytes(PARALLEL_SIZES, rows, comm.size, comm.rank, count)
-    else:
-        build = lambda: RecomputedPipelineMLP(comm, PARALLEL_SIZES, seed=2, micro_batches=count, schedule=schedule)
-        predicted = recomputed_pipeline_bytes(PARALLEL_SIZES, rows, comm.size, comm.rank, count, schedule)
-    peak, _ = measured_step_peak(build, lambda network: train(network, inputs, labels, progress=False, epochs=1,
-                                                               learning_rate=0.1, batch_size=rows, momentum=0.9))
-    return peak, predicted
-
-
 def mixed_peak(comm, plan, rows: int = 256) -> tuple:
     """(tracemalloc's peak on this rank, the predicted bytes by kind: mixed_precision_bytes) over two data-parallel
     steps of ``rows`` samples (this rank's share) of MixedPrecision on PARALLEL_SIZES, ``plan`` = (strategy
     "allreduce", "zero" (lesson 08's ZeRO-1/2) or "fsdp" (a float32 FullyShardedNetwork), recompute every (None:
-    keep all), micro-batches, precision "float16" or "bfloat16"); strategies "tensor" and "pipeline" are lesson
-    09's (:func:`model_parallel_mixed_peak`). The network's construction is left out of the peak, its arrays not."""
+    keep all), micro-batches, precision "float16" or "bfloat16"). The network's construction is left out of the peak,
+    its arrays not."""
     strategy, every, micro_batches, precision = plan
     low_precision(precision)  # (bfloat16: ml_dtypes imported before the count starts, its module not counted)
     rng = np.random.default_rng(0)
     inputs, labels = rng.random((2 * rows, PARALLEL_SIZES[0])), rng.integers(0, PARALLEL_SIZES[-1], 2 * rows)
-    if strategy in ("tensor", "pipeline", "recomputed pipeline"):  # lesson 09's: every rank the whole batch
-        return model_parallel_mixed_peak(comm, plan, inputs.astype(np.float32), labels, rows)
     whole = (inputs.astype(np.float32), labels) if comm.rank == 0 else (None, None)
     local_inputs, local_labels, start = shard(comm, *whole)
     sharded = strategy == "fsdp"
@@ -194,28 +162,6 @@ def mixed_peak(comm, plan, rows: int = 256) -> tuple:
         comm, mixed, local_inputs, local_labels, num_samples=2 * rows, start=start, strategy=loss_scaled(sync),
         epochs=1, learning_rate=0.1, batch_size=rows, momentum=0.9))
     return peak, mixed_precision_bytes(PARALLEL_SIZES, -(-rows // comm.size), comm.size, comm.rank, *plan)
-
-
-def model_parallel_mixed_peak(comm, plan, inputs, labels, rows: int) -> tuple:
-    """mixed_peak's model-parallel plans, trained by lesson 03's loop on every rank (train_mixed): ("tensor", every,
-    micro_batches, precision), MixedPrecision around a float32 TensorParallelMLP (mixed_tensor_parallel_bytes), or
-    ("pipeline" or "recomputed pipeline", schedule, micro_batches, precision), a MixedPipelineMLP (or
-    MixedRecomputedPipelineMLP) stage (mixed_pipeline_bytes)."""
-    kind, detail, micro_batches, precision = plan
-    if kind == "tensor":
-        build = lambda: MixedPrecision(TensorParallelMLP(comm, PARALLEL_SIZES, dtype="float32", seed=2),
-                                       precision=precision, micro_batches=micro_batches, recompute_every=detail)
-        predicted = mixed_tensor_parallel_bytes(PARALLEL_SIZES, rows, comm.size, comm.rank, detail, micro_batches,
-                                                precision)
-    else:
-        stages = MixedRecomputedPipelineMLP if kind == "recomputed pipeline" else MixedPipelineMLP
-        build = lambda: stages(comm, PARALLEL_SIZES, dtype="float32", seed=2, micro_batches=micro_batches,
-                               schedule=detail, precision=precision)
-        predicted = mixed_pipeline_bytes(PARALLEL_SIZES, rows, comm.size, comm.rank, micro_batches, detail, precision,
-                                         recompute=kind == "recomputed pipeline")
-    settings = Settings(epochs=1, learning_rate=0.1, batch_size=rows, momentum=0.9)
-    peak, _ = measured_step_peak(build, lambda mixed: train_mixed(mixed, inputs, labels, settings))
-    return peak, predicted
 
 
 def budgets(comm) -> dict:

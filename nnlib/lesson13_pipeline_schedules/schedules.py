@@ -35,7 +35,6 @@ from nnlib.lesson04_collectives.collectives import raised_on_every_rank, require
 from nnlib.lesson09_model_parallel.bubbles import measured_bubble, median_seconds, random_batch, step_span, timed_step
 from nnlib.lesson09_model_parallel.instructions import SCHEDULES, program, simulate
 from nnlib.lesson09_model_parallel.pipeline import PipelineMLP, stage_layers
-from nnlib.lesson12_memory.mixed_pipeline import MixedStages
 
 LESSON = 13
 
@@ -199,12 +198,6 @@ class ScheduledPipeline(PipelineMLP):
 
     def programs(self, micro_batches: int):
         return schedule_programs(self.schedule, self.stages, micro_batches, self.chunks)
-
-
-class MixedScheduledPipeline(MixedStages, ScheduledPipeline):
-    """Any schedule of this lesson in lesson 12's mixed precision (low layers, activations and messages, float32
-    master weights and loss scaling): the same weights as one process's MixedPrecision run, bit for bit
-    (tests/mpi/check_mixed_precision.py). Arguments: ScheduledPipeline's, and MixedStages's precision options."""
 
 
 def measure_schedules(comm, layer_sizes, batch: int, micro_batches: int, schedules, repeats: int = 5,

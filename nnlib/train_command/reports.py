@@ -34,11 +34,10 @@ def announce(args, comm, network, gpus) -> None:
 
 
 def announce_memory(args) -> None:
-    """Rank 0 says lesson 12's options, if any are used (a pipeline's micro-batches are its --micro-batches)."""
+    """Rank 0 says lesson 12's options, if any are used."""
     if memory_options_used(args):
-        micro_batches = args.micro_batches if args.model_parallel == "pipeline" else args.accumulate
         print(f"memory: strategy {args.strategy}, recompute every {args.recompute or 'none'}, "
-              f"{micro_batches} micro-batch(es) per step, precision {args.precision}", flush=True)
+              f"{args.accumulate} micro-batch(es) per step, precision {args.precision}", flush=True)
 
 
 def announce_talking_less(args, network) -> None:

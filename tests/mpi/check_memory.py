@@ -9,8 +9,8 @@ equal to one step on the whole batch within 1e-12, one Allreduce per step. Every
 (FSDP + accumulation + recomputation) equal to sequential. Mixed precision: every rank skips the same
 overflowed steps. The peak bytes per rank (tracemalloc) within 10% of the prediction (data parallel, ZeRO,
 FSDP, recomputation (also on narrow uneven widths), accumulation, lesson 09's tensor and pipeline
-parallelism, mixed precision alone and with recomputation, accumulation and FSDP, in float16 and bfloat16), and on 4 ranks a network over twice the
-per-rank budget trains under it. A bad setup fails on every rank at once.
+parallelism, mixed precision alone and with recomputation, accumulation and FSDP, in float16 and bfloat16), and on 4
+ranks a network over twice the per-rank budget trains under it. A bad setup fails on every rank at once.
 """
 
 import numpy as np
@@ -25,8 +25,7 @@ from nnlib.lesson08_inside_allreduce.allreduce import chunk_bounds
 from nnlib.lesson08_inside_allreduce.overlap import Overlap
 from nnlib.lesson12_memory.accumulation import MicroBatched
 from nnlib.lesson12_memory.budget import measured_peak, mixed_precision_bytes, predicted_bytes, predicted_peak
-from nnlib.lesson12_memory.demo import (BUDGET_SIZES, PARALLEL_SIZES, mixed_peak, parallel_peak,
-                                        recomputed_parallel_peak, step_peak)
+from nnlib.lesson12_memory.demo import BUDGET_SIZES, PARALLEL_SIZES, mixed_peak, parallel_peak, step_peak
 from nnlib.lesson12_memory.fsdp import FullySharded, FullyShardedNetwork
 from nnlib.lesson12_memory.mixed_precision import MixedPrecision, loss_scaled, train_mixed
 from nnlib.lesson08_inside_allreduce.counting import CountingComm
@@ -208,8 +207,7 @@ def test_model_parallel_and_mixed_precision_peaks_are_within_10_percent_of_the_p
 def test_mixed_precision_combined_peaks_are_within_10_percent_of_the_prediction():
     """Mixed precision with recomputation (every k), with accumulation (k micro-batches), with FSDP (and with
     both), in float16 and bfloat16, on PARALLEL_SIZES's uneven widths and 256 rows cut unevenly over the ranks,
-    with lesson 08's ZeRO-1/2, and with lesson 09's tensor parallelism (every rank the 256 rows, its slices):
-    tracemalloc's peak on every rank within 10% of mixed_precision_bytes (mixed_tensor_parallel_bytes) (up to 4
+    and with lesson 08's ZeRO-1/2: tracemalloc's peak on every rank within 10% of mixed_precision_bytes (up to 4
     ranks, as above). bfloat16
     holds the bytes float16 does: the same prediction, and measured peaks within 1% of each other."""
     if size > 4:
@@ -217,37 +215,20 @@ def test_mixed_precision_combined_peaks_are_within_10_percent_of_the_prediction(
     peaks, failures = {}, []
     for strategy, every, micro_batches in (("allreduce", 3, 1), ("allreduce", None, 4), ("allreduce", 2, 3),
                                            ("fsdp", None, 1), ("fsdp", 3, 1), ("fsdp", None, 4), ("fsdp", 2, 3),
-                                           ("zero", None, 1), ("zero", 2, 3), ("tensor", None, 1), ("tensor", 2, 3)):
+                                           ("zero", None, 1), ("zero", 2, 3)):
         for precision in ("float16", "bfloat16") if (every, micro_batches) == (2, 3) else ("float16",):
             plan = (strategy, every, micro_batches, precision)
             peak, held = mixed_peak(comm, plan)
             failures += off_by_more_than_10_percent(plan, peak, predicted_peak(held))
             peaks[plan] = peak
         rows = -(-256 // size)
-        if strategy != "tensor" and (mixed_precision_bytes(PARALLEL_SIZES, rows, size, rank, strategy, every, micro_batches, "bfloat16")
+        if (mixed_precision_bytes(PARALLEL_SIZES, rows, size, rank, strategy, every, micro_batches, "bfloat16")
                 != mixed_precision_bytes(PARALLEL_SIZES, rows, size, rank, strategy, every, micro_batches)):
             failures.append(f"{strategy} every={every} k={micro_batches}: bfloat16's prediction differs from float16's")
     assert_on_every_rank(failures)
     for strategy in ("allreduce", "fsdp"):
         half, brain = peaks[strategy, 2, 3, "float16"], peaks[strategy, 2, 3, "bfloat16"]
         assert abs(half - brain) <= 0.01 * half, (strategy, half, brain)
-
-
-def test_mixed_precision_pipeline_peaks_are_within_10_percent_of_the_prediction():
-    """MixedPipelineMLP stages (GPipe and 1F1B, 1, 2, 4 and 7 micro-batches, float16, and bfloat16 with 4), and
-    MixedRecomputedPipelineMLP's (1, 4 and 7), on PARALLEL_SIZES's uneven widths: tracemalloc's peak on every rank
-    within 10% of mixed_pipeline_bytes (up to 4 ranks; seen: 0.99-1.10)."""
-    if size > 4:
-        return
-    failures = []
-    for schedule in ("gpipe", "1f1b"):
-        plans = [("pipeline", m, precision) for m, precision in ((1, "float16"), (2, "float16"), (4, "float16"),
-                                                                  (7, "float16"), (4, "bfloat16"))]
-        for kind, micro_batches, precision in plans + [("recomputed pipeline", m, "float16") for m in (1, 4, 7)]:
-            peak, held = mixed_peak(comm, (kind, schedule, micro_batches, precision))
-            failures += off_by_more_than_10_percent(f"mixed {kind} {schedule} m={micro_batches} {precision}", peak,
-                                                    predicted_peak(held))
-    assert_on_every_rank(failures)
 
 
 def test_fsdp_trains_a_network_twice_the_budget_equal_to_sequential():
@@ -301,30 +282,6 @@ def test_mixed_precision_ranks_skip_together_and_hold_the_same_weights():
 def test_fsdp_refuses_a_network_that_is_not_sharded():
     expect_error_everywhere(lambda: parallel(Network(SIZES, dtype="float64"), FullySharded, **SETTINGS[0]),
                             "strategy fsdp trains a FullyShardedNetwork")
-
-
-# -- recomputation for lesson 09's pipeline and tensor parallelism (nnlib.lesson12_memory.recompute_parallel) ----
-
-def test_model_parallel_peaks_with_recomputation_are_within_10_percent_of_the_prediction():
-    """Pipeline stages keeping only each micro-batch's input (GPipe and 1F1B, m = 1, 4, 7) and tensor-parallel ranks
-    keeping every 2nd or 3rd layer's input: tracemalloc's peak on every rank within 10% of the prediction (up to 4
-    ranks, as above). With 7 micro-batches under GPipe, stage 0 (2 or more layers on up to 4 ranks) holds less
-    than without recomputation, measured and predicted."""
-    if size > 4:
-        return
-    peaks, failures = {}, []
-    for plan in [("tensor", None, every) for every in (2, 3)] + [("pipeline", schedule, micro_batches)
-                                                                for schedule in ("gpipe", "1f1b")
-                                                                for micro_batches in (1, 4, 7)]:
-        peak, held = recomputed_parallel_peak(comm, plan)
-        failures += off_by_more_than_10_percent(f"{plan} recomputed", peak, predicted_peak(held))
-        peaks[plan] = (peak, held["activations"])
-    assert_on_every_rank(failures)
-    plain_peak, plain_held = parallel_peak(comm, ("pipeline", "gpipe", 7))
-    if rank == 0:
-        recomputed = peaks["pipeline", "gpipe", 7]
-        assert recomputed[0] < plain_peak and recomputed[1] < plain_held["activations"], \
-            (recomputed, plain_peak, plain_held["activations"])
 
 
 if __name__ == "__main__":
