@@ -134,7 +134,7 @@ class PipelineMLP(Classifier):
         self.stage, self.stages, self.num_layers = comm.rank, comm.size, whole.num_layers
         self.held = self.hold_layers(whole)
         self.layers = [layer for held in self.held for layer in held.layers]
-        self.last_correct, self.timeline, self.program, self.peak_alive = 0, [], [], 0
+        self.last_correct, self.timeline, self.program, self.peak_alive, self.compiled = 0, [], [], 0, {}
 
     def check_settings(self, pieces: int, num_layers: int, micro_batches, schedule) -> None:
         """The same ValueError on every rank (the same arguments, the same verdict) for unusable settings;
@@ -185,14 +185,19 @@ class PipelineMLP(Classifier):
             self.grads[...] = 0
         for held in self.held:
             held.begin()
-        self.program, self.timeline, self.peak_alive = self.programs(count)[self.stage], [], 0
-        for instruction in self.program:
+        if count not in self.compiled:  # each instruction once: (the method that runs it, k, its letter or None)
+            program = self.programs(count)[self.stage]
+            self.compiled[count] = program, [(getattr(self.runs(instruction), instruction.kind),
+                                              instruction.micro_batch, self.letters.get(instruction.kind))
+                                             for instruction in program]
+        (self.program, steps), self.timeline, self.peak_alive = self.compiled[count], [], 0
+        for run, k, letter in steps:
             began = time.perf_counter()
-            getattr(self.runs(instruction), instruction.kind)(step, instruction.micro_batch)
-            if instruction.kind in self.letters:
-                self.timeline.append((self.letters[instruction.kind], instruction.micro_batch, began,
-                                      time.perf_counter()))
-                self.peak_alive = max(self.peak_alive, sum(held.alive() for held in self.held))
+            run(step, k)
+            if letter:
+                self.timeline.append((letter, k, began, time.perf_counter()))
+                if letter == "F":  # (only a forward adds a micro-batch alive)
+                    self.peak_alive = max(self.peak_alive, sum(held.alive() for held in self.held))
         wait_for_sends(self.comm, step.sends)
         self.comm.Bcast(step.totals, root=self.stages - 1)  # every rank learns the step's loss
         self.last_correct = int(step.totals[1])
@@ -208,7 +213,7 @@ class PipelineMLP(Classifier):
         inputs = np.asarray(inputs)
         self.check_inputs(inputs)
         step = Step(inputs, None, 1.0, [(0, inputs.shape[0])])
-        for held in sorted(self.held, key=lambda held: held.position):  # in the order of the pipe
+        for held in self.held:  # (in the order of the pipe)
             held.begin()
             if held.before is not None:
                 held.recv_forward(step, 0)
@@ -216,7 +221,7 @@ class PipelineMLP(Classifier):
             if held.after is not None:
                 held.send_forward(step, 0)
         wait_for_sends(self.comm, step.sends)
-        last = max(self.held, key=lambda held: held.position)
+        last = self.held[-1]
         output = last.kept[0][0][-1] if last.after is None else np.empty((inputs.shape[0], self.layer_sizes[-1]),
                                                                           self.dtype)
         self.comm.Bcast(output, root=self.stages - 1)
