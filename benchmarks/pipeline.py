@@ -1,6 +1,14 @@
-"""The pipeline's idle time ("bubble") on 2 stages: measured, simulated from the stages' times, and the formula.
+"""The pipeline on 2 stages: its speed against one process, and its idle time ("bubble").
 
-Run:   make benchmark        (or: .venv/bin/python benchmarks/pipeline.py [--rounds R])
+Run:   make benchmark        (or: .venv/bin/python benchmarks/pipeline.py [--rounds R] [--speed-rounds S]
+                                                                     [--only speed|bubbles])
+
+Speed: lesson 03's training loop, batch 128, on SPEED_SIZES (784-128-127-126-125-124-123-10, 7 layers: 4 on
+stage 0, 3 on stage 1), SPEED_STEPS steps of a random float32 data set, in S interleaved rounds (default 7):
+the whole network in one process (rank 0; rank 1 waits without spinning), then a 2-stage GPipe with 4
+micro-batches. It prints the medians over the rounds, with their ranges, of: each one's seconds, the pipeline's
+speed over the one process's (samples per second), and the seconds each spent computing (inside
+loss_and_gradient for the one process; the stages' timelines, waits excluded, for the pipeline).
 
 Starts itself under ``mpiexec -n 2`` (one BLAS thread per rank) and, for GPipe and 1F1B and
 m = 1, 2, 4, 8, 16 micro-batches, runs pipeline steps on a random float32 batch (a warm-up step,
@@ -29,15 +37,97 @@ NETWORKS = {"2304-1024-1024 (one layer per stage)": ((2304, 1024, 1024), 1024),
             # stage 1's last (1024 -> 10, so the loss is cheap). Forward 4 units and backward 8 on each stage.
             "64-1024 x 9-10 (balanced stages)": ((64,) + (1024,) * 9 + (10,), 1024)}
 COUNTS = (1, 2, 4, 8, 16)  # micro-batches per step (measure_bubbles' default)
+SPEED_SIZES, SPEED_BATCH, SPEED_STEPS, SPEED_MICRO_BATCHES = (784, 128, 127, 126, 125, 124, 123, 10), 128, 200, 4
 
 
-def worker(rounds: int) -> None:
+def speed_round(comm) -> dict | None:
+    """One round: the whole network trained in one process (rank 0), then the 2-stage GPipe; rank 0 gets
+    {"one", "pipeline"}: (seconds, seconds computing) and "stages": each stage's seconds computing."""
+    import time
+
+    import numpy as np
+
+    from nnlib import Network, train
+    from nnlib.lesson09_model_parallel.pipeline import PipelineMLP
+
+    rng = np.random.default_rng(0)
+    inputs = rng.random((SPEED_BATCH * SPEED_STEPS, SPEED_SIZES[0])).astype(np.float32)
+    labels = rng.integers(0, SPEED_SIZES[-1], SPEED_BATCH * SPEED_STEPS)
+    settings = dict(epochs=1, learning_rate=0.1, batch_size=SPEED_BATCH, momentum=0.9, progress=False)
+    result = {}
+    for kind in ("one", "pipeline"):
+        comm.Barrier()
+        if kind == "one" and comm.rank != 0:
+            quiet_wait(comm)  # rank 1 waits without taking a core from rank 0
+            continue
+        network = (Network(SPEED_SIZES, dtype="float32") if kind == "one" else
+                   PipelineMLP(comm, SPEED_SIZES, dtype="float32", micro_batches=SPEED_MICRO_BATCHES, schedule="gpipe"))
+        computing = timed_compute(network)
+        began = time.perf_counter()
+        train(network, inputs, labels, **settings)
+        result[kind] = (time.perf_counter() - began, computing[0])
+        if kind == "one":
+            quiet_wait(comm)
+        else:
+            result["stages"] = comm.gather(sum(computing[1:]), root=0)
+    return result if comm.rank == 0 else None
+
+
+def timed_compute(network) -> list:
+    """[seconds in loss_and_gradient, then for a pipeline each step's seconds in its timeline], kept up to date."""
+    import time
+
+    computing, step = [0.0], network.loss_and_gradient
+
+    def timed(*args, **kwargs):
+        began = time.perf_counter()
+        loss = step(*args, **kwargs)
+        computing[0] += time.perf_counter() - began
+        if hasattr(network, "timeline"):
+            computing.append(sum(end - start for _, _, start, end in network.timeline))
+        return loss
+
+    network.loss_and_gradient = timed
+    return computing
+
+
+def quiet_wait(comm) -> None:
+    """A barrier that sleeps while it waits (MPI's own Barrier may spin on a core)."""
+    import time
+
+    request = getattr(comm, "comm", comm).Ibarrier()  # (the MPI communicator under a watched one)
+    while not request.Test():
+        time.sleep(0.001)
+
+
+def speed_report(rounds: list) -> None:
+    """Medians over the rounds (ranges in brackets): seconds, speed-up, seconds computing."""
+    def spread(values, digits=2):
+        return f"{median(values):.{digits}f} ({min(values):.{digits}f}-{max(values):.{digits}f})"
+
+    speedups = [row["one"][0] / row["pipeline"][0] for row in rounds]
+    print(f"speed, {'-'.join(map(str, SPEED_SIZES))} (4 layers | 3), batch {SPEED_BATCH}, {SPEED_STEPS} steps, "
+          f"GPipe with {SPEED_MICRO_BATCHES} micro-batches; medians of {len(rounds)} interleaved rounds (range):")
+    print(f"  one process      {spread([row['one'][0] for row in rounds])} s, computing "
+          f"{spread([row['one'][1] for row in rounds])} s")
+    print(f"  2-stage pipeline {spread([row['pipeline'][0] for row in rounds])} s; stage 0 computing "
+          f"{spread([row['stages'][0] for row in rounds])} s, stage 1 {spread([row['stages'][1] for row in rounds])} s")
+    print(f"  pipeline speed / one process's: {spread(speedups, 3)}\n", flush=True)
+
+
+def worker(rounds: int, speed_rounds: int, only: str | None = None) -> None:
     from mpi4py import MPI
 
-    from nnlib.lesson09_model_parallel.bubbles import measure_bubbles
     from nnlib.course.deadline import watch
+    from nnlib.lesson09_model_parallel.bubbles import measure_bubbles
 
     comm = watch(MPI.COMM_WORLD)  # every message under the default deadline, as in a batch job
+    if only != "bubbles":
+        speeds = [speed_round(comm) for _ in range(speed_rounds)]
+        if comm.rank == 0:
+            speed_report(speeds)
+    if only == "speed":
+        return
     results = {}  # (network, schedule, m) -> that case's row from each round
     for _ in range(rounds):  # rounds interleaved, so that a slow spell of the machine hits every case alike
         for name, (sizes, batch) in NETWORKS.items():
@@ -67,16 +157,19 @@ def report(results: dict, rounds: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=3, help="times every case is measured (medians reported)")
+    parser.add_argument("--rounds", type=int, default=3, help="times every bubble case is measured (medians)")
+    parser.add_argument("--speed-rounds", type=int, default=7, help="rounds of the speed comparison (medians)")
+    parser.add_argument("--only", choices=("speed", "bubbles"), default=None, help="one of the two measurements")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        worker(args.rounds)
+        worker(args.rounds, args.speed_rounds, args.only)
         return
-    launch(__file__, args.rounds, f"2 stages, float32; medians of {args.rounds} rounds", seconds_per_round=900)
+    launch(__file__, args.rounds, f"2 stages, float32; medians of {args.rounds} rounds", seconds_per_round=900,
+           extra=["--speed-rounds", str(args.speed_rounds)] + (["--only", args.only] if args.only else []))
 
 
-def launch(script: str, rounds: int, what: str, seconds_per_round: int) -> None:
+def launch(script: str, rounds: int, what: str, seconds_per_round: int, extra=()) -> None:
     """Print the machine and ``what``, then run ``script --worker --rounds R`` on 2 ranks under mpiexec, one BLAS
     thread per rank (set here, before the ranks import NumPy; they inherit it). benchmarks/pipeline_schedules.py
     starts itself through this too."""
@@ -86,7 +179,7 @@ def launch(script: str, rounds: int, what: str, seconds_per_round: int) -> None:
     machine = describe()
     print(f"machine: {machine['machine']}; {machine['BLAS']}, kernel {machine['BLAS kernel']}; "
           f"{machine['MPI library']}; {what}\n", flush=True)
-    subprocess.run([mpiexec_path(), "-n", "2", sys.executable, script, "--worker", "--rounds", str(rounds)],
+    subprocess.run([mpiexec_path(), "-n", "2", sys.executable, script, "--worker", "--rounds", str(rounds), *extra],
                    check=True, timeout=seconds_per_round * rounds)
 
 

@@ -1,5 +1,6 @@
 """nnlib.lesson04_collectives.costmodel, the one home of every prediction: the alpha-beta models against counting messages,
-the FLOP count against the products a training step runs, the step time, the bubble."""
+the FLOP count against the products a training step runs, the step time (the bubble is lesson 09's:
+tests/test_model_parallel_parts.py)."""
 
 import numpy as np
 import pytest
@@ -95,19 +96,12 @@ def test_step_time_and_communication_time():
         costmodel.communication_time("gossip", n, 4, alpha, beta)
 
 
-def test_bubble_fraction():
-    from nnlib.lesson04_collectives.costmodel import bubble_fraction
-
-    assert bubble_fraction(1, 1) == 0.0 and bubble_fraction(2, 1) == pytest.approx(0.5)
-    assert bubble_fraction(4, 8) == pytest.approx(3 / 11) and bubble_fraction(3, 5) == pytest.approx(2 / 7)
-    with pytest.raises(ValueError, match="at least 1 stage and 1 micro-batch"):
-        bubble_fraction(2, 0)
-
-
 def test_the_tradeoffs_predictions_are_the_cost_models():
-    """tradeoffs.parallel_step_time computes nothing of its own: compute, rings, messages and bubble from costmodel."""
+    """tradeoffs.parallel_step_time computes nothing of its own: compute, rings and messages from costmodel, the
+    bubble from lesson 09's bubbles."""
     from nnlib.lesson04_collectives import costmodel
     from nnlib.lesson09_model_parallel import tradeoffs
+    from nnlib.lesson09_model_parallel.bubbles import bubble_fraction
 
     sizes, batch = (784, 512, 512, 10), 256
     machine = costmodel.Machine(alpha=20e-6, beta=1 / 1.25e9, flops_per_second=50e9)
@@ -121,6 +115,6 @@ def test_the_tradeoffs_predictions_are_the_cost_models():
     assert tradeoffs.parallel_step_time("tensor", sizes, batch, 4, machine) == pytest.approx(
         compute / 4 + sum(costmodel.ring_allreduce_time(m, 4, machine.alpha, machine.beta) for m in messages))
     sent = tradeoffs.handed_bytes("pipeline", sizes, batch, 3)["point_to_point"]
-    bubble = costmodel.bubble_fraction(3, 4)
+    bubble = bubble_fraction(3, 4)
     assert tradeoffs.parallel_step_time("pipeline", sizes, batch, 3, machine, micro_batches=4) == pytest.approx(
         compute / 3 / (1 - bubble) + 8 * machine.alpha + sent * machine.beta)

@@ -140,21 +140,11 @@ def job_arguments(*arguments):
 @pytest.mark.parametrize("arguments, message", [
     (["--recompute", "-1"], "--recompute must be 0 (keep every activation) or K >= 1"),
     (["--accumulate", "0"], "--accumulate must be at least 1"),
-    (["--strategy", "fsdp", "--asynchronous"], "--asynchronous does not go with --strategy"),  # lesson 11's check
-    (["--accumulate", "2", "--model-parallel", "pipeline"], "--recompute/--accumulate does not combine with "
-                                                            "--model-parallel pipeline"),
-    (["--precision", "float16", "--recompute", "2", "--model-parallel", "pipeline"],
-     "--recompute/--accumulate does not combine with --model-parallel pipeline"),
-    (["--recompute", "2", "--asynchronous"], "--recompute/--accumulate does not combine with --asynchronous"),
-    (["--recompute", "2", "--compression", "float16"], "--recompute/--accumulate does not combine with --compression"),
-    (["--strategy", "fsdp", "--device", "gpu"], "--strategy fsdp runs on --device cpu"),
-    (["--precision", "float16", "--strategy", "overlap"], "--precision float16 goes with --strategy allreduce, zero "),
-    (["--precision", "bfloat16", "--strategy", "reduce_broadcast"], "--precision bfloat16 goes with --strategy allr"),
     (["--precision", "float16", "--dtype", "float64"], "keeps float32 master weights (--dtype float32)"),
     (["--precision", "bfloat16", "--device", "gpu"], "keeps float32 master weights (--dtype float32), on --device cpu"),
-    (["--precision", "float16", "--compression", "float16"], "--precision float16 does not combine with --compression"),
 ])
-def test_the_batch_job_refuses_memory_options_that_do_not_combine(arguments, message):
+def test_the_batch_job_refuses_memory_options_with_wrong_values(arguments, message):
+    """(What they do not combine with: tests/test_train_command.py, one table and one message.)"""
     from nnlib.train_command import check_settings
 
     with pytest.raises(ValueError, match=re.escape(message)):

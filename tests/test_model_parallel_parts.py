@@ -19,6 +19,13 @@ def test_layers_pair_up_column_then_row_and_an_odd_last_layer_stays_whole():
     assert layer_kinds(4) == ["column", "row", "column", "row"]
 
 
+def test_the_bubble_formula():
+    assert bubble_fraction(1, 1) == 0.0 and bubble_fraction(2, 1) == pytest.approx(0.5)
+    assert bubble_fraction(4, 8) == pytest.approx(3 / 11) and bubble_fraction(3, 5) == pytest.approx(2 / 7)
+    with pytest.raises(ValueError, match="at least 1 stage and 1 micro-batch"):
+        bubble_fraction(2, 0)
+
+
 def test_stages_take_consecutive_layers_as_evenly_as_possible():
     assert stage_layers(4, 2) == [(0, 2), (2, 4)]
     assert stage_layers(5, 3) == [(0, 2), (2, 4), (4, 5)]

@@ -23,8 +23,6 @@ ranks skip the same steps; peak memory per rank within the memory model's stated
 twice the per-rank budget trains under it. check_mixed_precision.py (1 to 4 ranks): float16 and bfloat16 with
 accumulation and recomputation, under the Allreduce and FSDP, take the sequential run's scale decisions and
 weights (within a stated tolerance), every rank the same verdict; an FSDP float16 run resumes exactly.
-check_recompute_parallel.py (1 to 4 ranks): lesson 09's pipeline (and lesson 13's schedules) and tensor
-parallelism with recomputation: bit-identical to the same runs without it, equal to sequential training.
 """
 
 from pathlib import Path
@@ -43,7 +41,6 @@ RUNS += [(checker, ranks) for checker in ("check_async.py", "check_compression.p
 RUNS += [("check_communication_light.py", ranks) for ranks in (1, 2, 3, 4)]
 RUNS += [("check_memory.py", ranks) for ranks in (1, 2, 3, 4, 7)]
 RUNS += [("check_mixed_precision.py", ranks) for ranks in (1, 2, 3, 4)]
-RUNS += [("check_recompute_parallel.py", ranks) for ranks in (1, 2, 3, 4)]
 
 
 @pytest.mark.parametrize("checker, ranks", RUNS)

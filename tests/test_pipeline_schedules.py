@@ -15,11 +15,10 @@ from collections import Counter
 
 import pytest
 
-from nnlib.lesson09_model_parallel.instructions import Instruction, simulate
-from nnlib.lesson09_model_parallel.pipeline import stage_layers
 from nnlib.lesson13_pipeline_schedules.bubbles_job import LAYER_SIZES, balanced_layouts
-from nnlib.lesson13_pipeline_schedules.schedules import (balanced_split, bubble_formula, interleaved,
-                                                          schedule_programs, simulated_bubble)
+from nnlib.lesson13_pipeline_schedules.schedules import (ChunkInstruction, balanced_split, bubble_formula, chunk_of,
+                                                          interleaved, schedule_bubble, schedule_programs,
+                                                          simulated_timelines, virtual_stage_layers)
 
 CASES = [(stages, micro_batches) for stages in range(1, 9) for micro_batches in (1, 2, 3, 5, 8, 13, 32)]
 NEW = [("interleaved", 2), ("interleaved", 3), ("zb-h1", 1), ("zb-h2", 1)]
@@ -42,7 +41,7 @@ def count_problems(programs, micro_batches, chunks):
             kinds = list(work) + (["recv_forward", "send_backward"] if virtual > 0 else [])
             kinds += ["send_forward", "recv_backward"] if virtual < chunks * stages - 1 else []
             expected.update((kind, k, chunk) for kind in kinds for k in range(micro_batches))
-        got = Counter((i.kind, i.micro_batch, i.chunk) for i in instructions)
+        got = Counter((i.kind, i.micro_batch, chunk_of(i)) for i in instructions)
         if got != expected:
             problems.append(f"stage {stage}: {sorted((got - expected).items())[:3]} too many, "
                             f"{sorted((expected - got).items())[:3]} missing")
@@ -52,12 +51,12 @@ def count_problems(programs, micro_batches, chunks):
 def dependency_problems(programs, chunks):
     """Work that starts before what it needs has ended, from one run of the lists on a clock."""
     stages = len(programs)
-    timelines = simulate(programs, lambda stage, kind: SECONDS[kind])
+    timelines = simulated_timelines(programs, lambda stage, kind: SECONDS[kind])
     span = {}
     for stage, (instructions, timeline) in enumerate(zip(programs, timelines)):
         work = [i for i in instructions if computed(i)]
         for instruction, (letter, k, start, end) in zip(work, timeline):
-            span[letter, k, instruction.chunk * stages + stage] = (start, end)
+            span[letter, k, chunk_of(instruction) * stages + stage] = (start, end)
     last, problems = chunks * stages - 1, []
     for (letter, k, virtual), (start, _) in span.items():
         needs = {"F": [("F", k, virtual - 1)] if virtual > 0 else [],
@@ -122,7 +121,7 @@ def test_the_simulation_gives_the_formula_for_equal_stages(stages, name, chunks)
     for forward, backward, weight in times:
         for m in counts:
             equal = [dict(F=forward, B=backward, W=weight)] * stages
-            simulated = simulated_bubble(name, equal, m, chunks)
+            simulated = schedule_bubble(name, equal, m, chunks)
             assert simulated == pytest.approx(bubble_formula(name, stages, m, (forward, backward, weight), chunks),
                                               abs=1e-12), (forward, backward, weight, m)
 
@@ -140,7 +139,7 @@ def test_the_checks_catch_broken_lists():
     programs = schedule_programs("zb-h1", 3, 4)
     assert count_problems([p[:-1] if s == 1 else p for s, p in enumerate(programs)], 4, 1)
     early = [list(p) for p in programs]  # stage 2's first W moved before its B
-    w, b = early[2].index(Instruction("backward_weight", 0)), early[2].index(Instruction("backward_input", 0))
+    w, b = early[2].index(ChunkInstruction("backward_weight", 0)), early[2].index(ChunkInstruction("backward_input", 0))
     early[2][w], early[2][b] = early[2][b], early[2][w]
     assert any("W0 of virtual stage 2" in problem for problem in dependency_problems(early, 1))
     assert peaks(schedule_programs("zb-h2", 3, 6)[0]) > peaks(schedule_programs("zb-h1", 3, 6)[0])
@@ -151,15 +150,15 @@ def test_a_chunk_order_that_deadlocks_is_caught():
     stuck = [[i for i in p if not (i.kind == "send_forward" and i.chunk == 0)] if s == 1 else p
              for s, p in enumerate(programs)]
     with pytest.raises(RuntimeError, match="deadlocks"):
-        simulate(stuck, lambda stage, kind: 1.0)
+        simulated_timelines(stuck, lambda stage, kind: 1.0)
 
 
 # -- custom and balanced splits of the layers ----------------------------------------------------------
 
 def test_a_custom_split_is_used_as_given():
-    assert stage_layers(10, 4) == [(0, 3), (3, 6), (6, 8), (8, 10)]  # as even as possible
-    assert stage_layers(10, 4, (3, 2, 2, 3)) == [(0, 3), (3, 5), (5, 7), (7, 10)]
-    assert stage_layers(10, 2, [5, 5]) == [(0, 5), (5, 10)]
+    assert virtual_stage_layers(10, 4) == [(0, 3), (3, 6), (6, 8), (8, 10)]  # as even as possible
+    assert virtual_stage_layers(10, 4, (3, 2, 2, 3)) == [(0, 3), (3, 5), (5, 7), (7, 10)]
+    assert virtual_stage_layers(10, 2, [5, 5]) == [(0, 5), (5, 10)]
 
 
 @pytest.mark.parametrize("split, words", [((3, 2, 2), "each of the 4 (virtual) stages a positive number"),
@@ -169,7 +168,7 @@ def test_a_custom_split_is_used_as_given():
                                           ("3223", "got '3223'")])
 def test_a_bad_split_says_what_is_wrong(split, words):
     with pytest.raises(ValueError, match=re.escape(words)):
-        stage_layers(10, 4, split)
+        virtual_stage_layers(10, 4, split)
 
 
 def work_units(layer_sizes, first: int, stop: int, virtual: int):
@@ -184,12 +183,12 @@ def work_units(layer_sizes, first: int, stop: int, virtual: int):
 def test_balanced_split_gives_every_virtual_stage_the_same_work(ranks):
     assert balanced_split(10, 4) == (3, 2, 2, 3) and balanced_split(10, 2) == (5, 5)
     for name, split in balanced_layouts(ranks).items():
-        ranges = stage_layers(len(LAYER_SIZES) - 1, len(split), split)
+        ranges = virtual_stage_layers(len(LAYER_SIZES) - 1, len(split), split)
         units = [work_units(LAYER_SIZES, first, stop, virtual) for virtual, (first, stop) in enumerate(ranges)]
         for kind in range(3):  # the narrow layers add under 15% of a wide one's product to the end stages
             low, high = min(unit[kind] for unit in units), max(unit[kind] for unit in units)
             assert high <= low + 0.15 * LAYER_SIZES[1] ** 2, (name, ranks, split, units)
-        even = stage_layers(len(LAYER_SIZES) - 1, len(split))  # where it differs, the even split is not balanced
+        even = virtual_stage_layers(len(LAYER_SIZES) - 1, len(split))  # where it differs, the even one is not balanced
         even_forward = [work_units(LAYER_SIZES, first, stop, virtual)[0] for virtual, (first, stop) in enumerate(even)]
         if even != ranges:
             assert max(even_forward) - min(even_forward) >= 0.5 * LAYER_SIZES[1] ** 2, (name, ranks, even)
@@ -200,11 +199,11 @@ def test_balanced_split_needs_a_wide_layer_per_virtual_stage():
         balanced_split(10, 9)
 
 
-def test_lesson_09s_pipeline_checks_its_split():
+def test_the_scheduled_pipeline_checks_its_split():
     from mpi4py import MPI
 
-    from nnlib.lesson09_model_parallel.pipeline import PipelineMLP
+    from nnlib.lesson13_pipeline_schedules.schedules import ScheduledPipeline
 
-    assert PipelineMLP(MPI.COMM_SELF, (6, 5, 4, 3), split=(3,)).chunk_ranges == [(0, 3)]
+    assert ScheduledPipeline(MPI.COMM_SELF, (6, 5, 4, 3), chunks=(3,)).chunk_ranges == [(0, 3)]
     with pytest.raises(ValueError, match=re.escape("split (2,) holds 2 layers but the network has 3 weight layers")):
-        PipelineMLP(MPI.COMM_SELF, (6, 5, 4, 3), split=(2,))
+        ScheduledPipeline(MPI.COMM_SELF, (6, 5, 4, 3), chunks=(2,))

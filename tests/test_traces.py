@@ -23,10 +23,9 @@ from nnlib.course.trace import (Span, phase_spans, pipeline_spans, trace_events,
                                               write_trace)
 from nnlib.lesson05_data_parallel.data_parallel import train_parallel
 from nnlib.lesson08_inside_allreduce.overlap import CALL_THREADS, BucketedAllreduce, bucket_spans
-from nnlib.lesson09_model_parallel.instructions import simulate
 from nnlib.lesson10_faults.watchdog import record_waits, train_watched, wait_spans
 from nnlib.lesson13_pipeline_schedules.pictures import chunks_of
-from nnlib.lesson13_pipeline_schedules.schedules import schedule_programs
+from nnlib.lesson13_pipeline_schedules.schedules import schedule_programs, simulated_timelines
 
 NUMBER = {"type": "number"}
 EVENT = {"type": "object", "required": ["ph", "pid", "tid", "name"],
@@ -74,7 +73,7 @@ def named_threads(events):
 
 
 def test_pipeline_stages_become_a_process_each_and_a_thread_per_kind_of_work(tmp_path):
-    timelines = simulate(schedule_programs("zb-h1", 3, 5), lambda stage, kind: {"forward": 1.0}.get(kind, 0.5))
+    timelines = simulated_timelines(schedule_programs("zb-h1", 3, 5), lambda stage, kind: {"forward": 1.0}.get(kind, 0.5))
     trace = load_checked(write_trace(tmp_path / "pipeline.json", pipeline_spans(timelines)))
     events, threads = trace["traceEvents"], named_threads(trace["traceEvents"])
     assert {e["args"]["name"] for e in events if e["name"] == "process_name"} == {"rank 0", "rank 1", "rank 2"}
@@ -96,7 +95,7 @@ def spans_by_thread(events):
 
 def test_interleaved_spans_name_their_chunk_and_virtual_stage(tmp_path):
     programs = schedule_programs("interleaved", 2, 4, 2)
-    timelines = simulate(programs, lambda stage, kind: {"forward": 1.0}.get(kind, 2.0))
+    timelines = simulated_timelines(programs, lambda stage, kind: {"forward": 1.0}.get(kind, 2.0))
     chunks = chunks_of(programs)
     events = load_checked(write_trace(tmp_path / "interleaved.json", pipeline_spans(timelines, chunks)))["traceEvents"]
     letters = {"F": "forward", "B": "backward"}

@@ -241,8 +241,9 @@ def test_the_batch_job_splits_the_model_and_equals_the_one_rank_run(tmp_path, ra
 
 @pytest.mark.parametrize("options, message", [
     (("--model-parallel", "tensor", "--model-size", "3"), "model_size must divide the number of ranks (2)"),
-    (("--model-parallel", "pipeline", "--checkpoint-dir", "somewhere"), "does not write checkpoints yet"),
-    (("--model-parallel", "tensor", "--strategy", "zero"), "uses --strategy allreduce"),
+    (("--model-parallel", "pipeline", "--checkpoint-dir", "somewhere"),
+     "--model-parallel pipeline does not combine with --checkpoint-dir in the batch job. What combines:"),
+    (("--model-parallel", "tensor", "--strategy", "zero"), "--strategy zero does not combine with --model-parallel tensor"),
     (("--model-parallel", "pipeline", "--hidden", "16", "--micro-batches", "0"), "micro_batches must be"),
 ])
 def test_bad_model_parallel_settings_fail_clearly_on_every_rank(options, message):
@@ -277,14 +278,15 @@ def test_a_rank_whose_mpi_abort_never_returns_ends_itself():
     (2, ["--compression", "topk"], "needs --topk K"),
     (2, ["--compression", "int8"], "compression must be one of none, float16, bfloat16, topk; got 'int8'"),
     (2, ["--compression", "float16", "--topk", "5"], "k is only for top-k compression"),
-    (4, ["--compression", "float16", "--strategy", "zero"], "--compression goes with --strategy allreduce"),
+    (4, ["--compression", "float16", "--strategy", "zero"], "--strategy zero does not combine with --compression"),
     (2, ["--staleness", "2"], "--staleness bounds the asynchronous parameter server: add --asynchronous"),
     (3, ["--asynchronous", "--staleness", "-1"], "--staleness must be a whole number of steps, 0 or more; got -1"),
     (1, ["--asynchronous"], "--asynchronous needs a server and at least one worker"),
     (2, ["--asynchronous", "--slow", "0:0.1"], "rank 0 is the server"),
     (2, ["--slow", "5:0.1"], "--slow names rank 5, but the job has ranks 0 to 1"),
     (2, ["--slow", "1:fast"], "--slow must be RANK:SECONDS"),
-    (3, ["--asynchronous", "--compression", "float16"], "--asynchronous does not go with --compression"),
+    (3, ["--asynchronous", "--compression", "float16"], "--compression float16/bfloat16/topk does not combine with "
+                                                        "--asynchronous"),
     (2, ["--asynchronous", "--batch-size", "0"], "--asynchronous needs mini-batches"),
     (3, ["--dtype", "float16"], "--dtype must be float32 or float64"),
 ])
@@ -368,9 +370,98 @@ def test_the_batch_job_runs_lesson_13s_schedules_equal_to_the_one_rank_run(tmp_p
     (("--schedule", "zb-h1"), "needs --model-parallel pipeline"),
     (("--model-parallel", "pipeline", "--virtual-stages", "2"), "--virtual-stages goes with --schedule interleaved"),
     (("--model-parallel", "pipeline", "--schedule", "interleaved", "--hidden", "16"), "every stage needs at least one"),
-    (("--model-parallel", "tensor", "--trace", "t.json"), "tensor parallelism keeps no timeline"),
+    (("--model-parallel", "tensor", "--trace", "t.json"), "--model-parallel tensor does not combine with --trace"),
 ])
 def test_bad_schedule_settings_fail_clearly_on_every_rank(options, message):
     run = run_training(2, "--epochs", "1", "--samples", "500", *options)
     assert run.returncode == 2, run.stdout + run.stderr
     assert run.stderr.count(message) == 1, run.stderr
+
+
+# -- what combines with what: one table (nnlib.train_command.options.COMBINES), one message --------------------------
+
+def parsed(*arguments):
+    import argparse
+
+    from nnlib.train_command import add_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return parser.parse_args(["--epochs", "1", *arguments])
+
+
+ASYNCHRONOUS, LOCAL = ("--asynchronous",), ("--local-steps", "2", "--sampler", "per_rank")
+REFUSED = [  # (arguments, the kind of training, the option it does not take): each says so in the one message
+    *[(("--model-parallel", kind, *option), f"--model-parallel {kind}", option[0])
+      for kind in ("tensor", "pipeline")
+      for option in (("--precision", "float16"), ("--precision", "bfloat16"), ("--recompute", "2"), ("--accumulate", "2"),
+                     ("--device", "gpu"), ("--checkpoint-dir", "x"), ("--fault", "1:3:raise"), ("--slow", "1:0.1"))],
+    (("--model-parallel", "tensor", "--trace", "t.json"), "--model-parallel tensor", "--trace"),
+    *[((*ASYNCHRONOUS, *option), "--asynchronous", option[0])
+      for option in (("--recompute", "2"), ("--accumulate", "2"), ("--precision", "float16"), ("--device", "gpu"),
+                     ("--checkpoint-dir", "x"), ("--fault", "1:3:raise"))],
+    *[(("--compression", "topk", "--topk", "5", *option), "--compression float16/bfloat16/topk", option[0])
+      for option in (("--recompute", "2"), ("--accumulate", "2"), ("--precision", "float16"))],
+    *[(("--compression", "powersgd", "--rank", "2", *option), "--compression powersgd", option[0])
+      for option in (("--recompute", "2"), ("--accumulate", "2"), ("--precision", "float16"), ("--checkpoint-dir", "x"))],
+    ((*LOCAL, "--checkpoint-dir", "x"), "--local-steps", "--checkpoint-dir"),
+    ((*LOCAL, "--precision", "float16"), "--local-steps", "--precision"),
+    (("--strategy", "fsdp", "--device", "gpu"), "--strategy fsdp", "--device"),
+    *[(("--strategy", strategy, "--precision", "float16"), f"--strategy {strategy}", "--precision")
+      for strategy in ("overlap", "parameter_server", "reduce_broadcast")],
+    # two kinds of training at once: the first in the table's order names the second
+    (("--strategy", "fsdp", *ASYNCHRONOUS), "--strategy fsdp", "--asynchronous"),
+    (("--strategy", "zero", "--model-parallel", "pipeline"), "--strategy zero", "--model-parallel pipeline"),
+    (("--compression", "float16", *LOCAL), "--compression float16/bfloat16/topk", "--local-steps"),
+    (("--compression", "float16", "--model-parallel", "tensor"), "--compression float16/bfloat16/topk",
+     "--model-parallel tensor"),
+    ((*LOCAL, *ASYNCHRONOUS), "--local-steps", "--asynchronous"),
+    ((*ASYNCHRONOUS, "--model-parallel", "pipeline"), "--asynchronous", "--model-parallel pipeline"),
+]
+ACCEPTED = [  # what combines, as the lessons run it
+    ("--strategy", "fsdp", "--precision", "bfloat16", "--recompute", "2", "--accumulate", "3", "--checkpoint-dir", "x"),
+    ("--strategy", "zero", "--precision", "float16", "--device", "cpu", "--fault", "1:3:raise", "--slow", "1:0.1"),
+    ("--strategy", "overlap", "--recompute", "2", "--accumulate", "2", "--device", "gpu", "--trace", "t.json"),
+    ("--model-parallel", "pipeline", "--schedule", "zb-h1", "--micro-batches", "3", "--trace", "t.json"),
+    ("--model-parallel", "tensor", "--model-size", "2", "--sampler", "per_rank"),
+    ("--compression", "topk", "--topk", "5", "--checkpoint-dir", "x", "--slow", "1:0.1"),
+    (*ASYNCHRONOUS, "--staleness", "1", "--slow", "1:0.1", "--trace", "t.json"),
+    (*LOCAL, "--outer-optimizer", "nesterov", "--recompute", "2", "--accumulate", "2"),
+]
+
+
+@pytest.mark.parametrize("arguments, kind, option", REFUSED)
+def test_each_refused_combination_gets_the_one_message_that_lists_what_combines(arguments, kind, option):
+    from nnlib.train_command import check_settings
+    from nnlib.train_command.options import COMBINES
+
+    with pytest.raises(ValueError) as refused:
+        check_settings(parsed(*arguments), 4)
+    takes = ", ".join(sorted(COMBINES[kind][1]))
+    assert str(refused.value).startswith(f"{kind} does not combine with {option} in the batch job. What combines: one "
+                                         f"kind of training at a time (--strategy allreduce or zero or fsdp or "
+                                         f"overlap or parameter_server or reduce_broadcast; --compression "
+                                         f"float16/bfloat16/topk or powersgd; --local-steps; --asynchronous; "
+                                         f"--model-parallel tensor or pipeline), and {kind} takes "), refused.value
+    assert str(refused.value).endswith(f"takes {takes}." if takes else "takes none of --recompute, --accumulate, "
+                                       "--precision, --device, --checkpoint-dir, --fault, --slow, --trace."), refused.value
+
+
+@pytest.mark.parametrize("arguments", ACCEPTED)
+def test_what_the_table_combines_passes_the_checks(arguments):
+    from nnlib.train_command import check_settings
+
+    check_settings(parsed(*arguments), 4)
+
+
+def test_every_pair_the_table_refuses_is_tested():
+    """REFUSED holds each (kind, option) pair outside the table's row, and names every kind but the default with
+    another kind at least once."""
+    from nnlib.train_command.options import COMBINES, OPTIONS
+
+    tested = {(kind, option) for _, kind, option in REFUSED}
+    refused = {(kind, option) for kind, (_, takes) in COMBINES.items() for option in OPTIONS if option not in takes}
+    assert refused - tested == set()
+    with_another = {name for pair in tested if pair[1] in COMBINES for name in pair}
+    assert set(COMBINES) - with_another == {"--strategy allreduce", "--strategy overlap", "--strategy parameter_server",
+                                             "--strategy reduce_broadcast", "--compression powersgd"}

@@ -1,8 +1,7 @@
 """The batch job's --precision with lesson 12's other options: float16 and bfloat16 combine with --strategy fsdp,
 --accumulate, --recompute and --checkpoint-dir (the loss scale is checkpointed: --resume continues exactly); and
 --strategy fsdp with --checkpoint-dir (chunks gathered on save, split on resume, over any number of ranks). The
-refusals of what still does not combine are in tests/test_memory.py. With --model-parallel tensor: --recompute,
---accumulate and --precision; with --model-parallel pipeline: --precision."""
+refusals of what does not combine (lesson 09's model parallelism among them) are in tests/test_train_command.py."""
 
 import numpy as np
 import pytest
@@ -54,28 +53,3 @@ def test_an_fsdp_job_checkpointed_on_3_ranks_resumes_on_2(tmp_path):
     settings = (*SMALL, "--dtype", "float64", "--strategy", "fsdp")
     *_, expected, got = interrupted_then_resumed(tmp_path, 3, settings, "1:35:raise", resume_ranks=2)
     assert np.abs(got - expected).max() / np.abs(expected).max() <= 1e-10
-
-
-def test_tensor_parallel_jobs_with_recomputation_accumulation_and_precision(tmp_path):
-    """--model-parallel tensor with --recompute and --accumulate (float64: exact) equals the one-rank run within
-    1e-10; on 4 ranks, 2 replicas of 2 (a grid), --precision bfloat16 learns as float32 does (test accuracy within
-    0.02 on the same steps)."""
-    from test_train_command import final_params
-
-    settings = ("--samples", "1001", "--epochs", "2", "--batch-size", "64", "--hidden", "16", "8")
-    alone = run_training(1, *settings, "--dtype", "float64", "--output", str(tmp_path / "alone.npz"))
-    split = run_training(2, *settings, "--dtype", "float64", "--model-parallel", "tensor", "--recompute", "1",
-                         "--accumulate", "3", "--output", str(tmp_path / "split.npz"))
-    assert alone.returncode == 0 and split.returncode == 0, alone.stderr + split.stderr
-    assert "memory: strategy allreduce, recompute every 1, 3 micro-batch(es) per step" in split.stdout
-    expected, got = final_params(tmp_path / "alone.npz"), final_params(tmp_path / "split.npz")
-    assert np.abs(got - expected).max() / np.abs(expected).max() <= 1e-10
-    learns_as_float32_does(tmp_path, "bfloat16", "--model-parallel", "tensor", "--model-size", "2", ranks=4)
-
-
-@pytest.mark.parametrize("schedule", ["1f1b", "zb-h1"])
-def test_a_pipeline_job_in_float16_learns_as_float32_does(tmp_path, schedule):
-    """--model-parallel pipeline --precision float16 (lesson 13's MixedScheduledPipeline on every stage)."""
-    printed = learns_as_float32_does(tmp_path, "float16", "--model-parallel", "pipeline", "--schedule", schedule,
-                                     "--micro-batches", "5")
-    assert "memory: strategy allreduce, recompute every none, 5 micro-batch(es) per step, precision float16" in printed

@@ -5,8 +5,8 @@ start, end) from train_parallel(..., timeline_steps=...): lessons 05 and 06; les
 strategy, whose "communicate" phase waits for the buckets' Iallreduces still in flight; lesson 10's
 stalled run, whose waits for the missing rank are the others' "communicate" phase), each pipeline
 stage's computations (lessons 09, 13: (letter, micro-batch, start, end) in PipelineMLP.timeline,
-their chunks in .timeline_chunks), the parameter server's updates (lesson 11: AsyncHistory.worker
-and .seconds). Drawn with matplotlib they are pictures of fixed size; written as a trace they can
+lesson 13's chunks in ScheduledPipeline.timeline_chunks), the parameter server's updates (lesson 11:
+AsyncHistory.worker and .seconds). Drawn with matplotlib they are pictures of fixed size; written as a trace they can
 be zoomed, searched and measured. Lessons 08 and 10 turn their own records into spans for this
 writer: overlap's per-bucket calls (overlap.bucket_spans) and the watchdog's waits
 (watchdog.record_waits, wait_spans).
@@ -92,7 +92,7 @@ def phase_spans(timelines) -> list[Span]:
 def pipeline_spans(timelines, chunks=None, stages: int | None = None) -> list[Span]:
     """Pipeline stages: timelines[rank] = [(letter, micro-batch, start, end)] -> spans "F3", a thread per letter.
 
-    chunks: chunks[rank][i], the chunk of the rank's i-th computation (PipelineMLP.timeline_chunks;
+    chunks: chunks[rank][i], the chunk of the rank's i-th computation (ScheduledPipeline.timeline_chunks;
     for a schedule's lists, the chunk of each computing instruction). With several chunks a span
     names its chunk, "F3 (chunk 1)". Every span's args hold its micro-batch, chunk and virtual stage
     chunk x P + stage, the stage being rank % P (P = ``stages``, default len(timelines); a replica of

@@ -17,8 +17,8 @@ lesson 06  assumed cluster networks (stated, not measured): ETHERNET_10G, INFINI
            the communication of a data-parallel strategy                      :func:`communication_time`
 lesson 08  Allreduce algorithms: ring, recursive doubling, reduce-then-broadcast, and the ring's
            allgather half                                                      :func:`ring_allreduce_time` ...
-lesson 09  the pipeline bubble (P - 1) / (m + P - 1)                           :func:`bubble_fraction`
-           (nnlib.lesson09_model_parallel.tradeoffs adds the bytes that tensor and pipeline parallelism send)
+lesson 09  nnlib.lesson09_model_parallel.tradeoffs adds the bytes that tensor and pipeline parallelism send,
+           and its bubbles module the pipeline's idle fraction (P - 1) / (m + P - 1), where it is taught
 lesson 11  compressed exchanges are ring allgathers (nnlib.lesson11_beyond_sync.compression.exchange_time)
 
 The time functions take ``n_bytes`` and ``ranks`` as numbers or NumPy arrays (one prediction each)
@@ -138,8 +138,8 @@ def step_time(ranks, compute_seconds, communication_seconds=0.0, update_seconds=
     the ranks; e.g. flops_per_sample * batch / FLOP/s); communication_seconds: what the ranks
     exchange per step (e.g. :func:`communication_time`); update_seconds: the optimizer step on the
     full parameter vector (it does not divide: with allreduce every rank repeats it, with a
-    parameter server rank 0 does it while the others wait); bubble: the idle fraction of a
-    pipeline (:func:`bubble_fraction`), 0 otherwise. ``ranks`` may be an array.
+    parameter server rank 0 does it while the others wait); bubble: the idle fraction of a pipeline
+    (nnlib.lesson09_model_parallel.bubbles.bubble_fraction), 0 otherwise. ``ranks`` may be an array.
     """
     ranks = np.asarray(ranks, dtype=np.float64)
     return compute_seconds / (ranks * (1 - bubble)) + communication_seconds + update_seconds
@@ -191,12 +191,3 @@ COMMUNICATION_TIMES = {
     "recursive_doubling": recursive_doubling_time,
     "reduce_broadcast": reduce_broadcast_time,
 }
-
-
-# -- lesson 09: the pipeline bubble ------------------------------------------------------------
-
-def bubble_fraction(stages: int, micro_batches: int) -> float:
-    """The idle fraction of a pipeline step with P equal stages and m micro-batches: (P - 1) / (m + P - 1)."""
-    if stages < 1 or micro_batches < 1:
-        raise ValueError(f"a pipeline needs at least 1 stage and 1 micro-batch; got {stages} and {micro_batches}")
-    return (stages - 1) / (micro_batches + stages - 1)

@@ -1,10 +1,15 @@
-"""The pipeline's bubble: predicted by a formula and by the simulated schedule, and measured on the ranks.
+"""The pipeline's bubble, the one place it is computed: by formula, by simulating a schedule, and measured.
 
-While the pipe fills and drains some stages wait: with equal stages the idle ("bubble") fraction
-of a step is (P - 1) / (m + P - 1) (:func:`bubble_fraction`), so more micro-batches mean less waste.
-:func:`simulated_bubble` runs a schedule's instruction lists on a clock with each stage's own times;
-:func:`measure_bubbles` times real steps of nnlib.lesson09_model_parallel.pipeline.PipelineMLP from every
-stage's timeline.
+While the pipe fills and drains some stages wait. With P equal stages and m micro-batches each stage is busy
+for m micro-batch times and idle for P - 1 of them, so the idle ("bubble") fraction of a step is
+
+    (P - 1) / (m + P - 1)                                                     (:func:`bubble_fraction`)
+
+and more micro-batches mean less waste. :func:`simulated_bubble` runs a schedule's instruction lists on a clock
+with each stage's own times (real stages are not equal); :func:`idle_fraction` is the same fraction read from
+timelines, simulated or measured, and :func:`measure_bubbles` measures real steps of
+nnlib.lesson09_model_parallel.pipeline.PipelineMLP. Lesson 13 (nnlib.lesson13_pipeline_schedules.schedules)
+builds its schedules' formulas and simulations from these.
 """
 
 from __future__ import annotations
@@ -17,59 +22,80 @@ from nnlib.lesson09_model_parallel.pipeline import PipelineMLP
 LESSON = 9
 
 
-def bubble_fraction(stages: int, micro_batches: int) -> float:
-    """The idle fraction of a pipeline step with equal stages: (P - 1) / (m + P - 1)."""
+def bubble_fraction(stages: int, micro_batches: float) -> float:
+    """The idle fraction of a pipeline step with P equal stages and m micro-batches: (P - 1) / (m + P - 1)."""
+    if stages < 1 or micro_batches <= 0:
+        raise ValueError(f"a pipeline needs at least 1 stage and 1 micro-batch; got {stages} and {micro_batches}")
     return (stages - 1) / (micro_batches + stages - 1)
 
 
 def step_span(timelines) -> float:
     """Seconds from the first computation of a step, on any stage, to the end of its last one.
 
-    timelines: every stage's PipelineMLP.timeline of the same step (one host's clock).
+    timelines: every stage's [(letter, micro-batch, start, end)] of one step (PipelineMLP.timeline: one clock).
     """
     start = min(begin for timeline in timelines for _, _, begin, _ in timeline)
-    end = max(finish for timeline in timelines for _, _, _, finish in timeline)
-    return end - start
+    return max(end for timeline in timelines for _, _, _, end in timeline) - start
 
 
-def measured_bubble(timelines) -> float:
-    """The idle fraction of a step from every stage's timeline: 1 - busy / (P x step_span)."""
-    busy = sum(finish - begin for timeline in timelines for _, _, begin, finish in timeline)
+def idle_fraction(timelines) -> float:
+    """The bubble of one step read from every stage's timeline: 1 - busy / (P x step_span)."""
+    busy = sum(end - begin for timeline in timelines for _, _, begin, end in timeline)
     return 1.0 - busy / (len(timelines) * step_span(timelines))
+
+
+def simulated_bubble(forward_seconds, backward_seconds, schedule: str, micro_batches: int) -> float:
+    """The idle fraction that ``schedule`` must have with these per-stage times (messages taking none).
+
+    forward_seconds[s], backward_seconds[s]: stage s's time for one micro-batch. The schedule's lists run on
+    instructions.simulate's clock (the very lists the executor runs): F(s, k) waits for F(s-1, k)'s message,
+    B(s, k) for B(s+1, k)'s. With equal stages this gives (P - 1) / (m + P - 1); real stages are not equal (the
+    first has no input gradient to compute, the last computes the loss), and this says what that costs.
+    """
+    seconds = {"forward": forward_seconds, "backward": backward_seconds}
+    programs = SCHEDULES[schedule](len(forward_seconds), micro_batches)
+    return idle_fraction(simulate(programs, lambda stage, kind: seconds[kind][stage]))
+
+
+def seconds_per_kind(timeline) -> dict:
+    """{letter: the median seconds of one computation of that kind} in one stage's timeline ("F", "B", ...)."""
+    return {letter: float(np.median([end - begin for kind, _, begin, end in timeline if kind == letter]))
+            for letter in sorted({letter for letter, _, _, _ in timeline})}
 
 
 def measure_bubbles(comm, layer_sizes, batch: int, micro_batch_counts=(1, 2, 4, 8, 16), schedule: str = "1f1b",
                     repeats: int = 5, dtype="float32", seed: int = 0):
-    """The measured idle fraction of a pipeline step for each m, beside (P - 1) / (m + P - 1).
+    """For each m, the measured idle fraction of a pipeline step beside (P - 1) / (m + P - 1) and the simulated one.
 
-    Every rank runs ``repeats`` steps (after one warm-up) on the same random batch of ``batch``
-    samples; the timelines go to rank 0. Returns, on rank 0, a list of dicts (micro_batches,
-    measured: the median over the steps, formula, simulated: :func:`simulated_bubble` with each
-    stage's median forward and backward times, step_seconds: the median :func:`step_span`,
-    peak_alive: per stage, peak_bytes: per stage, timelines: the last step's); None elsewhere.
+    Every rank runs ``repeats`` steps (after one warm-up) on the same random batch of ``batch`` samples. Returns,
+    on rank 0, a list of :func:`summary` dicts with micro_batches, formula and peak_alive (per stage) added; the
+    simulation (:func:`simulated_bubble`) takes each stage's median forward and backward times of each step.
+    None elsewhere.
     """
     inputs, labels = random_batch(layer_sizes, batch, dtype, seed)
     rows = []
     for micro_batches in micro_batch_counts:
         pipeline = PipelineMLP(comm, layer_sizes, dtype=dtype, seed=seed, micro_batches=micro_batches,
                                schedule=schedule)
-        measured, simulated, spans = [], [], []
-        for repeat in range(repeats + 1):
-            timelines = timed_step(pipeline, inputs, labels)
-            if repeat and comm.rank == 0:
-                measured.append(measured_bubble(timelines))
-                spans.append(step_span(timelines))
-                durations = [median_seconds(timeline) for timeline in timelines]
-                simulated.append(simulated_bubble([stage["F"] for stage in durations],
-                                                  [stage["B"] for stage in durations], schedule, micro_batches))
-        alive = pipeline.comm.gather((pipeline.peak_alive, pipeline.peak_activation_bytes), root=0)
+        steps = timed_steps(pipeline, inputs, labels, repeats)
+        alive = comm.gather(pipeline.peak_alive, root=0)
         if comm.rank == 0:
-            rows.append(dict(micro_batches=micro_batches, measured=float(np.median(measured)),
-                             formula=bubble_fraction(comm.size, micro_batches), simulated=float(np.median(simulated)),
-                             step_seconds=float(np.median(spans)),
-                             peak_alive=[count for count, _ in alive], peak_bytes=[size for _, size in alive],
-                             timelines=timelines))
+            times = [[seconds_per_kind(timeline) for timeline in timelines] for timelines in steps]
+            simulated = [simulated_bubble([stage["F"] for stage in step], [stage["B"] for stage in step], schedule,
+                                          micro_batches) for step in times]  # each stage's own median F and B
+            rows.append(dict(micro_batches=micro_batches, formula=bubble_fraction(comm.size, micro_batches),
+                             peak_alive=alive, **summary(steps, simulated)))
     return rows if comm.rank == 0 else None
+
+
+def summary(steps, simulated) -> dict:
+    """What the measured ``steps`` (each: every stage's timeline) say: measured (the median idle fraction),
+    simulated (the median of ``simulated``, one per step), step_seconds (the median span) and its spread (min,
+    max), timelines (the last step's)."""
+    spans = [step_span(timelines) for timelines in steps]
+    return dict(measured=float(np.median([idle_fraction(timelines) for timelines in steps])),
+                simulated=float(np.median(simulated)), step_seconds=float(np.median(spans)),
+                spread=(float(min(spans)), float(max(spans))), timelines=steps[-1])
 
 
 def random_batch(layer_sizes, batch: int, dtype, seed: int):
@@ -78,29 +104,12 @@ def random_batch(layer_sizes, batch: int, dtype, seed: int):
     return rng.random((batch, layer_sizes[0])).astype(dtype), rng.integers(0, layer_sizes[-1], batch)
 
 
-def timed_step(pipeline: PipelineMLP, inputs, labels):
-    """One step of ``pipeline`` after a barrier: every stage's timeline, on rank 0 (None elsewhere)."""
-    pipeline.comm.Barrier()
-    pipeline.loss_and_gradient(inputs, labels, check=False)
-    return pipeline.comm.gather(pipeline.timeline, root=0)
-
-
-def median_seconds(timeline) -> dict:
-    """{letter: median seconds} of each kind of computation in one stage's timeline ("F", "B", "W")."""
-    letters = sorted({letter for letter, _, _, _ in timeline})
-    return {letter: float(np.median([end - begin for what, _, begin, end in timeline if what == letter]))
-            for letter in letters}
-
-
-def simulated_bubble(forward_seconds, backward_seconds, schedule: str, micro_batches: int) -> float:
-    """The idle fraction that ``schedule`` must have with these per-stage times (no message cost).
-
-    forward_seconds[s], backward_seconds[s]: stage s's time for one micro-batch. The schedule's
-    instruction lists run in nnlib.lesson09_model_parallel.instructions.simulate (the very lists the
-    executor runs): F(s, k) waits for F(s-1, k)'s message, B(s, k) for B(s+1, k)'s. With equal
-    stages this gives (P - 1) / (m + P - 1); real stages are not equal (the first has no input
-    gradient to compute, the last computes the loss), and this says what that costs.
-    """
-    seconds = {"forward": forward_seconds, "backward": backward_seconds}
-    programs = SCHEDULES[schedule](len(forward_seconds), micro_batches)
-    return measured_bubble(simulate(programs, lambda stage, kind: seconds[kind][stage]))
+def timed_steps(pipeline: PipelineMLP, inputs, labels, repeats: int):
+    """Every stage's timeline of ``repeats`` steps of ``pipeline`` (after one warm-up), each begun after a barrier:
+    a list of steps on rank 0, None elsewhere."""
+    steps = []
+    for _ in range(repeats + 1):
+        pipeline.comm.Barrier()
+        pipeline.loss_and_gradient(inputs, labels, check=False)
+        steps.append(pipeline.comm.gather(pipeline.timeline, root=0))
+    return steps[1:] if pipeline.comm.rank == 0 else None

@@ -12,9 +12,6 @@ GPipe; Narayanan et al. 2019, PipeDream):
            activations of all m micro-batches until their backward.
 ``1f1b``   stage s runs P - s - 1 forwards to fill the pipe, then alternates one forward, one
            backward, then drains. The same idle time, but at most P - s micro-batches alive.
-
-Lesson 13 (nnlib.lesson13_pipeline_schedules.schedules) adds interleaved 1F1B and the zero-bubble schedules
-as more such lists, for the same executor.
 """
 
 from __future__ import annotations
@@ -25,74 +22,36 @@ from dataclasses import dataclass
 LESSON = 9
 
 
-#: Where each message goes: a send's (direction, stage step) and a receive's (direction, the sender's step).
-SENDS = {"send_forward": ("forward", +1), "send_backward": ("backward", -1)}
-RECEIVES = {"recv_forward": ("forward", -1), "recv_backward": ("backward", +1)}
+#: The messages: each instruction's direction and the step from the stage that runs it to the channel's receiver
+#: (a send goes to the next or the previous stage; a receive listens on its own stage's channel).
+MESSAGES = {"send_forward": ("forward", +1), "recv_forward": ("forward", 0),
+            "send_backward": ("backward", -1), "recv_backward": ("backward", 0)}
 
 
 #: The computing instructions, and their letter in a timeline (F3: the forward of micro-batch 3).
-COMPUTE = {"forward": "F", "backward": "B", "backward_input": "B", "backward_weight": "W"}
+COMPUTE = {"forward": "F", "backward": "B"}
 
 
 @dataclass(frozen=True)
 class Instruction:
-    """One step of a stage's schedule.
-
-    kind:        "recv_forward", "forward", "send_forward", "recv_backward", "backward" or "send_backward";
-                 or the backward split in two: "backward_input" (every layer's delta and the input
-                 gradient sent back: B) and "backward_weight" (the weight gradients a_in.T @ delta: W),
-                 which a schedule may run later than B
-    micro_batch: k, which micro-batch (0 .. m-1)
-    chunk:       which of the stage's model chunks (0 here: one slice of layers per stage). A stage
-                 with v chunks holds v slices of layers; chunk c of stage s is *virtual stage* c P + s
-                 of v P, and messages go from virtual stage j to j + 1 (forward) or j - 1 (backward).
-    """
+    """One step of a stage's schedule: ``kind`` (a key of MESSAGES or COMPUTE) for micro-batch ``micro_batch``."""
 
     kind: str
     micro_batch: int
-    chunk: int = 0
 
 
-def forward_steps(stage: int, stages: int, micro_batch: int, chunk: int = 0, chunks: int = 1,
-                  kind: str = "forward") -> list[Instruction]:
-    """Receive the activation (unless the first virtual stage), run the forward, send it on (unless the last)."""
-    virtual = chunk * stages + stage
-    steps = [Instruction("recv_forward", micro_batch, chunk)] if virtual > 0 else []
-    steps.append(Instruction(kind, micro_batch, chunk))
-    return steps + ([Instruction("send_forward", micro_batch, chunk)] if virtual < chunks * stages - 1 else [])
-
-
-def backward_steps(stage: int, stages: int, micro_batch: int, chunk: int = 0, chunks: int = 1,
-                   kind: str = "backward") -> list[Instruction]:
-    """Receive the output gradient (unless the last virtual stage), run the backward, send the input gradient back.
-
-    kind: "backward", or "backward_input" (B of the split backward, which sends what "backward" sends).
-    """
-    virtual = chunk * stages + stage
-    steps = [Instruction("recv_backward", micro_batch, chunk)] if virtual < chunks * stages - 1 else []
-    steps.append(Instruction(kind, micro_batch, chunk))
-    return steps + ([Instruction("send_backward", micro_batch, chunk)] if virtual > 0 else [])
-
-
-def weight_steps(stage: int, stages: int, micro_batch: int, chunk: int = 0, chunks: int = 1,
-                 kind: str = "backward_weight") -> list[Instruction]:
-    """W of the split backward: no message, only this stage's weight gradients of micro-batch k."""
-    return [Instruction(kind, micro_batch, chunk)]
-
-
-STEPS = {"forward": forward_steps, "backward": backward_steps, "backward_input": backward_steps,
-         "backward_weight": weight_steps}
-
-
-def program(stage: int, stages: int, order, chunks: int = 1) -> list[Instruction]:
-    """A stage's instructions from its order of work, messages included.
-
-    order: [(kind, k)] or [(kind, k, chunk)], kind "forward", "backward", "backward_input" or
-    "backward_weight"; chunks: v, the model chunks of every stage (1 unless interleaved).
-    """
-    instructions = []
-    for kind, k, *chunk in order:
-        instructions += STEPS[kind](stage, stages, k, *(chunk or [0]), chunks, kind=kind)
+def program(stage: int, stages: int, order) -> list[Instruction]:
+    """A stage's instructions from its order of work [(kind, k)], kind "forward" or "backward", messages included:
+    receive the input (unless the first stage), forward, send it on (unless the last); receive the output's
+    gradient (unless the last), backward, send the input's gradient back (unless the first)."""
+    first, last, instructions = stage == 0, stage == stages - 1, []
+    for kind, k in order:
+        if kind == "forward":
+            instructions += [Instruction("recv_forward", k)] if not first else []
+            instructions += [Instruction("forward", k)] + ([Instruction("send_forward", k)] if not last else [])
+        else:
+            instructions += [Instruction("recv_backward", k)] if not last else []
+            instructions += [Instruction("backward", k)] + ([Instruction("send_backward", k)] if not first else [])
     return instructions
 
 
@@ -118,41 +77,43 @@ def one_f_one_b(stages: int, micro_batches: int) -> list[list[Instruction]]:
 SCHEDULES = {"gpipe": gpipe, "1f1b": one_f_one_b}
 
 
-def simulate(programs, seconds) -> list[list[tuple]]:
+def simulate(programs, seconds, letters=COMPUTE, position=None) -> list[list[tuple]]:
     """Run every stage's instructions on a clock, as the executor runs them; return the timelines.
 
     programs: a schedule's lists (one per stage). seconds(stage, kind): how long a computing
     instruction takes there. A send takes no time and never waits (MPI's Isend); a receive waits
     until the message has been sent, and takes the oldest one on its channel (MPI's order: one
-    channel per sending and receiving virtual stage), which must be the micro-batch it names.
+    channel per direction and receiving stage), which must be the micro-batch it names.
+    letters: the computing kinds and their letters; position(stage, instruction): the place in the pipe of
+    the stage that runs it (default: the stage itself; lesson 13's virtual stages say otherwise).
     Returns each stage's [(letter, k, start, end)] of its computations, like PipelineMLP.timeline.
     Raises RuntimeError if the schedule deadlocks, receives out of order, or sends what nobody receives.
     """
-    stages = len(programs)
-    position, clock = [0] * stages, [0.0] * stages
-    channels = defaultdict(deque)  # (direction, receiving virtual stage) -> [(micro-batch, time sent)]
+    position = position or (lambda stage, instruction: stage)
+    at, clock = [0] * len(programs), [0.0] * len(programs)
+    channels = defaultdict(deque)  # (direction, receiving position) -> [(micro-batch, time sent)]
     timelines = [[] for _ in programs]
     progressed = True
     while progressed:
         progressed = False
         for stage, instructions in enumerate(programs):
-            while position[stage] < len(instructions):
-                instruction = instructions[position[stage]]
-                virtual = instruction.chunk * stages + stage
-                if instruction.kind in RECEIVES:
-                    channel = channels[RECEIVES[instruction.kind][0], virtual]
-                    if not channel:
+            while at[stage] < len(instructions):
+                instruction = instructions[at[stage]]
+                if instruction.kind in MESSAGES:
+                    direction, step = MESSAGES[instruction.kind]
+                    channel = channels[direction, position(stage, instruction) + step]
+                    if instruction.kind.startswith("send"):
+                        channel.append((instruction.micro_batch, clock[stage]))
+                    elif not channel:
                         break  # blocked: the message has not been sent yet
-                    clock[stage] = max(clock[stage], received(channel, instruction, stage))
-                elif instruction.kind in SENDS:
-                    direction, step = SENDS[instruction.kind]
-                    channels[direction, virtual + step].append((instruction.micro_batch, clock[stage]))
+                    else:
+                        clock[stage] = max(clock[stage], received(channel, instruction, stage))
                 else:
                     began, clock[stage] = clock[stage], clock[stage] + seconds(stage, instruction.kind)
-                    timelines[stage].append((COMPUTE[instruction.kind], instruction.micro_batch, began, clock[stage]))
-                position[stage] += 1
+                    timelines[stage].append((letters[instruction.kind], instruction.micro_batch, began, clock[stage]))
+                at[stage] += 1
                 progressed = True
-    check_finished(programs, position, channels)
+    check_finished(programs, at, channels)
     return timelines
 
 
@@ -165,13 +126,13 @@ def received(channel, instruction: Instruction, stage: int) -> float:
     return sent
 
 
-def check_finished(programs, position, channels) -> None:
+def check_finished(programs, at, channels) -> None:
     """RuntimeError unless every stage ran all its instructions and every message was received."""
-    stuck = [f"stage {stage} waits in {instructions[position[stage]]}"
-             for stage, instructions in enumerate(programs) if position[stage] < len(instructions)]
+    stuck = [f"stage {stage} waits in {instructions[at[stage]]}"
+             for stage, instructions in enumerate(programs) if at[stage] < len(instructions)]
     if stuck:
         raise RuntimeError("the schedule deadlocks: " + "; ".join(stuck))
-    unread = [f"{len(channel)} {direction} message(s) to virtual stage {virtual}"
-              for (direction, virtual), channel in channels.items() if channel]
+    unread = [f"{len(channel)} {direction} message(s) to position {receiver}"
+              for (direction, receiver), channel in channels.items() if channel]
     if unread:
         raise RuntimeError("the schedule sends what no stage receives: " + "; ".join(unread))

@@ -25,8 +25,9 @@ from __future__ import annotations
 import numpy as np
 
 from nnlib.lesson02_network.network import count_parameters
-from nnlib.lesson04_collectives.costmodel import (Machine, bubble_fraction, flops_per_sample, predicted_time,
-                                                  ring_allreduce_time, step_time)
+from nnlib.lesson04_collectives.costmodel import (Machine, flops_per_sample, predicted_time, ring_allreduce_time,
+                                                  step_time)
+from nnlib.lesson09_model_parallel.bubbles import bubble_fraction
 from nnlib.lesson09_model_parallel.memory import busiest_rank_bytes
 from nnlib.lesson09_model_parallel.pipeline import stage_layers
 from nnlib.lesson09_model_parallel.tensor import layer_kinds

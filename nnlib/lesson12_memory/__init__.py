@@ -2,7 +2,6 @@
 
     fsdp             ZeRO stage 3 / FSDP: parameters, gradients and momentum sharded; a layer gathered to compute
     recompute        activation recomputation: keep every k-th layer's input, recompute the rest in backward
-    recompute_parallel  the same for lesson 09's pipeline stages and tensor-parallel ranks
     accumulation     gradient accumulation: k micro-batches per step, nothing sent before the last
     mixed_precision  float16 storage, float32 compute and master weights, dynamic loss scaling
     traffic          the bytes each rank sends, by formula (lesson 08's CountingComm counts the real calls)

@@ -30,12 +30,6 @@ gradient in low precision and reduce-scatters it in float32. Why float32: MPI ha
 and rounding each partial sum to 2 bytes would lose more bits at every one of the P - 1 additions. A rank
 sees only its chunk of the sum, so the ranks agree on the verdict with one Allreduce of a flag.)
 
-Lesson 09's tensor parallelism (a :class:`~nnlib.lesson09_model_parallel.tensor.TensorParallelMLP` in float32 as
-``network``: its slices are the master): each column, row and replicated layer gets a low twin over the same
-slice (:class:`HalfColumnLayer`, :class:`HalfRowLayer`, :class:`HalfSplitLayer`); the row layer's partial
-logits and the column layer's partial input gradient are summed over the ranks in float32, for the same reason,
-and stored low after the sum. Each rank holds its own slices: the verdict is again one Allreduce of a flag.
-
 Memory per parameter (SGD with momentum): low weights 2 + low gradients 2 + float32 master 4
 + float32 momentum 4 + float32 unscaled gradient 4 (the ZeRO paper counts 2 + 2 + 12 for Adam, whose
 master, momentum and variance are 4 each).
@@ -46,9 +40,8 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
-from nnlib.lesson02_network.network import Layer, dense_layers, layer_views
+from nnlib.lesson02_network.network import Layer, dense_layers
 from nnlib.lesson03_training.training import Batches, LocalUpdate, Run, Settings, train_loop
-from nnlib.lesson09_model_parallel.tensor import TensorParallelMLP
 from nnlib.lesson12_memory.accumulation import MicroBatched
 from nnlib.lesson12_memory.fsdp import ShardedLayer
 
@@ -113,43 +106,9 @@ class HalfShardedLayer(ShardedLayer, HalfLayer):
         super().reduce_scatter(whole.astype(SINGLE), accumulate)  # an inf on any rank stays inf in its chunk
 
 
-class HalfSplitLayer(HalfLayer):
-    """A HalfLayer over this rank's slice of a tensor-parallel layer (the odd last layer, replicated, is one
-    as it is: whole on every rank, nothing summed); column and row layers sum their partial products."""
-
-    def __init__(self, comm, *views, activation: str = "sigmoid"):
-        super().__init__(*views, activation)
-        self.comm = comm
-
-
-class HalfColumnLayer(HalfSplitLayer):
-    """A column layer (this rank's columns C_r) in mixed precision: its input gradient
-    dJ/da_in = sum over ranks of delta[:, C_r] @ W[:, C_r].T is summed in float32, then stored low."""
-
-    def input_gradient(self, delta):
-        partial = delta.astype(SINGLE) @ self.weights.astype(SINGLE).T  # (N, n_in): this rank's share, float32
-        self.comm.Allreduce(MPI.IN_PLACE, partial, op=MPI.SUM)
-        return partial.astype(self.low_dtype)
-
-
-class HalfRowLayer(HalfSplitLayer):
-    """A row layer (the rows C_r matching the column layer before it) in mixed precision: the logits
-    z = sum over ranks of a[:, C_r] @ W[C_r, :] are summed in float32, then + b; its input gradient is local."""
-
-    def logits(self, inputs):
-        logits = inputs.astype(SINGLE) @ self.weights.astype(SINGLE)  # (N, n_out): this rank's rows' share
-        self.comm.Allreduce(MPI.IN_PLACE, logits, op=MPI.SUM)
-        logits += self.biases.astype(SINGLE)
-        return logits
-
-
-HALF_SPLIT_LAYERS = {"column": HalfColumnLayer, "row": HalfRowLayer, "replicated": HalfSplitLayer}
-
-
 class LossScaler:
-    """Dynamic loss scaling (Micikevicius et al. 2018), shared by :class:`MixedPrecision` and the mixed-precision
-    pipeline stages (nnlib.lesson12_memory.mixed_pipeline): the scale S, the verdict on each step's float32
-    gradient ``network.grads``, and the scaler's state for checkpoints.
+    """Dynamic loss scaling (Micikevicius et al. 2018), as :class:`MixedPrecision` uses it: the scale S, the verdict
+    on each step's float32 gradient ``network.grads``, and the scaler's state for checkpoints.
 
     S defaults to 2^15 for float16 and 1 for bfloat16 (float32's range: nothing to scale); ``dynamic`` (default
     for float16 only): halved on overflow, doubled after ``growth_interval`` good steps in a row.
@@ -169,8 +128,7 @@ class LossScaler:
         overflowed on its way) or if S max|g| is beyond the low precision's largest value (the sum itself would
         not fit). The second test depends on the sum only, not on how it was cut into micro-batches and ranks:
         two cuttings can disagree only where one piece overflowed alone while the sum fits. FSDP's ranks hold
-        chunks of g, tensor parallelism's ranks slices, pipeline stages their layers' (``split_over_ranks``): one
-        Allreduce of the flag gives every rank the same verdict; otherwise the sync's sum is the same on every
+        chunks of g (``split_over_ranks``): one Allreduce of the flag gives every rank the same verdict; otherwise the sync's sum is the same on every
         rank already. ZeRO-1/2 (lesson 08) sums only this rank's slice ``part`` of g: the verdict on that slice,
         and the flag Allreduce over the sync's ``comm``."""
         grads = self.network.grads[part]
@@ -203,12 +161,11 @@ class LossScaler:
 
 
 class MixedPrecision(LossScaler, MicroBatched):
-    """``network`` (a float32 lesson 02 Network, a FullyShardedNetwork or a TensorParallelMLP: its params are the
-    master weights, its grads the unscaled float32 gradient) trained in mixed precision, ``precision`` "float16"
-    or "bfloat16".
+    """``network`` (a float32 lesson 02 Network or a FullyShardedNetwork: its params are the master weights, its
+    grads the unscaled float32 gradient) trained in mixed precision, ``precision`` "float16" or "bfloat16".
 
     half_params: the low copy of params; half_grads: the scaled gradient, low (float32 chunks for FSDP); layers:
-    HalfLayer (HalfShardedLayer; tensor parallel: HALF_SPLIT_LAYERS by kind). The loss scale and its verdicts:
+    HalfLayer (HalfShardedLayer). The loss scale and its verdicts:
     :class:`LossScaler` (loss_scale S, 2^15 for float16 and 1 for bfloat16 by default; overflowed: the last step's
     verdict; skipped: how many steps were skipped; verdicts: every step's (overflowed, S used)).
     micro_batches, recompute_every: as :class:`~nnlib.lesson12_memory.accumulation.MicroBatched`.
@@ -222,8 +179,7 @@ class MixedPrecision(LossScaler, MicroBatched):
         super().__init__(network, micro_batches, recompute_every)
         self.start_scaling(precision, loss_scale, growth_interval, dynamic)
         self.sharded = all(isinstance(layer, ShardedLayer) for layer in network.layers)
-        self.tensor_parallel = isinstance(network, TensorParallelMLP)
-        self.split_over_ranks = self.sharded or self.tensor_parallel  # FSDP's chunks, tensor parallelism's slices
+        self.split_over_ranks = self.sharded  # each rank holds FSDP's chunks of the gradient
         self.half_params = network.params.astype(self.low)
         self.half_grads = np.zeros(network.params.size, SINGLE if self.sharded else self.low)
         self.layers = self.low_layers()
@@ -236,11 +192,6 @@ class MixedPrecision(LossScaler, MicroBatched):
                                        (self.half_params[start:stop], self.half_grads[start:stop]),
                                        layer.activation, self.network.log)
                       for layer, start, stop in zip(self.network.layers, bounds, bounds[1:])]
-        elif self.tensor_parallel:  # this rank's slices, laid out [W_1, b_1, ...] as the master's
-            shapes = [layer.shape for layer in self.network.layers]
-            views = zip(*layer_views(self.half_params, shapes), *layer_views(self.half_grads, shapes))
-            layers = [HALF_SPLIT_LAYERS[kind](self.network.comm, *view, activation=layer.activation)
-                      for kind, view, layer in zip(self.network.kinds, views, self.network.layers)]
         else:
             views = dense_layers(self.half_params, self.half_grads, self.network.shapes, self.network.output)
             layers = [HalfLayer(view.weights, view.biases, view.grad_weights, view.grad_biases, view.activation)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from nnlib.lesson13_pipeline_schedules.schedules import LETTERS, chunk_of
+
 LESSON = 13
 NOTEBOOKS_ONLY = True
 
@@ -11,8 +13,7 @@ STYLE = {"F": (0.4, ""), "B": (0.95, ""), "W": (0.6, "///")}
 
 def chunks_of(programs) -> list[list[int]]:
     """Each stage's chunk of every computation, in the order its timeline lists them."""
-    work = ("forward", "backward", "backward_input", "backward_weight")
-    return [[instruction.chunk for instruction in instructions if instruction.kind in work]
+    return [[chunk_of(instruction) for instruction in instructions if instruction.kind in LETTERS]
             for instructions in programs]
 
 

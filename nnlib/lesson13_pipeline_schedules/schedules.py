@@ -1,4 +1,4 @@
-"""Three newer pipeline schedules, as data for lesson 09's one executor.
+"""Three newer pipeline schedules, as data for lesson 09's executor, which this module extends.
 
 Lesson 09's 1F1B leaves every stage idle for (P - 1)(F + B) of a step (F, B: one micro-batch's
 forward and backward time on a stage), a fraction (P - 1) / (m + P - 1). Two ideas shrink it:
@@ -18,29 +18,71 @@ forward and backward time on a stage), a fraction (P - 1) / (m + P - 1). Two ide
 
 Peak micro-batches alive on stage s (forwarded, not yet through W): 1F1B min(P - s, m); ZB-H1
 min(P, m) (1F1B's P - s waiting for B plus up to s waiting for W); ZB-H2 min(2P - 1, m) on every
-stage;
-interleaved, in chunks: min((v - 1) G + 2 (P - s - 1) + 1, v m), G the micro-batches of a group.
+stage; interleaved, in chunks: min((v - 1) G + 2 (P - s - 1) + 1, v m), G the micro-batches of a group.
 
-:class:`ScheduledPipeline` is lesson 09's PipelineMLP with these schedules (and v chunks per rank);
-:func:`simulated_bubble` runs the instruction lists on a clock; :func:`bubble_formula` gives the
-formulas above (exact for equal stages, m a multiple of P for interleaved, m >= P for ZB-H1 and
-m >= 2P - 1 for ZB-H2: tests/test_pipeline_schedules.py checks them against the simulation).
+What this module adds to lesson 09's: an instruction names its chunk (:class:`ChunkInstruction`) and may be
+"backward_input" (B) or "backward_weight" (W); :class:`ZeroBubbleStage` runs those; :class:`ScheduledPipeline`
+holds v stages per rank; :func:`bubble_formula` and :func:`schedule_bubble` are lesson 09's bubble
+(nnlib.lesson09_model_parallel.bubbles) for these schedules (the formulas exact for equal stages, m a multiple
+of P for interleaved, m >= P for ZB-H1 and m >= 2P - 1 for ZB-H2: tests/test_pipeline_schedules.py).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
-from nnlib.lesson04_collectives.collectives import raised_on_every_rank, require_same_on_every_rank, split_counts
-from nnlib.lesson09_model_parallel.bubbles import measured_bubble, median_seconds, random_batch, step_span, timed_step
-from nnlib.lesson09_model_parallel.instructions import SCHEDULES, program, simulate
-from nnlib.lesson09_model_parallel.pipeline import PipelineMLP, stage_layers
-from nnlib.lesson12_memory.mixed_pipeline import MixedStages
+from nnlib.lesson02_network.network import dense_layers, parameter_offsets
+from nnlib.lesson04_collectives.collectives import (allgather_rows, raised_on_every_rank, require_same_on_every_rank,
+                                                    split_evenly)
+from nnlib.lesson09_model_parallel.bubbles import (bubble_fraction, idle_fraction, random_batch, seconds_per_kind,
+                                                   summary, timed_steps)
+from nnlib.lesson09_model_parallel.instructions import COMPUTE, SCHEDULES, Instruction, simulate
+from nnlib.lesson09_model_parallel.pipeline import PipelineMLP, Stage
 
 LESSON = 13
 
+#: The computing instructions and their letters: lesson 09's, and the backward split into B and W.
+LETTERS = {**COMPUTE, "backward_input": "B", "backward_weight": "W"}
+
 
 # -- the schedules -------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ChunkInstruction(Instruction):
+    """Lesson 09's instruction for one of the stage's v chunks: chunk c of stage s is virtual stage c P + s of v P,
+    and messages go from virtual stage j to j + 1 (forward) or j - 1 (backward)."""
+
+    chunk: int = 0
+
+
+def chunk_of(instruction) -> int:
+    """The chunk an instruction is for (lesson 09's instructions: 0, a stage's only one)."""
+    return getattr(instruction, "chunk", 0)
+
+
+def virtual_position(stages: int):
+    """position(stage, instruction) for lesson 09's simulate: the virtual stage chunk x P + stage."""
+    return lambda stage, instruction: chunk_of(instruction) * stages + stage
+
+
+def chunk_program(stage: int, stages: int, order, chunks: int = 1) -> list[ChunkInstruction]:
+    """A stage's instructions from its order of work [(kind, k, chunk)], messages included (lesson 09's program on
+    virtual stages): a forward receives and sends on, a backward or B receives the output's gradient and sends the
+    input's back, a W has no message."""
+    instructions, last = [], stages * chunks - 1
+    for kind, k, chunk in order:
+        virtual = chunk * stages + stage
+        if kind == "forward":
+            before, after = "recv_forward" if virtual > 0 else None, "send_forward" if virtual < last else None
+        elif kind == "backward_weight":
+            before = after = None
+        else:  # "backward", or B ("backward_input"), which sends what "backward" sends
+            before, after = "recv_backward" if virtual < last else None, "send_backward" if virtual > 0 else None
+        instructions += [ChunkInstruction(name, k, chunk) for name in (before, kind, after) if name]
+    return instructions
+
 
 def interleaved_order(stages: int, micro_batches: int, chunks: int, backward: bool) -> list[tuple[int, int]]:
     """The (micro-batch, chunk) units every rank runs forward (or backward) in the interleaved schedule.
@@ -49,9 +91,9 @@ def interleaved_order(stages: int, micro_batches: int, chunks: int, backward: bo
     a group runs through chunk 0, then chunk 1, ... (backward: the last chunk first).
     """
     units, start = [], 0
-    for size in split_counts(micro_batches, max(1, micro_batches // stages)):
-        group = range(start, start + int(size))
-        start += int(size)
+    for size in split_evenly(micro_batches, max(1, micro_batches // stages))[0]:
+        group = range(start, start + size)
+        start += size
         for chunk in range(chunks):
             units += [(k, chunks - 1 - chunk if backward else chunk) for k in group]
     return units
@@ -65,7 +107,7 @@ def interleaved(stages: int, micro_batches: int, chunks: int = 2):
     """
     forwards = interleaved_order(stages, micro_batches, chunks, backward=False)
     backwards = interleaved_order(stages, micro_batches, chunks, backward=True)
-    first_group = int(split_counts(micro_batches, max(1, micro_batches // stages))[0])
+    first_group = split_evenly(micro_batches, max(1, micro_batches // stages))[0][0]
     programs = []
     for stage in range(stages):
         warmup = min((chunks - 1) * first_group + 2 * (stages - stage - 1), len(forwards))
@@ -73,7 +115,7 @@ def interleaved(stages: int, micro_batches: int, chunks: int = 2):
         for (k, chunk), (j, back_chunk) in zip(forwards[warmup:], backwards):
             order += [("forward", k, chunk), ("backward", j, back_chunk)]
         order += [("backward", k, chunk) for k, chunk in backwards[len(forwards) - warmup:]]
-        programs.append(program(stage, stages, order, chunks))
+        programs.append(chunk_program(stage, stages, order, chunks))
     return programs
 
 
@@ -84,15 +126,15 @@ def zero_bubble(stages: int, micro_batches: int, warmup, deferred):
     programs = []
     for stage in range(stages):
         ahead = min(warmup(stage), micro_batches)
-        order, waiting = [("forward", k) for k in range(ahead)], []
+        order, waiting = [("forward", k, 0) for k in range(ahead)], []
         for k in range(micro_batches):
-            order += [("forward", ahead + k)] if ahead + k < micro_batches else []
-            order.append(("backward_input", k))
+            order += [("forward", ahead + k, 0)] if ahead + k < micro_batches else []
+            order.append(("backward_input", k, 0))
             waiting.append(k)
             if len(waiting) > deferred(stage):
-                order.append(("backward_weight", waiting.pop(0)))
-        order += [("backward_weight", k) for k in waiting]
-        programs.append(program(stage, stages, order))
+                order.append(("backward_weight", waiting.pop(0), 0))
+        order += [("backward_weight", k, 0) for k in waiting]
+        programs.append(chunk_program(stage, stages, order))
     return programs
 
 
@@ -128,110 +170,66 @@ def peak_alive(instructions) -> int:
     return peak
 
 
-# -- bubbles: formula and simulation ------------------------------------------------------------------
+# -- their bubbles: lesson 09's formula and simulation -------------------------------------------------------
 
 def bubble_formula(name: str, stages: int, micro_batches: int, seconds=(1.0, 1.0, 1.0), chunks: int = 1) -> float:
-    """The idle fraction of a step with P equal stages: idle / (busy + idle) per stage.
+    """The idle fraction of a step with P equal stages, from lesson 09's (P - 1) / (m' + P - 1).
 
-    seconds: (F, B, W) of one micro-batch on a whole stage (B + W: lesson 09's backward). Idle per
-    stage: gpipe, 1f1b (P - 1)(F + B + W); interleaved (P - 1)(F + B + W) / v; zb-h1
-    (P - 1) max(F + B - W, F); zb-h2 (P - 1) max(F + B - 2W, F).
+    seconds: (F, B, W) of one micro-batch on a whole stage (B + W: lesson 09's backward). Idle per stage:
+    gpipe, 1f1b (P - 1)(F + B + W): m' = m; interleaved (P - 1)(F + B + W) / v: m' = v m; zb-h1
+    (P - 1) max(F + B - W, F) and zb-h2 (P - 1) max(F + B - 2W, F): m' = m (F + B + W) / that max, the step's
+    work counted in units of the idle time per stage and per P - 1.
     """
     forward, backward, weight = seconds
-    idle = {"gpipe": forward + backward + weight, "1f1b": forward + backward + weight,
-            "interleaved": (forward + backward + weight) / chunks,
-            "zb-h1": max(forward + backward - weight, forward),
-            "zb-h2": max(forward + backward - 2 * weight, forward)}[name] * (stages - 1)
-    return idle / (micro_batches * (forward + backward + weight) + idle)
+    whole = forward + backward + weight
+    idle = {"zb-h1": max(forward + backward - weight, forward), "zb-h2": max(forward + backward - 2 * weight, forward),
+            "interleaved": whole / chunks}.get(name, whole)
+    return bubble_fraction(stages, micro_batches * whole / idle)
 
 
-def simulated_bubble(name: str, stage_seconds, micro_batches: int, chunks: int = 1) -> float:
-    """The idle fraction of schedule ``name``'s lists run on a clock (lesson 09's simulate).
+def schedule_bubble(name: str, stage_seconds, micro_batches: int, chunks: int = 1) -> float:
+    """The idle fraction of schedule ``name``'s lists run on lesson 09's clock (idle_fraction of simulate's).
 
     stage_seconds[s]: {"F", "B", "W"} seconds of one micro-batch on stage s's whole slice of the
     network (B + W the full backward; a chunk takes 1/v of it).
     """
-    letters = {"forward": "F", "backward_input": "B", "backward_weight": "W"}
-
     def seconds(stage, kind):
         times = stage_seconds[stage]
-        took = times["B"] + times["W"] if kind == "backward" else times[letters[kind]]
+        took = times["B"] + times["W"] if kind == "backward" else times[LETTERS[kind]]
         return took / chunks
 
-    return measured_bubble(simulate(schedule_programs(name, len(stage_seconds), micro_batches, chunks), seconds))
+    return idle_fraction(simulated_timelines(schedule_programs(name, len(stage_seconds), micro_batches, chunks),
+                                             seconds))
 
 
-# -- the executor with these schedules -------------------------------------------------------------------
-
-class ScheduledPipeline(PipelineMLP):
-    """Lesson 09's PipelineMLP running any schedule of ALL_SCHEDULES, with ``chunks`` (v) slices per rank.
-
-    Arguments as PipelineMLP's, plus chunks: v (interleaved only; every rank needs at least v
-    layers: virtual stage c P + s holds stage_layers(L, v P)[c P + s]), or the layer counts of the
-    v P virtual stages themselves, e.g. (3, 2, 2, 3) for v = 2 on 2 ranks or (5, 5) for v = 1
-    (lesson 09's split: balanced_split gives the one that makes narrow first and last layers' stages
-    as heavy as the others). full_params puts the chunks back in layer order, so the result
-    compares with Network's flat vector.
-    """
-
-    schedules = ALL_SCHEDULES
-
-    def __init__(self, comm, layer_sizes=(784, 128, 10), output: str = "sigmoid", dtype="float64",
-                 seed: int = 0, micro_batches: int = 4, schedule: str = "1f1b", chunks=1):
-        split = tuple(chunks) if isinstance(chunks, (tuple, list)) else None
-        require_same_on_every_rank(comm, "the schedule and chunks per stage", (schedule, split or chunks))
-        if split is not None:
-            if len(split) % comm.size or not split:
-                raise raised_on_every_rank(ValueError(
-                    f"chunks as layer counts must name v x {comm.size} virtual stages (v chunks on each of the "
-                    f"{comm.size} ranks); got {len(split)}: {split!r}"))
-            chunks = len(split) // comm.size
-        if not isinstance(chunks, int) or chunks < 1 or (chunks > 1 and schedule != "interleaved"):
-            raise ValueError(f"chunks must be 1, or a positive integer with schedule 'interleaved'; got "
-                             f"{split or chunks!r} with {schedule!r}")
-        self.chunks = chunks
-        super().__init__(comm, layer_sizes, output, dtype, seed, micro_batches, schedule, split)
-
-    def layer_ranges(self, stage: int) -> list[tuple[int, int]]:
-        """Chunk c of ``stage`` holds virtual stage c P + s's consecutive layers of v P."""
-        virtual = stage_layers(self.num_layers, self.stages * self.chunks, self.split)
-        return [virtual[chunk * self.stages + stage] for chunk in range(self.chunks)]
-
-    def programs(self, micro_batches: int):
-        return schedule_programs(self.schedule, self.stages, micro_batches, self.chunks)
+def simulated_timelines(programs, seconds):
+    """Lesson 09's simulate for this lesson's lists: W's letter, and each chunk on its virtual stage's channels."""
+    return simulate(programs, seconds, letters=LETTERS, position=virtual_position(len(programs)))
 
 
-class MixedScheduledPipeline(MixedStages, ScheduledPipeline):
-    """Any schedule of this lesson in lesson 12's mixed precision (low layers, activations and messages, float32
-    master weights and loss scaling): the same weights as one process's MixedPrecision run, bit for bit
-    (tests/mpi/check_mixed_precision.py). Arguments: ScheduledPipeline's, and MixedStages's precision options."""
+# -- the layers of v P virtual stages -----------------------------------------------------------------------
+
+def virtual_stage_layers(num_layers: int, virtual_stages: int, split=None) -> list[tuple[int, int]]:
+    """[(first, stop)] weight layers of each virtual stage: as even as possible, or ``split`` layers each, e.g.
+    (3, 2, 2, 3) for 10 layers on 4 virtual stages (ValueError, split_problem's, if that cannot be)."""
+    problem = split_problem(split, num_layers, virtual_stages)
+    if problem:
+        raise ValueError(problem)
+    counts = split_evenly(num_layers, virtual_stages)[0] if split is None else [int(count) for count in split]
+    return [(sum(counts[:stage]), sum(counts[:stage + 1])) for stage in range(virtual_stages)]
 
 
-def measure_schedules(comm, layer_sizes, batch: int, micro_batches: int, schedules, repeats: int = 5,
-                      dtype="float64", chunks: int = 2):
-    """Each schedule's measured bubble beside its formula and its simulation, and its memory.
-
-    schedules: names of ALL_SCHEDULES (interleaved with ``chunks``), or {name: its ScheduledPipeline
-    chunks}: v, or the layer counts of its virtual stages (balanced_split). Every rank runs
-    ``repeats`` steps (after one warm-up) on the same random batch. Returns, on rank 0, {name:
-    dict(measured, simulated, formula: medians over the steps, the formula with the measured median
-    F, B, W; step_seconds: the median span and its spread (min, max); peak_alive, peak_bytes: per
-    stage; layers: per virtual stage; timelines: the last step's)}; None elsewhere.
-    """
-    if not isinstance(schedules, dict):
-        schedules = {name: chunks if name == "interleaved" else 1 for name in schedules}
-    inputs, labels = random_batch(layer_sizes, batch, dtype, seed=0)
-    results = {}
-    for name, layout in schedules.items():
-        pipeline = ScheduledPipeline(comm, layer_sizes, dtype=dtype, micro_batches=micro_batches, schedule=name,
-                                     chunks=layout)
-        steps = [timed_step(pipeline, inputs, labels) for _ in range(repeats + 1)][1:]
-        memory = comm.gather((pipeline.peak_alive, pipeline.peak_activation_bytes), root=0)
-        if comm.rank == 0:
-            results[name] = summarize(name, steps, micro_batches, pipeline.chunks, memory)
-            results[name]["layers"] = [stop - first for first, stop in
-                                       stage_layers(pipeline.num_layers, comm.size * pipeline.chunks, pipeline.split)]
-    return results if comm.rank == 0 else None
+def split_problem(split, num_layers: int, stages: int) -> str | None:
+    """Why ``split`` (layers per stage, or None: as even as possible) cannot cut ``num_layers`` into ``stages``."""
+    if split is None:
+        return None
+    if (not isinstance(split, (tuple, list)) or len(split) != stages or not all(
+            isinstance(count, (int, np.integer)) and not isinstance(count, bool) and count >= 1 for count in split)):
+        return (f"split must give each of the {stages} (virtual) stages a positive number of layers, e.g. "
+                f"{tuple(split_evenly(num_layers, stages)[0])}; got {split!r}")
+    if sum(split) != num_layers:
+        return f"split {tuple(split)} holds {sum(split)} layers but the network has {num_layers} weight layers"
+    return None
 
 
 def balanced_split(num_layers: int, virtual_stages: int) -> tuple[int, ...]:
@@ -245,26 +243,157 @@ def balanced_split(num_layers: int, virtual_stages: int) -> tuple[int, ...]:
     if virtual_stages < 1 or num_layers - 2 < virtual_stages:
         raise ValueError(f"{num_layers} layers cannot give each of {virtual_stages} virtual stages a wide layer: "
                          f"balanced_split needs at least virtual stages + 2 layers")
-    counts = [int(count) for count in split_counts(num_layers - 2, virtual_stages)]
+    counts = split_evenly(num_layers - 2, virtual_stages)[0]
     counts[0] += 1
     counts[-1] += 1
     return tuple(counts)
 
 
-def summarize(name: str, steps, micro_batches: int, chunks: int, memory) -> dict:
-    """measure_schedules' dict for one schedule from its steps' timelines (rank 0)."""
-    spans = [step_span(timelines) for timelines in steps]
+# -- the executor with these schedules -------------------------------------------------------------------
+
+class ZeroBubbleStage(Stage):
+    """Lesson 09's stage that also runs the backward split in two: B ("backward_input") and, later, W
+    ("backward_weight"). Between them a micro-batch's layer inputs and deltas wait in ``waiting``."""
+
+    def begin(self) -> None:
+        super().begin()
+        self.waiting = {}
+
+    def alive(self) -> int:
+        return len(self.kept) + len(self.waiting)
+
+    def backward_input(self, step, k: int) -> None:
+        """B: every layer's delta, last to first, delta_{l-1} = (delta_l @ W_l.T) * a (1 - a), and the input
+        gradient delta_1 @ W_1.T to send back (not on virtual stage 0); no weight gradient yet."""
+        activations, logits = self.kept.pop(k)
+        deltas = [self.output_delta(step, k, activations, logits)]
+        for index in range(len(self.layers) - 1, 0, -1):
+            deltas.insert(0, self.layers[index - 1].logits_gradient(self.layers[index].input_gradient(deltas[0]),
+                                                                    activations[index]))
+        self.waiting[k] = (activations[:-1], deltas)
+        if self.position:
+            self.outgoing[k] = self.layers[0].input_gradient(deltas[0])
+
+    def backward_weight(self, step, k: int) -> None:
+        """W: each layer's dJ/dW = a_in.T @ delta and dJ/db of micro-batch k, from what its B left waiting."""
+        for layer, inputs, delta in zip(self.layers, *self.waiting.pop(k)):
+            layer.weight_gradient(inputs, delta, self.added > 0)
+        self.added += 1
+
+
+class ScheduledPipeline(PipelineMLP):
+    """Lesson 09's PipelineMLP running any schedule of ALL_SCHEDULES, with ``chunks`` (v) stages per rank.
+
+    Arguments as PipelineMLP's, plus chunks: v (interleaved only; every rank needs at least v layers: virtual
+    stage c P + s holds virtual_stage_layers(L, v P)[c P + s]), or the layer counts of the v P virtual stages
+    themselves, e.g. (3, 2, 2, 3) for v = 2 on 2 ranks or (5, 5) for v = 1 (balanced_split gives the one that
+    makes narrow first and last layers' stages as heavy as the others). ``held``: this rank's stages, chunk by
+    chunk; full_params puts the chunks back in layer order, so the result compares with Network's flat vector.
+    """
+
+    schedules, letters = ALL_SCHEDULES, LETTERS
+
+    def __init__(self, comm, layer_sizes=(784, 128, 10), output: str = "sigmoid", dtype="float64",
+                 seed: int = 0, micro_batches: int = 4, schedule: str = "1f1b", chunks=1):
+        self.split = tuple(chunks) if isinstance(chunks, (tuple, list)) else None
+        require_same_on_every_rank(comm, "the schedule and chunks per stage", (schedule, self.split or chunks))
+        if self.split is not None:
+            if len(self.split) % comm.size or not self.split:
+                raise raised_on_every_rank(ValueError(
+                    f"chunks as layer counts must name v x {comm.size} virtual stages (v chunks on each of the "
+                    f"{comm.size} ranks); got {len(self.split)}: {self.split!r}"))
+            chunks = len(self.split) // comm.size
+        if not isinstance(chunks, int) or chunks < 1 or (chunks > 1 and schedule != "interleaved"):
+            raise ValueError(f"chunks must be 1, or a positive integer with schedule 'interleaved'; got "
+                             f"{self.split or chunks!r} with {schedule!r}")
+        self.chunks = chunks
+        super().__init__(comm, layer_sizes, output, dtype, seed, micro_batches, schedule)
+
+    def check_settings(self, pieces: int, num_layers: int, micro_batches, schedule) -> None:
+        """Lesson 09's checks on the v P virtual stages, and the split's (the same verdict on every rank)."""
+        super().check_settings(pieces * self.chunks, num_layers, micro_batches, schedule)
+        problem = split_problem(self.split, num_layers, pieces * self.chunks)
+        if problem:
+            raise raised_on_every_rank(ValueError(problem))
+
+    def hold_layers(self, whole) -> list[ZeroBubbleStage]:
+        """This rank's v stages: virtual stage c P + s's layers for chunk c, over slices of one params vector."""
+        stages, last = self.stages, self.stages * self.chunks - 1
+        ranges = virtual_stage_layers(whole.num_layers, stages * self.chunks, self.split)
+        self.chunk_ranges = [ranges[chunk * stages + self.stage] for chunk in range(self.chunks)]
+        starts = parameter_offsets(whole.shapes)
+        self.params = np.concatenate([whole.params[starts[first]:starts[stop]] for first, stop in self.chunk_ranges])
+        self.grads, self.num_params, held, offset = np.zeros_like(self.params), self.params.size, [], 0
+        for chunk, (first, stop) in enumerate(self.chunk_ranges):
+            size, position = starts[stop] - starts[first], chunk * stages + self.stage
+            layers = dense_layers(self.params[offset:offset + size], self.grads[offset:offset + size],
+                                  whole.shapes[first:stop], self.output if position == last else "sigmoid")
+            held.append(ZeroBubbleStage(self.comm, layers, position, (position - 1) % stages if position else None,
+                                        (position + 1) % stages if position < last else None))
+            offset += size
+        return held
+
+    def runs(self, instruction) -> ZeroBubbleStage:
+        """The stage of the instruction's chunk."""
+        return self.held[chunk_of(instruction)]
+
+    def programs(self, micro_batches: int):
+        return schedule_programs(self.schedule, self.stages, micro_batches, self.chunks)
+
+    @property
+    def timeline_chunks(self) -> list[int]:
+        """The chunk of each computation in ``timeline`` (the last step's)."""
+        return [chunk_of(instruction) for instruction in self.program if instruction.kind in self.letters]
+
+    def full_params(self) -> np.ndarray:
+        """Every rank's chunks put back in layer order: Network's flat layout."""
+        gathered, pieces, at = allgather_rows(self.comm, self.params), [], 0
+        starts = parameter_offsets(list(zip(self.layer_sizes[:-1], self.layer_sizes[1:])))
+        ranges = virtual_stage_layers(self.num_layers, self.stages * self.chunks, self.split)
+        for stage in range(self.stages):
+            for first, stop in ranges[stage::self.stages]:
+                pieces.append((first, gathered[at:at + starts[stop] - starts[first]]))
+                at += starts[stop] - starts[first]
+        return np.concatenate([piece for _, piece in sorted(pieces, key=lambda first_piece: first_piece[0])])
+
+
+# -- measured ------------------------------------------------------------------------------------------------
+
+def measure_schedules(comm, layer_sizes, batch: int, micro_batches: int, schedules, repeats: int = 5,
+                      dtype="float64", chunks: int = 2):
+    """Each schedule's measured bubble beside its formula and its simulation, and its micro-batches alive.
+
+    schedules: names of ALL_SCHEDULES (interleaved with ``chunks``), or {name: its ScheduledPipeline
+    chunks}: v, or the layer counts of its virtual stages (balanced_split). Every rank runs ``repeats`` steps
+    (after one warm-up) on the same random batch. Returns, on rank 0, {name: lesson 09's summary (measured,
+    simulated, step_seconds, spread, timelines) with formula (with the measured mean F, B, W), peak_alive per
+    stage and layers per virtual stage}; None elsewhere.
+    """
+    if not isinstance(schedules, dict):
+        schedules = {name: chunks if name == "interleaved" else 1 for name in schedules}
+    inputs, labels = random_batch(layer_sizes, batch, dtype, seed=0)
+    results = {}
+    for name, layout in schedules.items():
+        pipeline = ScheduledPipeline(comm, layer_sizes, dtype=dtype, micro_batches=micro_batches, schedule=name,
+                                     chunks=layout)
+        steps = timed_steps(pipeline, inputs, labels, repeats)
+        alive = comm.gather(pipeline.peak_alive, root=0)
+        if comm.rank == 0:
+            results[name] = summarize(name, steps, micro_batches, pipeline.chunks)
+            results[name].update(peak_alive=alive, layers=[stop - first for first, stop in virtual_stage_layers(
+                pipeline.num_layers, comm.size * pipeline.chunks, pipeline.split)])
+    return results if comm.rank == 0 else None
+
+
+def summarize(name: str, steps, micro_batches: int, chunks: int) -> dict:
+    """Lesson 09's summary of one schedule's steps, its simulation and formula from each step's own times."""
     simulated, formula = [], []
     for timelines in steps:
-        per_stage = [stage_times(median_seconds(timeline), chunks) for timeline in timelines]
-        simulated.append(simulated_bubble(name, per_stage, micro_batches, chunks))
+        per_stage = [stage_times(seconds_per_kind(timeline), chunks) for timeline in timelines]
+        simulated.append(schedule_bubble(name, per_stage, micro_batches, chunks))
         mean = [float(np.mean([stage[letter] for stage in per_stage])) for letter in "FBW"]
         formula.append(bubble_formula(name, len(timelines), micro_batches, mean, chunks))
-    return dict(measured=float(np.median([measured_bubble(timelines) for timelines in steps])),
-                simulated=float(np.median(simulated)), formula=float(np.median(formula)),
-                step_seconds=float(np.median(spans)), spread=(float(min(spans)), float(max(spans))),
-                peak_alive=[count for count, _ in memory], peak_bytes=[size for _, size in memory],
-                timelines=steps[-1])
+    return dict(summary(steps, simulated), formula=float(np.median(formula)))
 
 
 def stage_times(medians: dict, chunks: int) -> dict:

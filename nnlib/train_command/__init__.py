@@ -31,7 +31,8 @@ ranks (ZeRO-3); ``--recompute K`` keeps every K-th layer's activations and recom
 ``--accumulate K`` runs each step as K micro-batches; ``--precision float16`` stores the network in
 float16 with float32 master weights and dynamic loss scaling, ``--precision bfloat16`` in bfloat16 (the
 ml_dtypes package) without scaling; they combine with one another and with checkpoints (nnlib.lesson12_memory),
-and --recompute, --accumulate and --precision with ``--model-parallel tensor``, --precision with pipeline.
+with data parallelism and FSDP. What combines with what is one table, ``options.COMBINES``: the job refuses
+anything else with one message that lists what combines.
 
 The job's parts, one file each: ``options`` (the arguments and their checks), ``job`` (run, abort, load the
 data), ``data_parallel``, ``model_parallel`` and ``asynchronous`` (the three kinds of job), ``reports`` (what

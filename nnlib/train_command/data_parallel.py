@@ -86,7 +86,7 @@ def job_memory_network(args, comm):
 
 
 def memory_wrapped(args, network):
-    """``network`` (lesson 02's, FSDP's or a tensor-parallel piece) in MixedPrecision with --precision float16 or
+    """``network`` (lesson 02's or FSDP's) in MixedPrecision with --precision float16 or
     bfloat16, else in MicroBatched with --accumulate and --recompute."""
     from nnlib.lesson12_memory.accumulation import MicroBatched
     from nnlib.lesson12_memory.mixed_precision import MixedPrecision
@@ -117,7 +117,7 @@ def job_strategy(args):
     from nnlib.lesson12_memory.fsdp import FullySharded
 
     sync = {"zero": ZeRO, "overlap": Overlap, "fsdp": FullySharded, "allreduce": Allreduce}.get(args.strategy)
-    if args.precision != "float32":  # (allreduce, zero or fsdp: check_precision)
+    if args.precision != "float32":  # (allreduce, zero or fsdp: options.COMBINES)
         from nnlib.lesson12_memory.mixed_precision import loss_scaled
 
         return loss_scaled(sync)

@@ -1,14 +1,13 @@
-"""The model-parallel job (lessons 09, 12 and 13): tensor or pipeline parallelism inside replicas, data
-parallelism across them (nnlib.lesson09_model_parallel.grid). It reuses the data-parallel job's
-``job_strategy`` and ``memory_wrapped`` for the memory options (lesson 12)."""
+"""The model-parallel job (lessons 09 and 13): tensor or pipeline parallelism inside replicas, data parallelism
+across them (nnlib.lesson09_model_parallel.grid). Lesson 12's memory options do not combine with it
+(nnlib.train_command.options.COMBINES)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from nnlib.train_command.data_parallel import job_strategy, memory_wrapped
-from nnlib.train_command.options import memory_options_used, pipeline_chunks
-from nnlib.train_command.reports import announce_memory, report, save_trace
+from nnlib.train_command.options import pipeline_chunks
+from nnlib.train_command.reports import report, save_trace
 
 LESSON = 13
 
@@ -20,7 +19,7 @@ def model_parallel_job(args, comm, settings, data, test) -> int:
     from nnlib.lesson08_inside_allreduce.sampling import PerRankBatches
     from nnlib.lesson09_model_parallel.grid import train_hybrid
     from nnlib.lesson09_model_parallel.tensor import TensorParallelMLP
-    from nnlib.lesson13_pipeline_schedules.schedules import MixedScheduledPipeline, ScheduledPipeline
+    from nnlib.lesson13_pipeline_schedules.schedules import ScheduledPipeline
 
     (inputs, labels), (test_inputs, test_labels) = [(broadcast_new(comm, first), broadcast_new(comm, second))
                                                     for first, second in (data, test)]
@@ -30,23 +29,17 @@ def model_parallel_job(args, comm, settings, data, test) -> int:
         print(f"{comm.size} ranks: {comm.size // model_size if comm.size % model_size == 0 else '?'} replica(s) of "
               f"{model_size} ({args.model_parallel} parallelism inside), network {'-'.join(map(str, sizes))}, "
               f"{args.samples} samples, global batch {args.batch_size or 'full'}", flush=True)
-        announce_memory(args)
     model = dict(layer_sizes=sizes, output=args.output_layer, dtype=args.dtype, seed=args.seed)
 
     def build_piece(model_comm):  # this rank's piece of its replica (model_comm is watched, as comm)
         if args.model_parallel == "tensor":
-            piece = TensorParallelMLP(model_comm, **model)
-            return memory_wrapped(args, piece) if memory_options_used(args) else piece
-        if args.precision != "float32":
-            return MixedScheduledPipeline(model_comm, **model, micro_batches=args.micro_batches,
-                                          schedule=args.schedule, chunks=pipeline_chunks(args),
-                                          precision=args.precision)
+            return TensorParallelMLP(model_comm, **model)
         return ScheduledPipeline(model_comm, **model, micro_batches=args.micro_batches, schedule=args.schedule,
                                  chunks=pipeline_chunks(args))
 
     with comm.guard():  # the grid's communicators are split from the watched comm: every message has a deadline
         network, history = train_hybrid(
-            comm, model_size, build_piece, inputs, labels, strategy=job_strategy(args),
+            comm, model_size, build_piece, inputs, labels, strategy=args.strategy,
             settings=settings, batches=PerRankBatches if args.sampler == "per_rank" else None,
             progress=comm.rank == 0)  # (each piece's data_comm has a rank 0: one line, from world rank 0)
     test_accuracy = network.accuracy(test_inputs, test_labels)  # every piece of each replica takes part

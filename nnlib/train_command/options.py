@@ -1,4 +1,5 @@
-"""The batch job's options: each lesson's arguments, and the checks of them that every rank makes together.
+"""The batch job's options: each lesson's arguments, one table of what combines with what (:data:`COMBINES`), and
+the checks that every rank makes together.
 
 :func:`check_settings` reads the arguments only (no I/O, no MPI): every rank reaches the same verdict from the
 same arguments, before any collective, and rank 0 says it once.
@@ -112,7 +113,7 @@ def add_memory_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--precision", choices=("float32", "float16", "bfloat16"), default="float32",
                         help="float16: weights, activations, gradients stored in float16, float32 master weights "
                              "and dynamic loss scaling; bfloat16: the same in bfloat16, unscaled (lesson 12; "
-                             "with --strategy allreduce or fsdp)")
+                             "with --strategy allreduce, zero or fsdp)")
 
 
 def parse_fault(text):
@@ -148,159 +149,135 @@ def job_settings(args):
                     momentum=args.momentum, seed=args.seed)
 
 
+# -- what combines with what ---------------------------------------------------------------------------------
+
+#: The options a kind of training may take, each with how the arguments show that it is used.
+OPTIONS = {"--recompute": lambda args: args.recompute > 0, "--accumulate": lambda args: args.accumulate > 1,
+           "--precision": lambda args: args.precision != "float32", "--device": lambda args: args.device != "cpu",
+           "--checkpoint-dir": lambda args: bool(args.checkpoint_dir), "--fault": lambda args: args.fault is not None,
+           "--slow": lambda args: args.slow is not None, "--trace": lambda args: bool(args.trace)}
+MEMORY, RUN = ("--recompute", "--accumulate", "--precision"), ("--checkpoint-dir", "--fault", "--slow", "--trace")
+
+#: THE table: the kinds of training the job runs (one at a time), how the arguments show each, and the options
+#: each combines with. Lesson 12's savers (MEMORY) go with data parallelism and FSDP, not with lesson 09's model
+#: parallelism nor lesson 11's compression and asynchrony; mixed precision with the strategies whose ranks agree on
+#: the overflow verdict (the summed gradient, or one flag Allreduce over ZeRO's slices or FSDP's chunks).
+COMBINES = {
+    "--strategy allreduce": (lambda args: False, {*MEMORY, "--device", *RUN}),  # (the default: no other kind)
+    "--strategy zero": (lambda args: args.strategy == "zero", {*MEMORY, "--device", *RUN}),
+    "--strategy fsdp": (lambda args: args.strategy == "fsdp", {*MEMORY, *RUN}),
+    "--strategy overlap": (lambda args: args.strategy == "overlap", {*MEMORY[:2], "--device", *RUN}),
+    "--strategy parameter_server": (lambda args: args.strategy == "parameter_server", {*MEMORY[:2], "--device", *RUN}),
+    "--strategy reduce_broadcast": (lambda args: args.strategy == "reduce_broadcast", {*MEMORY[:2], "--device", *RUN}),
+    "--compression float16/bfloat16/topk": (lambda args: args.compression not in ("none", "powersgd"),
+                                            {"--device", *RUN}),
+    "--compression powersgd": (lambda args: args.compression == "powersgd", {"--device", *RUN[1:]}),
+    "--local-steps": (lambda args: args.local_steps is not None, {*MEMORY[:2], "--device", *RUN[1:]}),
+    "--asynchronous": (lambda args: args.asynchronous, {"--slow", "--trace"}),
+    "--model-parallel tensor": (lambda args: args.model_parallel == "tensor", set()),
+    "--model-parallel pipeline": (lambda args: args.model_parallel == "pipeline", {"--trace"}),
+}
+
+
+def combination_problem(args) -> str | None:
+    """The one message for a combination COMBINES does not hold (None if it holds them all): which two options,
+    and what combines: one kind of training at a time, and the options that kind takes."""
+    kinds = [kind for kind, (used, _) in COMBINES.items() if used(args)] or ["--strategy allreduce"]
+    takes = COMBINES[kinds[0]][1]
+    refused = kinds[1:] + [option for option, used in OPTIONS.items() if used(args) and option not in takes]
+    if not refused:
+        return None
+    values = {}  # "--strategy": ["allreduce", "zero", ...], "--asynchronous": [], ...
+    for kind in COMBINES:
+        flag, *value = kind.split()
+        values.setdefault(flag, []).extend(value)
+    one_of = "; ".join(f"{flag} {' or '.join(value)}".strip() for flag, value in values.items())
+    options = f"takes {', '.join(sorted(takes))}" if takes else f"takes none of {', '.join(OPTIONS)}"
+    return (f"{kinds[0]} does not combine with {refused[0]} in the batch job. What combines: one kind of training "
+            f"at a time ({one_of}), and {kinds[0]} {options}.")
+
+
+# -- the checks ------------------------------------------------------------------------------------------------
+
 def check_settings(args, ranks: int) -> None:
-    """ValueError for options that cannot go together on ``ranks`` ranks (no I/O, no MPI: every rank
-    reaches the same verdict from the same arguments, before any collective)."""
-    problems = job_settings(args).problems()  # epochs, rate, batch, momentum, seed: nnlib.lesson03_training.training.Settings
-    if problems:
-        raise ValueError("; ".join(problems))
-    if args.resume and not args.checkpoint_dir:
-        raise ValueError("--resume needs --checkpoint-dir (the folder of the run to continue)")
-    if args.checkpoint_every < 0:
-        raise ValueError(f"--checkpoint-every must be 0 (once per epoch) or a number of steps; "
-                         f"got {args.checkpoint_every}")
-    if args.model_parallel != "none":
-        check_model_parallel(args)
-    check_compression_and_asynchrony(args, ranks)
-    check_schedule_and_trace(args)
-    check_talking_less(args)
-    check_memory_options(args)
+    """ValueError for options that are wrong or cannot go together on ``ranks`` ranks (no I/O, no MPI: every rank
+    reaches the same verdict from the same arguments, before any collective): each option's own values and what
+    it needs first, then the table of what combines."""
+    problems = job_settings(args).problems()  # epochs, rate, batch, momentum, seed: lesson 03's Settings
+    problems += [message for wrong, message in value_problems(args, ranks) if wrong]
+    problems += [message for wrong, message in needs_problems(args) if wrong]
+    problem = problems[0] if problems else combination_problem(args)
+    if problem:
+        raise ValueError(problem)
+    if args.precision != "float32":
+        from nnlib.lesson12_memory.mixed_precision import low_precision
+
+        low_precision(args.precision)  # bfloat16 without ml_dtypes: a clear error
 
 
-def check_compression_and_asynchrony(args, ranks: int) -> None:
-    """--compression, --topk, --asynchronous, --staleness, --slow: what each needs (same verdict on every rank)."""
+def value_problems(args, ranks: int) -> list[tuple[bool, str]]:
+    """(wrong?, what to do) for each option's own value."""
     from nnlib.lesson02_network.network import count_parameters
     from nnlib.lesson11_beyond_sync.compression import check_method
-
-    if args.dtype not in ("float32", "float64"):
-        raise ValueError(f"--dtype must be float32 or float64 (the network's numbers; 16-bit formats are "
-                         f"--compression float16 or bfloat16); got {args.dtype!r}")
-    problems = [] if args.compression == "powersgd" else check_method(args.compression, args.topk,
-                                                                      count_parameters((784, *args.hidden, 10)))
-    if problems:
-        raise ValueError(problems[0].replace("compression=", "--compression ").replace("k=", "--topk ")
-                         .replace("needs k", "needs --topk K"))
-    slow = parse_slow(args.slow)
-    if any(rank >= ranks for rank in slow):
-        raise ValueError(f"--slow names rank {next(iter(slow))}, but the job has ranks 0 to {ranks - 1}")
-    if args.staleness is not None and not args.asynchronous:
-        raise ValueError("--staleness bounds the asynchronous parameter server: add --asynchronous")
-    if args.staleness is not None and args.staleness < 0:
-        raise ValueError(f"--staleness must be a whole number of steps, 0 or more; got {args.staleness}")
-    if args.compression != "none" and args.strategy != "allreduce":
-        raise ValueError(f"--compression goes with --strategy allreduce; got {args.strategy}")
-    if not args.asynchronous:
-        return
-    if ranks < 2:
-        raise ValueError("--asynchronous needs a server and at least one worker: run with mpiexec -n 2 or more")
-    if 0 in slow:
-        raise ValueError("--slow with --asynchronous must name a worker (rank 1 or more): rank 0 is the server")
-    for given, name in [(args.compression != "none", "--compression"), (args.checkpoint_dir, "--checkpoint-dir"),
-                        (args.model_parallel != "none", "--model-parallel"), (args.device != "cpu", "--device"),
-                        (args.strategy != "allreduce", "--strategy"), (args.fault, "--fault")]:
-        if given:
-            raise ValueError(f"--asynchronous does not go with {name} (yet): drop one of them")
-    if args.local_steps is not None:
-        raise ValueError("--asynchronous does not go with --local-steps: the server applies every gradient as it "
-                         "arrives, local SGD averages every H steps together; drop one of them")
-    if not args.batch_size:
-        raise ValueError("--asynchronous needs mini-batches: give --batch-size (the global batch, shared by the workers)")
-
-
-def check_talking_less(args) -> None:
-    """--compression powersgd --rank, --local-steps and the outer optimizer: what each needs and refuses (lesson 11)."""
     from nnlib.lesson11_beyond_sync.local_sgd import DILOCO_MOMENTUM, check_local_sgd
     from nnlib.lesson11_beyond_sync.powersgd import check_rank
 
-    if args.compression == "powersgd" and check_rank(args.rank):
-        raise ValueError(f"--compression powersgd needs --rank R, a whole number, 1 or more; got {args.rank}")
-    if args.compression != "powersgd" and args.rank is not None:
-        raise ValueError("--rank is PowerSGD's: add --compression powersgd, or drop --rank")
-    if args.compression == "powersgd" and args.checkpoint_dir:
-        raise ValueError("checkpoints do not keep PowerSGD's Q and residuals: drop --checkpoint-dir")
-    if args.compression != "none" and args.model_parallel != "none":
-        raise ValueError("--compression compresses data parallelism's gradients: it does not go with "
-                         "--model-parallel; drop one of them")
-    if args.local_steps is None:
-        if args.outer_optimizer != "average" or args.outer_learning_rate is not None:
-            raise ValueError("--outer-optimizer and --outer-learning-rate are local SGD's: add --local-steps H")
-        return
-    problems = check_local_sgd(args.local_steps, args.outer_optimizer, args.outer_learning_rate, DILOCO_MOMENTUM)
-    if problems:
-        raise ValueError("; ".join(problems).replace("the local steps H", "--local-steps H")
-                         .replace("the outer learning rate", "--outer-learning-rate"))
-    for given, name in [(args.compression != "none", "--compression (it sends parameter changes, not gradients)"),
-                        (args.strategy != "allreduce", "--strategy"), (args.model_parallel != "none", "--model-parallel"),
-                        (args.checkpoint_dir, "--checkpoint-dir")]:
-        if given:
-            raise ValueError(f"--local-steps does not go with {name}: drop one of them")
-    if args.sampler != "per_rank" or not args.batch_size:
-        raise ValueError("--local-steps needs --sampler per_rank and mini-batches (--batch-size): each rank steps "
-                         "on batches of its own shard")
+    compression = [] if args.compression == "powersgd" else check_method(args.compression, args.topk,
+                                                                          count_parameters((784, *args.hidden, 10)))
+    local = [] if args.local_steps is None else check_local_sgd(args.local_steps, args.outer_optimizer,
+                                                                 args.outer_learning_rate, DILOCO_MOMENTUM)
+    slow = parse_slow(args.slow)
+    return [
+        (args.checkpoint_every < 0, f"--checkpoint-every must be 0 (once per epoch) or a number of steps; "
+                                    f"got {args.checkpoint_every}"),
+        (args.model_size < 0, f"--model-size must be 0 (all ranks) or a positive number; got {args.model_size}"),
+        (args.dtype not in ("float32", "float64"), f"--dtype must be float32 or float64 (the network's numbers; "
+                                                   f"16-bit formats are --compression float16 or bfloat16); got "
+                                                   f"{args.dtype!r}"),
+        (bool(compression), "; ".join(compression).replace("compression=", "--compression ").replace("k=", "--topk ")
+         .replace("needs k", "needs --topk K")),
+        (any(rank >= ranks for rank in slow), f"--slow names rank {next(iter(slow), 0)}, but the job has ranks 0 "
+                                              f"to {ranks - 1}"),
+        (args.staleness is not None and args.staleness < 0,
+         f"--staleness must be a whole number of steps, 0 or more; got {args.staleness}"),
+        (args.asynchronous and ranks < 2, "--asynchronous needs a server and at least one worker: run with mpiexec "
+                                          "-n 2 or more"),
+        (args.asynchronous and 0 in slow, "--slow with --asynchronous must name a worker (rank 1 or more): rank 0 "
+                                          "is the server"),
+        (args.compression == "powersgd" and bool(check_rank(args.rank)),
+         f"--compression powersgd needs --rank R, a whole number, 1 or more; got {args.rank}"),
+        (bool(local), "; ".join(local).replace("the local steps H", "--local-steps H")
+         .replace("the outer learning rate", "--outer-learning-rate")),
+        (args.virtual_stages is not None and args.virtual_stages < 1,
+         f"--virtual-stages must be a positive number; got {args.virtual_stages}"),
+        (args.recompute < 0, f"--recompute must be 0 (keep every activation) or K >= 1; got {args.recompute}"),
+        (args.accumulate < 1, f"--accumulate must be at least 1 (micro-batches per step); got {args.accumulate}"),
+    ]
 
 
-def check_model_parallel(args) -> None:
-    """What --model-parallel cannot be combined with (the same verdict on every rank: same arguments)."""
-    if args.device != "cpu":
-        raise ValueError("--model-parallel runs on the CPU only; drop --device")
-    if args.checkpoint_dir:
-        raise ValueError("--model-parallel does not write checkpoints yet (each rank holds a different piece); "
-                         "drop --checkpoint-dir")
-    if args.strategy != "allreduce":
-        raise ValueError(f"--model-parallel uses --strategy allreduce across the replicas; got {args.strategy}")
-    if args.model_size < 0:
-        raise ValueError(f"--model-size must be 0 (all ranks) or a positive number; got {args.model_size}")
-
-
-def check_schedule_and_trace(args) -> None:
-    """--virtual-stages only with --schedule interleaved (and --model-parallel pipeline); --trace not with tensor."""
-    if args.virtual_stages is not None and args.schedule != "interleaved":
-        raise ValueError(f"--virtual-stages goes with --schedule interleaved; got --schedule {args.schedule}")
-    if args.virtual_stages is not None and args.virtual_stages < 1:
-        raise ValueError(f"--virtual-stages must be a positive number; got {args.virtual_stages}")
-    if args.schedule in ("interleaved", "zb-h1", "zb-h2") and args.model_parallel != "pipeline":
-        raise ValueError(f"--schedule {args.schedule} needs --model-parallel pipeline")
-    if args.trace and args.model_parallel == "tensor":
-        raise ValueError("--trace records data-parallel phases, pipeline stages or asynchronous updates; "
-                         "tensor parallelism keeps no timeline: drop --trace")
-
-
-def check_memory_options(args) -> None:
-    """What --strategy fsdp, --recompute and --accumulate need, and what they do not combine with."""
-    if args.recompute < 0:
-        raise ValueError(f"--recompute must be 0 (keep every activation) or K >= 1; got {args.recompute}")
-    if args.accumulate < 1:
-        raise ValueError(f"--accumulate must be at least 1 (micro-batches per step); got {args.accumulate}")
-    if not memory_options_used(args):
-        return
-    used = ("--strategy fsdp" if args.strategy == "fsdp" else "--recompute/--accumulate"
-            if args.recompute or args.accumulate > 1 else f"--precision {args.precision}")
-    pipeline_refuses = args.model_parallel == "pipeline" and (args.recompute or args.accumulate > 1)
-    for given, name in [(pipeline_refuses, "--model-parallel pipeline (its micro-batches are its accumulation; "
-                         "it takes --precision; --model-parallel tensor takes all three)"),
-                        (args.asynchronous, "--asynchronous"), (args.compression != "none", "--compression")]:
-        if given:
-            raise ValueError(f"{used} does not combine with {name} in the batch job")
-    if args.strategy == "fsdp" and args.device != "cpu":
-        raise ValueError("--strategy fsdp runs on --device cpu")
-    check_precision(args)
-
-
-def check_precision(args) -> None:
-    """--precision float16 / bfloat16 go with --strategy allreduce, zero or fsdp, float32 master weights, on the CPU
-    (with --recompute, --accumulate and --checkpoint-dir as they like)."""
-    if args.precision == "float32":
-        return
-    if args.strategy not in ("allreduce", "zero", "fsdp"):
-        raise ValueError(f"--precision {args.precision} goes with --strategy allreduce, zero or fsdp (every rank "
-                         f"must reach the same overflow verdict: on the summed gradient, or one flag Allreduce over "
-                         f"ZeRO's slices or FSDP's chunks); got --strategy {args.strategy}")
-    if args.dtype != "float32" or args.device != "cpu":
-        raise ValueError(f"--precision {args.precision} keeps float32 master weights (--dtype float32), "
-                         f"on --device cpu")
-    from nnlib.lesson12_memory.mixed_precision import low_precision
-
-    low_precision(args.precision)  # bfloat16 without ml_dtypes: a clear error
+def needs_problems(args) -> list[tuple[bool, str]]:
+    """(missing?, what to add) for the options that belong to another: --staleness to --asynchronous, ..."""
+    return [
+        (args.resume and not args.checkpoint_dir,
+         "--resume needs --checkpoint-dir (the folder of the run to continue)"),
+        (args.staleness is not None and not args.asynchronous,
+         "--staleness bounds the asynchronous parameter server: add --asynchronous"),
+        (args.asynchronous and not args.batch_size,
+         "--asynchronous needs mini-batches: give --batch-size (the global batch, shared by the workers)"),
+        (args.rank is not None and args.compression != "powersgd",
+         "--rank is PowerSGD's: add --compression powersgd, or drop --rank"),
+        (args.local_steps is None and (args.outer_optimizer != "average" or args.outer_learning_rate is not None),
+         "--outer-optimizer and --outer-learning-rate are local SGD's: add --local-steps H"),
+        (args.local_steps is not None and (args.sampler != "per_rank" or not args.batch_size),
+         "--local-steps needs --sampler per_rank and mini-batches (--batch-size): each rank steps on batches of its "
+         "own shard"),
+        (args.virtual_stages is not None and args.schedule != "interleaved",
+         f"--virtual-stages goes with --schedule interleaved; got --schedule {args.schedule}"),
+        (args.schedule not in ("gpipe", "1f1b") and args.model_parallel != "pipeline",
+         f"--schedule {args.schedule} needs --model-parallel pipeline"),
+        (args.precision != "float32" and (args.dtype != "float32" or args.device != "cpu"),
+         f"--precision {args.precision} keeps float32 master weights (--dtype float32), on --device cpu"),
+    ]
 
 
 def memory_options_used(args) -> bool:

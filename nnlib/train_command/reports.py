@@ -34,13 +34,12 @@ def announce(args, comm, network, gpus) -> None:
 
 
 def announce_memory(args, ranks: int | None = None) -> None:
-    """Rank 0 says lesson 12's options, if any are used (a pipeline's micro-batches are its --micro-batches), and in a
-    data-parallel job on ``ranks`` ranks what lesson 12's memory model counts on rank 0 (its share of a batch)."""
+    """Rank 0 says lesson 12's options, if any are used, and in a data-parallel job on ``ranks`` ranks what lesson
+    12's memory model counts on rank 0 (its share of a batch)."""
     if not memory_options_used(args):
         return
-    micro_batches = args.micro_batches if args.model_parallel == "pipeline" else args.accumulate
     print(f"memory: strategy {args.strategy}, recompute every {args.recompute or 'none'}, "
-          f"{micro_batches} micro-batch(es) per step, precision {args.precision}", flush=True)
+          f"{args.accumulate} micro-batch(es) per step, precision {args.precision}", flush=True)
     if ranks and args.strategy in ("allreduce", "zero", "fsdp"):
         from nnlib.lesson04_collectives.collectives import split_counts
         from nnlib.lesson12_memory.budget import predicted_bytes

@@ -8,14 +8,8 @@ steps are skipped), the same verdicts on every rank, and weights within 1e-3 (fl
 largest of the sequential run's (tolerance: each rank's low-precision gradient is a partial sum over its rows,
 rounded to 2 bytes, where one process rounds the whole batch's; on 1 rank they are bit-identical). FSDP's ranks reach the same skip verdict when only one
 rank's chunk overflowed. An FSDP float16 run checkpointed and resumed equals an uninterrupted one bit for bit.
-Lesson 09's tensor parallelism in mixed precision (every rank the whole batch, its slices of each layer, partial
-products summed in float32), with accumulation and recomputation, on the uneven widths 64-127-96-121-80-113-72-10:
-the same verdicts as the sequential run on every rank, weights within the same tolerances (the float32 sums of
-partial products round in another order), and every rank skips when only one rank's slice overflowed.
-Lesson 09's pipeline in mixed precision (low layers, activations and messages; MPI sends bfloat16 as uint16), with
-GPipe and 1F1B, with and without recomputation, and lesson 13's interleaved, ZB-H1 and ZB-H2 schedules: the
-sequential run's operations on the same numbers, micro-batch by micro-batch, so its weights bit for bit and its
-verdicts; every stage skips when only one stage's layers overflowed.
+(Mixed precision is taught with data parallelism and FSDP: it does not combine with lesson 09's tensor or pipeline
+parallelism, and the batch job refuses those combinations: tests/test_train_command.py.)
 """
 
 import shutil
@@ -30,12 +24,9 @@ from nnlib.lesson03_training.training import Settings
 from nnlib.lesson05_data_parallel import shard, train_parallel
 from nnlib.lesson05_data_parallel.data_parallel import Allreduce
 from nnlib.lesson08_inside_allreduce.zero import ZeRO
-from nnlib.lesson09_model_parallel.tensor import TensorParallelMLP
 from nnlib.lesson10_faults.checkpoint import CheckpointFolder, Checkpointing
 from nnlib.lesson12_memory.fsdp import FullySharded, FullyShardedNetwork
-from nnlib.lesson12_memory.mixed_pipeline import MixedPipelineMLP, MixedRecomputedPipelineMLP
 from nnlib.lesson12_memory.mixed_precision import MixedPrecision, loss_scaled, train_mixed
-from nnlib.lesson13_pipeline_schedules.schedules import MixedScheduledPipeline
 
 comm = MPI.COMM_WORLD
 rank, size = comm.rank, comm.size
@@ -111,81 +102,6 @@ def test_zero_ranks_skip_together_when_one_slice_overflowed():
 def test_fsdp_mixed_precision_with_accumulation_and_recomputation_equals_sequential():
     for precision in ("float16", "bfloat16"):
         check_equal_to_sequential(True, precision)
-
-
-WIDE = (64, 127, 96, 121, 80, 113, 72, 10)  # column, row, column, row, column, row, replicated: uneven on 2-4 ranks
-WIDE_INPUTS, WIDE_LABELS = rng.random((N, WIDE[0])).astype(np.float32), rng.integers(0, WIDE[-1], N)
-
-
-def test_tensor_parallel_mixed_precision_with_accumulation_and_recomputation_equals_sequential():
-    for precision in ("float16", "bfloat16"):
-        expected = MixedPrecision(Network(WIDE, seed=3), **options(precision))
-        train_mixed(expected, WIDE_INPUTS, WIDE_LABELS, Settings(**SETTINGS))
-        mixed = MixedPrecision(TensorParallelMLP(comm, WIDE, dtype="float32", seed=3), **options(precision))
-        train_mixed(mixed, WIDE_INPUTS, WIDE_LABELS, Settings(**SETTINGS))  # every rank the same batches
-        verdicts = comm.allgather(mixed.verdicts)
-        assert verdicts == [verdicts[0]] * size and mixed.verdicts == expected.verdicts, (mixed.verdicts,
-                                                                                          expected.verdicts)
-        assert precision == "bfloat16" or 1 <= mixed.skipped < len(mixed.verdicts)
-        params = mixed.network.full_params()
-        error = float(np.abs(params - expected.params).max() / np.abs(expected.params).max())
-        assert error <= (0.0 if size == 1 else TOLERANCE[precision]), f"tensor parallel, {precision}: {error}"
-
-
-def test_tensor_parallel_ranks_skip_together_when_one_slice_overflowed():
-    mixed = MixedPrecision(TensorParallelMLP(comm, WIDE, dtype="float32", seed=3))
-    mixed.network.grads[...] = 0.0
-    if rank == size - 1:
-        mixed.network.grads[0] = np.inf  # in this rank's columns of the first layer only
-    assert comm.allgather(mixed.overflow()) == [True] * size
-    mixed.network.grads[...] = 0.0
-    assert comm.allgather(mixed.overflow()) == [False] * size
-
-
-def check_pipeline_equals_sequential(build, sizes, micro_batches: int, name: str) -> list:
-    """The failures of ``build(precision, scale)`` (a mixed pipeline) against the sequential MixedPrecision run with
-    the same micro-batches, float16 (from a scale that overflows at first) and bfloat16: weights bit for bit."""
-    inputs, labels = rng.random((N, sizes[0])).astype(np.float32), rng.integers(0, sizes[-1], N)
-    failures = []
-    for precision in ("float16", "bfloat16"):
-        scale = options(precision)["loss_scale"]
-        expected = MixedPrecision(Network(sizes, seed=3), precision=precision, loss_scale=scale, growth_interval=4,
-                                  micro_batches=micro_batches)
-        train_mixed(expected, inputs, labels, Settings(**SETTINGS))
-        stage = build(precision, scale)
-        train_mixed(stage, inputs, labels, Settings(**SETTINGS))
-        params, verdicts = stage.full_params(), comm.allgather(stage.verdicts)
-        if not (verdicts == [expected.verdicts] * size and np.array_equal(params, expected.params)):
-            failures.append(f"{name} {precision}: verdicts {verdicts[rank]} against {expected.verdicts}, largest "
-                            f"difference {np.abs(params - expected.params).max()}")
-    return failures
-
-
-def test_pipeline_mixed_precision_equals_sequential_bit_for_bit():
-    failures = []
-    for cls in (MixedPipelineMLP, MixedRecomputedPipelineMLP):
-        for schedule in ("gpipe", "1f1b"):
-            build = lambda precision, scale, cls=cls, schedule=schedule: cls(  # noqa: E731
-                comm, WIDE, dtype="float32", seed=3, micro_batches=3, schedule=schedule, precision=precision,
-                loss_scale=scale, growth_interval=4)
-            failures += check_pipeline_equals_sequential(build, WIDE, 3, f"{cls.__name__} {schedule}")
-    deeper = WIDE[:-1] + (12, 10)  # 8 layers: two chunks on each of up to 4 ranks
-    for schedule, chunks in (("interleaved", 2), ("zb-h1", 1), ("zb-h2", 1)):
-        build = lambda precision, scale, schedule=schedule, chunks=chunks: MixedScheduledPipeline(  # noqa: E731
-            comm, deeper, dtype="float32", seed=3, micro_batches=4, schedule=schedule, chunks=chunks,
-            precision=precision, loss_scale=scale, growth_interval=4)
-        failures += check_pipeline_equals_sequential(build, deeper, 4, schedule)
-    assert_on_every_rank(failures)
-
-
-def test_pipeline_stages_skip_together_when_one_stage_overflowed():
-    stage = MixedPipelineMLP(comm, WIDE, dtype="float32", seed=3, micro_batches=2)
-    stage.grads[...] = 0.0
-    if rank == size - 1:
-        stage.grads[-1] = np.inf  # in the last stage's layers only
-    assert comm.allgather(stage.overflow()) == [True] * size
-    stage.grads[...] = 0.0
-    assert comm.allgather(stage.overflow()) == [False] * size
 
 
 def test_fsdp_ranks_skip_together_when_one_chunk_overflowed():

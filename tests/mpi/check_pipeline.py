@@ -5,7 +5,8 @@ Consecutive layers on consecutive ranks (nnlib.lesson09_model_parallel.pipeline)
 mini-batch with momentum, float64: the stages' parameters, put together, equal the sequential
 run's to 1e-10. Also: 1F1B keeps at most P - s micro-batches alive on stage s and GPipe all m,
 the bytes sent (counted on a communicator that records its calls: the pipeline uses the one it is
-given), bad settings fail on every rank at once, and a stage that stalls is caught at the deadline
+given), lesson 09's bubble measurement (nnlib.lesson09_model_parallel.bubbles.measure_bubbles) gives its rows,
+bad settings fail on every rank at once, and a stage that stalls is caught at the deadline
 when the caller passes a watched communicator (nnlib.lesson10_faults.watchdog). The schedules' instruction lists
 are tested on their own, without MPI, in tests/test_schedules.py.
 """
@@ -91,6 +92,25 @@ def test_bad_settings_fail_on_every_rank():
         expect_error_everywhere(lambda: PipelineMLP(comm, SIZES, micro_batches=2 + (rank == 0)),
                                 "the ranks disagree on the pipeline")
 
+
+
+def test_measured_bubbles_come_with_the_formula_the_simulation_and_the_peaks():
+    from nnlib.lesson09_model_parallel.bubbles import bubble_fraction, measure_bubbles
+
+    rows = measure_bubbles(comm, SIZES, 60, micro_batch_counts=(1, 3), schedule="1f1b", repeats=2, dtype="float64")
+    if rank != 0:
+        assert rows is None
+        return
+    assert [row["micro_batches"] for row in rows] == [1, 3]
+    for row in rows:
+        m = row["micro_batches"]
+        assert row["formula"] == bubble_fraction(size, m)
+        assert row["peak_alive"] == [min(size - stage, m) for stage in range(size)]
+        assert 0 <= row["measured"] < 1 and 0 <= row["simulated"] < 1 and row["step_seconds"] > 0
+        assert row["spread"][0] <= row["step_seconds"] <= row["spread"][1]
+        assert [sorted({letter for letter, *_ in timeline}) for timeline in row["timelines"]] == [["B", "F"]] * size
+        if size == 1:
+            assert row["simulated"] == 0.0  # nothing to wait for
 
 
 def test_a_stalled_stage_is_caught_when_the_communicator_is_watched():

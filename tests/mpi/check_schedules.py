@@ -6,7 +6,8 @@ stages), m = 3 and 7 micro-batches (not multiples of P), batches of 203 and 32 s
 softmax, float64: the parameters put together equal the sequential run's to 1e-10, and the peak of
 micro-batches alive on each stage is the schedule's (tests/test_pipeline_schedules.py). So do 1F1B,
 interleaved and ZB-H1 with a custom split of the layers over the (virtual) stages (one layer on each
-but the last, which holds the rest). Bad settings, bad splits included, fail on every rank at once.
+but the last, which holds the rest). measure_schedules gives each schedule's row. Bad settings, bad splits included,
+fail on every rank at once.
 """
 
 import numpy as np
@@ -61,6 +62,22 @@ def test_equal_to_sequential_training_with_a_custom_split():
         train(pipeline, INPUTS, LABELS, progress=False, **settings)
         error = np.abs(pipeline.full_params() - sequential.params).max() / np.abs(sequential.params).max()
         assert error <= 1e-10, f"{schedule} split {lopsided(virtual_stages)}: relative error {error:.1e}"
+
+
+def test_measured_schedules_come_with_their_formula_simulation_peaks_and_layers():
+    from nnlib.lesson13_pipeline_schedules.schedules import measure_schedules
+
+    results = measure_schedules(comm, SIZES, 60, 4, ("1f1b", "interleaved", "zb-h1"), repeats=2)
+    if rank != 0:
+        assert results is None
+        return
+    for name, row in results.items():
+        chunks = 2 if name == "interleaved" else 1
+        assert row["peak_alive"] == [peak_alive(instructions) for instructions in schedule_programs(name, size, 4, chunks)]
+        assert sum(row["layers"]) == len(SIZES) - 1 and len(row["layers"]) == size * chunks
+        assert 0 <= row["measured"] < 1 and 0 <= row["simulated"] < 1 and 0 <= row["formula"] < 1
+        letters = {letter for timeline in row["timelines"] for letter, *_ in timeline}
+        assert letters == ({"F", "B", "W"} if name == "zb-h1" else {"F", "B"}), (name, letters)
 
 
 def test_bad_settings_fail_on_every_rank():
