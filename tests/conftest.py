@@ -50,6 +50,12 @@ def pytest_xdist_make_scheduler(config, log):
     return WorkUnitScheduling(config, log)
 
 
+def idx_bytes(array: np.ndarray) -> bytes:
+    """The IDX encoding of a uint8 array: 00 00 08 ndim, big-endian dimensions, data."""
+    header = bytes([0, 0, 0x08, array.ndim]) + struct.pack(f">{array.ndim}I", *array.shape)
+    return header + np.ascontiguousarray(array, dtype=np.uint8).tobytes()
+
+
 @pytest.fixture
 def tiny_mnist():
     """Four small IDX files with the MNIST names: {name: (array, idx bytes, sha256)}."""
