@@ -28,6 +28,8 @@ ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 TEST_IPYTHONDIR := $(CURDIR)/build/ipython
 GPU_PYTHON ?= python3
 GPU_PYTHON_VERSION ?= 3.12
+# Processes make test runs the tests in (pytest-xdist): one per core of the 2-core machines it is sized for.
+TEST_WORKERS ?= 2
 
 .PHONY: setup data browser lab test browser-test rehearse book benchmark multihost gpu gpu-wheels clean
 
@@ -52,9 +54,11 @@ browser:
 lab: data
 	cd notebooks && ../$(BIN)/jupyter lab $(ROOT_FLAG) 00_start_here.ipynb
 
+# pytest-xdist runs the tests in TEST_WORKERS processes; --dist loadgroup keeps each notebook's cells, and
+# the test modules that tests/conftest.py names, together in one worker, in order.
 test: data browser
 	mkdir -p $(TEST_IPYTHONDIR)
-	IPYTHONDIR=$(TEST_IPYTHONDIR) $(BIN)/python -m pytest tests notebooks \
+	IPYTHONDIR=$(TEST_IPYTHONDIR) $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup tests notebooks \
 	    --nbval --nbval-current-env --nbval-sanitize-with notebooks/nbval_sanitize.cfg
 
 browser-test: data browser

@@ -1,15 +1,53 @@
-"""Shared fixtures: small IDX files, a local HTTP server, the real MNIST."""
+"""Shared fixtures: small IDX files, a local HTTP server, the real MNIST; and how `make test` shares
+the tests out among pytest-xdist's workers (`-n 2 --dist loadgroup`)."""
 
 import gzip
 import hashlib
 import http.server
+import os
 import struct
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
+
+# Under pytest-xdist each worker gets an IPython folder of its own (ipyparallel's profiles and connection
+# files, the kernels' history database), so that two workers' clusters and kernels never share one.
+if os.environ.get("PYTEST_XDIST_WORKER") and os.environ.get("IPYTHONDIR"):
+    os.environ["IPYTHONDIR"] = str(Path(os.environ["IPYTHONDIR"]) / os.environ["PYTEST_XDIST_WORKER"])
+
+# Test modules whose tests must run one after another in one worker, and why.
+ONE_WORKER = {
+    "test_browser.py": "one JupyterLab server and one Chromium for the module (module fixtures)",
+    "test_book.py": "one book build for the module, into build/book-src (a fixed folder)",
+    "test_classroom.py": "one kernel and its cluster for the module, its cells run in order",
+    "test_multihost.py": "the virtual hosts have fixed names and addresses",
+}
+
+
+def work_unit(nodeid: str) -> str:
+    """What must run in one worker, in order, with the test ``nodeid``: its notebook (nbval runs a
+    notebook's cells in one kernel, one after another), its module if ONE_WORKER names it, else itself."""
+    path = nodeid.split("::")[0]
+    return path if path.endswith(".ipynb") or Path(path).name in ONE_WORKER else nodeid
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadgroup` (make test) with the groups of work_unit: each goes to one worker whole, every
+    other test to whichever worker is free, the largest units first. (xdist's own loadgroup reads
+    xdist_group marks by renaming the tests' nodeids, which pytest 9 no longer allows.)"""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class WorkUnitScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid):
+            return work_unit(nodeid)
+
+    return WorkUnitScheduling(config, log)
 
 
 def idx_bytes(array: np.ndarray) -> bytes:

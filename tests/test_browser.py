@@ -78,6 +78,21 @@ def page(browser):
     page.close()
 
 
+def kernels_of(lab) -> set[str]:
+    """The pids (as text) of the lab's kernel processes now running."""
+    import psutil
+
+    return {str(child.pid) for child in psutil.Process(lab.server.pid).children(recursive=True)}
+
+
+def clusters_owned_by(kernels) -> set[int]:
+    """The pids of the cluster processes whose owner (NNLIB_CLUSTER_OWNER) is one of ``kernels``: other
+    tests' clusters may run beside the lab's (pytest-xdist's other worker, a notebook under nbval)."""
+    from nnlib.course.reaper import tagged_processes
+
+    return {process.pid for process, owner in tagged_processes() if owner.split(":")[0] in kernels}
+
+
 def close_and_shut_down(page):
     menu(page, "File", "Close and Shut Down Notebook…")
     try:
@@ -126,7 +141,7 @@ def test_an_mpi_lesson_restarted_mid_run_starts_a_clean_cluster_and_leaves_nothi
     prompts = f"[...document.querySelectorAll('{VISIBLE} .jp-CodeCell .jp-InputArea-prompt')]"
     page.wait_for_function(f"() => {prompts}.some(p => p.textContent.includes('*'))", timeout=30_000)  # queued
     page.wait_for_function(f"() => {prompts}.some(p => p.textContent.trim() === '[6]:')", timeout=120_000)  # cluster up
-    first = {process.pid for process, _ in tagged_processes()}
+    first = clusters_owned_by(kernels_of(lab))
     assert len(first) >= 4, "lesson 04's cluster did not start"  # controller, mpiexec, proxy, engines
     assert not page.evaluate(IDLE), "the lesson finished before the restart: restart earlier"
     restart_and_run_all(page)  # in the middle of the first run
@@ -170,7 +185,6 @@ def test_a_failing_rank_in_a_px_cell_stops_every_rank_and_the_next_cell_works(la
                 "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
                 "nbformat": 4, "nbformat_minor": 5}
     (lab.root_dir / "deadline_in_class.ipynb").write_text(json.dumps(notebook))
-    others = {process.pid for process, _ in tagged_processes()}  # e.g. another test's cluster
     open_notebook(page, lab, "deadline_in_class.ipynb")
     began = time.monotonic()
     restart_and_run_all(page, timeout_s=120)
@@ -181,8 +195,9 @@ def test_a_failing_rank_in_a_px_cell_stops_every_rank_and_the_next_cell_works(la
     assert "ValueError: rank 2 has a bad shard" in text and "CollectiveTimeout: Rank" in text, text[-3000:]
     assert text.index("ValueError: rank 2 has a bad shard") < text.index("CollectiveTimeout: Rank"), text[-3000:]
     assert text.count("the sum is 4") == 4, text[-3000:]
+    kernels = kernels_of(lab)
     close_and_shut_down(page)
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and {process.pid for process, _ in tagged_processes()} - others:
+    while time.monotonic() < deadline and clusters_owned_by(kernels):
         time.sleep(0.5)
-    assert not {process.pid for process, _ in tagged_processes()} - others, "MPI processes are left"
+    assert not clusters_owned_by(kernels), "MPI processes are left"
