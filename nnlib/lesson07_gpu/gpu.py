@@ -2,7 +2,7 @@
 
 GPU work is *asynchronous*: a CuPy call returns as soon as the work is queued, so a timer must
 wait for the GPU (stream synchronisation) before it stops, and the first calls (which compile
-kernels and allocate memory) must be left out as warm-up. :func:`median_seconds` (nnlib.lesson04_collectives.timing's
+kernels and allocate memory) must be left out as warm-up. :func:`device_seconds` (nnlib.lesson04_collectives.timing's
 timer, synchronised with the device) does both.
 
 Everything here takes the array module as an argument (numpy or cupy), so the same code
@@ -34,9 +34,9 @@ CSV_FIELDS = ["kind", "variant", "m", "k", "n", "hidden", "samples", "cpu_second
               "gpu_with_copies_seconds", "device", "date"]
 
 
-def median_seconds(function, xp, repeats: int = 10, warmup: int = 2) -> float:
-    """nnlib.lesson04_collectives.timing.median_seconds of ``function()``, waiting for the device ``xp`` (numpy or cupy) each time."""
-    return timing.median_seconds(function, repeats, warmup, synchronize=synchronizer(xp))
+def device_seconds(function, xp, repeats: int = 10) -> float:
+    """The series' one timer (nnlib.lesson04_collectives.timing.median_seconds), waiting for the device ``xp``."""
+    return timing.median_seconds(function, repeats, synchronize=synchronizer(xp))
 
 
 def matmul_sweep(shapes=MATMUL_SHAPES, gpu=None, repeats: int = 10, seed: int = 0) -> list[dict]:
@@ -51,12 +51,12 @@ def matmul_sweep(shapes=MATMUL_SHAPES, gpu=None, repeats: int = 10, seed: int = 
     for m, k, n in shapes:
         a, b = rng.random((m, k), dtype=np.float32), rng.random((k, n), dtype=np.float32)
         record = {"kind": "matmul", "m": m, "k": k, "n": n,
-                  "cpu_seconds": median_seconds(lambda: a @ b, np, repeats),
+                  "cpu_seconds": device_seconds(lambda: a @ b, np, repeats),
                   "gpu_seconds": float("nan"), "gpu_with_copies_seconds": float("nan")}
         if gpu is not None:
             device_a, device_b = gpu.asarray(a), gpu.asarray(b)
-            record["gpu_seconds"] = median_seconds(lambda: device_a @ device_b, gpu, repeats)
-            record["gpu_with_copies_seconds"] = median_seconds(
+            record["gpu_seconds"] = device_seconds(lambda: device_a @ device_b, gpu, repeats)
+            record["gpu_with_copies_seconds"] = device_seconds(
                 lambda: to_numpy(gpu.asarray(a) @ gpu.asarray(b)), gpu, repeats)
         records.append(record)
     return records
@@ -106,8 +106,8 @@ def forward_comparison(inputs, hidden: int = 1024, gpu=None, repeats: int = 3) -
     for variant, forward in (("per_sample", forward_one_sample_at_a_time), ("batched", forward_batched)):
         records.append({
             "kind": "forward", "variant": variant, "hidden": hidden, "samples": inputs.shape[0],
-            "cpu_seconds": median_seconds(lambda: forward(cpu_network, inputs), np, repeats),
-            "gpu_seconds": median_seconds(lambda: forward(gpu_network, inputs), gpu, repeats) if gpu else float("nan"),
+            "cpu_seconds": device_seconds(lambda: forward(cpu_network, inputs), np, repeats),
+            "gpu_seconds": device_seconds(lambda: forward(gpu_network, inputs), gpu, repeats) if gpu else float("nan"),
             "gpu_with_copies_seconds": float("nan")})
     return records
 
