@@ -131,16 +131,17 @@ def test_counting_comm_counts_the_messages_and_their_alpha_beta_time():
     (2, ["--local-steps", "0", "--sampler", "per_rank"], "--local-steps H must be a whole number, 1 or more"),
     (2, ["--local-steps", "4", "--sampler", "per_rank", "--outer-learning-rate", "-1"],
      "--outer-learning-rate must be a positive number"),
-    (3, ["--local-steps", "4", "--asynchronous"], "--asynchronous does not go with --local-steps"),
+    (3, ["--local-steps", "4", "--sampler", "per_rank", "--asynchronous"],
+     "--local-steps does not combine with --asynchronous in the batch job"),
     (2, ["--local-steps", "4", "--sampler", "per_rank", "--compression", "float16"],
-     "--local-steps does not go with --compression"),
+     "--compression float16/bfloat16/topk does not combine with --local-steps in the batch job"),
     (2, ["--local-steps", "4", "--sampler", "per_rank", "--checkpoint-dir", "/tmp/never"],
-     "--local-steps does not go with --checkpoint-dir"),
+     "--local-steps does not combine with --checkpoint-dir in the batch job"),
     (2, ["--compression", "powersgd", "--rank", "2", "--checkpoint-dir", "/tmp/never"],
-     "checkpoints do not keep PowerSGD's Q and residuals"),
-    (3, ["--compression", "powersgd", "--rank", "2", "--asynchronous"], "--asynchronous does not go with --compression"),
+     "--compression powersgd does not combine with --checkpoint-dir in the batch job"),
+    (3, ["--compression", "powersgd", "--rank", "2", "--asynchronous"], "--compression powersgd does not combine with --asynchronous in the batch job"),
     (2, ["--compression", "powersgd", "--rank", "2", "--model-parallel", "tensor"],
-     "--compression compresses data parallelism's gradients: it does not go with --model-parallel"),
+     "--compression powersgd does not combine with --model-parallel tensor in the batch job"),
 ])
 def test_the_new_flags_are_refused_on_every_rank_at_once(ranks, arguments, message):
     run = run_training(ranks, *SMALL, *arguments, timeout=60)
