@@ -77,7 +77,8 @@ class Stage:
 
     def forward(self, step: Step, k: int) -> None:
         incoming = step.inputs[slice(*step.bounds[k])] if self.before is None else self.arrived.pop(k)
-        self.kept[k] = forward_layers(self.layers, incoming)  # ([a_in, ..., a_out], z_out)
+        activations, logits = forward_layers(self.layers, incoming)
+        self.kept[k] = activations, logits if self.after is None else None  # z_out: only the loss needs it
 
     def send_forward(self, step: Step, k: int) -> None:
         activations, _ = self.kept[k]
