@@ -13,6 +13,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from threadpoolctl import threadpool_limits
+
+from nnlib.course.environment import ONE_BLAS_THREAD
+
+# One BLAS thread per process, in the tests and in everything they start (notebook kernels, mpiexec's ranks,
+# batch jobs). make test runs two pytest-xdist workers on two cores, each often with MPI ranks that
+# busy-wait: a pool of BLAS threads per process oversubscribes the cores, and OpenBLAS's idle threads spin.
+# Beside one busy process, notebook 03's training ran 4 to 30 times slower with two threads than with one;
+# check_memory.py on 2 ranks 3 times slower.
+os.environ.update(ONE_BLAS_THREAD)
+threadpool_limits(1)  # this process: OpenBLAS read the variables when NumPy loaded it
 
 # Under pytest-xdist each worker gets an IPython folder of its own (ipyparallel's profiles and connection
 # files, the kernels' history database), so that two workers' clusters and kernels never share one.
