@@ -13,7 +13,8 @@ from collections import Counter
 
 import pytest
 
-from nnlib.lesson09_model_parallel.instructions import SCHEDULES, Instruction, simulate
+from nnlib.lesson09_model_parallel.bubbles import simulate
+from nnlib.lesson09_model_parallel.instructions import SCHEDULES, Instruction
 
 CASES = [(stages, micro_batches) for stages in range(1, 9) for micro_batches in (1, 2, 3, 5, 8, 13, 32)]
 

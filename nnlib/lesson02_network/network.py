@@ -414,13 +414,6 @@ class Network(LayerStack):
         grads = xp.zeros_like(params)
         super().__init__(layer_sizes, output, dense_layers(params, grads, shapes, output, xp), params, grads, xp)
 
-    def layer_views(self, flat):
-        """Split a flat vector (num_params,) into per-layer views: [W_l (n_in, n_out)], [b_l (n_out,)].
-
-        The views share memory with ``flat``: writing to them writes to ``flat``.
-        """
-        return layer_views(flat, self.shapes, self.xp)
-
     # -- copying --------------------------------------------------------------
 
     def get_params(self) -> np.ndarray:

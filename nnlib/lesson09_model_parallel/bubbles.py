@@ -14,12 +14,19 @@ builds its schedules' formulas and simulations from these.
 
 from __future__ import annotations
 
+from collections import defaultdict, deque
+
 import numpy as np
 
-from nnlib.lesson09_model_parallel.instructions import SCHEDULES, simulate
+from nnlib.lesson09_model_parallel.instructions import COMPUTE, SCHEDULES, Instruction
 from nnlib.lesson09_model_parallel.pipeline import PipelineMLP
 
 LESSON = 9
+
+#: The messages: each instruction's direction and the step from the stage that runs it to the channel's receiver
+#: (a send goes to the next or the previous stage; a receive listens on its own stage's channel).
+MESSAGES = {"send_forward": ("forward", +1), "recv_forward": ("forward", 0),
+            "send_backward": ("backward", -1), "recv_backward": ("backward", 0)}
 
 
 def bubble_fraction(stages: int, micro_batches: float) -> float:
@@ -48,7 +55,7 @@ def simulated_bubble(forward_seconds, backward_seconds, schedule: str, micro_bat
     """The idle fraction that ``schedule`` must have with these per-stage times (messages taking none).
 
     forward_seconds[s], backward_seconds[s]: stage s's time for one micro-batch. The schedule's lists run on
-    instructions.simulate's clock (the very lists the executor runs): F(s, k) waits for F(s-1, k)'s message,
+    simulate's clock (the very lists the executor runs): F(s, k) waits for F(s-1, k)'s message,
     B(s, k) for B(s+1, k)'s. With equal stages this gives (P - 1) / (m + P - 1); real stages are not equal (the
     first has no input gradient to compute, the last computes the loss), and this says what that costs.
     """
@@ -113,3 +120,64 @@ def timed_steps(pipeline: PipelineMLP, inputs, labels, repeats: int):
         pipeline.loss_and_gradient(inputs, labels, check=False)
         steps.append(pipeline.comm.gather(pipeline.timeline, root=0))
     return steps[1:] if pipeline.comm.rank == 0 else None
+
+
+def simulate(programs, seconds, letters=COMPUTE, position=None) -> list[list[tuple]]:
+    """Run every stage's instructions on a clock, as the executor runs them; return the timelines.
+
+    programs: a schedule's lists (one per stage). seconds(stage, kind): how long a computing
+    instruction takes there. A send takes no time and never waits (MPI's Isend); a receive waits
+    until the message has been sent, and takes the oldest one on its channel (MPI's order: one
+    channel per direction and receiving stage), which must be the micro-batch it names.
+    letters: the computing kinds and their letters; position(stage, instruction): the place in the pipe of
+    the stage that runs it (default: the stage itself; lesson 13's virtual stages say otherwise).
+    Returns each stage's [(letter, k, start, end)] of its computations, like PipelineMLP.timeline.
+    Raises RuntimeError if the schedule deadlocks, receives out of order, or sends what nobody receives.
+    """
+    position = position or (lambda stage, instruction: stage)
+    at, clock = [0] * len(programs), [0.0] * len(programs)
+    channels = defaultdict(deque)  # (direction, receiving position) -> [(micro-batch, time sent)]
+    timelines = [[] for _ in programs]
+    progressed = True
+    while progressed:
+        progressed = False
+        for stage, instructions in enumerate(programs):
+            while at[stage] < len(instructions):
+                instruction = instructions[at[stage]]
+                if instruction.kind in MESSAGES:
+                    direction, step = MESSAGES[instruction.kind]
+                    channel = channels[direction, position(stage, instruction) + step]
+                    if instruction.kind.startswith("send"):
+                        channel.append((instruction.micro_batch, clock[stage]))
+                    elif not channel:
+                        break  # blocked: the message has not been sent yet
+                    else:
+                        clock[stage] = max(clock[stage], received(channel, instruction, stage))
+                else:
+                    began, clock[stage] = clock[stage], clock[stage] + seconds(stage, instruction.kind)
+                    timelines[stage].append((letters[instruction.kind], instruction.micro_batch, began, clock[stage]))
+                at[stage] += 1
+                progressed = True
+    check_finished(programs, at, channels)
+    return timelines
+
+
+def received(channel, instruction: Instruction, stage: int) -> float:
+    """Take the oldest message of ``channel`` for ``instruction`` (a receive); the time it was sent."""
+    micro_batch, sent = channel.popleft()
+    if micro_batch != instruction.micro_batch:
+        raise RuntimeError(f"stage {stage} runs {instruction} but the next message on its channel is micro-batch "
+                           f"{micro_batch}: messages arrive in the order they were sent")
+    return sent
+
+
+def check_finished(programs, at, channels) -> None:
+    """RuntimeError unless every stage ran all its instructions and every message was received."""
+    stuck = [f"stage {stage} waits in {instructions[at[stage]]}"
+             for stage, instructions in enumerate(programs) if at[stage] < len(instructions)]
+    if stuck:
+        raise RuntimeError("the schedule deadlocks: " + "; ".join(stuck))
+    unread = [f"{len(channel)} {direction} message(s) to position {receiver}"
+              for (direction, receiver), channel in channels.items() if channel]
+    if unread:
+        raise RuntimeError("the schedule sends what no stage receives: " + "; ".join(unread))

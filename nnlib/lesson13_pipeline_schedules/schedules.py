@@ -37,8 +37,8 @@ from nnlib.lesson02_network.network import dense_layers, parameter_offsets
 from nnlib.lesson04_collectives.collectives import (allgather_rows, raised_on_every_rank, require_same_on_every_rank,
                                                     split_evenly)
 from nnlib.lesson09_model_parallel.bubbles import (bubble_fraction, idle_fraction, random_batch, seconds_per_kind,
-                                                   summary, timed_steps)
-from nnlib.lesson09_model_parallel.instructions import COMPUTE, SCHEDULES, Instruction, simulate
+                                                   simulate, summary, timed_steps)
+from nnlib.lesson09_model_parallel.instructions import COMPUTE, SCHEDULES, Instruction
 from nnlib.lesson09_model_parallel.pipeline import PipelineMLP, Stage
 
 LESSON = 13
