@@ -124,10 +124,10 @@ def find_file(name: str, directories) -> Path | None:
 # ---------------------------------------------------------------------------
 
 
-def read_bytes(path: Path) -> bytes:
-    """The decompressed contents of ``path`` (gzip if it ends in .gz, raw otherwise)."""
+def read_bytes(path: Path, gzipped: bool | None = None) -> bytes:
+    """The decompressed contents of ``path`` (gzip if ``gzipped``; None: if its name ends in .gz)."""
     path = Path(path)
-    if path.suffix != ".gz":
+    if not (path.suffix == ".gz" if gzipped is None else gzipped):
         return path.read_bytes()
     try:
         with gzip.open(path, "rb") as stream:
@@ -264,23 +264,13 @@ def download_file(url: str, destination: Path, expected_sha256: str | None = Non
                     raise MNISTError(f"{url}: the download was interrupted ({received} of {total} bytes)")
                 if expected_sha256 is not None:
                     out.flush()
-                    contents = _read_gzip_file(Path(out.name)) if destination.suffix == ".gz" else Path(out.name).read_bytes()
-                    verify_sha256(contents, expected_sha256, Path(url))
+                    verify_sha256(read_bytes(out.name, destination.suffix == ".gz"), expected_sha256, Path(url))
             return destination
         except (urllib.error.URLError, http.client.HTTPException, OSError, MNISTError) as error:
             last_error = error
             if attempt < retries:
                 time.sleep(0.5 * attempt)
     raise MNISTError(f"could not download {url} after {retries} tries: {last_error}")
-
-
-def _read_gzip_file(path: Path) -> bytes:
-    """Decompress a gzip file whose name need not end in .gz."""
-    try:
-        with gzip.open(path, "rb") as stream:
-            return stream.read()
-    except (EOFError, OSError, zlib.error) as error:
-        raise MNISTError(f"{path}: the downloaded gzip file is truncated or corrupt ({error}).") from error
 
 
 def fetch_mnist(directory=None, mirrors=MIRRORS, checksums=None, timeout: float = 30.0,

@@ -56,16 +56,9 @@ def machine_fields(where: str = "live") -> dict:
 # ---------------------------------------------------------------------------
 
 
-def run_point(ranks: int, samples: int, strategy: str = "allreduce", hidden=(128,), batch_size=256,
-              epochs: int = 2, learning_rate: float = 0.1, timeout: float = 600) -> dict:
-    """Train once with ``ranks`` ranks on the first ``samples`` MNIST samples; return the measurements.
-
-    The first epoch is a warm-up; the epoch time is the median of the others (so epochs >= 2).
-    Phase times are per epoch, each the slowest rank's.
-    """
-    settings = dict(samples=samples, strategy=strategy, hidden=list(hidden), batch_size=batch_size,
-                    epochs=epochs, learning_rate=learning_rate)
-    return _run_job(ranks, settings, timeout)
+#: One point's training, unless :func:`measure` is given others. The first epoch is a warm-up: the epoch time is
+#: the median of the others (so epochs >= 2); phase times are per epoch, each the slowest rank's.
+POINT_SETTINGS = dict(hidden=[128], batch_size=256, epochs=2, learning_rate=0.1)
 
 
 def measure_messages(ranks: int, sizes_in_bytes, repeats: int = 50, timeout: float = 300):
@@ -131,7 +124,8 @@ def measure(ranks_list, kind: str = "strong", samples: int = 20000, strategy: st
     """Records for every rank count in ``ranks_list``, each repeated ``repeats`` times.
 
     kind "strong": ``samples`` in total for every P; "weak": ``samples`` per rank (N = samples * P).
-    Extra ``settings`` go to :func:`run_point` (hidden, batch_size, epochs, learning_rate).
+    Extra ``settings`` replace those of POINT_SETTINGS (hidden, batch_size, epochs, learning_rate); each run is one
+    ``mpiexec -n P`` job on the first N MNIST samples.
     """
     if kind not in ("strong", "weak"):
         raise ValueError(f"kind must be 'strong' or 'weak'; got {kind!r}")
@@ -140,7 +134,8 @@ def measure(ranks_list, kind: str = "strong", samples: int = 20000, strategy: st
     for ranks in ranks_list:
         total = samples if kind == "strong" else samples * ranks
         for repeat in range(repeats):
-            measured = run_point(ranks, total, strategy, **settings)
+            point = dict(POINT_SETTINGS, samples=total, strategy=strategy, **settings)
+            measured = _run_job(ranks, dict(point, hidden=list(point["hidden"])), timeout=600)
             records.append({"kind": kind, "ranks": ranks, "samples": total, "strategy": strategy,
                             "repeat": repeat, **measured, "oversubscribed": ranks > cores, **machine})
             if progress:
