@@ -88,9 +88,7 @@ class MNIST:
     source: Path
 
 
-# ---------------------------------------------------------------------------
-# Where the files are
-# ---------------------------------------------------------------------------
+# -- Where the files are -----------------------------------------------------------------------------
 
 
 def cache_dir() -> Path:
@@ -119,9 +117,7 @@ def find_file(name: str, directories) -> Path | None:
     return None
 
 
-# ---------------------------------------------------------------------------
-# Reading and checking one file
-# ---------------------------------------------------------------------------
+# -- Reading and checking one file -------------------------------------------------------------------
 
 
 def read_bytes(path: Path, gzipped: bool | None = None) -> bytes:
@@ -229,9 +225,7 @@ def read_idx_rows(path, start: int, stop: int) -> np.ndarray:
     return np.frombuffer(data, dtype=dtype).reshape(stop - start, *shape[1:]).astype(dtype.newbyteorder("="))
 
 
-# ---------------------------------------------------------------------------
-# Download
-# ---------------------------------------------------------------------------
+# -- Download ----------------------------------------------------------------------------------------
 
 
 def download_file(url: str, destination: Path, expected_sha256: str | None = None,
@@ -334,9 +328,7 @@ def load_mnist(data_dir=None, download: bool = True, progress: bool = True) -> M
     )
 
 
-# ---------------------------------------------------------------------------
-# Preparing arrays for the network
-# ---------------------------------------------------------------------------
+# -- Preparing arrays for the network ----------------------------------------------------------------
 
 
 def scale_pixels(images: np.ndarray, dtype=np.float32) -> np.ndarray:

@@ -51,9 +51,7 @@ def machine_fields(where: str = "live") -> dict:
             "machine": describe()["machine"], "where": where}
 
 
-# ---------------------------------------------------------------------------
-# One point: an mpiexec job
-# ---------------------------------------------------------------------------
+# -- One point: an mpiexec job -----------------------------------------------------------------------
 
 
 #: One point's training, unless :func:`measure` is given others. The first epoch is a warm-up: the epoch time is
@@ -144,9 +142,7 @@ def measure(ranks_list, kind: str = "strong", samples: int = 20000, strategy: st
     return records
 
 
-# ---------------------------------------------------------------------------
-# Tables
-# ---------------------------------------------------------------------------
+# -- Tables ------------------------------------------------------------------------------------------
 
 
 def summarize(records) -> list[dict]:
@@ -200,9 +196,7 @@ def format_table(rows, kind: str) -> str:
     return "\n".join(lines)
 
 
-# ---------------------------------------------------------------------------
-# Laws
-# ---------------------------------------------------------------------------
+# -- Laws --------------------------------------------------------------------------------------------
 
 
 def fit_amdahl(ranks, speedups) -> float:
@@ -238,9 +232,7 @@ def gustafson_speedup(ranks, serial_fraction: float):
     return ranks - serial_fraction * (ranks - 1)
 
 
-# ---------------------------------------------------------------------------
-# The large-batch effect
-# ---------------------------------------------------------------------------
+# -- The large-batch effect --------------------------------------------------------------------------
 
 
 def warmup_schedule(base_rate: float, target_rate: float, warmup_epochs: float):
@@ -295,9 +287,7 @@ def large_batch_accuracy(inputs, labels, test_inputs, test_labels, ranks_list,
     return np.array(accuracies)
 
 
-# ---------------------------------------------------------------------------
-# CSV
-# ---------------------------------------------------------------------------
+# -- CSV ---------------------------------------------------------------------------------------------
 
 
 def save_csv(records, path) -> None:
