@@ -82,7 +82,8 @@ class Checkpoint:
 
 def meta_of(checkpoint: Checkpoint) -> dict:
     """Everything in ``checkpoint`` but its arrays and its path (the JSON part of the file)."""
-    return {f.name: getattr(checkpoint, f.name) for f in fields(Checkpoint) if f.name not in ("params", "velocity", "path")}
+    arrays = ("params", "velocity", "path")
+    return {f.name: getattr(checkpoint, f.name) for f in fields(Checkpoint) if f.name not in arrays}
 
 
 def to_bytes(checkpoint: Checkpoint) -> bytes:
