@@ -62,11 +62,11 @@ EXPECTED_SHAPES = {
 
 IDX_TYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
 
-HOW_TO_FETCH = (
-    "To fetch MNIST on a machine with internet, run `python -m nnlib fetch-data` there "
-    "(or download {names} from {mirror}), then copy the files (.gz or decompressed) into "
-    "{cache} on this machine, or into any folder and set NNLIB_DATA to it."
-)
+def how_to_fetch(names, mirror: str) -> str:
+    """What to do when MNIST cannot be downloaded here (``names``: the missing files)."""
+    return (f"To fetch MNIST on a machine with internet, run `python -m nnlib fetch-data` there (or download "
+            f"{', '.join(name + '.gz' for name in names)} from {mirror}), then copy the files (.gz or decompressed) "
+            f"into {cache_dir()} on this machine, or into any folder and set NNLIB_DATA to it.")
 
 
 class MNISTError(RuntimeError):
@@ -294,10 +294,7 @@ def fetch_mnist(directory=None, mirrors=MIRRORS, checksums=None, timeout: float 
         else:
             raise MNISTError(
                 f"{name}: not found in {', '.join(map(str, search))} and no mirror could be reached "
-                f"({'; '.join(errors)}). "
-                + HOW_TO_FETCH.format(names=name + ".gz", mirror=mirrors[0] if mirrors else "a mirror",
-                                      cache=cache_dir())
-            )
+                f"({'; '.join(errors)}). " + how_to_fetch([name], mirrors[0] if mirrors else "a mirror"))
     return target
 
 
@@ -314,9 +311,7 @@ def load_mnist(data_dir=None, download: bool = True, progress: bool = True) -> M
         if not download:
             raise MNISTError(
                 f"MNIST files {', '.join(missing)} not found in {', '.join(map(str, search))}. "
-                + HOW_TO_FETCH.format(names=", ".join(n + ".gz" for n in missing), mirror=MIRRORS[0],
-                                      cache=cache_dir())
-            )
+                + how_to_fetch(missing, MIRRORS[0]))
         fetch_mnist(progress=progress)
     arrays = {name: load_idx(find_file(name, search), SHA256[name], EXPECTED_SHAPES[name]) for name in SHA256}
     return MNIST(

@@ -185,12 +185,10 @@ class CheckpointFolder:
 
     def latest(self) -> Checkpoint:
         """The newest checkpoint here, checked; CheckpointError if there is none or it is unusable."""
-        if not self.folder.is_dir():
-            raise CheckpointError(f"nothing to resume: the checkpoint folder {self.folder} does not exist. "
-                                  "Start without resuming, or point to the folder the earlier run wrote.")
         files = self.files()
         if not files:
-            raise CheckpointError(f"nothing to resume: {self.folder} holds no checkpoint (*{SUFFIX}). "
+            why = f"holds no checkpoint (*{SUFFIX})" if self.folder.is_dir() else "does not exist"
+            raise CheckpointError(f"nothing to resume: the checkpoint folder {self.folder} {why}. "
                                   "Start without resuming, or point to the folder the earlier run wrote.")
         try:
             return load(files[-1])
