@@ -5,7 +5,7 @@ import pytest
 
 from nnlib import Network, gradient_check
 from nnlib.lesson02_network.gradient_check import numerical_gradient, relative_error
-from nnlib.lesson06_scaling.benchmarks import flops_per_sample, step_matmul_shapes
+from nnlib.lesson04_collectives.costmodel import flops_per_sample, step_matmul_shapes
 
 
 def batch(sizes, n=7, seed=1, dtype=np.float64):

@@ -15,11 +15,8 @@ What it takes care of:
   order, and no progress bar, so notebooks can be tested against their saved outputs;
 * a start-up failure raises :class:`ClusterStartError` within ``timeout`` seconds, with the
   ``mpiexec`` command, the engines' own log lines and the likely fix;
-* the engines' ``comm`` and ``MPI.COMM_WORLD`` have a classroom deadline ($NNLIB_TIMEOUT = CLASSROOM_TIMEOUT
-  seconds; nnlib.course.classroom): a rank that raises or stalls stops the cell on every
-  rank instead of hanging it, and the next cell finds the communicator usable again;
-* stopping is quiet (no engine log in the notebook) and leaves no process behind, and no process
-  outlives the kernel however it ends (killed, restarted, out of memory): see nnlib.course.reaper.
+* the engines' ``comm`` and ``MPI.COMM_WORLD`` have the classroom deadline (nnlib.course.classroom);
+* stopping is quiet, and no process outlives the kernel however it ends (nnlib.course.reaper).
 """
 
 from __future__ import annotations

@@ -45,9 +45,8 @@ def blas_library() -> dict:
 def blas() -> str:
     """The BLAS library NumPy calls and its thread count (from threadpoolctl)."""
     info = blas_library()
-    if not info:
-        return "unknown"
-    return f"{info.get('internal_api')} {info.get('version')} ({info.get('num_threads')} threads)"
+    found = f"{info.get('internal_api')} {info.get('version')} ({info.get('num_threads')} threads)"
+    return found if info else "unknown"
 
 
 # OpenBLAS's x86 kernels (threadpoolctl's "architecture") and the instruction set each is written for,
@@ -170,7 +169,6 @@ def describe() -> dict:
     """A dictionary describing the machine and the packages the series uses."""
     import numpy
 
-
     versions = {"python": platform.python_version(), "numpy": numpy.__version__}
     for name in ("mpi4py", "ipyparallel", "matplotlib", "tqdm"):
         try:
@@ -212,34 +210,32 @@ def print_report() -> None:
         print(textwrap.fill(f"{key:12s} {value}", 100, subsequent_indent=" " * 13, break_long_words=False))
 
 
-def gpu_status(refresh: bool = False):
-    """(usable, reason): whether CuPy is installed and a matrix product runs on the GPU."""
+def gpu_status():
+    """(usable, reason): whether CuPy is installed and a matrix product runs on the GPU (checked once)."""
     global _gpu_check
-    if _gpu_check is not None and not refresh:
-        return _gpu_check
+    if _gpu_check is None:
+        _gpu_check = _probe_gpu()
+    return _gpu_check
+
+
+def _probe_gpu():
     try:
         import cupy
     except ImportError:
-        _gpu_check = (False, "CuPy is not installed (pip install 'nnlib[gpu]')")
-        return _gpu_check
+        return False, "CuPy is not installed (pip install 'nnlib[gpu]')"
     version = str(getattr(cupy, "__version__", "0"))
-    major = re.match(r"\d*", version).group()
-    if int(major or 0) < MINIMUM_CUPY:
-        _gpu_check = (False, f"CuPy {version} is installed, but nnlib needs CuPy "
-                             f"{MINIMUM_CUPY} or newer (pip install -U 'cupy-cuda12x>={MINIMUM_CUPY}')")
-        return _gpu_check
+    if int(re.match(r"\d*", version).group() or 0) < MINIMUM_CUPY:
+        return False, (f"CuPy {version} is installed, but nnlib needs CuPy "
+                       f"{MINIMUM_CUPY} or newer (pip install -U 'cupy-cuda12x>={MINIMUM_CUPY}')")
     try:
         if not cupy.cuda.is_available():
-            _gpu_check = (False, "CuPy is installed but finds no CUDA GPU")
-            return _gpu_check
+            return False, "CuPy is installed but finds no CUDA GPU"
         a = cupy.ones((8, 8), dtype=cupy.float32)
         total = float((a @ a).sum())
         cupy.cuda.get_current_stream().synchronize()
         if total != 512.0:
             raise RuntimeError(f"8x8 ones @ ones summed to {total}, expected 512")
         name = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"]
-        name = name.decode() if isinstance(name, bytes) else name
-        _gpu_check = (True, f"GPU {name} passed a smoke test")
+        return True, f"GPU {name.decode() if isinstance(name, bytes) else name} passed a smoke test"
     except Exception as error:  # any CUDA failure means: not usable
-        _gpu_check = (False, f"CuPy is installed but the GPU smoke test failed ({type(error).__name__}: {error})")
-    return _gpu_check
+        return False, f"CuPy is installed but the GPU smoke test failed ({type(error).__name__}: {error})"

@@ -1,15 +1,10 @@
 """Timelines as Chrome trace-event JSON, which Perfetto (ui.perfetto.dev) and chrome://tracing open.
 
-The series records many timelines: each rank's phases of a data-parallel step ((step, phase,
-start, end) from train_parallel(..., timeline_steps=...): lessons 05 and 06; lesson 08's overlapped
-strategy, whose "communicate" phase waits for the buckets' Iallreduces still in flight; lesson 10's
-stalled run, whose waits for the missing rank are the others' "communicate" phase), each pipeline
-stage's computations (lessons 09, 13: (letter, micro-batch, start, end) in PipelineMLP.timeline,
-lesson 13's chunks in ScheduledPipeline.timeline_chunks), the parameter server's updates (lesson 11:
-AsyncHistory.worker and .seconds). Drawn with matplotlib they are pictures of fixed size; written as a trace they can
-be zoomed, searched and measured. Lessons 08 and 10 turn their own records into spans for this
-writer: overlap's per-bucket calls (overlap.bucket_spans) and the watchdog's waits
-(watchdog.record_waits, wait_spans).
+The series' timelines (the phases of each rank's data-parallel steps, lessons 05, 06, 08 and 10; each
+pipeline stage's computations, lessons 09 and 13; the parameter server's updates, lesson 11) drawn
+with matplotlib are pictures of fixed size; written as a trace they can be zoomed, searched and
+measured. Lessons 08 and 10 turn their own records into spans for this writer (overlap.bucket_spans,
+watchdog.wait_spans).
 
 The format (the Trace Event Format; Horovod's timeline and PyTorch's profiler write it too):
 ``{"traceEvents": [...], "displayTimeUnit": "ms"}``, each event a dict with

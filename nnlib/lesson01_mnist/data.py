@@ -62,11 +62,11 @@ EXPECTED_SHAPES = {
 
 IDX_TYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
 
-HOW_TO_FETCH = (
-    "To fetch MNIST on a machine with internet, run `python -m nnlib fetch-data` there "
-    "(or download {names} from {mirror}), then copy the files (.gz or decompressed) into "
-    "{cache} on this machine, or into any folder and set NNLIB_DATA to it."
-)
+def how_to_fetch(names, mirror: str) -> str:
+    """What to do when MNIST cannot be downloaded here (``names``: the missing files)."""
+    return (f"To fetch MNIST on a machine with internet, run `python -m nnlib fetch-data` there (or download "
+            f"{', '.join(name + '.gz' for name in names)} from {mirror}), then copy the files (.gz or decompressed) "
+            f"into {cache_dir()} on this machine, or into any folder and set NNLIB_DATA to it.")
 
 
 class MNISTError(RuntimeError):
@@ -88,9 +88,7 @@ class MNIST:
     source: Path
 
 
-# ---------------------------------------------------------------------------
-# Where the files are
-# ---------------------------------------------------------------------------
+# -- Where the files are -----------------------------------------------------------------------------
 
 
 def cache_dir() -> Path:
@@ -119,15 +117,13 @@ def find_file(name: str, directories) -> Path | None:
     return None
 
 
-# ---------------------------------------------------------------------------
-# Reading and checking one file
-# ---------------------------------------------------------------------------
+# -- Reading and checking one file -------------------------------------------------------------------
 
 
-def read_bytes(path: Path) -> bytes:
-    """The decompressed contents of ``path`` (gzip if it ends in .gz, raw otherwise)."""
+def read_bytes(path: Path, gzipped: bool | None = None) -> bytes:
+    """The decompressed contents of ``path`` (gzip if ``gzipped``; None: if its name ends in .gz)."""
     path = Path(path)
-    if path.suffix != ".gz":
+    if not (path.suffix == ".gz" if gzipped is None else gzipped):
         return path.read_bytes()
     try:
         with gzip.open(path, "rb") as stream:
@@ -229,9 +225,7 @@ def read_idx_rows(path, start: int, stop: int) -> np.ndarray:
     return np.frombuffer(data, dtype=dtype).reshape(stop - start, *shape[1:]).astype(dtype.newbyteorder("="))
 
 
-# ---------------------------------------------------------------------------
-# Download
-# ---------------------------------------------------------------------------
+# -- Download ----------------------------------------------------------------------------------------
 
 
 def download_file(url: str, destination: Path, expected_sha256: str | None = None,
@@ -264,23 +258,13 @@ def download_file(url: str, destination: Path, expected_sha256: str | None = Non
                     raise MNISTError(f"{url}: the download was interrupted ({received} of {total} bytes)")
                 if expected_sha256 is not None:
                     out.flush()
-                    contents = _read_gzip_file(Path(out.name)) if destination.suffix == ".gz" else Path(out.name).read_bytes()
-                    verify_sha256(contents, expected_sha256, Path(url))
+                    verify_sha256(read_bytes(out.name, destination.suffix == ".gz"), expected_sha256, Path(url))
             return destination
         except (urllib.error.URLError, http.client.HTTPException, OSError, MNISTError) as error:
             last_error = error
             if attempt < retries:
                 time.sleep(0.5 * attempt)
     raise MNISTError(f"could not download {url} after {retries} tries: {last_error}")
-
-
-def _read_gzip_file(path: Path) -> bytes:
-    """Decompress a gzip file whose name need not end in .gz."""
-    try:
-        with gzip.open(path, "rb") as stream:
-            return stream.read()
-    except (EOFError, OSError, zlib.error) as error:
-        raise MNISTError(f"{path}: the downloaded gzip file is truncated or corrupt ({error}).") from error
 
 
 def fetch_mnist(directory=None, mirrors=MIRRORS, checksums=None, timeout: float = 30.0,
@@ -310,10 +294,7 @@ def fetch_mnist(directory=None, mirrors=MIRRORS, checksums=None, timeout: float 
         else:
             raise MNISTError(
                 f"{name}: not found in {', '.join(map(str, search))} and no mirror could be reached "
-                f"({'; '.join(errors)}). "
-                + HOW_TO_FETCH.format(names=name + ".gz", mirror=mirrors[0] if mirrors else "a mirror",
-                                      cache=cache_dir())
-            )
+                f"({'; '.join(errors)}). " + how_to_fetch([name], mirrors[0] if mirrors else "a mirror"))
     return target
 
 
@@ -330,9 +311,7 @@ def load_mnist(data_dir=None, download: bool = True, progress: bool = True) -> M
         if not download:
             raise MNISTError(
                 f"MNIST files {', '.join(missing)} not found in {', '.join(map(str, search))}. "
-                + HOW_TO_FETCH.format(names=", ".join(n + ".gz" for n in missing), mirror=MIRRORS[0],
-                                      cache=cache_dir())
-            )
+                + how_to_fetch(missing, MIRRORS[0]))
         fetch_mnist(progress=progress)
     arrays = {name: load_idx(find_file(name, search), SHA256[name], EXPECTED_SHAPES[name]) for name in SHA256}
     return MNIST(
@@ -344,9 +323,7 @@ def load_mnist(data_dir=None, download: bool = True, progress: bool = True) -> M
     )
 
 
-# ---------------------------------------------------------------------------
-# Preparing arrays for the network
-# ---------------------------------------------------------------------------
+# -- Preparing arrays for the network ----------------------------------------------------------------
 
 
 def scale_pixels(images: np.ndarray, dtype=np.float32) -> np.ndarray:

@@ -161,10 +161,6 @@ class Settings:
             found.append(f"seed must be a whole number; got {self.seed!r}")
         return found
 
-    def schedule(self):
-        """The learning rate as a checked function of the progress in epochs (see :func:`as_schedule`)."""
-        return as_schedule(self.learning_rate)
-
     @classmethod
     def from_keywords(cls, settings: Settings | None, keywords: dict, others=()) -> Settings:
         """``settings`` itself, or Settings(**keywords): train(..., epochs=3, learning_rate=0.1) works too."""
@@ -240,16 +236,6 @@ class ProgressLines(Hook):
                   f"{history.train_accuracy[-1]:.4f}{extra}, {history.seconds[-1]:.2f} s", flush=True)
 
 
-class EveryStep(Hook):
-    """Calls ``function(epoch, step, total_steps)`` after every step (lessons and tests inject faults)."""
-
-    def __init__(self, function):
-        self.function = function
-
-    def after_step(self, run) -> None:
-        self.function(run.epoch, run.step, run.total_steps)
-
-
 class LocalUpdate:
     """How one process combines its gradients (the loop's ``sync``): there is nothing to combine. Every sync
     (lesson 05's combine the ranks') has: size (ranks), layer_done (None, or a gradient hook: called as
@@ -315,7 +301,7 @@ def train_loop(run: Run, inputs, labels) -> History:
     """
     network, sync, settings, xp = run.network, run.sync, run.settings, run.network.xp
     inputs, labels = xp.asarray(inputs), xp.asarray(labels)
-    schedule = settings.schedule()
+    schedule = as_schedule(settings.learning_rate)
     run.optimizer = sync.optimizer(network, schedule(0.0), settings.momentum)
     for hook in run.hooks:
         hook.begin(run)

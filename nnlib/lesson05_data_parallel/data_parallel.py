@@ -32,8 +32,7 @@ from dataclasses import dataclass, field, fields
 import numpy as np
 from mpi4py import MPI
 
-from nnlib.lesson03_training.training import (SGD, Batches, EveryStep, History, Hook, ProgressLines, Run, Settings,
-                                              train_loop)
+from nnlib.lesson03_training.training import SGD, Batches, History, Hook, ProgressLines, Run, Settings, train_loop
 from nnlib.lesson04_collectives import collectives
 from nnlib.lesson04_collectives.collectives import fail_together, raised_on_every_rank, require_same_on_every_rank
 
@@ -178,6 +177,16 @@ class Allreduce(DataParallel):
 
 
 STRATEGIES = {"parameter_server": ParameterServer, "reduce_broadcast": ReduceBroadcast, "allreduce": Allreduce}
+
+
+class EveryStep(Hook):
+    """Calls ``function(epoch, step, total_steps)`` after every step (``on_step``: lessons and tests inject faults)."""
+
+    def __init__(self, function):
+        self.function = function
+
+    def after_step(self, run) -> None:
+        self.function(run.epoch, run.step, run.total_steps)
 
 
 class PhaseTimer(Hook):

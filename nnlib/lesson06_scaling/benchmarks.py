@@ -1,8 +1,6 @@
 """Measuring speed honestly: a reference matmul rate, and training throughput.
 
-The FLOPs of a training step and the shapes of its matrix products are nnlib.lesson04_collectives.costmodel's
-(:func:`~nnlib.lesson04_collectives.costmodel.flops_per_sample`, :func:`~nnlib.lesson04_collectives.costmodel.step_matmul_shapes`): one
-count, used here, in the benchmarks and in lesson 06.
+A step's FLOPs and matrix products' shapes are counted once, in nnlib.lesson04_collectives.costmodel.
 """
 
 from __future__ import annotations
@@ -11,7 +9,7 @@ import time
 
 import numpy as np
 
-from nnlib.lesson04_collectives.costmodel import flops_per_sample, step_matmul_shapes  # noqa: F401  (flops_per_sample: the old home)
+from nnlib.lesson04_collectives.costmodel import step_matmul_shapes
 
 LESSON = 6
 NOTEBOOKS_ONLY = True  # used by the scripts in benchmarks/, by no other nnlib module

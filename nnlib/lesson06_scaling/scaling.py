@@ -51,21 +51,12 @@ def machine_fields(where: str = "live") -> dict:
             "machine": describe()["machine"], "where": where}
 
 
-# ---------------------------------------------------------------------------
-# One point: an mpiexec job
-# ---------------------------------------------------------------------------
+# -- One point: an mpiexec job -----------------------------------------------------------------------
 
 
-def run_point(ranks: int, samples: int, strategy: str = "allreduce", hidden=(128,), batch_size=256,
-              epochs: int = 2, learning_rate: float = 0.1, timeout: float = 600) -> dict:
-    """Train once with ``ranks`` ranks on the first ``samples`` MNIST samples; return the measurements.
-
-    The first epoch is a warm-up; the epoch time is the median of the others (so epochs >= 2).
-    Phase times are per epoch, each the slowest rank's.
-    """
-    settings = dict(samples=samples, strategy=strategy, hidden=list(hidden), batch_size=batch_size,
-                    epochs=epochs, learning_rate=learning_rate)
-    return _run_job(ranks, settings, timeout)
+#: One point's training, unless :func:`measure` is given others. The first epoch is a warm-up: the epoch time is
+#: the median of the others (so epochs >= 2); phase times are per epoch, each the slowest rank's.
+POINT_SETTINGS = dict(hidden=[128], batch_size=256, epochs=2, learning_rate=0.1)
 
 
 def measure_messages(ranks: int, sizes_in_bytes, repeats: int = 50, timeout: float = 300):
@@ -131,7 +122,8 @@ def measure(ranks_list, kind: str = "strong", samples: int = 20000, strategy: st
     """Records for every rank count in ``ranks_list``, each repeated ``repeats`` times.
 
     kind "strong": ``samples`` in total for every P; "weak": ``samples`` per rank (N = samples * P).
-    Extra ``settings`` go to :func:`run_point` (hidden, batch_size, epochs, learning_rate).
+    Extra ``settings`` replace those of POINT_SETTINGS (hidden, batch_size, epochs, learning_rate); each run is one
+    ``mpiexec -n P`` job on the first N MNIST samples.
     """
     if kind not in ("strong", "weak"):
         raise ValueError(f"kind must be 'strong' or 'weak'; got {kind!r}")
@@ -140,7 +132,8 @@ def measure(ranks_list, kind: str = "strong", samples: int = 20000, strategy: st
     for ranks in ranks_list:
         total = samples if kind == "strong" else samples * ranks
         for repeat in range(repeats):
-            measured = run_point(ranks, total, strategy, **settings)
+            point = dict(POINT_SETTINGS, samples=total, strategy=strategy, **settings)
+            measured = _run_job(ranks, dict(point, hidden=list(point["hidden"])), timeout=600)
             records.append({"kind": kind, "ranks": ranks, "samples": total, "strategy": strategy,
                             "repeat": repeat, **measured, "oversubscribed": ranks > cores, **machine})
             if progress:
@@ -149,9 +142,7 @@ def measure(ranks_list, kind: str = "strong", samples: int = 20000, strategy: st
     return records
 
 
-# ---------------------------------------------------------------------------
-# Tables
-# ---------------------------------------------------------------------------
+# -- Tables ------------------------------------------------------------------------------------------
 
 
 def summarize(records) -> list[dict]:
@@ -205,9 +196,7 @@ def format_table(rows, kind: str) -> str:
     return "\n".join(lines)
 
 
-# ---------------------------------------------------------------------------
-# Laws
-# ---------------------------------------------------------------------------
+# -- Laws --------------------------------------------------------------------------------------------
 
 
 def fit_amdahl(ranks, speedups) -> float:
@@ -243,9 +232,7 @@ def gustafson_speedup(ranks, serial_fraction: float):
     return ranks - serial_fraction * (ranks - 1)
 
 
-# ---------------------------------------------------------------------------
-# The large-batch effect
-# ---------------------------------------------------------------------------
+# -- The large-batch effect --------------------------------------------------------------------------
 
 
 def warmup_schedule(base_rate: float, target_rate: float, warmup_epochs: float):
@@ -300,9 +287,7 @@ def large_batch_accuracy(inputs, labels, test_inputs, test_labels, ranks_list,
     return np.array(accuracies)
 
 
-# ---------------------------------------------------------------------------
-# CSV
-# ---------------------------------------------------------------------------
+# -- CSV ---------------------------------------------------------------------------------------------
 
 
 def save_csv(records, path) -> None:

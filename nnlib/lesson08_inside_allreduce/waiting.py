@@ -1,10 +1,5 @@
-"""Where a data-parallel step's communication time goes: waiting for a slower rank, or the transfer itself.
-
-A collective ends on every rank about when the last rank has arrived and the data has moved, so the
-rank that arrived last hardly waited: the shortest duration of a collective over the ranks is its
-transfer, the rest of each rank's duration is waiting. Lesson 08 uses this to say what bounds the
-efficiency of data parallelism.
-"""
+"""Where a data-parallel step's communication time goes: waiting for a slower rank, or the transfer itself
+(:func:`communication_split`). Lesson 08 uses this to say what bounds the efficiency of data parallelism."""
 
 from __future__ import annotations
 

@@ -40,7 +40,7 @@ import io
 import json
 import os
 import struct
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
@@ -80,12 +80,15 @@ class Checkpoint:
     path: Path | None = field(default=None, compare=False)
 
 
+def meta_of(checkpoint: Checkpoint) -> dict:
+    """Everything in ``checkpoint`` but its arrays and its path (the JSON part of the file)."""
+    arrays = ("params", "velocity", "path")
+    return {f.name: getattr(checkpoint, f.name) for f in fields(Checkpoint) if f.name not in arrays}
+
+
 def to_bytes(checkpoint: Checkpoint) -> bytes:
     """The file's bytes: header (magic, version, length, SHA-256), then the .npz payload."""
-    meta = dict(epoch=checkpoint.epoch, step=checkpoint.step, rng_state=checkpoint.rng_state,
-                partial=[float(value) for value in checkpoint.partial], history=checkpoint.history,
-                settings=checkpoint.settings, ranks=checkpoint.ranks, total_steps=checkpoint.total_steps,
-                extra=checkpoint.extra)
+    meta = dict(meta_of(checkpoint), partial=[float(value) for value in checkpoint.partial])
     arrays = dict(params=checkpoint.params, meta=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8))
     if checkpoint.velocity is not None:
         arrays["velocity"] = checkpoint.velocity
@@ -114,10 +117,7 @@ def from_bytes(raw: bytes, name="the checkpoint") -> Checkpoint:
     with np.load(io.BytesIO(payload), allow_pickle=False) as arrays:
         meta = json.loads(arrays["meta"].tobytes().decode())
         velocity = arrays["velocity"].copy() if "velocity" in arrays.files else None
-        return Checkpoint(params=arrays["params"].copy(), velocity=velocity, epoch=meta["epoch"],
-                          step=meta["step"], rng_state=meta["rng_state"], partial=meta["partial"],
-                          history=meta["history"], settings=meta["settings"], ranks=meta["ranks"],
-                          total_steps=meta["total_steps"], extra=meta.get("extra", {}))
+        return Checkpoint(params=arrays["params"].copy(), velocity=velocity, **meta)
 
 
 def save(path, checkpoint: Checkpoint) -> int:
@@ -185,12 +185,10 @@ class CheckpointFolder:
 
     def latest(self) -> Checkpoint:
         """The newest checkpoint here, checked; CheckpointError if there is none or it is unusable."""
-        if not self.folder.is_dir():
-            raise CheckpointError(f"nothing to resume: the checkpoint folder {self.folder} does not exist. "
-                                  "Start without resuming, or point to the folder the earlier run wrote.")
         files = self.files()
         if not files:
-            raise CheckpointError(f"nothing to resume: {self.folder} holds no checkpoint (*{SUFFIX}). "
+            why = f"holds no checkpoint (*{SUFFIX})" if self.folder.is_dir() else "does not exist"
+            raise CheckpointError(f"nothing to resume: the checkpoint folder {self.folder} {why}. "
                                   "Start without resuming, or point to the folder the earlier run wrote.")
         try:
             return load(files[-1])
@@ -296,10 +294,7 @@ class Checkpointing(Hook):
         network's are broadcast here and every rank keeps its chunks), velocity, position, the shuffling's
         state, the history, the epoch's partial sums and the network's extra state (a loss scale)."""
         rank = self.comm.rank
-        small = None if saved is None else dict(epoch=saved.epoch, step=saved.step, rng_state=saved.rng_state,
-                                                partial=saved.partial, history=saved.history, ranks=saved.ranks,
-                                                total_steps=saved.total_steps, velocity=saved.velocity is not None,
-                                                extra=saved.extra)
+        small = None if saved is None else dict(meta_of(saved), velocity=saved.velocity is not None)
         small = self.comm.bcast(small, root=0)
         dtype, whole_size = to_numpy(run.network.params[:1]).dtype, whole_parameters(run.network)
         if hasattr(run.network, "load_full_params"):  # sharded: every rank keeps its chunks of the whole

@@ -127,7 +127,7 @@ def job_strategy(args):
 def job_hooks(args, comm, network) -> list:
     """The training loop's hooks for the job's options: deadlines' notes, the GPU's waits, checkpoints, faults."""
     from nnlib.lesson02_network.arrays import is_numpy
-    from nnlib.lesson03_training.training import EveryStep
+    from nnlib.lesson05_data_parallel.data_parallel import EveryStep
     from nnlib.lesson07_gpu.backend import WaitForDevice
     from nnlib.lesson10_faults.checkpoint import CheckpointFolder, Checkpointing
     from nnlib.lesson10_faults.watchdog import RunNotes
