@@ -59,10 +59,11 @@ def predicted_bytes(layer_sizes, rows: int, ranks: int = 1, rank: int = 0, strat
         raise ValueError(f"strategy allreduce, zero or fsdp, precision one of {', '.join(BYTES)}; got {strategy!r}, "
                          f"{precision!r}")
     itemsize, low = BYTES[precision], precision in ("float16", "bfloat16")
+    widths = None if every is None else layer_sizes[0] + activation_widths(layer_sizes, every)
     micro_rows, layers, sharded = math.ceil(rows / micro_batches), layer_params(layer_sizes), strategy == "fsdp"
     held = held_bytes(layer_sizes, micro_rows, itemsize)  # lesson 09's: the whole network, one micro-batch
-    if every is not None:
-        held["activations"] = itemsize * micro_rows * (layer_sizes[0] + activation_widths(layer_sizes, every))
+    if widths is not None:
+        held["activations"] = itemsize * micro_rows * widths
     count = sum(split_evenly(size, ranks)[0][rank] for size in layers) if sharded else sum(layers)
     updated = split_evenly(count, ranks)[0][rank] if strategy == "zero" else count
     held.update({"parameters": itemsize * count, "gradients": itemsize * count, "optimizer state": itemsize * updated,

@@ -21,80 +21,87 @@ LESSON = 13
 
 
 def data_parallel_job(args, comm, settings, data, test) -> int:
-    """The data-parallel job: shard, train (nnlib.lesson05_data_parallel.train_parallel), report."""
-    from nnlib.lesson02_network.arrays import is_numpy
-    from nnlib.lesson05_data_parallel import gather_phase_seconds, gather_timeline, shard, train_parallel
-    from nnlib.lesson07_gpu.backend import HostStaging
-    from nnlib.lesson08_inside_allreduce.sampling import PerRankBatches
-    from nnlib.lesson08_inside_allreduce.counting import CountingComm
+    """The data-parallel job: shard, train (nnlib.lesson05_data_parallel.train_parallel), report.
 
-    network, gpu_index = job_memory_network(args, comm) if memory_options_used(args) else job_network(args, comm)
+    It reads the options once, at the top, into what each step needs, then goes down in one line: the strategy
+    (lessons 05, 08, 11, 12), the network (02, 07, 12), what rank 0 says, the hooks (03, 07, 10), training (05),
+    the results."""
+    from nnlib.lesson02_network.arrays import is_numpy
+    from nnlib.lesson05_data_parallel.data_parallel import EveryStep
+    from nnlib.lesson05_data_parallel import gather_phase_seconds, gather_timeline, shard, train_parallel
+    from nnlib.lesson07_gpu.backend import HostStaging, WaitForDevice
+    from nnlib.lesson08_inside_allreduce.counting import CountingComm
+    from nnlib.lesson08_inside_allreduce.sampling import PerRankBatches
+    from nnlib.lesson10_faults.checkpoint import CheckpointFolder, Checkpointing
+    from nnlib.lesson10_faults.watchdog import RunNotes
+
+    actions = [action for action in (fault_injector(parse_fault(args.fault), comm.rank),
+                                     straggler(parse_slow(args.slow), comm.rank)) if action is not None]
+    strategy, network, gpus = job_parts(args, comm)
+    announce(args, comm, network, gpus)
     on_gpu = not is_numpy(network.xp)
+    hooks = [RunNotes(comm), *map(EveryStep, actions)]  # a fault after step S comes before the checkpoint after S
+    hooks += [WaitForDevice(network.xp)] if on_gpu else []  # so each phase's time is its own
+    if args.checkpoint_dir:
+        hooks.append(Checkpointing(CheckpointFolder(args.checkpoint_dir, args.checkpoint_every or None),
+                                   args.resume, progress=True))
     local_inputs, local_labels, start = shard(comm, *data)
-    announce(args, comm, network, comm.gather(gpu_index if on_gpu else None, root=0))
     counting = CountingComm(comm)  # (what each rank hands to its collectives: lessons 08 and 11)
+    staged = HostStaging(counting, network.xp) if on_gpu else counting
     with comm.guard():  # a rank that raises tells the others, which stop at once
-        history = train_parallel(HostStaging(counting, network.xp) if on_gpu else counting, network, local_inputs,
-                                 local_labels, num_samples=args.samples, start=start, settings=settings,
-                                 strategy=job_strategy(args), progress=True, hooks=job_hooks(args, comm, network),
+        history = train_parallel(staged, network, local_inputs, local_labels, num_samples=args.samples,
+                                 start=start, settings=settings, strategy=strategy, progress=True, hooks=hooks,
                                  batches=PerRankBatches if args.sampler == "per_rank" else None,
                                  timeline_steps=TRACE_STEPS if args.trace else 0)
     phases = gather_phase_seconds(comm, history)
     timelines = gather_timeline(comm, history) if args.trace else None
-    if comm.rank == 0 and args.trace:
-        from nnlib.course.trace import phase_spans
-        save_trace(args.trace, phase_spans(timelines))
     test_accuracy, params = job_results(args, comm, network, test)
     if comm.rank == 0:
-        report(args, comm.size, history, phases, test_accuracy, params, network.layer_sizes,
-               dict(strategy=np.array(args.strategy), **sent_arrays(args, counting, history)))
+        if args.trace:
+            from nnlib.course.trace import phase_spans
+
+            save_trace(args.trace, phase_spans(timelines))
+        more = dict(strategy=np.array(args.strategy), **sent_arrays(args, counting, history))
+        report(args, comm.size, history, phases, test_accuracy, params, network.layer_sizes, more)
     return 0
 
 
-def job_network(args, comm):
-    """This rank's network, on its GPU with --device gpu or auto (one GPU per rank of a node); (network, GPU index)."""
+def job_parts(args, comm):
+    """(strategy, network, every rank's GPU index on rank 0): what train_parallel takes for --strategy,
+    --compression and --local-steps (job_strategy); this rank's network: sharded (fsdp), or lesson 02's, on its
+    GPU with --device gpu or auto (one GPU per rank of a node); in lesson 12's MixedPrecision with --precision
+    float16 or bfloat16, else in MicroBatched with --accumulate and --recompute (if any of lesson 12's is used)."""
     from mpi4py import MPI
 
     from nnlib.lesson02_network.arrays import is_numpy
     from nnlib.lesson02_network.network import Network
     from nnlib.lesson04_collectives.collectives import fail_together, require_same_on_every_rank
     from nnlib.lesson07_gpu.backend import resolve_backend, use_gpu_of_local_rank
-
-    gpu_index = use_gpu_of_local_rank(MPI.COMM_WORLD) if args.device != "cpu" else None
-    try:
-        network = Network((784, *args.hidden, 10), output=args.output_layer, dtype=args.dtype, seed=args.seed,
-                          device=resolve_backend(args.device))
-        problem = None
-    except RuntimeError as no_gpu:  # --device gpu without a usable GPU on this rank
-        network, problem = None, str(no_gpu)
-    fail_together(comm, problem)
-    require_same_on_every_rank(comm, "the device (--device auto found a GPU on some ranks only)",
-                               not is_numpy(network.xp))
-    return network, gpu_index
-
-
-def job_memory_network(args, comm):
-    """The network for lesson 12's options: sharded (fsdp) or not, wrapped by memory_wrapped; (network, GPU index)."""
-    from nnlib.lesson12_memory.fsdp import FullyShardedNetwork
-
-    if args.strategy == "fsdp":
-        network, gpu_index = FullyShardedNetwork(comm, (784, *args.hidden, 10), output=args.output_layer,
-                                                 dtype=args.dtype, seed=args.seed), None
-    else:
-        network, gpu_index = job_network(args, comm)
-    return memory_wrapped(args, network), gpu_index
-
-
-def memory_wrapped(args, network):
-    """``network`` (lesson 02's or FSDP's) in MixedPrecision with --precision float16 or
-    bfloat16, else in MicroBatched with --accumulate and --recompute."""
     from nnlib.lesson12_memory.accumulation import MicroBatched
+    from nnlib.lesson12_memory.fsdp import FullyShardedNetwork
     from nnlib.lesson12_memory.mixed_precision import MixedPrecision
 
+    strategy, layer_sizes = job_strategy(args), (784, *args.hidden, 10)
+    if args.strategy == "fsdp":  # (on the CPU: options.COMBINES)
+        network, gpu_index = FullyShardedNetwork(comm, layer_sizes, output=args.output_layer, dtype=args.dtype,
+                                                 seed=args.seed), None
+    else:
+        gpu_index = use_gpu_of_local_rank(MPI.COMM_WORLD) if args.device != "cpu" else None
+        network, problem = None, None
+        try:
+            device = resolve_backend(args.device)
+            network = Network(layer_sizes, output=args.output_layer, dtype=args.dtype, seed=args.seed, device=device)
+        except RuntimeError as no_gpu:  # --device gpu without a usable GPU on this rank
+            problem = str(no_gpu)
+        fail_together(comm, problem)
+        require_same_on_every_rank(comm, "the device (--device auto found a GPU on some ranks only)",
+                                   not is_numpy(network.xp))
     if args.precision != "float32":
-        return MixedPrecision(network, precision=args.precision, micro_batches=args.accumulate,
-                              recompute_every=args.recompute or None)
-    return MicroBatched(network, args.accumulate, args.recompute or None)
+        network = MixedPrecision(network, precision=args.precision, micro_batches=args.accumulate,
+                                 recompute_every=args.recompute or None)
+    elif memory_options_used(args):
+        network = MicroBatched(network, args.accumulate, args.recompute or None)
+    return strategy, network, comm.gather(gpu_index if not is_numpy(network.xp) else None, root=0)
 
 
 def job_strategy(args):
@@ -122,26 +129,6 @@ def job_strategy(args):
 
         return loss_scaled(sync)
     return sync if args.strategy in ("zero", "overlap", "fsdp") else args.strategy
-
-
-def job_hooks(args, comm, network) -> list:
-    """The training loop's hooks for the job's options: deadlines' notes, the GPU's waits, checkpoints, faults."""
-    from nnlib.lesson02_network.arrays import is_numpy
-    from nnlib.lesson05_data_parallel.data_parallel import EveryStep
-    from nnlib.lesson07_gpu.backend import WaitForDevice
-    from nnlib.lesson10_faults.checkpoint import CheckpointFolder, Checkpointing
-    from nnlib.lesson10_faults.watchdog import RunNotes
-
-    hooks = [RunNotes(comm)]
-    for action in (fault_injector(parse_fault(args.fault), comm.rank), straggler(parse_slow(args.slow), comm.rank)):
-        if action is not None:  # a fault after step S comes before the checkpoint after step S, as it would
-            hooks.append(EveryStep(action))
-    if not is_numpy(network.xp):
-        hooks.append(WaitForDevice(network.xp))  # so each phase's time is its own
-    if args.checkpoint_dir:
-        folder = CheckpointFolder(args.checkpoint_dir, args.checkpoint_every or None)
-        hooks.append(Checkpointing(folder, args.resume, progress=True))
-    return hooks
 
 
 def straggler(slow: dict, rank: int):

@@ -11,58 +11,44 @@ LESSON = 13
 
 
 def announce(args, comm, network, gpus) -> None:
-    """Rank 0 says what the job runs: ranks, strategy, network, samples, batch; compression and GPUs."""
+    """Rank 0 says what the job runs: ranks, strategy, network, samples, batch; what compression (lesson 11's
+    PowerSGD, top-k, 16 bits) sends or how often local SGD talks; lesson 12's options, if any are used, and what
+    lesson 12's memory model counts on rank 0 (its share of a batch); the GPUs."""
     from nnlib.lesson07_gpu.backend import cuda_aware_mpi, gpu_status
+    from nnlib.lesson11_beyond_sync import compression, powersgd
+    from nnlib.lesson12_memory.budget import predicted_bytes
 
     if comm.rank != 0:
         return
-    print(f"{comm.size} ranks, strategy {args.strategy}, network {'-'.join(map(str, network.layer_sizes))}, "
-          f"{args.samples} samples, global batch {args.batch_size or 'full'}", flush=True)
-    if args.compression == "powersgd" or args.local_steps is not None:
-        announce_talking_less(args, network)
-    elif args.compression != "none":
-        from nnlib.lesson11_beyond_sync.compression import message_bytes
-
-        print(f"gradients compressed: {args.compression}{f' (k = {args.topk})' if args.topk else ''}, "
-              f"{message_bytes(args.compression, network.num_params, args.topk, network.params.dtype.itemsize):,} "
-              f"bytes per rank per step instead of {network.params.nbytes:,}", flush=True)
-    announce_memory(args, comm.size)
-    if any(gpu is not None for gpu in gpus):
-        print(f"on the GPU ({gpu_status()[1]}); GPU of each rank: {gpus}; gradients "
-              f"{'passed directly (CUDA-aware MPI)' if cuda_aware_mpi() else 'staged through host memory'}",
-              flush=True)
-
-
-def announce_memory(args, ranks: int | None = None) -> None:
-    """Rank 0 says lesson 12's options, if any are used, and in a data-parallel job on ``ranks`` ranks what lesson
-    12's memory model counts on rank 0 (its share of a batch)."""
-    if not memory_options_used(args):
-        return
-    print(f"memory: strategy {args.strategy}, recompute every {args.recompute or 'none'}, "
-          f"{args.accumulate} micro-batch(es) per step, precision {args.precision}", flush=True)
-    if ranks and args.strategy in ("allreduce", "zero", "fsdp"):
-        from nnlib.lesson04_collectives.collectives import split_counts
-        from nnlib.lesson12_memory.budget import predicted_bytes
-
-        rows = int(split_counts(min(args.batch_size or args.samples, args.samples), ranks)[0])
-        held = predicted_bytes((784, *args.hidden, 10), rows, ranks, 0, args.strategy, args.recompute or None,
-                               args.accumulate, args.dtype if args.precision == "float32" else args.precision)
-        print(f"memory model (nnlib.lesson12_memory.budget): rank 0 holds {sum(held.values()) / 2 ** 20:.2f} MiB at "
-              f"a step's peak, NumPy's temporaries aside", flush=True)
-
-
-def announce_talking_less(args, network) -> None:
-    """Rank 0 says what PowerSGD sends per step, or how often local SGD talks."""
+    memory, batch = memory_options_used(args), min(args.batch_size or args.samples, args.samples)
+    lines = [f"{comm.size} ranks, strategy {args.strategy}, network {'-'.join(map(str, network.layer_sizes))}, "
+             f"{args.samples} samples, global batch {args.batch_size or 'full'}"]
+    instead, itemsize = f"per rank per step instead of {network.params.nbytes:,}", network.params.dtype.itemsize
     if args.local_steps is not None:
         kind = "DiLoCo (Nesterov outer steps)" if args.outer_optimizer == "nesterov" else "local SGD (averaging)"
-        print(f"{kind}: each rank takes {args.local_steps} steps alone, then one Allreduce of "
-              f"{network.params.nbytes:,} bytes (and at the end of every epoch)", flush=True)
-        return
-    from nnlib.lesson11_beyond_sync.powersgd import message_bytes
-
-    first, second = message_bytes(network.layer_sizes, args.rank, network.params.dtype.itemsize)
-    print(f"gradients compressed: powersgd (rank {args.rank}), two Allreduces of {first:,} and {second:,} bytes "
-          f"per rank per step instead of {network.params.nbytes:,}", flush=True)
+        lines.append(f"{kind}: each rank takes {args.local_steps} steps alone, then one Allreduce of "
+                     f"{network.params.nbytes:,} bytes (and at the end of every epoch)")
+    elif args.compression == "powersgd":
+        first, second = powersgd.message_bytes(network.layer_sizes, args.rank, itemsize)
+        lines.append(f"gradients compressed: powersgd (rank {args.rank}), two Allreduces of {first:,} and "
+                     f"{second:,} bytes {instead}")
+    elif args.compression != "none":
+        lines.append(f"gradients compressed: {args.compression}{f' (k = {args.topk})' if args.topk else ''}, "
+                     f"{compression.message_bytes(args.compression, network.num_params, args.topk, itemsize):,} "
+                     f"bytes {instead}")
+    if memory:
+        lines.append(f"memory: strategy {args.strategy}, recompute every {args.recompute or 'none'}, "
+                     f"{args.accumulate} micro-batch(es) per step, precision {args.precision}")
+    if memory and args.strategy in ("allreduce", "zero", "fsdp"):  # rank 0's rows: split_counts gives the first
+        held = predicted_bytes((784, *args.hidden, 10), -(-batch // comm.size), comm.size, 0, args.strategy,
+                               args.recompute or None, args.accumulate,  # ranks the extra rows: ceil(B / P)
+                               args.dtype if args.precision == "float32" else args.precision)
+        lines.append(f"memory model (nnlib.lesson12_memory.budget): rank 0 holds {sum(held.values()) / 2 ** 20:.2f} "
+                     f"MiB at a step's peak, NumPy's temporaries aside")
+    if any(gpu is not None for gpu in gpus):
+        lines.append(f"on the GPU ({gpu_status()[1]}); GPU of each rank: {gpus}; gradients "
+                     f"{'passed directly (CUDA-aware MPI)' if cuda_aware_mpi() else 'staged through host memory'}")
+    print("\n".join(lines), flush=True)
 
 
 def sent_arrays(args, counting, history) -> dict:
