@@ -135,8 +135,9 @@ BY_HAND = [
     ("05.1", (np.zeros(1), [np.array([1.0]), np.array([4.0])], [1, 3], 1.0), np.array([-3.25])),  # (1 + 12) / 4
     ("06.3", (10.0, np.array([10.0, 2.5]), np.array([1, 8])), np.array([1.0, 0.5])),
     ("07.1", (1000, 1000, 1000, 2.0), 1.0),
-    ("07.2", (4096, 4096, 4096, 100, 20000, 12), True),  # CPU 1.4 s; GPU 0.017 s of copies + 0.007 s
-    ("07.2", (2048, 2048, 2048, 1000, 1000, 10), False),  # the same rate: the copies decide
+    ("07.2", (256, 128, 55, 25, 50, 120), False),  # CPU 1.30 ms; GPU 1.375 ms of launches + 0.003 ms
+    ("07.2", (256, 1024, 55, 25, 50, 120), True),  # CPU 10.4 ms; GPU 1.375 ms + 0.025 ms
+    ("07.2", (256, 128, 16, 25, 50, 120), True),  # fused: 0.400 ms + 0.003 ms against 1.30 ms
     ("10.1", ([3, 1, 0], 4), [2]),
     ("10.1", ([1, 0], 2), []),
     ("10.2", (50.0, 40_000.0, 4), 1000.0),  # sqrt(2 * 50 * 10 000)
@@ -289,7 +290,7 @@ HALF_FINISHED = [
     ("04.1", lambda rows, ranks, length: (np.full(ranks, rows / ranks), np.zeros(ranks)), "dtype",
      "expected whole numbers (integers)"),
     ("06.1", lambda ranks, s: 1 / (s + (1 - s) // ranks), "values", "relative error"),
-    ("07.2", lambda m, k, n, cpu, gpu, link: 1, "dtype", "expected True/False values"),
+    ("07.2", lambda batch, hidden, kernels, launch, gpu, cpu: 1, "dtype", "expected True/False values"),
     ("09.2", lambda hidden, weights, b: sum(h @ w + b for h, w in zip(hidden, weights)), "values", "wrong values"),
     ("10.1", lambda arrived, size: [], "shape", "missing_ranks([0, 2], 3) returned shape (0,); expected shape (1,)"),
     ("10.1", lambda arrived, size: [0], "values", "got 0, expected 1"),

@@ -1,4 +1,4 @@
-"""Lesson 07's exercises (notebook 07_gpu): a product's GFLOP/s, and when the GPU wins counting the copies."""
+"""Lesson 07's exercises (notebook 07_gpu): a product's GFLOP/s, and when a training step is faster on the GPU, counting its launches."""
 
 from nnlib.exercises import Exercise
 
@@ -10,12 +10,12 @@ def matmul_gflops(m, k, n, seconds):
     return 2 * m * k * n / seconds / 1e9
 
 
-def gpu_wins(m, k, n, cpu_gflops, gpu_gflops, transfer_gbytes_per_second):
-    """Is one float32 product (m, k) @ (k, n) faster on the GPU, counting the copies of both
-    inputs to it and of the result back, than on the CPU? True or False."""
-    flops = 2 * m * k * n
-    copied_bytes = 4 * (m * k + k * n + m * n)
-    gpu_seconds = copied_bytes / (transfer_gbytes_per_second * 1e9) + flops / (gpu_gflops * 1e9)
+def gpu_wins(batch, hidden, kernels, launch_microseconds, gpu_tflops, cpu_gflops):
+    """Is one training step of a 784-hidden-10 network on `batch` samples faster on the GPU than on one CPU core?
+    The step does 6 * batch * (784 * hidden + hidden * 10) FLOPs. The GPU's step: `kernels` launches of
+    `launch_microseconds` each, plus the FLOPs at `gpu_tflops`; the CPU's: the FLOPs at `cpu_gflops`. True or False."""
+    flops = 6 * batch * (784 * hidden + hidden * 10)
+    gpu_seconds = kernels * launch_microseconds * 1e-6 + flops / (gpu_tflops * 1e12)
     cpu_seconds = flops / (cpu_gflops * 1e9)
     return gpu_seconds < cpu_seconds
 
@@ -24,8 +24,8 @@ EXERCISES = [
     Exercise("07.1", matmul_gflops, lambda: [(1000, 1000, 1000, 0.02), (256, 784, 30, 1e-4), (1, 1, 1, 1e-9)],
              "each of the m n results takes k multiplications and k additions."),
     Exercise("07.2", gpu_wins,
-             lambda: [(4096, 4096, 4096, 100, 20000, 12), (64, 784, 30, 100, 20000, 12), (256, 784, 30, 50, 20000, 25),
-                      (2048, 2048, 2048, 1000, 1000, 10)],
-             "the GPU's time is the copies (bytes over the link's speed) plus the flops at its rate; "
-             "the CPU's is the flops at its rate."),
+             lambda: [(256, 128, 55, 25, 50, 120), (256, 1024, 55, 25, 50, 120), (256, 128, 16, 25, 50, 120),
+                      (4096, 128, 55, 25, 50, 120), (1, 10, 1, 20, 50, 1)],
+             "the GPU's step is the launches (each a fixed host cost, whatever the size) plus the FLOPs at its rate; "
+             "the CPU's is the FLOPs at its rate."),
 ]

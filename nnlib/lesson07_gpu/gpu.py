@@ -1,13 +1,12 @@
 """Measuring matrix products and training on the CPU and the GPU, honestly.
 
 GPU work is *asynchronous*: a CuPy call returns as soon as the work is queued, so a timer must
-wait for the GPU (stream synchronisation) before it stops, and the first calls (which compile
-kernels and allocate memory) must be left out as warm-up. :func:`device_seconds` (nnlib.lesson04_collectives.timing's
-timer, synchronised with the device) does both.
+wait for the GPU (stream synchronisation) before it stops, and the first calls (which compile kernels and
+allocate memory) must be left out as warm-up. :func:`device_seconds` (lesson 04's timer, synchronised) does both.
 
 Everything here takes the array module as an argument (numpy or cupy), so the same code
-measures both; ``python -m nnlib gpu-benchmark --output notebooks/results/gpu-<device>.csv``
-records the figures on a GPU machine for notebook 07 to show on machines without one.
+measures both; ``python -m nnlib gpu-benchmark --results-dir notebooks/results`` records the figures
+on a GPU machine for notebook 07 to show on machines without one.
 """
 
 from __future__ import annotations
@@ -62,20 +61,21 @@ def matmul_sweep(shapes=MATMUL_SHAPES, gpu=None, repeats: int = 10, seed: int = 
     return records
 
 
-def crossover(records, gpu_column: str = "gpu_seconds"):
-    """The smallest product (m, k, n) from which the GPU beats the CPU at every larger size, or None.
+def product_rate(records) -> float:
+    """The GPU's product rate in FLOP/s: the fastest of the matmul records, 2 m k n / gpu_seconds."""
+    return max(2 * r["m"] * r["k"] * r["n"] / r["gpu_seconds"] for r in records if r["kind"] == "matmul")
 
-    records: matmul records (see :func:`matmul_sweep`), in any order; ``gpu_column`` is
-    "gpu_seconds" (the product alone) or "gpu_with_copies_seconds" (copies there and back included).
-    """
-    rows = [r for r in records if r["kind"] == "matmul" and r[gpu_column] == r[gpu_column]]
-    rows.sort(key=lambda r: r["m"] * r["k"] * r["n"])
-    winning = None
-    for r in reversed(rows):
-        if r[gpu_column] >= r["cpu_seconds"]:
-            break
-        winning = (r["m"], r["k"], r["n"])
-    return winning
+
+def predicted_epoch_seconds(hidden, samples, product_flops_per_second, batch_size=256, kernels=55,
+                            launch_seconds=25e-6, inputs=784, outputs=10) -> float:
+    """A GPU epoch of inputs-hidden-outputs by the launch-cost model: each step costs its launches + its FLOPs.
+
+    step = kernels * launch_seconds + 6 * batch * (inputs * hidden + hidden * outputs) / product_flops_per_second
+    (forward 2, backward 4 FLOPs per weight and sample). The defaults are measured, not fitted to epochs: on an H200
+    host a CuPy call cost 13-25 us whatever the array size, and a step of the code before fusion issued 55 kernels
+    and copies (../shared/notes/gpu.md). Launches are asynchronous, so the two parts overlap: an upper bound."""
+    flops = 6 * samples * (inputs * hidden + hidden * outputs)
+    return -(-samples // batch_size) * kernels * launch_seconds + flops / product_flops_per_second
 
 
 def forward_one_sample_at_a_time(network, inputs) -> np.ndarray:
