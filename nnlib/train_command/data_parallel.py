@@ -23,7 +23,7 @@ LESSON = 13
 def data_parallel_job(args, comm, settings, data, test) -> int:
     """The data-parallel job: shard, train (nnlib.lesson05_data_parallel.train_parallel), report.
 
-    It reads the options once, at the top, into what each step needs, then goes down in one line: the strategy
+    It goes down in one line, each step taking what it needs of the options: the strategy
     (lessons 05, 08, 11, 12), the network (02, 07, 12), what rank 0 says, the hooks (03, 07, 10), training (05),
     the results."""
     from nnlib.lesson02_network.arrays import is_numpy

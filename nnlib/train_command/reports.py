@@ -39,10 +39,10 @@ def announce(args, comm, network, gpus) -> None:
     if memory:
         lines.append(f"memory: strategy {args.strategy}, recompute every {args.recompute or 'none'}, "
                      f"{args.accumulate} micro-batch(es) per step, precision {args.precision}")
-    if memory and args.strategy in ("allreduce", "zero", "fsdp"):  # rank 0's rows: split_counts gives the first
-        held = predicted_bytes((784, *args.hidden, 10), -(-batch // comm.size), comm.size, 0, args.strategy,
-                               args.recompute or None, args.accumulate,  # ranks the extra rows: ceil(B / P)
-                               args.dtype if args.precision == "float32" else args.precision)
+    if memory and args.strategy in ("allreduce", "zero", "fsdp"):
+        rows = -(-batch // comm.size)  # rank 0's rows, ceil(B / P): split_counts gives the first ranks the extra rows
+        held = predicted_bytes((784, *args.hidden, 10), rows, comm.size, 0, args.strategy, args.recompute or None,
+                               args.accumulate, args.dtype if args.precision == "float32" else args.precision)
         lines.append(f"memory model (nnlib.lesson12_memory.budget): rank 0 holds {sum(held.values()) / 2 ** 20:.2f} "
                      f"MiB at a step's peak, NumPy's temporaries aside")
     if any(gpu is not None for gpu in gpus):
