@@ -129,7 +129,13 @@ def restart_and_run_all(page, timeout_s: float = 300) -> None:
     page.click(".jp-Dialog .jp-mod-accept", timeout=10_000)
     page.wait_for_function("() => [...document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-CodeCell .jp-InputArea-prompt')]"
                            ".some(p => p.textContent.includes('*') || p.textContent.trim() === '')", timeout=30_000)
-    page.wait_for_function(ALL_RAN, timeout=timeout_s * 1000)
+    try:
+        page.wait_for_function(ALL_RAN, timeout=timeout_s * 1000)
+    except Exception as error:  # say where Run All stopped: the prompts and the page's last lines
+        shown = what_the_page_shows(page)
+        raise AssertionError(f"Run All did not finish within {timeout_s:g} s ({error.__class__.__name__}): prompts "
+                             f"{shown['prompts']}, {shown['errors']} error outputs; the page ends:\n"
+                             f"{shown['text'][-3000:]}") from error
 
 
 VISIBLE = ".jp-NotebookPanel:not(.lm-mod-hidden)"

@@ -144,15 +144,18 @@ def test_an_mpi_lesson_restarted_mid_run_starts_a_clean_cluster_and_leaves_nothi
     first = clusters_owned_by(kernels_of(lab))
     assert len(first) >= 4, "lesson 04's cluster did not start"  # controller, mpiexec, proxy, engines
     assert not page.evaluate(IDLE), "the lesson finished before the restart: restart earlier"
-    restart_and_run_all(page)  # in the middle of the first run
-    shown = what_the_page_shows(page)
-    assert shown["prompts"] == [f"[{count}]:" for count in range(1, saved("04_mpi_collectives.ipynb")["code_cells"] + 1)]
-    assert shown["errors"] == saved("04_mpi_collectives.ipynb")["raises"], shown["text"][-3000:]
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and first & {process.pid for process, _ in tagged_processes()}:
-        time.sleep(0.5)
-    assert not first & {process.pid for process, _ in tagged_processes()}, "processes of the first run are left"
-    close_and_shut_down(page)
+    try:
+        restart_and_run_all(page)  # in the middle of the first run
+        shown = what_the_page_shows(page)
+        expected = saved("04_mpi_collectives.ipynb")
+        assert shown["prompts"] == [f"[{count}]:" for count in range(1, expected["code_cells"] + 1)]
+        assert shown["errors"] == expected["raises"], shown["text"][-3000:]
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and first & {process.pid for process, _ in tagged_processes()}:
+            time.sleep(0.5)
+        assert not first & {process.pid for process, _ in tagged_processes()}, "processes of the first run are left"
+    finally:  # pass or fail, its kernel and cluster end here, not in the next test
+        close_and_shut_down(page)
 
 
 def test_close_and_shut_down_ends_the_kernel(lab, page):
@@ -185,6 +188,7 @@ def test_a_failing_rank_in_a_px_cell_stops_every_rank_and_the_next_cell_works(la
                 "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
                 "nbformat": 4, "nbformat_minor": 5}
     (lab.root_dir / "deadline_in_class.ipynb").write_text(json.dumps(notebook))
+    before = kernels_of(lab)  # only this test's kernel is checked below
     open_notebook(page, lab, "deadline_in_class.ipynb")
     began = time.monotonic()
     restart_and_run_all(page, timeout_s=120)
@@ -195,7 +199,7 @@ def test_a_failing_rank_in_a_px_cell_stops_every_rank_and_the_next_cell_works(la
     assert "ValueError: rank 2 has a bad shard" in text and "CollectiveTimeout: Rank" in text, text[-3000:]
     assert text.index("ValueError: rank 2 has a bad shard") < text.index("CollectiveTimeout: Rank"), text[-3000:]
     assert text.count("the sum is 4") == 4, text[-3000:]
-    kernels = kernels_of(lab)
+    kernels = kernels_of(lab) - before
     close_and_shut_down(page)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and clusters_owned_by(kernels):

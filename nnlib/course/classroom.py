@@ -23,9 +23,10 @@ so the collectives (``comm.Allreduce(...)``, ``MPI.COMM_WORLD.Bcast(...)``, ``Re
 
 A collective that was abandoned can never be cancelled, so the communicator it ran on is dropped:
 after every cell that ran on the engines, the client (the notebook's kernel) has every engine
-:func:`settle`: the ranks agree, under the deadline, whether any of them abandoned a call (or was
-told another did), and if so all make a fresh duplicate of COMM_WORLD together. A rank that does not
-come to that agreement is stuck or dead: every later call then says to run ``mpi.restart()``.
+:func:`settle`: the ranks agree whether any of them abandoned a call (or was told another did), and
+if so all make a fresh duplicate of COMM_WORLD together. The client sends settle once every engine has
+finished its cell, so a rank that is not there within :data:`SETTLE_SECONDS` (a busy machine delays an
+engine by seconds, not a minute) is stuck or dead: every later call then says to run ``mpi.restart()``.
 
 Any other method (``Isend``, ``Split``, ``Scan``, ``scatter``, ``reduce``...) runs on the current
 duplicate without a deadline. ``view.apply`` functions get the same deadline and the same notice.
@@ -41,6 +42,11 @@ from mpi4py import MPI
 from nnlib.course.deadline import WatchedComm, completed_within
 
 LESSON = 0  # the course's own tools: any lesson may use them
+
+#: Seconds a rank waits for the others in settle's agreement (the deadline, if that is longer). Not the
+#: deadline itself: the ranks come to settle when their engines get the client's message, and on a loaded
+#: machine one engine got it more than a 4 s deadline after the others (a CI run).
+SETTLE_SECONDS = 60.0
 
 
 class RootMismatch(ValueError):
@@ -73,14 +79,14 @@ class ClassroomComm:
         """After a cell, on every engine (the client sends it): do all ranks keep the duplicate? If any rank
         abandoned a call on it, or heard that another did, every rank makes a fresh one, together.
 
-        The ranks agree with one small Iallreduce (MAX) on ``agreement``, under the deadline. If a rank
+        The ranks agree with one small Iallreduce (MAX) on ``agreement``, within SETTLE_SECONDS. If a rank
         does not come (stuck in MPI outside comm, or dead), the communicator is marked unusable: every
         later call says to run mpi.restart()."""
         if self.unusable:
             return self.unusable
         abandoned = np.array([int(bool(self.watched.broken) or self.watched.heard_from_others())], dtype=np.int64)
         request = self.agreement.Iallreduce(MPI.IN_PLACE, abandoned, op=MPI.MAX)
-        if not completed_within(request.Test, self.watched.timeout):
+        if not completed_within(request.Test, max(SETTLE_SECONDS, self.watched.timeout)):
             self.unusable = ("a rank did not come back after the last cell (stuck in MPI outside comm, or "
                              "dead): run mpi.restart()")
         elif abandoned[0]:

@@ -10,7 +10,9 @@ and every rank checks what it was told and how soon:
 * a rank that hangs past the deadline: the others name it within timeout + grace;
 * a rank raising in user code outside nnlib before a watched Barrier: named at the deadline;
 * a deadline of 0, negative, NaN, infinite or absurd: ValueError on every rank, no collective;
-* the object collectives (bcast, gather, allgather) and a Scatterv under the watchdog.
+* the object collectives (bcast, gather, allgather) and a Scatterv under the watchdog;
+* the notebook cluster's settle (nnlib.course.classroom): a rank that comes to it several deadlines late
+  (its engine got the client's message late) is waited for, and every rank goes on on a fresh communicator.
 Exits 1 on any failure.
 """
 
@@ -23,6 +25,7 @@ from mpi4py import MPI
 
 from nnlib import Network, train
 from nnlib.lesson05_data_parallel import shard, train_parallel
+from nnlib.course.classroom import ClassroomComm
 from nnlib.course.deadline import CollectiveTimeout, watch
 from nnlib.lesson10_faults.watchdog import train_watched
 
@@ -162,7 +165,19 @@ def check_object_and_buffer_collectives_under_the_watchdog():
     assert total[0] == sum(range(size))
 
 
+def check_a_rank_late_to_settle_is_waited_for():
+    classroom = ClassroomComm(comm, timeout=0.5)
+    classroom.watched.broken = "a collective was abandoned in Barrier" if rank == 0 else None  # as after a cell
+    time.sleep(2.0 if rank == last else 0)  # four deadlines after the others
+    verdict = classroom.settle()
+    assert verdict == "renewed", f"rank {rank}: settle said {verdict!r}"
+    total = np.zeros(1)
+    classroom.Allreduce(np.ones(1), total)
+    assert total[0] == size
+
+
 CHECKS = [check_object_and_buffer_collectives_under_the_watchdog,
+          check_a_rank_late_to_settle_is_waited_for,
           check_bad_deadlines_fail_on_every_rank_before_any_collective,
           check_a_rank_raising_between_steps_stops_everyone_at_once_then_they_recover,
           check_a_rank_raising_inside_its_compute_stops_everyone_at_once,
