@@ -266,3 +266,15 @@ def test_lesson_00_and_teaching_give_the_same_notation_table():
     assert len(rows) >= 8 and rows == notation_rows(TEACHING.read_text())
     symbols = [symbol for row in rows for symbol in re.findall(r"\$([^$]+)\$", row.split("|")[1])]
     assert len(symbols) == len(set(symbols)), f"a symbol listed twice: {symbols}"
+
+
+def test_the_browser_tests_key_results_are_in_the_saved_notebooks():
+    """Each key result the browser test looks for after Run All is in the saved notebook (nbval holds the saved
+    outputs), so a lesson whose output changed cannot leave the browser test looking for an old line."""
+    from test_browser import KEY_RESULTS
+
+    for name, key in KEY_RESULTS.items():
+        cells = nbformat.read(NOTEBOOKS / name, as_version=4).cells
+        shown = "".join(output.get("text", "") + output.get("data", {}).get("text/plain", "")
+                        for cell in cells if cell.cell_type == "code" for output in cell.get("outputs", []))
+        assert key in shown, f"{name}: the browser test looks for {key!r}, which its saved outputs do not show"
