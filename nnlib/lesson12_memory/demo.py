@@ -1,27 +1,21 @@
-"""Lesson 12's multi-rank runs as one MPI script (notebook 12 runs ``mpiexec -n P python -m
-nnlib.lesson12_memory.demo RESULTS.json``): FSDP and gradient accumulation against sequential training
-on MNIST, the bytes sent counted on the real calls, what each rank holds over one FSDP step, and each rank's
-peak memory over a step, measured with tracemalloc beside the memory model's prediction (nnlib.lesson12_memory.
-budget, lesson 09's nnlib.lesson09_model_parallel.memory): one network and one global batch for every case, data
-parallelism, ZeRO, FSDP, recomputation, accumulation and mixed precision, and lesson 09's tensor and pipeline
-parallelism. Rank 0 writes the results as JSON.
+"""Lesson 12's measurements on several ranks, run in notebook 12's cluster (``%%px``) and by
+tests/mpi/check_memory.py: the network and settings its FSDP and accumulation cells train (SIZES, SETTINGS), and
+each rank's peak memory over a step, measured with tracemalloc beside the memory model's prediction
+(nnlib.lesson12_memory.budget, lesson 09's nnlib.lesson09_model_parallel.memory): one network and one global batch
+for every case, data parallelism, ZeRO, FSDP, recomputation, accumulation and mixed precision, and lesson 09's
+tensor and pipeline parallelism.
 """
 
 from __future__ import annotations
 
-import json
-import sys
 import tracemalloc
 
 import numpy as np
-from mpi4py import MPI
 
 from nnlib import Network, train
-from nnlib.lesson01_mnist import data
 from nnlib.lesson04_collectives.collectives import split_counts
 from nnlib.lesson05_data_parallel import shard, train_parallel
 from nnlib.lesson05_data_parallel.data_parallel import Allreduce
-from nnlib.lesson08_inside_allreduce.counting import CountingComm
 from nnlib.lesson08_inside_allreduce.sampling import PerRankBatches
 from nnlib.lesson08_inside_allreduce.zero import ZeRO
 from nnlib.lesson09_model_parallel.memory import rank_bytes
@@ -31,7 +25,6 @@ from nnlib.lesson12_memory.accumulation import MicroBatched
 from nnlib.lesson12_memory.budget import predicted_bytes
 from nnlib.lesson12_memory.fsdp import FullySharded, FullyShardedNetwork
 from nnlib.lesson12_memory.mixed_precision import MixedPrecision, loss_scaled, low_precision
-from nnlib.lesson12_memory.traffic import allreduce_bytes, fsdp_bytes
 
 LESSON = 12
 NOTEBOOKS_ONLY = True  # run by notebook 12, imported by no nnlib module
@@ -42,48 +35,6 @@ SETTINGS = dict(epochs=1, learning_rate=0.5, batch_size=100, momentum=0.9, seed=
 
 def relative_error(params, expected) -> float:
     return float(np.abs(params - expected).max() / np.abs(expected).max())
-
-
-def main(path: str, samples: int = 2000) -> None:
-    comm = MPI.COMM_WORLD
-    inputs = labels = None
-    if comm.rank == 0:
-        mnist = data.load_mnist(progress=False)
-        inputs, labels = data.scale_pixels(mnist.train_images[:samples]).astype(np.float64), \
-            mnist.train_labels[:samples].astype(np.int64)
-    local_inputs, local_labels, start = shard(comm, inputs, labels)
-    expected = Network(SIZES, dtype="float64", seed=2)
-    if comm.rank == 0:
-        train(expected, inputs, labels, progress=False, **SETTINGS)
-    expected = comm.bcast(expected.params if comm.rank == 0 else None)
-    results = {}
-    for name, network, strategy in (("fsdp", FullyShardedNetwork(comm, SIZES, seed=2), FullySharded),
-                                    ("accumulate 4", MicroBatched(Network(SIZES, dtype="float64", seed=2), 4),
-                                     "allreduce")):
-        counting = CountingComm(comm)
-        history = train_parallel(counting, network, local_inputs, local_labels, num_samples=samples, start=start,
-                                 strategy=strategy, **SETTINGS)
-        params = network.full_params() if name == "fsdp" else network.params
-        gradient_calls = [call for call in counting.calls if call[0] == "Allreduce" and call[1] > 16]
-        results[name] = {"error": relative_error(params, expected), "steps": history.steps,
-                         "gradient_allreduces": len(gradient_calls)}
-    results["ranks"] = comm.gather(one_fsdp_step(comm, local_inputs, local_labels, samples))
-    results["budgets"] = budgets(comm)
-    if comm.rank == 0:
-        with open(path, "w") as file:
-            json.dump(results, file)
-
-
-def one_fsdp_step(comm, local_inputs, local_labels, samples: int) -> dict:
-    """One FSDP step on a fresh network with a counting communicator: bytes sent, formulas, what is held."""
-    counting = CountingComm(comm)
-    network = FullyShardedNetwork(counting, SIZES, seed=2)
-    network.log.recording = True
-    network.loss_and_gradient(local_inputs[:100], local_labels[:100], normalizer=100 * comm.size)
-    total = network.total_params
-    return {"sent": counting.ring_bytes(), "fsdp_formula": fsdp_bytes(SIZES, comm.size, comm.rank),
-            "allreduce_formula": allreduce_bytes(total, comm.size, comm.rank), "held_params": int(network.params.size),
-            "total_params": total, "events": network.log.events}
 
 
 BUDGET_SIZES, BUDGET_ROWS = (64, 127, 96, 121, 80, 113, 72, 10), 256  # uneven widths: tensor parallelism's 127
@@ -170,7 +121,3 @@ def budgets(comm) -> dict:
     errors = {name: comm.allgather((sum(held.values()) - peak) / peak) for name, (peak, held) in measured.items()}
     return {name: {"measured": peak, "predicted": held, "errors": errors[name]}
             for name, (peak, held) in measured.items()}
-
-
-if __name__ == "__main__":
-    main(sys.argv[1])

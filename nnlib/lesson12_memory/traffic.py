@@ -17,6 +17,7 @@ from __future__ import annotations
 from nnlib.lesson08_inside_allreduce.counting import ring_bytes
 
 LESSON = 12
+NOTEBOOKS_ONLY = True  # notebook 12 (and tests/mpi/check_memory.py) use it; no nnlib module imports it
 
 
 def allreduce_bytes(num_params: int, size: int, rank: int, itemsize: int = 8) -> int:
