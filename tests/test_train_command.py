@@ -312,6 +312,7 @@ def test_asynchronous_job_with_bound_0_equals_synchronous_per_rank_training_on_t
     assert np.abs(got - expected).max() / np.abs(expected).max() <= 1e-10
     with np.load(tmp_path / "a.npz") as saved:
         assert saved["staleness"].max() <= ranks - 2 and len(saved["worker"]) == 2 * 21 * (ranks - 1)
+        assert int(saved["largest_lead"]) == 0  # s = 0: no worker was let ahead of the slowest (lesson 11 prints it)
 
 
 def test_compressed_job_reports_its_bytes_and_top_k_of_everything_equals_the_plain_job(tmp_path):

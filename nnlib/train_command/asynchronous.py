@@ -48,5 +48,6 @@ def report_asynchronous(args, ranks: int, history, network, test) -> None:
                  loss=np.array(history.loss), train_accuracy=np.array(history.train_accuracy),
                  epoch_seconds=np.array(history.epoch_seconds), staleness=staleness, worker=np.array(history.worker),
                  update_seconds=np.array(history.seconds), test_accuracy=np.array(test_accuracy),
-                 epoch_params=np.array(history.params), ranks=np.array(ranks), strategy=np.array("asynchronous"))
+                 epoch_params=np.array(history.params), largest_lead=np.array(history.largest_lead),
+                 ranks=np.array(ranks), strategy=np.array("asynchronous"))
         print(f"wrote {args.output}")
