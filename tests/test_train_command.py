@@ -76,6 +76,27 @@ def test_batch_job_on_gpus_gives_each_rank_of_a_node_its_own_gpu(tmp_path):
     assert results(run.stdout) == results(on_cpu.stdout)
 
 
+def run_on_cpu_and_stand_in_gpu(tmp_path, ranks, *arguments):
+    """The job on the CPU and on the counting stand-in GPU (tests/stand_in_cupy.py: its arrays refuse silent trips to
+    the host), float64: (the GPU run's stdout, the largest |difference| of the final weights / the largest |weight|)."""
+    runs = {device: run_training(ranks, *arguments, "--dtype", "float64", "--device", device, "--output",
+                                 str(tmp_path / f"{device}.npz"),
+                                 pythonpath=write_cupy_shim(tmp_path, counting=True) if device == "gpu" else None)
+            for device in ("cpu", "gpu")}
+    assert [run.returncode for run in runs.values()] == [0, 0], runs["cpu"].stderr + runs["gpu"].stderr
+    with np.load(tmp_path / "cpu.npz") as cpu, np.load(tmp_path / "gpu.npz") as gpu:
+        return runs["gpu"].stdout, float(np.abs(gpu["params"] - cpu["params"]).max() / np.abs(cpu["params"]).max())
+
+
+@pytest.mark.parametrize("mode", [("tensor",), *[("pipeline", "--schedule", schedule) for schedule in
+                                                 ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2")]])
+def test_model_parallel_job_on_the_stand_in_gpu_equals_the_cpu_run(tmp_path, mode):
+    """Every piece's arrays on the device, its messages staged through host memory (lesson 07's HostStaging)."""
+    stdout, difference = run_on_cpu_and_stand_in_gpu(tmp_path, 2, "--model-parallel", *mode, "--samples", "600",
+                                                     "--epochs", "2", "--batch-size", "50", "--hidden", "16", "16", "16")
+    assert "GPU of each rank: [0, 0]" in stdout and difference <= 1e-12, (stdout, difference)
+
+
 @pytest.mark.skipif(backend.gpu_status()[0], reason="checks the message given on machines without a GPU")
 def test_batch_job_asked_for_a_gpu_without_one_fails_clearly():
     run = run_training(2, "--device", "gpu", "--samples", "500", "--epochs", "1")
@@ -395,7 +416,7 @@ REFUSED = [  # (arguments, the kind of training, the option it does not take): e
     *[(("--model-parallel", kind, *option), f"--model-parallel {kind}", option[0])
       for kind in ("tensor", "pipeline")
       for option in (("--precision", "float16"), ("--precision", "bfloat16"), ("--recompute", "2"), ("--accumulate", "2"),
-                     ("--device", "gpu"), ("--checkpoint-dir", "x"), ("--fault", "1:3:raise"), ("--slow", "1:0.1"))],
+                     ("--checkpoint-dir", "x"), ("--fault", "1:3:raise"), ("--slow", "1:0.1"))],
     (("--model-parallel", "tensor", "--trace", "t.json"), "--model-parallel tensor", "--trace"),
     *[((*ASYNCHRONOUS, *option), "--asynchronous", option[0])
       for option in (("--recompute", "2"), ("--accumulate", "2"), ("--precision", "float16"), ("--device", "gpu"),
@@ -423,7 +444,7 @@ ACCEPTED = [  # what combines, as the lessons run it
     ("--strategy", "zero", "--precision", "float16", "--device", "cpu", "--fault", "1:3:raise", "--slow", "1:0.1"),
     ("--strategy", "overlap", "--recompute", "2", "--accumulate", "2", "--device", "gpu", "--trace", "t.json"),
     ("--model-parallel", "pipeline", "--schedule", "zb-h1", "--micro-batches", "3", "--trace", "t.json"),
-    ("--model-parallel", "tensor", "--model-size", "2", "--sampler", "per_rank"),
+    ("--model-parallel", "tensor", "--model-size", "2", "--sampler", "per_rank", "--device", "gpu"),
     ("--compression", "topk", "--topk", "5", "--checkpoint-dir", "x", "--slow", "1:0.1"),
     (*ASYNCHRONOUS, "--staleness", "1", "--slow", "1:0.1", "--trace", "t.json"),
     (*LOCAL, "--outer-optimizer", "nesterov", "--recompute", "2", "--accumulate", "2"),

@@ -71,12 +71,7 @@ def job_parts(args, comm):
     --compression and --local-steps (job_strategy); this rank's network: sharded (fsdp), or lesson 02's, on its
     GPU with --device gpu or auto (one GPU per rank of a node); in lesson 12's MixedPrecision with --precision
     float16 or bfloat16, else in MicroBatched with --accumulate and --recompute (if any of lesson 12's is used)."""
-    from mpi4py import MPI
-
-    from nnlib.lesson02_network.arrays import is_numpy
     from nnlib.lesson02_network.network import Network
-    from nnlib.lesson04_collectives.collectives import fail_together, require_same_on_every_rank
-    from nnlib.lesson07_gpu.backend import resolve_backend, use_gpu_of_local_rank
     from nnlib.lesson12_memory.accumulation import MicroBatched
     from nnlib.lesson12_memory.fsdp import FullyShardedNetwork
     from nnlib.lesson12_memory.mixed_precision import MixedPrecision
@@ -86,22 +81,34 @@ def job_parts(args, comm):
         network, gpu_index = FullyShardedNetwork(comm, layer_sizes, output=args.output_layer, dtype=args.dtype,
                                                  seed=args.seed), None
     else:
-        gpu_index = use_gpu_of_local_rank(MPI.COMM_WORLD) if args.device != "cpu" else None
-        network, problem = None, None
-        try:
-            device = resolve_backend(args.device)
-            network = Network(layer_sizes, output=args.output_layer, dtype=args.dtype, seed=args.seed, device=device)
-        except RuntimeError as no_gpu:  # --device gpu without a usable GPU on this rank
-            problem = str(no_gpu)
-        fail_together(comm, problem)
-        require_same_on_every_rank(comm, "the device (--device auto found a GPU on some ranks only)",
-                                   not is_numpy(network.xp))
+        xp, gpu_index = job_device(args, comm)
+        network = Network(layer_sizes, output=args.output_layer, dtype=args.dtype, seed=args.seed, device=xp)
     if args.precision != "float32":
         network = MixedPrecision(network, precision=args.precision, micro_batches=args.accumulate,
                                  recompute_every=args.recompute or None)
     elif memory_options_used(args):
         network = MicroBatched(network, args.accumulate, args.recompute or None)
-    return strategy, network, comm.gather(gpu_index if not is_numpy(network.xp) else None, root=0)
+    return strategy, network, comm.gather(gpu_index, root=0)
+
+
+def job_device(args, comm):
+    """(the array namespace, this rank's GPU index or None) for --device: numpy, or CuPy on this rank's GPU of its
+    node (lesson 07); every rank stops together if one has no usable GPU, or if --device auto differs."""
+    from mpi4py import MPI
+
+    from nnlib.lesson02_network.arrays import is_numpy
+    from nnlib.lesson04_collectives.collectives import fail_together, require_same_on_every_rank
+    from nnlib.lesson07_gpu.backend import resolve_backend, use_gpu_of_local_rank
+
+    gpu_index = use_gpu_of_local_rank(MPI.COMM_WORLD) if args.device != "cpu" else None
+    xp, problem = None, None
+    try:
+        xp = resolve_backend(args.device)
+    except RuntimeError as no_gpu:  # --device gpu without a usable GPU on this rank
+        problem = str(no_gpu)
+    fail_together(comm, problem)
+    require_same_on_every_rank(comm, "the device (--device auto found a GPU on some ranks only)", not is_numpy(xp))
+    return xp, gpu_index if not is_numpy(xp) else None
 
 
 def job_strategy(args):

@@ -174,8 +174,8 @@ COMBINES = {
     "--compression powersgd": (lambda args: args.compression == "powersgd", {"--device", *RUN[1:]}),
     "--local-steps": (lambda args: args.local_steps is not None, {*MEMORY[:2], "--device", *RUN[1:]}),
     "--asynchronous": (lambda args: args.asynchronous, {"--slow", "--trace"}),
-    "--model-parallel tensor": (lambda args: args.model_parallel == "tensor", set()),
-    "--model-parallel pipeline": (lambda args: args.model_parallel == "pipeline", {"--trace"}),
+    "--model-parallel tensor": (lambda args: args.model_parallel == "tensor", {"--device"}),
+    "--model-parallel pipeline": (lambda args: args.model_parallel == "pipeline", {"--device", "--trace"}),
 }
 
 
