@@ -88,12 +88,14 @@ def run_on_cpu_and_stand_in_gpu(tmp_path, ranks, *arguments):
         return runs["gpu"].stdout, float(np.abs(gpu["params"] - cpu["params"]).max() / np.abs(cpu["params"]).max())
 
 
-@pytest.mark.parametrize("mode", [("tensor",), *[("pipeline", "--schedule", schedule) for schedule in
-                                                 ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2")]])
-def test_model_parallel_job_on_the_stand_in_gpu_equals_the_cpu_run(tmp_path, mode):
-    """Every piece's arrays on the device, its messages staged through host memory (lesson 07's HostStaging)."""
-    stdout, difference = run_on_cpu_and_stand_in_gpu(tmp_path, 2, "--model-parallel", *mode, "--samples", "600",
-                                                     "--epochs", "2", "--batch-size", "50", "--hidden", "16", "16", "16")
+@pytest.mark.parametrize("mode", [("--model-parallel", "tensor"), ("--asynchronous",),
+                                  *[("--model-parallel", "pipeline", "--schedule", schedule) for schedule in
+                                    ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2")]], ids=" ".join)
+def test_model_parallel_and_asynchronous_jobs_on_the_stand_in_gpu_equal_the_cpu_run(tmp_path, mode):
+    """Every piece's arrays on the device, its messages staged through host memory (lesson 07's HostStaging; the
+    parameter server's through host copies); 2 ranks: the asynchronous job's one worker makes its order fixed."""
+    stdout, difference = run_on_cpu_and_stand_in_gpu(tmp_path, 2, *mode, "--samples", "600", "--epochs", "2",
+                                                     "--batch-size", "50", "--hidden", "16", "16", "16")
     assert "GPU of each rank: [0, 0]" in stdout and difference <= 1e-12, (stdout, difference)
 
 
@@ -419,8 +421,8 @@ REFUSED = [  # (arguments, the kind of training, the option it does not take): e
                      ("--checkpoint-dir", "x"), ("--fault", "1:3:raise"), ("--slow", "1:0.1"))],
     (("--model-parallel", "tensor", "--trace", "t.json"), "--model-parallel tensor", "--trace"),
     *[((*ASYNCHRONOUS, *option), "--asynchronous", option[0])
-      for option in (("--recompute", "2"), ("--accumulate", "2"), ("--precision", "float16"), ("--device", "gpu"),
-                     ("--checkpoint-dir", "x"), ("--fault", "1:3:raise"))],
+      for option in (("--recompute", "2"), ("--accumulate", "2"), ("--precision", "float16"), ("--checkpoint-dir", "x"),
+                     ("--fault", "1:3:raise"))],
     *[(("--compression", "topk", "--topk", "5", *option), "--compression float16/bfloat16/topk", option[0])
       for option in (("--recompute", "2"), ("--accumulate", "2"), ("--precision", "float16"))],
     *[(("--compression", "powersgd", "--rank", "2", *option), "--compression powersgd", option[0])
@@ -446,7 +448,7 @@ ACCEPTED = [  # what combines, as the lessons run it
     ("--model-parallel", "pipeline", "--schedule", "zb-h1", "--micro-batches", "3", "--trace", "t.json"),
     ("--model-parallel", "tensor", "--model-size", "2", "--sampler", "per_rank", "--device", "gpu"),
     ("--compression", "topk", "--topk", "5", "--checkpoint-dir", "x", "--slow", "1:0.1"),
-    (*ASYNCHRONOUS, "--staleness", "1", "--slow", "1:0.1", "--trace", "t.json"),
+    (*ASYNCHRONOUS, "--staleness", "1", "--slow", "1:0.1", "--trace", "t.json", "--device", "gpu"),
     (*LOCAL, "--outer-optimizer", "nesterov", "--recompute", "2", "--accumulate", "2"),
 ]
 

@@ -173,7 +173,7 @@ COMBINES = {
                                             {"--device", *RUN}),
     "--compression powersgd": (lambda args: args.compression == "powersgd", {"--device", *RUN[1:]}),
     "--local-steps": (lambda args: args.local_steps is not None, {*MEMORY[:2], "--device", *RUN[1:]}),
-    "--asynchronous": (lambda args: args.asynchronous, {"--slow", "--trace"}),
+    "--asynchronous": (lambda args: args.asynchronous, {"--device", "--slow", "--trace"}),
     "--model-parallel tensor": (lambda args: args.model_parallel == "tensor", {"--device"}),
     "--model-parallel pipeline": (lambda args: args.model_parallel == "pipeline", {"--device", "--trace"}),
 }
