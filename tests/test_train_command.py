@@ -88,12 +88,13 @@ def run_on_cpu_and_stand_in_gpu(tmp_path, ranks, *arguments):
         return runs["gpu"].stdout, float(np.abs(gpu["params"] - cpu["params"]).max() / np.abs(cpu["params"]).max())
 
 
-@pytest.mark.parametrize("mode", [("--model-parallel", "tensor"), ("--asynchronous",),
+@pytest.mark.parametrize("mode", [("--model-parallel", "tensor"), ("--asynchronous",), ("--strategy", "fsdp"),
+                                  ("--strategy", "fsdp", "--recompute", "2", "--accumulate", "2"),
                                   *[("--model-parallel", "pipeline", "--schedule", schedule) for schedule in
                                     ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2")]], ids=" ".join)
-def test_model_parallel_and_asynchronous_jobs_on_the_stand_in_gpu_equal_the_cpu_run(tmp_path, mode):
-    """Every piece's arrays on the device, its messages staged through host memory (lesson 07's HostStaging; the
-    parameter server's through host copies); 2 ranks: the asynchronous job's one worker makes its order fixed."""
+def test_fsdp_model_parallel_and_asynchronous_jobs_on_the_stand_in_gpu_equal_the_cpu_run(tmp_path, mode):
+    """Every array of the network on the device, its messages staged through host memory (lesson 07's HostStaging;
+    the parameter server's through host copies); 2 ranks: the asynchronous job's one worker makes its order fixed."""
     stdout, difference = run_on_cpu_and_stand_in_gpu(tmp_path, 2, *mode, "--samples", "600", "--epochs", "2",
                                                      "--batch-size", "50", "--hidden", "16", "16", "16")
     assert "GPU of each rank: [0, 0]" in stdout and difference <= 1e-12, (stdout, difference)
@@ -429,7 +430,6 @@ REFUSED = [  # (arguments, the kind of training, the option it does not take): e
       for option in (("--recompute", "2"), ("--accumulate", "2"), ("--precision", "float16"), ("--checkpoint-dir", "x"))],
     ((*LOCAL, "--checkpoint-dir", "x"), "--local-steps", "--checkpoint-dir"),
     ((*LOCAL, "--precision", "float16"), "--local-steps", "--precision"),
-    (("--strategy", "fsdp", "--device", "gpu"), "--strategy fsdp", "--device"),
     *[(("--strategy", strategy, "--precision", "float16"), f"--strategy {strategy}", "--precision")
       for strategy in ("overlap", "parameter_server", "reduce_broadcast")],
     # two kinds of training at once: the first in the table's order names the second
@@ -443,6 +443,7 @@ REFUSED = [  # (arguments, the kind of training, the option it does not take): e
 ]
 ACCEPTED = [  # what combines, as the lessons run it
     ("--strategy", "fsdp", "--precision", "bfloat16", "--recompute", "2", "--accumulate", "3", "--checkpoint-dir", "x"),
+    ("--strategy", "fsdp", "--recompute", "2", "--device", "gpu"),
     ("--strategy", "zero", "--precision", "float16", "--device", "cpu", "--fault", "1:3:raise", "--slow", "1:0.1"),
     ("--strategy", "overlap", "--recompute", "2", "--accumulate", "2", "--device", "gpu", "--trace", "t.json"),
     ("--model-parallel", "pipeline", "--schedule", "zb-h1", "--micro-batches", "3", "--trace", "t.json"),

@@ -126,7 +126,7 @@ other way round); everything else is the wrapped one's::
     """
 
     BUFFER_METHODS = ("Allgather", "Allgatherv", "Allreduce", "Bcast", "Gather", "Gatherv", "Isend", "Recv", "Reduce",
-                      "Scatter", "Scatterv", "Send", "Sendrecv")
+                      "Reduce_scatter", "Scatter", "Scatterv", "Send", "Sendrecv")
 
     def __init__(self, comm, xp, cuda_aware=None):
         self.comm, self.xp = comm, xp

@@ -72,17 +72,17 @@ def job_parts(args, comm):
     GPU with --device gpu or auto (one GPU per rank of a node); in lesson 12's MixedPrecision with --precision
     float16 or bfloat16, else in MicroBatched with --accumulate and --recompute (if any of lesson 12's is used)."""
     from nnlib.lesson02_network.network import Network
+    from nnlib.lesson07_gpu.backend import HostStaging
     from nnlib.lesson12_memory.accumulation import MicroBatched
     from nnlib.lesson12_memory.fsdp import FullyShardedNetwork
     from nnlib.lesson12_memory.mixed_precision import MixedPrecision
 
-    strategy, layer_sizes = job_strategy(args), (784, *args.hidden, 10)
-    if args.strategy == "fsdp":  # (on the CPU: options.COMBINES)
-        network, gpu_index = FullyShardedNetwork(comm, layer_sizes, output=args.output_layer, dtype=args.dtype,
-                                                 seed=args.seed), None
+    (strategy, layer_sizes), (xp, gpu_index) = (job_strategy(args), (784, *args.hidden, 10)), job_device(args, comm)
+    model = dict(output=args.output_layer, dtype=args.dtype, seed=args.seed, device=xp)
+    if args.strategy == "fsdp":  # its gathers and reduce-scatters staged, as the gradients of the others
+        network = FullyShardedNetwork(HostStaging(comm, xp), layer_sizes, **model)
     else:
-        xp, gpu_index = job_device(args, comm)
-        network = Network(layer_sizes, output=args.output_layer, dtype=args.dtype, seed=args.seed, device=xp)
+        network = Network(layer_sizes, **model)
     if args.precision != "float32":
         network = MixedPrecision(network, precision=args.precision, micro_batches=args.accumulate,
                                  recompute_every=args.recompute or None)

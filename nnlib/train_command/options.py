@@ -165,7 +165,7 @@ MEMORY, RUN = ("--recompute", "--accumulate", "--precision"), ("--checkpoint-dir
 COMBINES = {
     "--strategy allreduce": (lambda args: False, {*MEMORY, "--device", *RUN}),  # (the default: no other kind)
     "--strategy zero": (lambda args: args.strategy == "zero", {*MEMORY, "--device", *RUN}),
-    "--strategy fsdp": (lambda args: args.strategy == "fsdp", {*MEMORY, *RUN}),
+    "--strategy fsdp": (lambda args: args.strategy == "fsdp", {*MEMORY, "--device", *RUN}),
     "--strategy overlap": (lambda args: args.strategy == "overlap", {*MEMORY[:2], "--device", *RUN}),
     "--strategy parameter_server": (lambda args: args.strategy == "parameter_server", {*MEMORY[:2], "--device", *RUN}),
     "--strategy reduce_broadcast": (lambda args: args.strategy == "reduce_broadcast", {*MEMORY[:2], "--device", *RUN}),
