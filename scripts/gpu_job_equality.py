@@ -26,7 +26,8 @@ import numpy as np
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SETTINGS = ["--samples", "1200", "--epochs", "2", "--batch-size", "64", "--hidden", "32", "--dtype", "float64"]
-# (ranks, the mode's options): every --strategy, --compression, local SGD, and what refuses --device gpu today.
+# (ranks, the mode's options): every --strategy, --compression, local SGD, model parallelism, asynchronous SGD
+# (one worker: a fixed order), and --precision, which refuses --device gpu today (float32 masters; CuPy lacks bfloat16).
 MODES = [(1, ["--strategy", "allreduce"]),
          (2, ["--strategy", "allreduce"]),
          (2, ["--strategy", "parameter_server"]),
