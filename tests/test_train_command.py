@@ -78,8 +78,9 @@ def test_batch_job_on_gpus_gives_each_rank_of_a_node_its_own_gpu(tmp_path):
 
 def run_on_cpu_and_stand_in_gpu(tmp_path, ranks, *arguments):
     """The job on the CPU and on the counting stand-in GPU (tests/stand_in_cupy.py: its arrays refuse silent trips to
-    the host), float64: (the GPU run's stdout, the largest |difference| of the final weights / the largest |weight|)."""
-    runs = {device: run_training(ranks, *arguments, "--dtype", "float64", "--device", device, "--output",
+    the host), float64 unless told: (the GPU run's stdout, the largest |difference| of the final weights / the largest
+    |weight|)."""
+    runs = {device: run_training(ranks, "--dtype", "float64", *arguments, "--device", device, "--output",
                                  str(tmp_path / f"{device}.npz"),
                                  pythonpath=write_cupy_shim(tmp_path, counting=True) if device == "gpu" else None)
             for device in ("cpu", "gpu")}
@@ -90,11 +91,14 @@ def run_on_cpu_and_stand_in_gpu(tmp_path, ranks, *arguments):
 
 @pytest.mark.parametrize("mode", [("--model-parallel", "tensor"), ("--asynchronous",), ("--strategy", "fsdp"),
                                   ("--strategy", "fsdp", "--recompute", "2", "--accumulate", "2"),
+                                  *[("--strategy", strategy, "--precision", "float16", "--dtype", "float32")
+                                    for strategy in ("allreduce", "zero", "fsdp")],
                                   *[("--model-parallel", "pipeline", "--schedule", schedule) for schedule in
                                     ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2")]], ids=" ".join)
-def test_fsdp_model_parallel_and_asynchronous_jobs_on_the_stand_in_gpu_equal_the_cpu_run(tmp_path, mode):
+def test_fsdp_model_parallel_asynchronous_and_mixed_precision_jobs_on_the_stand_in_gpu_equal_the_cpu_run(tmp_path, mode):
     """Every array of the network on the device, its messages staged through host memory (lesson 07's HostStaging;
-    the parameter server's through host copies); 2 ranks: the asynchronous job's one worker makes its order fixed."""
+    the parameter server's through host copies); 2 ranks: the asynchronous job's one worker makes its order fixed.
+    Mixed precision keeps float32 master weights: compared in float32 (the stand-in computes as NumPy does)."""
     stdout, difference = run_on_cpu_and_stand_in_gpu(tmp_path, 2, *mode, "--samples", "600", "--epochs", "2",
                                                      "--batch-size", "50", "--hidden", "16", "16", "16")
     assert "GPU of each rank: [0, 0]" in stdout and difference <= 1e-12, (stdout, difference)

@@ -275,8 +275,10 @@ def needs_problems(args) -> list[tuple[bool, str]]:
          f"--virtual-stages goes with --schedule interleaved; got --schedule {args.schedule}"),
         (args.schedule not in ("gpipe", "1f1b") and args.model_parallel != "pipeline",
          f"--schedule {args.schedule} needs --model-parallel pipeline"),
-        (args.precision != "float32" and (args.dtype != "float32" or args.device != "cpu"),
-         f"--precision {args.precision} keeps float32 master weights (--dtype float32), on --device cpu"),
+        (args.precision != "float32" and args.dtype != "float32",
+         f"--precision {args.precision} keeps float32 master weights (--dtype float32)"),
+        (args.precision == "bfloat16" and args.device != "cpu",
+         "--precision bfloat16 needs --device cpu (CuPy has no bfloat16 arrays); on a GPU use --precision float16"),
     ]
 
 
