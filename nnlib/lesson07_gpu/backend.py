@@ -122,7 +122,8 @@ other way round); everything else is the wrapped one's::
         train_parallel(HostStaging(comm, network.xp), network, ...)
 
     Staged, a non-blocking Iallreduce cannot overlap anything: it runs at once (lesson 08's overlap
-    then behaves as the plain Allreduce); an Isend sends a host copy, which its request keeps alive. ``cuda_aware``: None asks MPI (:func:`cuda_aware_mpi`).
+    then behaves as the plain Allreduce); an Isend sends a host copy, which its request keeps alive.
+    ``cuda_aware``: None asks MPI (:func:`cuda_aware_mpi`).
     """
 
     BUFFER_METHODS = ("Allgather", "Allgatherv", "Allreduce", "Bcast", "Gather", "Gatherv", "Isend", "Recv", "Reduce",

@@ -25,14 +25,13 @@ def model_parallel_job(args, comm, settings, data, test) -> int:
 
     (inputs, labels), (test_inputs, test_labels) = [(broadcast_new(comm, first), broadcast_new(comm, second))
                                                     for first, second in (data, test)]
-    model_size, (xp, gpu_index) = args.model_size or comm.size, job_device(args, comm)
-    gpus = comm.gather(gpu_index, root=0)
+    model_size, (xp, gpus) = args.model_size or comm.size, job_device(args, comm)
     sizes = (784, *args.hidden, 10)
     if comm.rank == 0:
         print(f"{comm.size} ranks: {comm.size // model_size if comm.size % model_size == 0 else '?'} replica(s) of "
               f"{model_size} ({args.model_parallel} parallelism inside), network {'-'.join(map(str, sizes))}, "
               f"{args.samples} samples, global batch {args.batch_size or 'full'}"
-              + (f"; GPU of each rank: {gpus}" if gpu_index is not None else ""), flush=True)
+              + (f"; GPU of each rank: {gpus}" if gpus[0] is not None else ""), flush=True)
     model = dict(layer_sizes=sizes, output=args.output_layer, dtype=args.dtype, seed=args.seed, device=xp)
 
     def build_piece(model_comm):  # this rank's piece of its replica (model_comm is watched and staged, as comm)
