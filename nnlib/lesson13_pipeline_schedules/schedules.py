@@ -294,8 +294,7 @@ class ScheduledPipeline(PipelineMLP):
 
     schedules, letters = ALL_SCHEDULES, LETTERS
 
-    def __init__(self, comm, layer_sizes=(784, 128, 10), output: str = "sigmoid", dtype="float64",
-                 seed: int = 0, micro_batches: int = 4, schedule: str = "1f1b", chunks=1, device="cpu"):
+    def __init__(self, comm, layer_sizes=(784, 128, 10), schedule: str = "1f1b", chunks=1, **pipeline):
         self.split = tuple(chunks) if isinstance(chunks, (tuple, list)) else None
         require_same_on_every_rank(comm, "the schedule and chunks per stage", (schedule, self.split or chunks))
         if self.split is not None:
@@ -308,7 +307,7 @@ class ScheduledPipeline(PipelineMLP):
             raise ValueError(f"chunks must be 1, or a positive integer with schedule 'interleaved'; got "
                              f"{self.split or chunks!r} with {schedule!r}")
         self.chunks = chunks
-        super().__init__(comm, layer_sizes, output, dtype, seed, micro_batches, schedule, device)
+        super().__init__(comm, layer_sizes, schedule=schedule, **pipeline)  # output, dtype, seed, micro_batches, device
 
     def check_settings(self, pieces: int, num_layers: int, micro_batches, schedule) -> None:
         """Lesson 09's checks on the v P virtual stages, and the split's (the same verdict on every rank)."""
