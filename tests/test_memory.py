@@ -141,7 +141,7 @@ def job_arguments(*arguments):
     (["--recompute", "-1"], "--recompute must be 0 (keep every activation) or K >= 1"),
     (["--accumulate", "0"], "--accumulate must be at least 1"),
     (["--precision", "float16", "--dtype", "float64"], "keeps float32 master weights (--dtype float32)"),
-    (["--precision", "bfloat16", "--device", "gpu"], "keeps float32 master weights (--dtype float32), on --device cpu"),
+    (["--precision", "bfloat16", "--device", "gpu"], "--precision bfloat16 needs --device cpu (CuPy has no bfloat16"),
 ])
 def test_the_batch_job_refuses_memory_options_with_wrong_values(arguments, message):
     """(What they do not combine with: tests/test_train_command.py, one table and one message.)"""

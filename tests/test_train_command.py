@@ -76,6 +76,34 @@ def test_batch_job_on_gpus_gives_each_rank_of_a_node_its_own_gpu(tmp_path):
     assert results(run.stdout) == results(on_cpu.stdout)
 
 
+def run_on_cpu_and_stand_in_gpu(tmp_path, ranks, *arguments):
+    """The job on the CPU and on the counting stand-in GPU (tests/stand_in_cupy.py: its arrays refuse silent trips to
+    the host), float64 unless told: (the GPU run's stdout, the largest |difference| of the final weights / the largest
+    |weight|)."""
+    runs = {device: run_training(ranks, "--dtype", "float64", *arguments, "--device", device, "--output",
+                                 str(tmp_path / f"{device}.npz"),
+                                 pythonpath=write_cupy_shim(tmp_path, counting=True) if device == "gpu" else None)
+            for device in ("cpu", "gpu")}
+    assert [run.returncode for run in runs.values()] == [0, 0], runs["cpu"].stderr + runs["gpu"].stderr
+    with np.load(tmp_path / "cpu.npz") as cpu, np.load(tmp_path / "gpu.npz") as gpu:
+        return runs["gpu"].stdout, float(np.abs(gpu["params"] - cpu["params"]).max() / np.abs(cpu["params"]).max())
+
+
+@pytest.mark.parametrize("mode", [("--model-parallel", "tensor"), ("--asynchronous",), ("--strategy", "fsdp"),
+                                  ("--strategy", "fsdp", "--recompute", "2", "--accumulate", "2"),
+                                  *[("--strategy", strategy, "--precision", "float16", "--dtype", "float32")
+                                    for strategy in ("allreduce", "zero", "fsdp")],
+                                  *[("--model-parallel", "pipeline", "--schedule", schedule) for schedule in
+                                    ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2")]], ids=" ".join)
+def test_fsdp_model_parallel_asynchronous_and_mixed_precision_jobs_on_the_stand_in_gpu_equal_the_cpu_run(tmp_path, mode):
+    """Every array of the network on the device, its messages staged through host memory (lesson 07's HostStaging;
+    the parameter server's through host copies); 2 ranks: the asynchronous job's one worker makes its order fixed.
+    Mixed precision keeps float32 master weights: compared in float32 (the stand-in computes as NumPy does)."""
+    stdout, difference = run_on_cpu_and_stand_in_gpu(tmp_path, 2, *mode, "--samples", "600", "--epochs", "2",
+                                                     "--batch-size", "50", "--hidden", "16", "16", "16")
+    assert "GPU of each rank: [0, 0]" in stdout and difference <= 1e-12, (stdout, difference)
+
+
 @pytest.mark.skipif(backend.gpu_status()[0], reason="checks the message given on machines without a GPU")
 def test_batch_job_asked_for_a_gpu_without_one_fails_clearly():
     run = run_training(2, "--device", "gpu", "--samples", "500", "--epochs", "1")
@@ -396,18 +424,17 @@ REFUSED = [  # (arguments, the kind of training, the option it does not take): e
     *[(("--model-parallel", kind, *option), f"--model-parallel {kind}", option[0])
       for kind in ("tensor", "pipeline")
       for option in (("--precision", "float16"), ("--precision", "bfloat16"), ("--recompute", "2"), ("--accumulate", "2"),
-                     ("--device", "gpu"), ("--checkpoint-dir", "x"), ("--fault", "1:3:raise"), ("--slow", "1:0.1"))],
+                     ("--checkpoint-dir", "x"), ("--fault", "1:3:raise"), ("--slow", "1:0.1"))],
     (("--model-parallel", "tensor", "--trace", "t.json"), "--model-parallel tensor", "--trace"),
     *[((*ASYNCHRONOUS, *option), "--asynchronous", option[0])
-      for option in (("--recompute", "2"), ("--accumulate", "2"), ("--precision", "float16"), ("--device", "gpu"),
-                     ("--checkpoint-dir", "x"), ("--fault", "1:3:raise"))],
+      for option in (("--recompute", "2"), ("--accumulate", "2"), ("--precision", "float16"), ("--checkpoint-dir", "x"),
+                     ("--fault", "1:3:raise"))],
     *[(("--compression", "topk", "--topk", "5", *option), "--compression float16/bfloat16/topk", option[0])
       for option in (("--recompute", "2"), ("--accumulate", "2"), ("--precision", "float16"))],
     *[(("--compression", "powersgd", "--rank", "2", *option), "--compression powersgd", option[0])
       for option in (("--recompute", "2"), ("--accumulate", "2"), ("--precision", "float16"), ("--checkpoint-dir", "x"))],
     ((*LOCAL, "--checkpoint-dir", "x"), "--local-steps", "--checkpoint-dir"),
     ((*LOCAL, "--precision", "float16"), "--local-steps", "--precision"),
-    (("--strategy", "fsdp", "--device", "gpu"), "--strategy fsdp", "--device"),
     *[(("--strategy", strategy, "--precision", "float16"), f"--strategy {strategy}", "--precision")
       for strategy in ("overlap", "parameter_server", "reduce_broadcast")],
     # two kinds of training at once: the first in the table's order names the second
@@ -421,12 +448,13 @@ REFUSED = [  # (arguments, the kind of training, the option it does not take): e
 ]
 ACCEPTED = [  # what combines, as the lessons run it
     ("--strategy", "fsdp", "--precision", "bfloat16", "--recompute", "2", "--accumulate", "3", "--checkpoint-dir", "x"),
+    ("--strategy", "fsdp", "--recompute", "2", "--device", "gpu"),
     ("--strategy", "zero", "--precision", "float16", "--device", "cpu", "--fault", "1:3:raise", "--slow", "1:0.1"),
     ("--strategy", "overlap", "--recompute", "2", "--accumulate", "2", "--device", "gpu", "--trace", "t.json"),
     ("--model-parallel", "pipeline", "--schedule", "zb-h1", "--micro-batches", "3", "--trace", "t.json"),
-    ("--model-parallel", "tensor", "--model-size", "2", "--sampler", "per_rank"),
+    ("--model-parallel", "tensor", "--model-size", "2", "--sampler", "per_rank", "--device", "gpu"),
     ("--compression", "topk", "--topk", "5", "--checkpoint-dir", "x", "--slow", "1:0.1"),
-    (*ASYNCHRONOUS, "--staleness", "1", "--slow", "1:0.1", "--trace", "t.json"),
+    (*ASYNCHRONOUS, "--staleness", "1", "--slow", "1:0.1", "--trace", "t.json", "--device", "gpu"),
     (*LOCAL, "--outer-optimizer", "nesterov", "--recompute", "2", "--accumulate", "2"),
 ]
 

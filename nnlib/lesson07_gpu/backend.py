@@ -122,11 +122,12 @@ other way round); everything else is the wrapped one's::
         train_parallel(HostStaging(comm, network.xp), network, ...)
 
     Staged, a non-blocking Iallreduce cannot overlap anything: it runs at once (lesson 08's overlap
-    then behaves as the plain Allreduce). ``cuda_aware``: None asks MPI (:func:`cuda_aware_mpi`).
+    then behaves as the plain Allreduce); an Isend sends a host copy, which its request keeps alive.
+    ``cuda_aware``: None asks MPI (:func:`cuda_aware_mpi`).
     """
 
-    BUFFER_METHODS = ("Allgather", "Allgatherv", "Allreduce", "Bcast", "Gather", "Gatherv", "Recv", "Reduce",
-                      "Scatter", "Scatterv", "Send", "Sendrecv")
+    BUFFER_METHODS = ("Allgather", "Allgatherv", "Allreduce", "Bcast", "Gather", "Gatherv", "Isend", "Recv", "Reduce",
+                      "Reduce_scatter", "Scatter", "Scatterv", "Send", "Sendrecv")
 
     def __init__(self, comm, xp, cuda_aware=None):
         self.comm, self.xp = comm, xp
@@ -138,6 +139,10 @@ other way round); everything else is the wrapped one's::
         if name in HostStaging.BUFFER_METHODS:
             return lambda *args, **keywords: self.call(getattr(self.comm, name), args, keywords)
         return getattr(self.comm, name)  # rank, size, bcast, guard, at, wait_all, ...
+
+    def Split(self, *args, **keywords):
+        """The wrapped communicator's Split, staged as this one (lesson 09's grid of ranks)."""
+        return HostStaging(self.comm.Split(*args, **keywords), self.xp, cuda_aware=self.direct)
 
     def call(self, method, args, keywords):
         """``method(*args, **keywords)`` with every GPU array among them staged (or, if direct, synchronised)."""

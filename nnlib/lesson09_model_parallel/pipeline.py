@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from mpi4py import MPI
 
+from nnlib.lesson02_network.arrays import namespace_of_device, to_numpy
 from nnlib.lesson02_network.network import (Classifier, Network, backward_layers, dense_layers, forward_layers,
                                             output_loss, parameter_offsets)
 from nnlib.lesson04_collectives.collectives import (allgather_rows, raised_on_every_rank, require_same_on_every_rank,
@@ -59,7 +60,7 @@ class Stage:
 
     def __init__(self, comm, layers, position: int, before: int | None, after: int | None):
         self.comm, self.layers, self.position, self.before, self.after = comm, layers, position, before, after
-        self.dtype = layers[0].weights.dtype
+        self.dtype, self.xp = layers[0].weights.dtype, layers[0].xp
         self.begin()
 
     def begin(self) -> None:
@@ -72,7 +73,7 @@ class Stage:
 
     def recv_forward(self, step: Step, k: int) -> None:
         start, stop = step.bounds[k]
-        self.arrived[k] = np.empty((stop - start, self.layers[0].shape[0]), self.dtype)
+        self.arrived[k] = self.xp.empty((stop - start, self.layers[0].shape[0]), self.dtype)
         self.comm.Recv(self.arrived[k], source=self.before, tag=2 * self.position)
 
     def forward(self, step: Step, k: int) -> None:
@@ -86,7 +87,7 @@ class Stage:
 
     def recv_backward(self, step: Step, k: int) -> None:
         start, stop = step.bounds[k]
-        self.arrived[k] = np.empty((stop - start, self.layers[-1].shape[1]), self.dtype)
+        self.arrived[k] = self.xp.empty((stop - start, self.layers[-1].shape[1]), self.dtype)
         self.comm.Recv(self.arrived[k], source=self.after, tag=2 * self.position + 1)
 
     def output_delta(self, step: Step, k: int, activations, logits):
@@ -113,8 +114,8 @@ class Stage:
 class PipelineMLP(Classifier):
     """This rank's stage of a fully connected sigmoid network trained with pipeline parallelism.
 
-    comm: the stages (rank s holds stage s); layer_sizes, output, dtype, seed: as for Network (the same initial
-    weights); micro_batches: m; schedule: a name of ``schedules`` ("gpipe" or "1f1b"). ``params``, ``grads``:
+    comm: the stages (rank s holds stage s); layer_sizes, output, dtype, seed, device: as for Network (the same
+    initial weights; on a GPU, a comm staging its buffers: nnlib.lesson07_gpu.backend.HostStaging); micro_batches: m; schedule: a name of ``schedules`` ("gpipe" or "1f1b"). ``params``, ``grads``:
     this stage's slices of Network's flat vectors; ``layers`` over them; ``held``: the stages this rank holds
     (here one), ``runs(instruction)`` the one that runs an instruction. After each step, ``timeline`` holds
     this stage's (letter, micro-batch, start, end) of its computations (waits excluded; seconds of
@@ -125,12 +126,13 @@ class PipelineMLP(Classifier):
     schedules, letters = SCHEDULES, COMPUTE
 
     def __init__(self, comm, layer_sizes=(784, 128, 10), output: str = "sigmoid", dtype="float64",
-                 seed: int = 0, micro_batches: int = 4, schedule: str = "1f1b"):
+                 seed: int = 0, micro_batches: int = 4, schedule: str = "1f1b", device="cpu"):
         whole = Network(layer_sizes, output, dtype, seed=seed)
         self.check_settings(comm.size, whole.num_layers, micro_batches, schedule)
         require_same_on_every_rank(comm, "the pipeline (layer sizes, output, dtype, seed, micro-batches, schedule)",
                                    (whole.layer_sizes, output, str(whole.dtype), seed, micro_batches, schedule))
-        self.comm, self.layer_sizes, self.output, self.xp, self.dtype = comm, whole.layer_sizes, output, np, whole.dtype
+        self.comm, self.layer_sizes, self.output, self.dtype = comm, whole.layer_sizes, output, whole.dtype
+        self.xp = namespace_of_device(device)
         self.micro_batches, self.schedule = micro_batches, schedule
         self.stage, self.stages, self.num_layers = comm.rank, comm.size, whole.num_layers
         self.held = self.hold_layers(whole)
@@ -154,10 +156,10 @@ class PipelineMLP(Classifier):
         """This rank's stage: layers [first, stop) over a copy of their slice of ``whole``'s params (and grads)."""
         self.first, self.stop = stage_layers(whole.num_layers, self.stages)[self.stage]
         starts, last = parameter_offsets(whole.shapes), self.stage == self.stages - 1
-        self.params = whole.params[starts[self.first]:starts[self.stop]].copy()
-        self.grads, self.num_params = np.zeros_like(self.params), self.params.size
+        self.params = self.xp.asarray(whole.params[starts[self.first]:starts[self.stop]].copy())
+        self.grads, self.num_params = self.xp.zeros_like(self.params), self.params.size
         layers = dense_layers(self.params, self.grads, whole.shapes[self.first:self.stop],
-                              self.output if last else "sigmoid")
+                              self.output if last else "sigmoid", self.xp)
         return [Stage(self.comm, layers, self.stage, self.stage - 1 if self.stage else None, None if last
                       else self.stage + 1)]
 
@@ -211,7 +213,7 @@ class PipelineMLP(Classifier):
     def predict_probabilities(self, inputs):
         """Output activations (N, n_L) on every rank: the whole batch forward through the stages, in order (every
         rank passes the same inputs, and checks them, so that all agree on bad ones)."""
-        inputs = np.asarray(inputs)
+        inputs = self.xp.asarray(inputs)
         self.check_inputs(inputs)
         step = Step(inputs, None, 1.0, [(0, inputs.shape[0])])
         for held in self.held:  # (in the order of the pipe)
@@ -223,14 +225,14 @@ class PipelineMLP(Classifier):
                 held.send_forward(step, 0)
         wait_for_sends(self.comm, step.sends)
         last = self.held[-1]
-        output = last.kept[0][0][-1] if last.after is None else np.empty((inputs.shape[0], self.layer_sizes[-1]),
-                                                                          self.dtype)
+        output = last.kept[0][0][-1] if last.after is None else self.xp.empty((inputs.shape[0], self.layer_sizes[-1]),
+                                                                               self.dtype)
         self.comm.Bcast(output, root=self.stages - 1)
         return output
 
     def full_params(self) -> np.ndarray:
         """Every stage's parameters in layer order (rank order): Network's flat layout."""
-        return allgather_rows(self.comm, self.params)
+        return allgather_rows(self.comm, to_numpy(self.params))
 
 
 def wait_for_sends(comm, requests) -> None:

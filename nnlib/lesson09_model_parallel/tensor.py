@@ -43,6 +43,7 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
+from nnlib.lesson02_network.arrays import namespace_of_device, to_numpy
 from nnlib.lesson02_network.network import Layer, LayerStack, Network, layer_views
 from nnlib.lesson04_collectives.collectives import allgather_rows, offsets, require_same_on_every_rank, split_counts
 
@@ -132,14 +133,16 @@ class TensorParallelMLP(LayerStack):
 
     comm:   the ranks that share the network (each holds all of the data), used as given (pass
             nnlib.course.deadline.watch(comm, timeout) for a deadline on its Allreduces).
-    layer_sizes, output, dtype, seed: as for nnlib.lesson02_network.network.Network (the same initial weights).
+    layer_sizes, output, dtype, seed, device: as for nnlib.lesson02_network.network.Network (the same initial weights;
+            on a GPU, pass a comm that stages its buffers: nnlib.lesson07_gpu.backend.HostStaging).
     Attributes: kinds (per layer: "column", "row" or "replicated"), columns (per layer: the
     (start, stop) of the hidden units this rank holds), layers (ColumnLayer, RowLayer, Layer),
     params and grads (this rank's flat vector), weights, biases, grad_weights, grad_biases (views
     into them, per layer), and LayerStack's methods.
     """
 
-    def __init__(self, comm, layer_sizes=(784, 128, 10), output: str = "sigmoid", dtype="float64", seed: int = 0):
+    def __init__(self, comm, layer_sizes=(784, 128, 10), output: str = "sigmoid", dtype="float64", seed: int = 0,
+                 device="cpu"):
         whole = Network(layer_sizes, output, dtype, seed=seed)  # checks the settings, gives the start
         self.comm = comm
         require_same_on_every_rank(comm, "the network (layer sizes, output, dtype, seed)",
@@ -147,14 +150,15 @@ class TensorParallelMLP(LayerStack):
         self.kinds = layer_kinds(whole.num_layers)
         pieces, self.columns = split_pieces(whole, self.kinds, comm.size, comm.rank)
         local_shapes = [tuple(piece.shape) for piece in pieces[0::2]]
-        params = np.concatenate([piece.reshape(-1) for piece in pieces]).astype(whole.dtype)
-        grads = np.zeros_like(params)
-        weights, biases = layer_views(params, local_shapes)
-        grad_weights, grad_biases = layer_views(grads, local_shapes)
+        xp = namespace_of_device(device)
+        params = xp.asarray(np.concatenate([piece.reshape(-1) for piece in pieces]).astype(whole.dtype))
+        grads = xp.zeros_like(params)
+        weights, biases = layer_views(params, local_shapes, xp)
+        grad_weights, grad_biases = layer_views(grads, local_shapes, xp)
         activations = ["sigmoid"] * (whole.num_layers - 1) + [output]
         layers = [SPLIT_LAYERS[kind](comm, *views) for kind, *views in
                   zip(self.kinds, weights, biases, grad_weights, grad_biases, activations)]
-        super().__init__(whole.layer_sizes, output, layers, params, grads, np)
+        super().__init__(whole.layer_sizes, output, layers, params, grads, xp)
         del whole, pieces  # no rank keeps the whole network
 
     def loss_and_gradient(self, inputs, labels, normalizer=None, check: bool = True, on_device: bool = False,
@@ -170,7 +174,7 @@ class TensorParallelMLP(LayerStack):
         """The whole network's flat parameter vector (Network's layout), on every rank."""
         pieces = []
         for layer, kind in enumerate(self.kinds):
-            weights, biases = self.weights[layer], self.biases[layer]
+            weights, biases = to_numpy(self.weights[layer]), to_numpy(self.biases[layer])
             if kind == "column":  # gather the column blocks as rows of W.T
                 pieces += [allgather_rows(self.comm, np.ascontiguousarray(weights.T)).T,
                            allgather_rows(self.comm, biases)]

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from nnlib.lesson02_network.arrays import through_host, to_numpy
 from nnlib.lesson03_training.training import Settings, sgd_update
 from nnlib.lesson04_collectives.collectives import offsets, raised_on_every_rank, split_counts
 from nnlib.lesson08_inside_allreduce.sampling import PerRankBatches
@@ -115,7 +116,7 @@ def train_async(comm, network, inputs, labels, settings: Settings | None = None,
         shard_sizes = split_counts(len(inputs), workers)
         steps = len(PerRankBatches(shard_sizes, 0, settings).epoch(0))  # the same for every worker
         comm.at(phase="sending the first parameters")
-        comm.Bcast(network.params, root=0)
+        through_host(network.params, lambda host: comm.Bcast(host, root=0))  # (a GPU's: through a host copy)
         history = None
         if comm.rank == 0:
             history = serve(comm, network, steps, settings, staleness)
@@ -126,7 +127,7 @@ def train_async(comm, network, inputs, labels, settings: Settings | None = None,
             work(comm, network, (inputs[start:stop], labels[start:stop]), PerRankBatches(shard_sizes, worker, settings),
                  steps, (slow or {}).get(comm.rank, 0.0))
         comm.at(phase="sending the final parameters")
-        comm.Bcast(network.params, root=0)
+        through_host(network.params, lambda host: comm.Bcast(host, root=0))
     return history
 
 
@@ -153,7 +154,7 @@ def serve(comm, network, steps: int, settings: Settings, staleness):
         comm.at(phase="waiting for a gradient", update=version + 1)
         w = comm.wait_any(receives, "a gradient from any worker")
         message = inbox[w]
-        sgd_update(network.params, message[:size], None, learning_rate, 0.0)
+        sgd_update(network.params, network.xp.asarray(message[:size]), None, learning_rate, 0.0)
         totals += message[size:]
         history.staleness.append(version - sent_version[w])
         history.worker.append(w + 1)
@@ -166,7 +167,7 @@ def serve(comm, network, steps: int, settings: Settings, staleness):
             history.epoch_seconds.append(history.seconds[-1])
             history.loss.append(float(totals[0] / max(totals[2], 1)))
             history.train_accuracy.append(float(totals[1] / max(totals[2], 1)))
-            history.params.append(network.params.copy())
+            history.params.append(to_numpy(network.params).copy())
             totals[:] = 0
         for w in list(waiting):
             slowest = min(clock[u] for u in active)
@@ -174,7 +175,7 @@ def serve(comm, network, steps: int, settings: Settings, staleness):
                 reply[size] = 0
                 active.discard(w)
             elif staleness is None or clock[w] - slowest <= staleness:
-                reply[:size], reply[size] = network.params, 1
+                reply[:size], reply[size] = to_numpy(network.params), 1
                 outstanding += 1
                 sent_version[w] = version
                 history.largest_lead = max(history.largest_lead, clock[w] - slowest)
@@ -206,8 +207,9 @@ def work(comm, network, shard, plan: PerRankBatches, steps: int, delay: float) -
         if delay:
             time.sleep(delay)  # the straggler's extra time
         if len(rows):
-            loss = network.loss_and_gradient(inputs[rows], labels[rows], normalizer=normalizer, check=False)
-            message[:size] = network.grads
+            loss = network.loss_and_gradient(network.xp.asarray(inputs[rows]), network.xp.asarray(labels[rows]),
+                                             normalizer=normalizer, check=False)
+            message[:size] = to_numpy(network.grads)
             message[size:] = (loss * normalizer, network.last_correct, len(rows))
         else:  # this worker's shard is used up for this epoch: a zero gradient keeps the clocks in step
             message[:] = 0
@@ -217,6 +219,6 @@ def work(comm, network, shard, plan: PerRankBatches, steps: int, delay: float) -
         comm.Recv(reply, source=0, tag=PARAMETERS)
         if reply[size] == 0:
             return
-        network.params[...] = reply[:size]
+        network.params[...] = network.xp.asarray(reply[:size])
         clock += 1
 

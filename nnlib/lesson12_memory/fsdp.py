@@ -31,6 +31,7 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
+from nnlib.lesson02_network.arrays import array_namespace, namespace_of_device, to_numpy
 from nnlib.lesson02_network.network import Layer, LayerStack, initial_layers, layer_views, parameter_offsets
 from nnlib.lesson03_training.training import SGD, LocalUpdate, sgd_update
 from nnlib.lesson04_collectives.collectives import raised_on_every_rank, split_evenly
@@ -70,7 +71,7 @@ class ShardedLayer(Layer):
             raise ValueError(f"a layer's activation must be 'sigmoid' or 'softmax'; got {activation!r}")
         self.comm, self.index, self.full_shape, self.log = comm, index, tuple(shape), log
         self.shard, self.grad_shard = views
-        self.activation, self.xp = activation, np
+        self.activation, self.xp = activation, array_namespace(self.shard)
         self.size = self.full_shape[0] * self.full_shape[1] + self.full_shape[1]
         self.counts, self.starts = split_evenly(self.size, comm.size)
         self.weights = self.biases = self.grad_weights = self.grad_biases = None
@@ -81,9 +82,9 @@ class ShardedLayer(Layer):
 
     def gather(self, why: str) -> None:
         """Allgather the whole [W, b] (n_l,) from every rank's chunk; W and b become views into it."""
-        whole = np.empty(self.size, dtype=self.shard.dtype)
+        whole = self.xp.empty(self.size, dtype=self.shard.dtype)
         self.comm.Allgatherv(as_message(self.shard), [as_message(whole), (self.counts, self.starts)])
-        (self.weights,), (self.biases,) = layer_views(whole, [self.full_shape])
+        (self.weights,), (self.biases,) = layer_views(whole, [self.full_shape], self.xp)
         self.log.note(f"gather {why}", self.index, whole.nbytes)
 
     def free(self) -> None:
@@ -105,8 +106,8 @@ class ShardedLayer(Layer):
         chunk of the sum over ranks into ``grad_shard`` (or add it). W stays for :meth:`input_gradient`
         (layer 0, whose input gradient nobody needs, frees it here)."""
         self.gather("backward")
-        whole = np.empty(self.size, dtype=self.shard.dtype)
-        (self.grad_weights,), (self.grad_biases,) = layer_views(whole, [self.full_shape])
+        whole = self.xp.empty(self.size, dtype=self.shard.dtype)
+        (self.grad_weights,), (self.grad_biases,) = layer_views(whole, [self.full_shape], self.xp)
         super().weight_gradient(inputs, delta)
         self.reduce_scatter(whole, accumulate)
         self.log.note("reduce-scatter", self.index, 0)
@@ -116,7 +117,7 @@ class ShardedLayer(Layer):
 
     def reduce_scatter(self, whole, accumulate: bool) -> None:
         """Chunk r of the sum over ranks of ``whole`` (n_l,) into ``grad_shard`` (or added to it)."""
-        summed = np.empty_like(self.grad_shard) if accumulate else self.grad_shard
+        summed = self.xp.empty_like(self.grad_shard) if accumulate else self.grad_shard
         self.comm.Reduce_scatter(whole, summed, recvcounts=self.counts, op=MPI.SUM)
         if accumulate:
             self.grad_shard += summed
@@ -132,13 +133,13 @@ class ShardedLayer(Layer):
 class FullyShardedNetwork(LayerStack):
     """Lesson 02's network with every layer sharded over ``comm``'s ranks (ZeRO-3 / FSDP).
 
-    layer_sizes, output, dtype, seed: as :class:`nnlib.Network` (the same starting weights: every rank
-    draws them and keeps its chunks). ``params`` and ``grads`` are this rank's chunks, layer after layer
+    layer_sizes, output, dtype, seed, device: as :class:`nnlib.Network` (the same starting weights: every rank
+    draws them and keeps its chunks; on a GPU, a comm staging its buffers: nnlib.lesson07_gpu.backend.HostStaging). ``params`` and ``grads`` are this rank's chunks, layer after layer
     (sum over layers of c_{l,r} values); ``layers`` are :class:`ShardedLayer`; ``log`` a :class:`GatherLog`.
     Every call of forward, loss_and_gradient, accuracy is collective: every rank makes it at once.
     """
 
-    def __init__(self, comm, layer_sizes, output: str = "sigmoid", dtype="float64", seed: int = 0):
+    def __init__(self, comm, layer_sizes, output: str = "sigmoid", dtype="float64", seed: int = 0, device="cpu"):
         layer_sizes = tuple(int(size) for size in layer_sizes)
         if len(layer_sizes) < 2 or min(layer_sizes) < 1 or output not in ("sigmoid", "softmax"):
             raise ValueError(f"need at least two positive layer sizes and output 'sigmoid' or 'softmax'; "
@@ -148,14 +149,15 @@ class FullyShardedNetwork(LayerStack):
         for whole in initial_layers(shapes, seed):  # one whole layer at a time: keep this rank's chunk
             counts, starts = split_evenly(whole.size, comm.size)
             pieces.append(whole[starts[comm.rank]:starts[comm.rank] + counts[comm.rank]].astype(np.dtype(dtype)))
-        params = np.concatenate(pieces)
-        grads = np.zeros_like(params)
+        xp = namespace_of_device(device)
+        params = xp.asarray(np.concatenate(pieces))
+        grads = xp.zeros_like(params)
         mine = np.cumsum([0] + [piece.size for piece in pieces])
         self.comm, self.log = comm, GatherLog()
         activations = ["sigmoid"] * (len(shapes) - 1) + [output]
         layers = [ShardedLayer(comm, layer, shape, (params[mine[layer]:mine[layer + 1]], grads[mine[layer]:mine[layer + 1]]),
                                activation, self.log) for layer, (shape, activation) in enumerate(zip(shapes, activations))]
-        super().__init__(layer_sizes, output, layers, params, grads, np)
+        super().__init__(layer_sizes, output, layers, params, grads, xp)
         self.total_params = parameter_offsets(shapes)[-1]
 
     def chunks(self, num_samples: int):
@@ -173,7 +175,7 @@ class FullyShardedNetwork(LayerStack):
         wholes, offset = [], 0
         for layer in self.layers:
             whole = np.empty(layer.size, dtype=chunks.dtype)
-            mine = chunks[offset:offset + layer.counts[self.comm.rank]]
+            mine = to_numpy(chunks[offset:offset + layer.counts[self.comm.rank]])  # (a GPU's: a host copy)
             self.comm.Allgatherv(as_message(mine), [as_message(whole), (layer.counts, layer.starts)])
             wholes.append(whole)
             offset += mine.size
@@ -187,7 +189,7 @@ class FullyShardedNetwork(LayerStack):
 
     def load_full_params(self, whole) -> None:
         """Keep this rank's chunks of a whole parameter vector (total_params,) (from a checkpoint)."""
-        self.params[...] = self.own_chunks(np.asarray(whole))
+        self.params[...] = self.xp.asarray(self.own_chunks(np.asarray(whole)))
 
 
 class ChunkwiseSGD(SGD):
@@ -203,7 +205,7 @@ class ChunkwiseSGD(SGD):
     def load_velocity(self, whole) -> None:
         """Take this rank's chunks of a whole velocity vector (from a checkpoint)."""
         if self.velocity is not None:
-            self.velocity[...] = self.network.own_chunks(np.asarray(whole))
+            self.velocity[...] = self.network.xp.asarray(self.network.own_chunks(np.asarray(whole)))
 
     def step(self) -> None:
         offset = 0

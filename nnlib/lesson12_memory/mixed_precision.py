@@ -133,7 +133,8 @@ class LossScaler:
         and the flag Allreduce over the sync's ``comm``."""
         grads = self.network.grads[part]
         peak = max(abs(float(grads.max())), abs(float(grads.min()))) if grads.size else 0.0  # (no temporary)
-        local = not (np.isfinite(grads).all() and peak * self.loss_scale <= largest_value(self.low))
+        xp = self.network.xp
+        local = not (bool(xp.all(xp.isfinite(grads))) and peak * self.loss_scale <= largest_value(self.low))
         if comm is None and self.split_over_ranks:
             comm = self.network.comm
         return bool(comm.allreduce(local, op=MPI.LOR)) if comm is not None else local
@@ -181,7 +182,7 @@ class MixedPrecision(LossScaler, MicroBatched):
         self.sharded = all(isinstance(layer, ShardedLayer) for layer in network.layers)
         self.split_over_ranks = self.sharded  # each rank holds FSDP's chunks of the gradient
         self.half_params = network.params.astype(self.low)
-        self.half_grads = np.zeros(network.params.size, SINGLE if self.sharded else self.low)
+        self.half_grads = network.xp.zeros(network.params.size, SINGLE if self.sharded else self.low)
         self.layers = self.low_layers()
 
     def low_layers(self) -> list:
@@ -193,7 +194,8 @@ class MixedPrecision(LossScaler, MicroBatched):
                                        layer.activation, self.network.log)
                       for layer, start, stop in zip(self.network.layers, bounds, bounds[1:])]
         else:
-            views = dense_layers(self.half_params, self.half_grads, self.network.shapes, self.network.output)
+            views = dense_layers(self.half_params, self.half_grads, self.network.shapes, self.network.output,
+                                 self.network.xp)
             layers = [HalfLayer(view.weights, view.biases, view.grad_weights, view.grad_biases, view.activation)
                       for view in views]
         for layer in layers:
@@ -217,9 +219,9 @@ class MixedPrecision(LossScaler, MicroBatched):
         loss = super().micro_batch(inputs.astype(self.low), labels, scale, False, on_layer_done)
         if accumulate:
             # grads += half_grads / S, the quotient computed straight in float32: one temporary (inf stays inf)
-            self.network.grads += np.divide(self.half_grads, SINGLE(self.loss_scale), dtype=SINGLE)
+            self.network.grads += self.network.xp.divide(self.half_grads, SINGLE(self.loss_scale), dtype=SINGLE)
         else:
-            np.divide(self.half_grads, SINGLE(self.loss_scale), out=self.network.grads)
+            self.network.xp.divide(self.half_grads, SINGLE(self.loss_scale), out=self.network.grads)
         return loss
 
     def loss_outputs(self, outputs):

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from nnlib.lesson02_network.arrays import to_numpy
 from nnlib.lesson02_network.network import dense_layers, parameter_offsets
 from nnlib.lesson04_collectives.collectives import (allgather_rows, raised_on_every_rank, require_same_on_every_rank,
                                                     split_evenly)
@@ -293,8 +294,7 @@ class ScheduledPipeline(PipelineMLP):
 
     schedules, letters = ALL_SCHEDULES, LETTERS
 
-    def __init__(self, comm, layer_sizes=(784, 128, 10), output: str = "sigmoid", dtype="float64",
-                 seed: int = 0, micro_batches: int = 4, schedule: str = "1f1b", chunks=1):
+    def __init__(self, comm, layer_sizes=(784, 128, 10), schedule: str = "1f1b", chunks=1, **pipeline):
         self.split = tuple(chunks) if isinstance(chunks, (tuple, list)) else None
         require_same_on_every_rank(comm, "the schedule and chunks per stage", (schedule, self.split or chunks))
         if self.split is not None:
@@ -307,7 +307,7 @@ class ScheduledPipeline(PipelineMLP):
             raise ValueError(f"chunks must be 1, or a positive integer with schedule 'interleaved'; got "
                              f"{self.split or chunks!r} with {schedule!r}")
         self.chunks = chunks
-        super().__init__(comm, layer_sizes, output, dtype, seed, micro_batches, schedule)
+        super().__init__(comm, layer_sizes, schedule=schedule, **pipeline)  # output, dtype, seed, micro_batches, device
 
     def check_settings(self, pieces: int, num_layers: int, micro_batches, schedule) -> None:
         """Lesson 09's checks on the v P virtual stages, and the split's (the same verdict on every rank)."""
@@ -322,12 +322,13 @@ class ScheduledPipeline(PipelineMLP):
         ranges = virtual_stage_layers(whole.num_layers, stages * self.chunks, self.split)
         self.chunk_ranges = [ranges[chunk * stages + self.stage] for chunk in range(self.chunks)]
         starts = parameter_offsets(whole.shapes)
-        self.params = np.concatenate([whole.params[starts[first]:starts[stop]] for first, stop in self.chunk_ranges])
-        self.grads, self.num_params, held, offset = np.zeros_like(self.params), self.params.size, [], 0
+        self.params = self.xp.asarray(np.concatenate([whole.params[starts[first]:starts[stop]]
+                                                      for first, stop in self.chunk_ranges]))
+        self.grads, self.num_params, held, offset = self.xp.zeros_like(self.params), self.params.size, [], 0
         for chunk, (first, stop) in enumerate(self.chunk_ranges):
             size, position = starts[stop] - starts[first], chunk * stages + self.stage
             layers = dense_layers(self.params[offset:offset + size], self.grads[offset:offset + size],
-                                  whole.shapes[first:stop], self.output if position == last else "sigmoid")
+                                  whole.shapes[first:stop], self.output if position == last else "sigmoid", self.xp)
             held.append(ZeroBubbleStage(self.comm, layers, position, (position - 1) % stages if position else None,
                                         (position + 1) % stages if position < last else None))
             offset += size
@@ -347,7 +348,7 @@ class ScheduledPipeline(PipelineMLP):
 
     def full_params(self) -> np.ndarray:
         """Every rank's chunks put back in layer order: Network's flat layout."""
-        gathered, pieces, at = allgather_rows(self.comm, self.params), [], 0
+        gathered, pieces, at = allgather_rows(self.comm, to_numpy(self.params)), [], 0
         starts = parameter_offsets(list(zip(self.layer_sizes[:-1], self.layer_sizes[1:])))
         ranges = virtual_stage_layers(self.num_layers, self.stages * self.chunks, self.split)
         for stage in range(self.stages):

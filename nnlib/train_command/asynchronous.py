@@ -16,14 +16,17 @@ def asynchronous_job(args, comm, settings, data, test) -> int:
     from nnlib.lesson02_network.network import Network
     from nnlib.lesson04_collectives.collectives import broadcast_new
     from nnlib.lesson11_beyond_sync.asynchronous import train_async
+    from nnlib.train_command.data_parallel import job_device
 
     inputs, labels = broadcast_new(comm, data[0]), broadcast_new(comm, data[1])
-    network = Network((784, *args.hidden, 10), output=args.output_layer, dtype=args.dtype, seed=args.seed)
+    xp, gpus = job_device(args, comm)
+    network = Network((784, *args.hidden, 10), output=args.output_layer, dtype=args.dtype, seed=args.seed, device=xp)
     bound = "unbounded" if args.staleness is None else f"at most {args.staleness} steps ahead"
     if comm.rank == 0:
         print(f"{comm.size} ranks: a parameter server and {comm.size - 1} workers (staleness {bound}), network "
               f"{'-'.join(map(str, network.layer_sizes))}, {args.samples} samples, global batch {args.batch_size}"
-              + ("; plain SGD, --momentum is not used" if args.momentum else ""), flush=True)
+              + ("; plain SGD, --momentum is not used" if args.momentum else "")
+              + (f"; GPU of each rank: {gpus}" if gpus[0] is not None else ""), flush=True)
     history = train_async(comm, network, inputs, labels, settings, staleness=args.staleness, slow=parse_slow(args.slow))
     if comm.rank == 0:
         report_asynchronous(args, comm.size, history, network, test)

@@ -69,39 +69,46 @@ def data_parallel_job(args, comm, settings, data, test) -> int:
 def job_parts(args, comm):
     """(strategy, network, every rank's GPU index on rank 0): what train_parallel takes for --strategy,
     --compression and --local-steps (job_strategy); this rank's network: sharded (fsdp), or lesson 02's, on its
-    GPU with --device gpu or auto (one GPU per rank of a node); in lesson 12's MixedPrecision with --precision
+    GPU with --device gpu or auto (job_device); in lesson 12's MixedPrecision with --precision
     float16 or bfloat16, else in MicroBatched with --accumulate and --recompute (if any of lesson 12's is used)."""
-    from mpi4py import MPI
-
-    from nnlib.lesson02_network.arrays import is_numpy
     from nnlib.lesson02_network.network import Network
-    from nnlib.lesson04_collectives.collectives import fail_together, require_same_on_every_rank
-    from nnlib.lesson07_gpu.backend import resolve_backend, use_gpu_of_local_rank
+    from nnlib.lesson07_gpu.backend import HostStaging
     from nnlib.lesson12_memory.accumulation import MicroBatched
     from nnlib.lesson12_memory.fsdp import FullyShardedNetwork
     from nnlib.lesson12_memory.mixed_precision import MixedPrecision
 
-    strategy, layer_sizes = job_strategy(args), (784, *args.hidden, 10)
-    if args.strategy == "fsdp":  # (on the CPU: options.COMBINES)
-        network, gpu_index = FullyShardedNetwork(comm, layer_sizes, output=args.output_layer, dtype=args.dtype,
-                                                 seed=args.seed), None
+    (strategy, layer_sizes), (xp, gpus) = (job_strategy(args), (784, *args.hidden, 10)), job_device(args, comm)
+    model = dict(output=args.output_layer, dtype=args.dtype, seed=args.seed, device=xp)
+    if args.strategy == "fsdp":  # its gathers and reduce-scatters staged, as the gradients of the others
+        network = FullyShardedNetwork(HostStaging(comm, xp), layer_sizes, **model)
     else:
-        gpu_index = use_gpu_of_local_rank(MPI.COMM_WORLD) if args.device != "cpu" else None
-        network, problem = None, None
-        try:
-            device = resolve_backend(args.device)
-            network = Network(layer_sizes, output=args.output_layer, dtype=args.dtype, seed=args.seed, device=device)
-        except RuntimeError as no_gpu:  # --device gpu without a usable GPU on this rank
-            problem = str(no_gpu)
-        fail_together(comm, problem)
-        require_same_on_every_rank(comm, "the device (--device auto found a GPU on some ranks only)",
-                                   not is_numpy(network.xp))
+        network = Network(layer_sizes, **model)
     if args.precision != "float32":
         network = MixedPrecision(network, precision=args.precision, micro_batches=args.accumulate,
                                  recompute_every=args.recompute or None)
     elif memory_options_used(args):
         network = MicroBatched(network, args.accumulate, args.recompute or None)
-    return strategy, network, comm.gather(gpu_index if not is_numpy(network.xp) else None, root=0)
+    return strategy, network, gpus
+
+
+def job_device(args, comm):
+    """(the array namespace, every rank's GPU index or None on rank 0) for --device: numpy, or CuPy on this rank's
+    GPU of its node (lesson 07); every rank stops together if one has no usable GPU, or if --device auto differs."""
+    from mpi4py import MPI
+
+    from nnlib.lesson02_network.arrays import is_numpy
+    from nnlib.lesson04_collectives.collectives import fail_together, require_same_on_every_rank
+    from nnlib.lesson07_gpu.backend import resolve_backend, use_gpu_of_local_rank
+
+    gpu_index = use_gpu_of_local_rank(MPI.COMM_WORLD) if args.device != "cpu" else None
+    xp, problem = None, None
+    try:
+        xp = resolve_backend(args.device)
+    except RuntimeError as no_gpu:  # --device gpu without a usable GPU on this rank
+        problem = str(no_gpu)
+    fail_together(comm, problem)
+    require_same_on_every_rank(comm, "the device (--device auto found a GPU on some ranks only)", not is_numpy(xp))
+    return xp, comm.gather(gpu_index if not is_numpy(xp) else None, root=0)
 
 
 def job_strategy(args):

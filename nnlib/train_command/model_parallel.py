@@ -16,22 +16,25 @@ def model_parallel_job(args, comm, settings, data, test) -> int:
     """--model-parallel tensor|pipeline: nnlib.lesson09_model_parallel.grid's grid; every rank gets the data from rank 0."""
     from nnlib.lesson04_collectives.collectives import broadcast_new
     from nnlib.lesson05_data_parallel import gather_phase_seconds
+    from nnlib.lesson07_gpu.backend import HostStaging
     from nnlib.lesson08_inside_allreduce.sampling import PerRankBatches
     from nnlib.lesson09_model_parallel.grid import train_hybrid
     from nnlib.lesson09_model_parallel.tensor import TensorParallelMLP
     from nnlib.lesson13_pipeline_schedules.schedules import ScheduledPipeline
+    from nnlib.train_command.data_parallel import job_device
 
     (inputs, labels), (test_inputs, test_labels) = [(broadcast_new(comm, first), broadcast_new(comm, second))
                                                     for first, second in (data, test)]
-    model_size = args.model_size or comm.size
+    model_size, (xp, gpus) = args.model_size or comm.size, job_device(args, comm)
     sizes = (784, *args.hidden, 10)
     if comm.rank == 0:
         print(f"{comm.size} ranks: {comm.size // model_size if comm.size % model_size == 0 else '?'} replica(s) of "
               f"{model_size} ({args.model_parallel} parallelism inside), network {'-'.join(map(str, sizes))}, "
-              f"{args.samples} samples, global batch {args.batch_size or 'full'}", flush=True)
-    model = dict(layer_sizes=sizes, output=args.output_layer, dtype=args.dtype, seed=args.seed)
+              f"{args.samples} samples, global batch {args.batch_size or 'full'}"
+              + (f"; GPU of each rank: {gpus}" if gpus[0] is not None else ""), flush=True)
+    model = dict(layer_sizes=sizes, output=args.output_layer, dtype=args.dtype, seed=args.seed, device=xp)
 
-    def build_piece(model_comm):  # this rank's piece of its replica (model_comm is watched, as comm)
+    def build_piece(model_comm):  # this rank's piece of its replica (model_comm is watched and staged, as comm)
         if args.model_parallel == "tensor":
             return TensorParallelMLP(model_comm, **model)
         return ScheduledPipeline(model_comm, **model, micro_batches=args.micro_batches, schedule=args.schedule,
@@ -39,7 +42,7 @@ def model_parallel_job(args, comm, settings, data, test) -> int:
 
     with comm.guard():  # the grid's communicators are split from the watched comm: every message has a deadline
         network, history = train_hybrid(
-            comm, model_size, build_piece, inputs, labels, strategy=args.strategy,
+            HostStaging(comm, xp), model_size, build_piece, inputs, labels, strategy=args.strategy,
             settings=settings, batches=PerRankBatches if args.sampler == "per_rank" else None,
             progress=comm.rank == 0)  # (each piece's data_comm has a rank 0: one line, from world rank 0)
     test_accuracy = network.accuracy(test_inputs, test_labels)  # every piece of each replica takes part

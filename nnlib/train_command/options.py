@@ -165,7 +165,7 @@ MEMORY, RUN = ("--recompute", "--accumulate", "--precision"), ("--checkpoint-dir
 COMBINES = {
     "--strategy allreduce": (lambda args: False, {*MEMORY, "--device", *RUN}),  # (the default: no other kind)
     "--strategy zero": (lambda args: args.strategy == "zero", {*MEMORY, "--device", *RUN}),
-    "--strategy fsdp": (lambda args: args.strategy == "fsdp", {*MEMORY, *RUN}),
+    "--strategy fsdp": (lambda args: args.strategy == "fsdp", {*MEMORY, "--device", *RUN}),
     "--strategy overlap": (lambda args: args.strategy == "overlap", {*MEMORY[:2], "--device", *RUN}),
     "--strategy parameter_server": (lambda args: args.strategy == "parameter_server", {*MEMORY[:2], "--device", *RUN}),
     "--strategy reduce_broadcast": (lambda args: args.strategy == "reduce_broadcast", {*MEMORY[:2], "--device", *RUN}),
@@ -173,9 +173,9 @@ COMBINES = {
                                             {"--device", *RUN}),
     "--compression powersgd": (lambda args: args.compression == "powersgd", {"--device", *RUN[1:]}),
     "--local-steps": (lambda args: args.local_steps is not None, {*MEMORY[:2], "--device", *RUN[1:]}),
-    "--asynchronous": (lambda args: args.asynchronous, {"--slow", "--trace"}),
-    "--model-parallel tensor": (lambda args: args.model_parallel == "tensor", set()),
-    "--model-parallel pipeline": (lambda args: args.model_parallel == "pipeline", {"--trace"}),
+    "--asynchronous": (lambda args: args.asynchronous, {"--device", "--slow", "--trace"}),
+    "--model-parallel tensor": (lambda args: args.model_parallel == "tensor", {"--device"}),
+    "--model-parallel pipeline": (lambda args: args.model_parallel == "pipeline", {"--device", "--trace"}),
 }
 
 
@@ -275,8 +275,10 @@ def needs_problems(args) -> list[tuple[bool, str]]:
          f"--virtual-stages goes with --schedule interleaved; got --schedule {args.schedule}"),
         (args.schedule not in ("gpipe", "1f1b") and args.model_parallel != "pipeline",
          f"--schedule {args.schedule} needs --model-parallel pipeline"),
-        (args.precision != "float32" and (args.dtype != "float32" or args.device != "cpu"),
-         f"--precision {args.precision} keeps float32 master weights (--dtype float32), on --device cpu"),
+        (args.precision != "float32" and args.dtype != "float32",
+         f"--precision {args.precision} keeps float32 master weights (--dtype float32)"),
+        (args.precision == "bfloat16" and args.device != "cpu",
+         "--precision bfloat16 needs --device cpu (CuPy has no bfloat16 arrays); on a GPU use --precision float16"),
     ]
 
 
