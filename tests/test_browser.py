@@ -160,8 +160,10 @@ def test_an_mpi_lesson_restarted_mid_run_starts_a_clean_cluster_and_leaves_nothi
 def test_close_and_shut_down_ends_the_kernel(lab, page):
     before = {kernel["id"] for kernel in lab.kernels()}
     open_notebook(page, lab, "01_mnist.ipynb")
-    mine = {kernel["id"] for kernel in lab.kernels()} - before
-    assert len(mine) == 1
+    deadline = time.monotonic() + 30  # the server lists a new kernel a moment after the page shows it idle
+    while not (mine := {kernel["id"] for kernel in lab.kernels()} - before) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert len(mine) == 1, f"kernels the notebook started: {mine}"
     close_and_shut_down(page)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and mine & {kernel["id"] for kernel in lab.kernels()}:
