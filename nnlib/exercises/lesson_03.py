@@ -42,7 +42,7 @@ EXERCISES = [
              "the parameters then move by the new velocity."),
     Exercise("03.2", accuracy, accuracy_cases,
              "np.argmax along the right axis gives each sample's prediction; the mean of a boolean array "
-             "is the fraction of True."),
+             "is the fraction of its True entries."),
     Exercise("03.3", batch_ranges, lambda: [(10, 3), (12, 4), (5, 8), (1, 1)],
              "range(0, num_samples, batch_size) gives the starts; the last stop must not pass num_samples."),
 ]
