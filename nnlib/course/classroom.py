@@ -34,7 +34,9 @@ duplicate without a deadline. ``view.apply`` functions get the same deadline and
 
 from __future__ import annotations
 
+import signal
 import sys
+import threading
 
 import numpy as np
 from mpi4py import MPI
@@ -84,14 +86,23 @@ class ClassroomComm:
         later call says to run mpi.restart()."""
         if self.unusable:
             return self.unusable
-        abandoned = np.array([int(bool(self.watched.broken) or self.watched.heard_from_others())], dtype=np.int64)
-        request = self.agreement.Iallreduce(MPI.IN_PLACE, abandoned, op=MPI.MAX)
-        if not completed_within(request.Test, max(SETTLE_SECONDS, self.watched.timeout)):
-            self.unusable = ("a rank did not come back after the last cell (stuck in MPI outside comm, or "
-                             "dead): run mpi.restart()")
-        elif abandoned[0]:
-            self.generation += 1
-            self.watched = WatchedComm(self.world, self.watched.timeout, generation=self.generation)
+        # Interrupt Kernel reaches the engines through their nannies and may land late, in this settle (nobody
+        # sees its error: the client does not wait for it): a rank that stopped half-way would be out of step
+        # with the others for good. So settle cannot be interrupted; it ends within SETTLE_SECONDS anyway.
+        in_main_thread = threading.current_thread() is threading.main_thread()
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if in_main_thread else None
+        try:
+            abandoned = np.array([int(bool(self.watched.broken) or self.watched.heard_from_others())], dtype=np.int64)
+            request = self.agreement.Iallreduce(MPI.IN_PLACE, abandoned, op=MPI.MAX)
+            if not completed_within(request.Test, max(SETTLE_SECONDS, self.watched.timeout)):
+                self.unusable = ("a rank did not come back after the last cell (stuck in MPI outside comm, or "
+                                 "dead): run mpi.restart()")
+            elif abandoned[0]:
+                self.generation += 1
+                self.watched = WatchedComm(self.world, self.watched.timeout, generation=self.generation)
+        finally:
+            if in_main_thread:
+                signal.signal(signal.SIGINT, previous)
         return self.unusable or ("renewed" if abandoned[0] else "kept")
 
     def __getattr__(self, name):
