@@ -17,8 +17,8 @@ forward and backward time on a stage), a fraction (P - 1) / (m + P - 1). Two ide
     only when consecutive steps overlap, which needs the paper's trick for the optimizer step.
 
 Peak micro-batches alive on stage s (forwarded, not yet through W): 1F1B min(P - s, m); ZB-H1
-min(P, m) (1F1B's P - s waiting for B plus up to s waiting for W); ZB-H2 min(2P - 1, m) on every
-stage; interleaved, in chunks: min((v - 1) G + 2 (P - s - 1) + 1, v m), G the micro-batches of a group.
+min(P, m) (1F1B's P - s waiting for B plus up to s waiting for W); ZB-H2 2P - 1 on every stage (ZB-H1's
+with m < 2P - 1); interleaved, in chunks: min((v - 1) G + 2 (P - s - 1) + 1, v m), G the micro-batches of a group.
 
 What this module adds to lesson 09's: an instruction names its chunk (:class:`ChunkInstruction`) and may be
 "backward_input" (B) or "backward_weight" (W); :class:`ZeroBubbleStage` runs those; :class:`ScheduledPipeline`
@@ -145,7 +145,13 @@ def zb_h1(stages: int, micro_batches: int):
 
 
 def zb_h2(stages: int, micro_batches: int):
-    """ZB-H2: 2 (P - s - 1) warm-up forwards fill the start; stage s defers 2 s W's into the drain."""
+    """ZB-H2: 2 (P - s - 1) warm-up forwards fill the start; stage s defers 2 s W's into the drain.
+
+    With m < 2P - 1 micro-batches the warm-up cannot fill the start, and stage s's 2 s deferred W's pile
+    up after its last B while it sat idle earlier (P = 3, m = 3: a bubble of 0.250 against ZB-H1's
+    0.182, with equal F, B, W): there ZB-H2 is ZB-H1 (tests/test_pipeline_schedules.py)."""
+    if micro_batches < 2 * stages - 1:
+        return zb_h1(stages, micro_batches)
     return zero_bubble(stages, micro_batches, lambda stage: 2 * (stages - stage - 1), lambda stage: 2 * stage)
 
 
