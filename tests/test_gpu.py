@@ -74,9 +74,10 @@ def test_the_launch_cost_model_predicts_the_recorded_h200_epochs():
 
 
 def test_predicted_epoch_seconds_counts_launches_and_flops():
-    """steps * kernels * launch + 6 * samples * (784 H + 10 H) / rate, by hand: 2 steps of 512 for 1,000 samples."""
+    """steps * kernels * launch + samples * (4 * 784 H + 6 * 10 H) / rate, by hand: 2 steps of 512 for 1,000 samples
+    (the first layer computes no input gradient: 4 FLOPs per weight and sample, the second 6)."""
     assert gpu.predicted_epoch_seconds(100, 1000, 1e9, batch_size=512, kernels=10, launch_seconds=1e-3) == \
-        pytest.approx(2 * 10 * 1e-3 + 6 * 1000 * 79400 / 1e9)
+        pytest.approx(2 * 10 * 1e-3 + 1000 * (4 * 78400 + 6 * 1000) / 1e9)
     records = [{"kind": "matmul", "m": 2, "k": 3, "n": 4, "gpu_seconds": 1e-6},
                {"kind": "matmul", "m": 4, "k": 4, "n": 4, "gpu_seconds": 1e-6}, {"kind": "epoch"}]
     assert gpu.product_rate(records) == pytest.approx(128e6)

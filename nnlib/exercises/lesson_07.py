@@ -12,9 +12,9 @@ def matmul_gflops(m, k, n, seconds):
 
 def gpu_wins(batch, hidden, kernels, launch_microseconds, gpu_tflops, cpu_gflops):
     """Is one training step of a 784-hidden-10 network on `batch` samples faster on the GPU than on one CPU core?
-    The step does 6 * batch * (784 * hidden + hidden * 10) FLOPs. The GPU's step: `kernels` launches of
+    The step does batch * (4 * 784 * hidden + 6 * hidden * 10) FLOPs. The GPU's step: `kernels` launches of
     `launch_microseconds` each, plus the FLOPs at `gpu_tflops`; the CPU's: the FLOPs at `cpu_gflops`. True or False."""
-    flops = 6 * batch * (784 * hidden + hidden * 10)
+    flops = batch * (4 * 784 * hidden + 6 * hidden * 10)
     gpu_seconds = kernels * launch_microseconds * 1e-6 + flops / (gpu_tflops * 1e12)
     cpu_seconds = flops / (cpu_gflops * 1e9)
     return gpu_seconds < cpu_seconds

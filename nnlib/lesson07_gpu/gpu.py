@@ -20,6 +20,7 @@ from nnlib.lesson01_mnist.files import read_csv, write_csv
 from nnlib.lesson02_network.arrays import to_numpy
 from nnlib.lesson02_network.network import Network, sigmoid
 from nnlib.lesson04_collectives import timing
+from nnlib.lesson04_collectives.costmodel import flops_per_sample
 from nnlib.lesson07_gpu.backend import resolve_backend, synchronizer
 
 LESSON = 7
@@ -70,11 +71,12 @@ def predicted_epoch_seconds(hidden, samples, product_flops_per_second, batch_siz
                             launch_seconds=25e-6, inputs=784, outputs=10) -> float:
     """A GPU epoch of inputs-hidden-outputs by the launch-cost model: each step costs its launches + its FLOPs.
 
-    step = kernels * launch_seconds + 6 * batch * (inputs * hidden + hidden * outputs) / product_flops_per_second
-    (forward 2, backward 4 FLOPs per weight and sample). The defaults are measured, not fitted to epochs: on an H200
+    step = kernels * launch_seconds + batch * (4 * inputs * hidden + 6 * hidden * outputs) / product_flops_per_second
+    (per weight and sample 2 FLOPs forward, 2 for its gradient and 2 for the input gradient, which the first layer
+    skips: lesson 04's flops_per_sample). The defaults are measured, not fitted to epochs: on an H200
     host a CuPy call cost 13-25 us whatever the array size, and a step of the code before fusion issued 55 kernels
     and copies (../shared/notes/gpu.md). Launches are asynchronous, so the two parts overlap: an upper bound."""
-    flops = 6 * samples * (inputs * hidden + hidden * outputs)
+    flops = samples * flops_per_sample((inputs, hidden, outputs))
     return -(-samples // batch_size) * kernels * launch_seconds + flops / product_flops_per_second
 
 
