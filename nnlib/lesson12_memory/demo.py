@@ -2,9 +2,8 @@
 tests/mpi/check_memory.py: the network and settings its FSDP and accumulation cells train (SIZES, SETTINGS), and
 each rank's peak memory over a step, measured with tracemalloc beside the memory model's prediction
 (nnlib.lesson12_memory.budget, lesson 09's nnlib.lesson09_model_parallel.memory): one network and one global batch
-for every case, data parallelism (float64, and float32 beside mixed precision), ZeRO, FSDP, recomputation, accumulation
-and mixed precision, and lesson 09's
-tensor and pipeline parallelism.
+for every case, data parallelism (float64, and float32 beside mixed precision), ZeRO, FSDP, recomputation,
+accumulation and mixed precision, and lesson 09's tensor and pipeline parallelism.
 """
 
 from __future__ import annotations
