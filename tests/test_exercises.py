@@ -5,6 +5,7 @@ get the message meant for them; and checking a lesson's exercise loads no later 
 
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import nbformat
@@ -24,7 +25,7 @@ from nnlib.lesson06_scaling import scaling
 from nnlib.lesson08_inside_allreduce import allreduce, allreduce_timing
 from nnlib.lesson09_model_parallel import bubbles
 from nnlib.lesson11_beyond_sync import compression, local_sgd, powersgd
-from nnlib.lesson12_memory import budget
+from nnlib.lesson12_memory import budget, fsdp
 from nnlib.lesson13_pipeline_schedules import schedules
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -92,6 +93,107 @@ def diloco_outer_step_by_nnlib(anchor, worker_params, velocity, learning_rate, m
     return anchor, velocity
 
 
+# ---- lesson 12 (exercise 12.1, one FSDP layer): nnlib's ShardedLayer on threads, its wrong answers ----
+def fsdp_layer_step_by_nnlib(shards, inputs, deltas, n_in, n_out):
+    """nnlib.lesson12_memory.fsdp's ShardedLayer (a sigmoid layer) on every rank at once: P threads, one a rank,
+    whose Allgatherv and Reduce_scatter meet at a barrier, an in-process stand-in for MPI's."""
+    ranks, results = len(shards), [None] * len(shards)
+    meeting, posted = threading.Barrier(ranks, timeout=30), [None] * ranks
+
+    class ThreadComm:
+        size = ranks
+
+        def __init__(self, rank):
+            self.rank = rank
+
+        def everyones(self, buffer):
+            posted[self.rank] = buffer.copy()
+            meeting.wait()
+            values = list(posted)
+            meeting.wait()  # nobody posts again before everyone has read
+            return values
+
+        def Allgatherv(self, sendbuf, recvbuf):
+            whole, (counts, starts) = recvbuf
+            for piece, count, start in zip(self.everyones(sendbuf), counts, starts):
+                whole[start:start + count] = piece
+
+        def Reduce_scatter(self, sendbuf, recvbuf, recvcounts, op):
+            start = sum(recvcounts[:self.rank])
+            recvbuf[...] = sum(self.everyones(sendbuf))[start:start + recvcounts[self.rank]]
+
+    def run(rank):
+        views = (shards[rank].copy(), np.zeros_like(shards[rank]))
+        layer = fsdp.ShardedLayer(ThreadComm(rank), 0, (n_in, n_out), views, "sigmoid", fsdp.GatherLog())
+        _, output = layer.forward(inputs[rank])
+        layer.weight_gradient(inputs[rank], deltas[rank])
+        results[rank] = output, layer.grad_shard, layer.weights  # weights: None once freed
+
+    threads = [threading.Thread(target=run, args=(rank,)) for rank in range(ranks)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert all(weights is None for _, _, weights in results), "a rank kept the gathered layer"
+    return tuple(output for output, _, _ in results), tuple(chunk for _, chunk, _ in results)
+
+
+def fsdp_gradient(inputs, deltas):
+    return [np.concatenate([(x.T @ delta).ravel(), delta.sum(axis=0)]) for x, delta in zip(inputs, deltas)]
+
+
+def fsdp_outputs(shards, inputs, n_in, n_out, whole=None):
+    whole = np.concatenate(shards) if whole is None else whole
+    return tuple(sigmoid(x @ whole[:n_in * n_out].reshape(n_in, n_out) + whole[n_in * n_out:]) for x in inputs)
+
+
+def fsdp_cut(summed, shards):
+    stops = np.cumsum([len(shard) for shard in shards])
+    return tuple(summed[stop - len(shard):stop] for shard, stop in zip(shards, stops))
+
+
+def fsdp_own_gradient_only(shards, inputs, deltas, n_in, n_out):
+    """No reduce-scatter: each rank keeps chunk r of its own rows' gradient."""
+    cut = [fsdp_cut(gradient, shards)[rank] for rank, gradient in enumerate(fsdp_gradient(inputs, deltas))]
+    return fsdp_outputs(shards, inputs, n_in, n_out), tuple(cut)
+
+
+def fsdp_weights_reshaped_transposed(shards, inputs, deltas, n_in, n_out):
+    """W read column after column: reshape(n_out, n_in).T instead of reshape(n_in, n_out)."""
+    whole = np.concatenate(shards)
+    weights = whole[:n_in * n_out].reshape(n_out, n_in).T
+    outputs = tuple(sigmoid(x @ weights + whole[n_in * n_out:]) for x in inputs)
+    return outputs, fsdp_cut(sum(fsdp_gradient(inputs, deltas)), shards)
+
+
+def fsdp_gathered_in_reverse(shards, inputs, deltas, n_in, n_out):
+    """The chunks put together last rank first."""
+    whole = np.concatenate(shards[::-1])
+    return fsdp_outputs(shards, inputs, n_in, n_out, whole), fsdp_cut(sum(fsdp_gradient(inputs, deltas)), shards)
+
+
+def fsdp_allreduced(shards, inputs, deltas, n_in, n_out):
+    """An Allreduce where the reduce-scatter belongs: every rank keeps the whole summed gradient."""
+    summed = sum(fsdp_gradient(inputs, deltas))
+    return fsdp_outputs(shards, inputs, n_in, n_out), tuple(summed for _ in shards)
+
+
+def fsdp_averaged(shards, inputs, deltas, n_in, n_out):
+    """The mean over the ranks where nnlib sums (each rank's delta already carries 1/B)."""
+    summed = sum(fsdp_gradient(inputs, deltas)) / len(shards)
+    return fsdp_outputs(shards, inputs, n_in, n_out), fsdp_cut(summed, shards)
+
+
+FSDP_HALF_FINISHED = [
+    ("12.1", fsdp_own_gradient_only, "values", ", result 2 of 2, result 1 of 3: wrong values"),
+    ("12.1", fsdp_weights_reshaped_transposed, "values", ", result 1 of 2, result 1 of 3: wrong values"),
+    ("12.1", fsdp_gathered_in_reverse, "values", ", result 1 of 2, result 1 of 3: wrong values"),
+    ("12.1", fsdp_allreduced, "shape", "result 2 of 2, result 1 of 3 returned shape (32,); expected shape (11,)."),
+    ("12.1", fsdp_averaged, "values", ", result 2 of 2, result 1 of 3: wrong values"),
+]
+# ---- end of lesson 12's lines ----
+
+
 # nnlib's own function for each exercise that has one: the lesson and the check cannot disagree.
 NNLIB = {
     "00.1": count_parameters,
@@ -117,9 +219,7 @@ NNLIB = {
     "11.2": top_k_step_by_nnlib,
     "11.3": powersgd_approximation_by_nnlib,
     "11.4": diloco_outer_step_by_nnlib,
-    "12.1": lambda sizes, ranks, rank: np.array([(allreduce.chunk_bounds(n_in * n_out + n_out, ranks)[1][rank],
-                                                  sum(allreduce.chunk_bounds(n_in * n_out + n_out, ranks)[i][rank]
-                                                      for i in (0, 1))) for n_in, n_out in zip(sizes[:-1], sizes[1:])]),
+    "12.1": fsdp_layer_step_by_nnlib,  # (lesson 12's own lines: fsdp_layer_step_by_nnlib above)
     "12.2": lambda num_layers, every: budget.activation_widths((1,) * (num_layers + 1), every),  # widths of 1
     "13.1": lambda stages, micro_batches, chunks: schedules.bubble_formula("interleaved", stages, micro_batches,
                                                                           chunks=chunks),
@@ -295,7 +395,7 @@ HALF_FINISHED = [
     ("10.1", lambda arrived, size: [], "shape", "missing_ranks([0, 2], 3) returned shape (0,); expected shape (1,)"),
     ("10.1", lambda arrived, size: [0], "values", "got 0, expected 1"),
     ("99.9", forward_right, "unknown", "there is no exercise '99.9'"),
-]
+] + FSDP_HALF_FINISHED  # lesson 12's, defined above
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the division by zero below is on purpose

@@ -4,6 +4,7 @@ micro-batches; the memory model's counts by hand, and against tracemalloc. (Equa
 on many ranks, and the memory model on them: tests/mpi/check_memory.py.)"""
 
 import re
+import weakref
 
 import numpy as np
 import pytest
@@ -39,6 +40,34 @@ def test_peak_activations_and_extra_flops_are_the_formulas(every):
     assert network.tally.peak_bytes == activation_widths(DEEP, every) * 203 * 8
     assert network.tally.recomputed_flops == extra_forward_flops(203, SHAPES, every)
     assert extra_forward_flops(203, SHAPES, every) == 2 * 203 * 16 * 16 * (16 - len(checkpoint_layers(16, every)))
+
+
+@pytest.mark.parametrize("every", [1, 2, 3, 4, 5, 16])
+def test_the_activations_really_alive_at_the_peak_are_the_models(every):
+    """Measured apart from the code's own tally: a weak reference to every layer output a_l, and the most of them
+    alive whenever a layer's forward or weight_gradient runs (a segment kept too long, or a model one array off,
+    shows here); the forwards really run cost the formula's extra FLOPs."""
+    network, outputs, most, flops = MicroBatched(Network(DEEP, dtype="float64"), recompute_every=every), [], [0], [0]
+
+    def note_alive():
+        outputs[:] = [output for output in outputs if output() is not None]
+        most[0] = max(most[0], len(outputs))
+
+    for layer in network.layers:
+        def forward(inputs, layer_forward=layer.forward, n_out=layer.shape[1]):
+            flops[0] += 2 * inputs.shape[0] * inputs.shape[1] * n_out
+            logits, activation = layer_forward(inputs)
+            outputs.append(weakref.ref(activation))
+            note_alive()
+            return logits, activation
+
+        def weight_gradient(*arguments, layer_gradient=layer.weight_gradient):
+            note_alive()
+            return layer_gradient(*arguments)
+        layer.forward, layer.weight_gradient = forward, weight_gradient
+    network.loss_and_gradient(INPUTS, LABELS)
+    assert most[0] == activation_widths(DEEP, every) // 16
+    assert flops[0] - 2 * 203 * 16 * 16 * 16 == extra_forward_flops(203, SHAPES, every)
 
 
 def test_sqrt_l_checkpoints_hold_the_fewest_arrays():

@@ -1,27 +1,31 @@
-"""Lesson 12's exercises (notebook 12_memory): FSDP's chunk of every layer, the activations held with
-checkpoints every k layers, and one update of the dynamic loss scale.
+"""Lesson 12's exercises (notebook 12_memory): one FSDP layer's gather and reduce-scatter on every rank at
+once, the activations held with checkpoints every k layers, and one update of the dynamic loss scale.
 """
 
 import math
 
 import numpy as np
 
-from nnlib.exercises import Exercise
+from nnlib.exercises import Exercise, case_generator, uniform
 
 LESSON = 12
 
 
-def layer_chunks(layer_sizes, ranks, rank):
-    """FSDP's chunks: for each layer's flat [W_l, b_l] (n_in n_out + n_out values), the (start, stop) of
-    the chunk that `rank` of `ranks` holds, the first (n_l mod ranks) chunks one value longer.
-    Returns an integer array (layers, 2)."""
-    rows = []
-    for n_in, n_out in zip(layer_sizes[:-1], layer_sizes[1:]):
-        size = n_in * n_out + n_out
-        base, extra = divmod(size, ranks)
-        start = rank * base + min(rank, extra)
-        rows.append((start, start + base + (1 if rank < extra else 0)))
-    return np.array(rows)
+def fsdp_layer_step(shards, inputs, deltas, n_in, n_out):
+    """One FSDP sigmoid layer on every rank at once. shards[r]: rank r's chunk of the layer's flat
+    [W, b] (W (n_in, n_out) row after row, then b), cut as lesson 08's chunk_bounds cuts its
+    n_in n_out + n_out values; inputs[r] (N_r, n_in), deltas[r] = dJ/dz (N_r, n_out): rank r's rows.
+    Each rank gathers the whole layer, computes a = sigmoid(x W + b) and its gradient [dJ/dW = x.T delta,
+    dJ/db = delta summed over its rows], flat as [W, b]; the reduce-scatter leaves rank r only chunk r
+    of the sum over the ranks. Returns (outputs, gradient chunks): tuples of P arrays, (N_r, n_out)
+    and shaped like shards[r]."""
+    whole = np.concatenate(shards)  # the allgather: every rank's chunk, in rank order
+    weights, biases = whole[:n_in * n_out].reshape(n_in, n_out), whole[n_in * n_out:]
+    outputs = tuple(1 / (1 + np.exp(-(x @ weights + biases))) for x in inputs)
+    gradients = [np.concatenate([(x.T @ delta).ravel(), delta.sum(axis=0)]) for x, delta in zip(inputs, deltas)]
+    summed = sum(gradients)  # the reduce-scatter: the sum over the ranks, cut where the shards are cut
+    stops = np.cumsum([len(shard) for shard in shards])
+    return outputs, tuple(summed[stop - len(shard):stop] for shard, stop in zip(shards, stops))
 
 
 def peak_arrays(num_layers, every):
@@ -43,8 +47,19 @@ def loss_scale_update(scale, good_steps, overflowed, growth_interval):
     return (scale * 2 if good_steps % growth_interval == 0 else scale), good_steps, False
 
 
-def chunks_cases():
-    return [((12, 9, 8, 7, 4), 3, 2), ((784, 30, 10), 4, 0), ((5, 3, 2), 7, 6)]
+def fsdp_cases():
+    """(shards, inputs, deltas, n_in, n_out): layers whose n_in n_out + n_out values do not split evenly
+    (one with an empty chunk), ranks with different numbers of rows, one rank alone."""
+    generator, cases = case_generator("12.1"), []
+    for n_in, n_out, rows in [(7, 4, (4, 4, 3)), (3, 2, (2, 3, 2)), (6, 5, (3, 3, 2, 2)), (2, 1, (1, 2, 1, 1)),
+                              (4, 3, (5,))]:
+        size, ranks = n_in * n_out + n_out, len(rows)
+        whole = uniform(generator, size)
+        counts = [size // ranks + (rank < size % ranks) for rank in range(ranks)]
+        shards = [part.copy() for part in np.split(whole, np.cumsum(counts)[:-1])]
+        cases.append((shards, [uniform(generator, n, n_in) for n in rows],
+                      [0.1 * uniform(generator, n, n_out) for n in rows], n_in, n_out))
+    return cases
 
 
 def peak_cases():
@@ -52,9 +67,10 @@ def peak_cases():
 
 
 EXERCISES = [
-    Exercise("12.1", layer_chunks, chunks_cases,
-             "do it layer by layer: n_l = n_in n_out + n_out; divmod(n_l, ranks) gives the base length and how "
-             "many chunks get one more; rank r starts after r chunks."),
+    Exercise("12.1", fsdp_layer_step, fsdp_cases,
+             "on one machine the allgather is a concatenation of the shards in rank order; W is its first "
+             "n_in n_out values in n_in rows. The reduce-scatter adds the ranks' flat gradients and cuts the "
+             "sum at the shards' lengths."),
     Exercise("12.2", peak_arrays, peak_cases,
              "list the checkpoints range(0, L, k); the last segment may be shorter than k."),
     Exercise("12.3", loss_scale_update,

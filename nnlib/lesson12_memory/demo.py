@@ -2,8 +2,8 @@
 tests/mpi/check_memory.py: the network and settings its FSDP and accumulation cells train (SIZES, SETTINGS), and
 each rank's peak memory over a step, measured with tracemalloc beside the memory model's prediction
 (nnlib.lesson12_memory.budget, lesson 09's nnlib.lesson09_model_parallel.memory): one network and one global batch
-for every case, data parallelism, ZeRO, FSDP, recomputation, accumulation and mixed precision, and lesson 09's
-tensor and pipeline parallelism.
+for every case, data parallelism (float64, and float32 beside mixed precision), ZeRO, FSDP, recomputation,
+accumulation and mixed precision, and lesson 09's tensor and pipeline parallelism.
 """
 
 from __future__ import annotations
@@ -40,12 +40,13 @@ def relative_error(params, expected) -> float:
 BUDGET_SIZES, BUDGET_ROWS = (64, 127, 96, 121, 80, 113, 72, 10), 256  # uneven widths: tensor parallelism's 127
 #: hidden units do not split evenly, 7 layers make uneven pipeline stages
 #: case -> (strategy, recompute every, micro-batches, precision): data parallelism with lesson 08's and 12's savers
-DATA_PARALLEL_CASES = {"data parallel": ("allreduce", None, 1, "float64"), "ZeRO-1 (08)": ("zero", None, 1, "float64"),
-                       "FSDP": ("fsdp", None, 1, "float64"), "FSDP, k = 3": ("fsdp", 3, 1, "float64"),
-                       "FSDP, k = 3, 4 micro": ("fsdp", 3, 4, "float64"),
+DATA_PARALLEL_CASES = {"data parallel": ("allreduce", None, 1, "float64"),
+                       "data parallel, float32": ("allreduce", None, 1, "float32"),  # mixed precision's baseline
                        "mixed float16": ("allreduce", None, 1, "float16"),
-                       "mixed FSDP, k = 3": ("fsdp", 3, 1, "float16"),
-                       "mixed bf16, 4 micro": ("allreduce", None, 4, "bfloat16")}
+                       "mixed bf16, 4 micro": ("allreduce", None, 4, "bfloat16"),
+                       "ZeRO-1 (08)": ("zero", None, 1, "float64"), "FSDP": ("fsdp", None, 1, "float64"),
+                       "FSDP, k = 3": ("fsdp", 3, 1, "float64"), "FSDP, k = 3, 4 micro": ("fsdp", 3, 4, "float64"),
+                       "mixed FSDP, k = 3": ("fsdp", 3, 1, "float16")}
 #: case -> (kind, schedule, micro-batches): lesson 09's model parallelism, every rank on the whole batch
 MODEL_PARALLEL_CASES = {"tensor parallel (09)": ("tensor", None, 1), "pipeline GPipe, m = 4": ("pipeline", "gpipe", 4),
                         "pipeline 1F1B, m = 4": ("pipeline", "1f1b", 4)}

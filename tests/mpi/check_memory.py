@@ -2,7 +2,8 @@
 
 ZeRO-3 / FSDP (every layer's parameters sharded, gathered on use): equal to sequential training within
 1e-10 in float64, for uneven layer sizes (117, 80, 63, 32 parameters per layer) and rank counts, sigmoid
-and softmax, full batch and mini-batch with momentum; a rank holds its chunks and at most one whole layer;
+and softmax, full batch and mini-batch with momentum; a rank holds its chunks and at most one whole layer
+(its log, and weak references to what Allgatherv fills);
 the bytes it sends, counted on the real calls, are 3 (n_l - c_{l,r}) per layer, against the Allreduce's
 2 (n - c_r). Gradient accumulation (k micro-batches, with the Allreduce and with lesson 08's overlap):
 equal to one step on the whole batch within 1e-12, one Allreduce per step. Everything together
@@ -13,6 +14,8 @@ nnlib.lesson12_memory.budget states; lesson 09's tensor and pipeline ranks hold 
 counts, 1F1B less than GPipe. On 4 ranks a network over twice the per-rank budget trains under it. A bad setup
 fails on every rank at once.
 """
+
+import weakref
 
 import numpy as np
 from harness import assert_on_every_rank, expect_error_everywhere, run_checks
@@ -68,6 +71,33 @@ def test_fsdp_equals_sequential_training():
             error = relative_error(network.full_params(), expected)
             assert error <= 1e-10, f"fsdp {output} {settings}: relative error {error:.1e}"
             assert np.allclose(got.loss, history.loss, rtol=1e-12) and got.train_accuracy == history.train_accuracy
+
+
+class GatherWatching:
+    """comm, with a weak reference to every whole layer its Allgatherv fills: what FSDP really keeps alive,
+    measured apart from the network's own log (a layer that logs its free but keeps its weights shows here)."""
+
+    def __init__(self, comm):
+        self.comm, self.wholes, self.most = comm, [], 0
+
+    def __getattr__(self, name):
+        return getattr(self.comm, name)
+
+    def Allgatherv(self, sendbuf, recvbuf):
+        self.comm.Allgatherv(sendbuf, recvbuf)
+        self.wholes = [whole for whole in self.wholes if whole() is not None] + [weakref.ref(recvbuf[0])]
+        self.most = max(self.most, sum(whole().nbytes for whole in self.wholes))
+
+
+def test_fsdp_keeps_no_gathered_layer_alive_beyond_the_one_computing():
+    layer_params = [n_in * n_out + n_out for n_in, n_out in zip(SIZES[:-1], SIZES[1:])]
+    for output in ("sigmoid", "softmax"):
+        watching = GatherWatching(comm)
+        network = FullyShardedNetwork(watching, SIZES, output=output, seed=3)
+        network.loss_and_gradient(INPUTS[:20], LABELS[:20])
+        network.forward(INPUTS[:5])
+        alive = sum(whole().nbytes for whole in watching.wholes if whole() is not None)
+        assert watching.most == 8 * max(layer_params) and alive == 0, (watching.most, alive, layer_params)
 
 
 def test_fsdp_holds_its_chunks_and_one_layer_at_a_time():
