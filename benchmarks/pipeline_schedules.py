@@ -3,7 +3,7 @@
 Run:   make benchmark        (or: .venv/bin/python benchmarks/pipeline_schedules.py [--rounds R])
 
 Starts itself under ``mpiexec -n 2`` (one BLAS thread per rank) and runs notebook 13's job's case:
-m = 8 micro-batches of a float32 batch of 1024 through (64,) + (512,) * 9 + (10,), whose layers
+m = 8 micro-batches of a float32 batch of 512 through (64,) + (512,) * 9 + (10,), whose layers
 nnlib.lesson13_pipeline_schedules.schedules.balanced_split spreads so that every (virtual) stage
 does the same forward, input-gradient and weight-gradient work (5, 5 layers; 3, 2, 2, 3 for the
 interleaved schedule's 4 virtual stages). For 1F1B, interleaved 1F1B (v = 2), ZB-H1 and ZB-H2 it
@@ -28,7 +28,7 @@ def worker(rounds: int) -> None:
     from mpi4py import MPI
 
     from nnlib.course.deadline import watch
-    from nnlib.lesson13_pipeline_schedules.bubbles_job import BATCH, LAYER_SIZES, MICRO_BATCHES, balanced_layouts
+    from nnlib.lesson13_pipeline_schedules.demo import BATCH, LAYER_SIZES, MICRO_BATCHES, balanced_layouts
     from nnlib.lesson13_pipeline_schedules.schedules import measure_schedules
 
     comm = watch(MPI.COMM_WORLD)  # every message under the default deadline, as in a batch job

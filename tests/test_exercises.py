@@ -23,7 +23,7 @@ from nnlib.lesson03_training import training
 from nnlib.lesson04_collectives import collectives, costmodel
 from nnlib.lesson06_scaling import scaling
 from nnlib.lesson08_inside_allreduce import allreduce, allreduce_timing
-from nnlib.lesson09_model_parallel import bubbles
+from nnlib.lesson09_model_parallel import bubbles, instructions
 from nnlib.lesson11_beyond_sync import compression, local_sgd, powersgd
 from nnlib.lesson12_memory import budget, fsdp
 from nnlib.lesson13_pipeline_schedules import schedules
@@ -62,6 +62,65 @@ def zb_h1_order_by_nnlib(stages, stage, micro_batches):
     work = [(codes[i.kind], i.micro_batch) for i in schedules.zb_h1(stages, micro_batches)[stage] if i.kind in codes]
     kinds, micro = np.array(work).T
     return kinds, micro
+
+
+# -- lesson 13's exercise 13.3 (1F1B's instruction list): nnlib's lists, and three plausible wrong answers --
+ONE_F_ONE_B_CODES = {"recv_forward": 0, "forward": 1, "send_forward": 2, "recv_backward": 3, "backward": 4,
+                     "send_backward": 5}
+
+
+def one_f_one_b_by_nnlib(stages, stage, micro_batches):
+    """Stage s's instructions in nnlib's 1F1B lists (lesson 09's), coded as exercise 13.3 codes them."""
+    program = instructions.one_f_one_b(stages, micro_batches)[stage]
+    kinds, micro = np.array([(ONE_F_ONE_B_CODES[i.kind], i.micro_batch) for i in program]).T
+    return kinds, micro
+
+
+def one_f_one_b_program_from(order, stages, stage, send_first=False):
+    """A stage's coded instructions from its order of work [(1 forward or 4 backward, k)], messages at the ends
+    left out; send_first: the send written before the computation it carries (a wrong answer)."""
+    first, last, program = stage == 0, stage == stages - 1, []
+    for kind, k in order:
+        receive, send = ((0, not first), (2, not last)) if kind == 1 else ((3, not last), (5, not first))
+        middle = [send[:1] + (k,)] * send[1] + [(kind, k)] if send_first else [(kind, k)] + [send[:1] + (k,)] * send[1]
+        program += [receive[:1] + (k,)] * receive[1] + middle
+    kinds, micro = np.array(program).T
+    return kinds, micro
+
+
+def one_f_one_b_warming_up(warmup):
+    """1F1B's order with warmup(P, s) forwards before the first backward (the right one: P - s - 1)."""
+    def answer(stages, stage, micro_batches):
+        ahead = min(warmup(stages, stage), micro_batches)
+        order = [(1, k) for k in range(ahead)]
+        for k in range(micro_batches - ahead):
+            order += [(1, ahead + k), (4, k)]
+        return one_f_one_b_program_from(order + [(4, k) for k in range(micro_batches - ahead, micro_batches)],
+                                        stages, stage)
+    return answer
+
+
+def gpipe_order_instead(stages, stage, micro_batches):
+    """Wrong: GPipe's order (all forwards, then all backwards), messages right."""
+    order = [(1, k) for k in range(micro_batches)] + [(4, k) for k in range(micro_batches)]
+    return one_f_one_b_program_from(order, stages, stage)
+
+
+def sends_before_their_work(stages, stage, micro_batches):
+    """Wrong: the right order of work, each send written before the computation whose result it carries."""
+    kinds, micro = one_f_one_b_by_nnlib(stages, stage, micro_batches)
+    order = [(kind, k) for kind, k in zip(kinds, micro) if kind in (1, 4)]
+    return one_f_one_b_program_from(order, stages, stage, send_first=True)
+
+
+def messages_past_the_ends(stages, stage, micro_batches):
+    """Wrong: every forward and backward with both its messages, on the first and last stage too."""
+    kinds, micro = one_f_one_b_by_nnlib(stages, stage, micro_batches)
+    program = [(code, k) for kind, k in zip(kinds, micro) if kind in (1, 4)
+               for code in ((0, 1, 2) if kind == 1 else (3, 4, 5))]
+    kinds, micro = np.array(program).T
+    return kinds, micro
+# -- (end of lesson 13's 13.3 helpers) --
 
 
 def momentum_step_by_nnlib(params, velocity, grads, learning_rate, momentum):
@@ -224,6 +283,7 @@ NNLIB = {
     "13.1": lambda stages, micro_batches, chunks: schedules.bubble_formula("interleaved", stages, micro_batches,
                                                                           chunks=chunks),
     "13.2": lambda stages, stage, micro_batches: zb_h1_order_by_nnlib(stages, stage, micro_batches),
+    "13.3": one_f_one_b_by_nnlib,
 }
 
 # The others, on values worked out by hand: (key, arguments, the right result).
@@ -395,6 +455,13 @@ HALF_FINISHED = [
     ("10.1", lambda arrived, size: [], "shape", "missing_ranks([0, 2], 3) returned shape (0,); expected shape (1,)"),
     ("10.1", lambda arrived, size: [0], "values", "got 0, expected 1"),
     ("99.9", forward_right, "unknown", "there is no exercise '99.9'"),
+    # lesson 13's 13.3 (1F1B's instruction list):
+    ("13.3", gpipe_order_instead, "values", "one_f_one_b_program(3, 0, 5), result 1 of 2"),
+    ("13.3", one_f_one_b_warming_up(lambda stages, stage: stages - stage), "values",
+     "one_f_one_b_program(3, 0, 5), result 1 of 2"),
+    ("13.3", one_f_one_b_warming_up(lambda stages, stage: stages - stage - 1), "right", ""),  # the helpers are right
+    ("13.3", sends_before_their_work, "values", "one_f_one_b_program(3, 0, 5), result 1 of 2"),
+    ("13.3", messages_past_the_ends, "shape", "result 1 of 2 returned shape (30,); expected shape (20,)"),
 ] + FSDP_HALF_FINISHED  # lesson 12's, defined above
 
 

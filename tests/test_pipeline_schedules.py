@@ -15,7 +15,7 @@ from collections import Counter
 
 import pytest
 
-from nnlib.lesson13_pipeline_schedules.bubbles_job import LAYER_SIZES, balanced_layouts
+from nnlib.lesson13_pipeline_schedules.demo import LAYER_SIZES, balanced_layouts
 from nnlib.lesson13_pipeline_schedules.schedules import (ChunkInstruction, balanced_split, bubble_formula, chunk_of,
                                                           interleaved, schedule_bubble, schedule_programs,
                                                           simulated_timelines, virtual_stage_layers)

@@ -3,7 +3,7 @@
     schedules    interleaved 1F1B (v chunks per rank), ZB-H1 and ZB-H2 (the backward split into B and W) as
                  instruction lists, lesson 09's executor and bubble extended to run and predict them
     pictures     the schedules side by side and a measured step, one row per stage
-    bubbles_job  the notebook's mpiexec job: every schedule timed on P ranks, written as JSON
+    demo         the notebook's measured case: every schedule timed on P ranks of its cluster, in rounds
 """
 
 LESSON = 13

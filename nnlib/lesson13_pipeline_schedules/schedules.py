@@ -29,6 +29,7 @@ of P for interleaved, m >= P for ZB-H1 and m >= 2P - 1 for ZB-H2: tests/test_pip
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -390,6 +391,37 @@ def measure_schedules(comm, layer_sizes, batch: int, micro_batches: int, schedul
             results[name].update(peak_alive=alive, layers=[stop - first for first, stop in virtual_stage_layers(
                 pipeline.num_layers, comm.size * pipeline.chunks, pipeline.split)])
     return results if comm.rank == 0 else None
+
+
+def live_peak(pipeline, inputs, labels) -> tuple[int, int]:
+    """One step of ``pipeline`` with the micro-batches it holds counted by their arrays: (the most alive at
+    once, how many are still alive after the step), on this rank (its chunks together).
+
+    The array each held stage's first layer receives in a forward (a micro-batch's a_0 there) gets a
+    weakref.finalize that counts it down when Python frees it, wherever the executor kept it; the count
+    rises only at a forward, where it is read. No instruction list and no executor bookkeeping is read.
+    """
+    alive, peak, firsts = [0], [0], [held.layers[0] for held in pipeline.held]
+
+    def freed():
+        alive[0] -= 1
+
+    def counted(forward):
+        def forward_counted(layer_inputs):
+            weakref.finalize(layer_inputs, freed)
+            alive[0] += 1
+            peak[0] = max(peak[0], alive[0])
+            return forward(layer_inputs)
+        return forward_counted
+
+    for layer in firsts:
+        layer.forward = counted(layer.forward)
+    try:
+        pipeline.loss_and_gradient(inputs, labels)
+    finally:
+        for layer in firsts:
+            del layer.forward  # (Layer's own method again)
+    return peak[0], alive[0]
 
 
 def summarize(name: str, steps, micro_batches: int, chunks: int) -> dict:

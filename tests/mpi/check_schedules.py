@@ -4,7 +4,8 @@ Interleaved 1F1B (v = 2 chunks per rank), ZB-H1 and ZB-H2 (the backward split in
 deferred) on a network of 9 weight layers (uneven over 1-4 stages and over their 2-8 virtual
 stages), m = 3 and 7 micro-batches (not multiples of P), batches of 203 and 32 samples, sigmoid and
 softmax, float64: the parameters put together equal the sequential run's to 1e-10, and the peak of
-micro-batches alive on each stage is the schedule's (tests/test_pipeline_schedules.py). So do 1F1B,
+micro-batches alive on each stage is the schedule's (tests/test_pipeline_schedules.py), by the executor's count
+and by live_peak's count of the arrays themselves (which sees a stage that keeps one too long). So do 1F1B,
 interleaved and ZB-H1 with a custom split of the layers over the (virtual) stages (one layer on each
 but the last, which holds the rest). measure_schedules gives each schedule's row. Bad settings, bad splits included,
 fail on every rank at once.
@@ -15,7 +16,7 @@ from harness import expect_error_everywhere, run_checks
 from mpi4py import MPI
 
 from nnlib import Network, train
-from nnlib.lesson13_pipeline_schedules.schedules import ScheduledPipeline, peak_alive, schedule_programs
+from nnlib.lesson13_pipeline_schedules.schedules import ScheduledPipeline, live_peak, peak_alive, schedule_programs
 
 comm = MPI.COMM_WORLD
 rank, size = comm.rank, comm.size
@@ -43,6 +44,24 @@ def test_equal_to_sequential_training():
             last_m = min(micro_batches, 203 % 32 if "batch_size" in settings else 203)
             wanted = [peak_alive(instructions) for instructions in schedule_programs(schedule, size, last_m, chunks)]
             assert comm.allgather(pipeline.peak_alive) == wanted, (where, wanted)
+
+
+def test_the_arrays_alive_are_as_the_lists_say_and_one_kept_too_long_is_seen():
+    for schedule, chunks in (("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zb-h1", 1), ("zb-h2", 1)):
+        wanted = [peak_alive(instructions) for instructions in schedule_programs(schedule, size, 7, chunks)][rank]
+        pipeline = ScheduledPipeline(comm, SIZES, dtype="float64", micro_batches=7, schedule=schedule, chunks=chunks)
+        assert live_peak(pipeline, INPUTS[:50], LABELS[:50]) == (wanted, 0), (schedule, wanted)
+    broken = ScheduledPipeline(comm, SIZES, dtype="float64", micro_batches=7, schedule="1f1b")
+    stage, stash = broken.held[0], []
+    backward = stage.backward
+
+    def backward_keeping_one(step, k):  # keeps micro-batch k's arrays until the next backward
+        stash[:] = [stage.kept[k]]
+        backward(step, k)
+
+    stage.backward = backward_keeping_one  # (before the first step: the executor looks its methods up then)
+    wanted = peak_alive(schedule_programs("1f1b", size, 7)[rank])
+    assert live_peak(broken, INPUTS[:50], LABELS[:50]) == (wanted + 1, 1)
 
 
 def lopsided(virtual_stages: int) -> tuple:
