@@ -3,14 +3,17 @@ with nnlib's own function or with values worked out by hand; every notebook show
 and docstring; every untouched exercise fails its check with "not written yet"; half-finished answers
 get the message meant for them; and checking a lesson's exercise loads no later lesson's code."""
 
+import queue
 import subprocess
 import sys
 import threading
 from pathlib import Path
+from types import SimpleNamespace
 
 import nbformat
 import numpy as np
 import pytest
+from mpi4py import MPI
 from layout import PACKAGE, lesson_of, modules
 
 from nnlib.check import check, solution, verdict, worked_answer_source
@@ -22,7 +25,7 @@ from nnlib.lesson02_network.network import count_parameters, cross_entropy_from_
 from nnlib.lesson03_training import training
 from nnlib.lesson04_collectives import collectives, costmodel
 from nnlib.lesson06_scaling import scaling
-from nnlib.lesson08_inside_allreduce import allreduce, allreduce_timing
+from nnlib.lesson08_inside_allreduce import allreduce, overlap, zero
 from nnlib.lesson09_model_parallel import bubbles, instructions
 from nnlib.lesson11_beyond_sync import compression, local_sgd, powersgd
 from nnlib.lesson12_memory import budget, fsdp
@@ -253,6 +256,68 @@ FSDP_HALF_FINISHED = [
 # ---- end of lesson 12's lines ----
 
 
+
+# -- lesson 08's write-the-core exercises against nnlib's own overlap.py and zero.py ---------------------
+
+def bucket_starts_by_nnlib_overlap(layer_bytes, bucket_bytes):
+    """overlap.BucketedAllreduce's own hook through one backward pass, on a stand-in network whose float64
+    layers' gradients have these bytes (backward's order), with a communicator that starts nothing."""
+    class NoTransfer:
+        def Iallreduce(self, sendbuf, recvbuf, op=None):
+            return MPI.REQUEST_NULL  # a request that is already complete
+
+    elements = [size // 8 for size in layer_bytes][::-1]  # forward order: layer 0 first
+    network = SimpleNamespace(params=np.zeros(sum(elements)), grads=np.zeros(sum(elements)),
+                              num_layers=len(elements), shapes=[(count - 1, 1) for count in elements])
+    hook = overlap.BucketedAllreduce(NoTransfer(), network, bucket_bytes)
+    started = []
+    for layer in range(network.num_layers - 1, -1, -1):  # as backpropagation calls it
+        calls = len(hook.calls)
+        hook.layer_done(layer)
+        started.append(hook.calls[-1][1] if len(hook.calls) > calls else -1)
+    hook.finish()
+    return np.array(started)
+
+
+def zero_step_by_nnlib(params, grads, velocity, learning_rate, momentum):
+    """zero.ZeRO.step (the ring's two halves around ShardedSGD.step) on P threads, one per rank, whose
+    Sendrecv passes copies through queues: nnlib's own ZeRO step, every rank at once."""
+    ranks = grads.shape[0]
+    mailboxes = {(sender, receiver): queue.Queue() for sender in range(ranks) for receiver in range(ranks)}
+
+    class ThreadComm:
+        size = ranks
+
+        def __init__(self, rank):
+            self.rank = rank
+
+        def Sendrecv(self, sendbuf, dest, recvbuf, source):
+            mailboxes[self.rank, dest].put(sendbuf.copy())
+            recvbuf[...] = mailboxes[source, self.rank].get(timeout=5)
+
+    networks = [SimpleNamespace(params=params.copy(), grads=grads[rank].copy(), num_params=params.size, xp=np)
+                for rank in range(ranks)]
+    optimizers = [zero.ShardedSGD(network, learning_rate, momentum, ranks, rank) for rank, network in enumerate(networks)]
+    for optimizer, mine in zip(optimizers, velocity):
+        optimizer.velocity[...] = mine
+    failures = []
+
+    def run(rank):
+        try:
+            zero.ZeRO(ThreadComm(rank), networks[rank]).step(SimpleNamespace(phase=lambda name: None,
+                                                                            optimizer=optimizers[rank]))
+        except Exception as error:  # noqa: BLE001 (reported below, in the test's thread)
+            failures.append(error)
+
+    threads = [threading.Thread(target=run, args=(rank,)) for rank in range(ranks)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not failures, failures
+    return np.array([network.params for network in networks]), tuple(optimizer.velocity for optimizer in optimizers)
+
+
 # nnlib's own function for each exercise that has one: the lesson and the check cannot disagree.
 NNLIB = {
     "00.1": count_parameters,
@@ -270,7 +335,8 @@ NNLIB = {
     "06.2": scaling.gustafson_speedup,
     "08.1": allreduce.chunk_bounds,
     "08.2": ring_step_by_nnlib_schedule,
-    "08.3": allreduce_timing.bus_bandwidth,
+    "08.3": lambda layer_bytes, bucket_bytes: bucket_starts_by_nnlib_overlap(layer_bytes, bucket_bytes),
+    "08.4": lambda params, grads, velocity, rate, momentum: zero_step_by_nnlib(params, grads, velocity, rate, momentum),
     "09.1": lambda inputs, weights, biases: sigmoid(inputs @ np.hstack(weights) + np.concatenate(biases)),
     "09.2": lambda hidden, weights, biases: np.hstack(hidden) @ np.vstack(weights) + biases,  # the unsplit layer
     "09.3": bubbles.bubble_fraction,
@@ -463,6 +529,74 @@ HALF_FINISHED = [
     ("13.3", sends_before_their_work, "values", "one_f_one_b_program(3, 0, 5), result 1 of 2"),
     ("13.3", messages_past_the_ends, "shape", "result 1 of 2 returned shape (30,); expected shape (20,)"),
 ] + FSDP_HALF_FINISHED  # lesson 12's, defined above
+
+# Lesson 08's write-the-core exercises: the mistakes a student makes must fail, each with its message.
+def buckets_forgetting_the_last(layer_bytes, bucket_bytes):
+    started, bucket, filled = [], 0, 0
+    for size in layer_bytes:
+        filled += size
+        started.append(bucket if filled >= bucket_bytes else -1)
+        bucket, filled = (bucket + 1, 0) if filled >= bucket_bytes else (bucket, filled)
+    return np.array(started)  # the last, part-full bucket is never sent: its gradients stay unsummed
+
+
+def buckets_never_emptied(layer_bytes, bucket_bytes):
+    started, bucket, filled = [], 0, 0
+    for index, size in enumerate(layer_bytes):
+        filled += size  # never set back to 0: once full, every later gradient starts a bucket of its own
+        started.append(bucket if filled >= bucket_bytes or index == len(layer_bytes) - 1 else -1)
+        bucket += started[-1] >= 0
+    return np.array(started)
+
+
+def buckets_started_over_the_size(layer_bytes, bucket_bytes):
+    started, bucket, filled = [], 0, 0
+    for index, size in enumerate(layer_bytes):
+        filled += size
+        full = filled > bucket_bytes or index == len(layer_bytes) - 1  # '>': a bucket filled to the byte waits
+        started.append(bucket if full else -1)
+        bucket, filled = (bucket + 1, 0) if full else (bucket, filled)
+    return np.array(started)
+
+
+def zero_with_own_gradient(params, grads, velocity, learning_rate, momentum):
+    """No reduce-scatter: rank r updates its chunk with its own gradient only."""
+    counts, starts = allreduce.chunk_bounds(params.size, len(grads))
+    after, new_velocity = params.copy(), []
+    for rank, (start, count) in enumerate(zip(starts, counts)):
+        new_velocity.append(momentum * velocity[rank] - learning_rate * grads[rank, start:start + count])
+        after[start:start + count] += new_velocity[-1]
+    return np.tile(after, (len(grads), 1)), tuple(new_velocity)
+
+
+def zero_averaging(params, grads, velocity, learning_rate, momentum):
+    """The ranks' gradients averaged (as if each were a whole batch's mean), not added."""
+    return EXERCISES["08.4"].worked_answer(params, grads / len(grads), velocity, learning_rate, momentum)
+
+
+def zero_without_allgather(params, grads, velocity, learning_rate, momentum):
+    """Each rank updates its chunk, but nobody sends it on: rank r's other chunks stay as they were."""
+    counts, starts = allreduce.chunk_bounds(params.size, len(grads))
+    after, new_velocity = np.tile(params, (len(grads), 1)), []
+    for rank, (start, count) in enumerate(zip(starts, counts)):
+        mine = slice(start, start + count)
+        new_velocity.append(momentum * velocity[rank] - learning_rate * grads[:, mine].sum(axis=0))
+        after[rank, mine] += new_velocity[-1]
+    return after, tuple(new_velocity)
+
+
+HALF_FINISHED += [
+    ("08.3", buckets_forgetting_the_last, "values", "158753): 1 of 6 wrong; the first at (5,): got -1, expected 0."),
+    ("08.3", buckets_never_emptied, "values", "8896): 4 of 6 wrong; the first at (2,): got 1, expected -1."),
+    ("08.3", buckets_started_over_the_size, "values", "8896): 2 of 6 wrong; the first at (1,): got -1, expected 0."),
+    ("08.3", lambda layer_bytes, bucket_bytes: np.arange(len(layer_bytes)), "values", "got 0, expected -1"),
+    ("08.4", zero_with_own_gradient, "values", "result 1 of 2: wrong values"),
+    ("08.4", zero_averaging, "values", "result 1 of 2: wrong values"),
+    ("08.4", zero_without_allgather, "values", "result 1 of 2: wrong values"),
+    ("08.4", lambda p, g, v, rate, mu: (p - rate * g, tuple(v)), "values",  # every rank: its own gradient, everywhere
+     "result 1 of 2: wrong values, relative error"),
+]
+
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the division by zero below is on purpose
