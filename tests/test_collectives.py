@@ -94,3 +94,13 @@ def test_notebook_04_script_twin(ranks):
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     assert run.stdout.splitlines() == expected_demo_lines(ranks)
+
+
+def test_the_range_rule_calls_a_difference_only_where_the_ranges_are_apart():
+    """Lesson 08's rule (allreduce_timing.range_verdict), used by lessons 08 and 13 and the schedules benchmark."""
+    from nnlib.lesson08_inside_allreduce.allreduce_timing import range_verdict
+
+    assert range_verdict([1.0, 1.2, 1.1], [1.3, 1.5]) == "faster"
+    assert range_verdict([1.6, 1.7], [1.3, 1.5]) == "slower"
+    assert range_verdict([1.0, 1.4], [1.3, 1.5]) == "within noise"  # the medians differ, the ranges touch
+    assert range_verdict([1.3], [1.3, 1.5]) == "within noise"

@@ -117,7 +117,7 @@ def test_zb_h1_keeps_1f1b_count_waiting_for_b():
 @pytest.mark.parametrize("name, chunks", [("1f1b", 1), ("gpipe", 1)] + NEW)
 def test_the_simulation_gives_the_formula_for_equal_stages(stages, name, chunks):
     times = [(1.0, 1.0, 1.0), (1.0, 2.0, 1.0), (2.0, 1.0, 1.0), (1.0, 1.0, 0.5), (3.0, 2.0, 1.0)]
-    counts = (stages, 2 * stages, 3 * stages) if name != "zb-h2" else (2 * stages - 1, 2 * stages, 3 * stages)
+    counts = (stages, 2 * stages, 3 * stages)  # zb-h2 at m = P < 2P - 1: ZB-H1's lists and formula
     for forward, backward, weight in times:
         for m in counts:
             equal = [dict(F=forward, B=backward, W=weight)] * stages

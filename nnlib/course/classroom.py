@@ -28,8 +28,8 @@ if so all make a fresh duplicate of COMM_WORLD together. The client sends settle
 finished its cell, so a rank that is not there within :data:`SETTLE_SECONDS` (a busy machine delays an
 engine by seconds, not a minute) is stuck or dead: every later call then says to run ``mpi.restart()``.
 
-Any other method (``Isend``, ``Split``, ``Scan``, ``scatter``, ``reduce``...) runs on the current
-duplicate without a deadline. ``view.apply`` functions get the same deadline and the same notice.
+``Split`` gives a communicator of the ranks of one color under the same deadline. Any other method
+(``Isend``, ``Scan``, ``scatter``, ``reduce``...) runs on the current duplicate without a deadline. ``view.apply`` functions get the same deadline and the same notice.
 """
 
 from __future__ import annotations

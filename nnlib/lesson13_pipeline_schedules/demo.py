@@ -30,7 +30,7 @@ def balanced_layouts(ranks: int, names=SCHEDULE_NAMES, chunks: int = 2) -> dict:
     return {name: balanced_split(num_layers, ranks * (chunks if name == "interleaved" else 1)) for name in names}
 
 
-def timed_rounds(comm, rounds: int = 3, repeats: int = 2, batch: int = BATCH) -> dict | None:
+def timed_rounds(comm, rounds: int = 5, repeats: int = 2, batch: int = BATCH) -> dict | None:
     """Every schedule's measure_schedules row from each of ``rounds`` rounds (each: one warm-up step and
     ``repeats`` timed ones per schedule, float32, one BLAS thread), on rank 0: {name: [row of each round]}."""
     results = {name: [] for name in SCHEDULE_NAMES}

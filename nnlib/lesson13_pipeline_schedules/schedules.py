@@ -186,8 +186,11 @@ def bubble_formula(name: str, stages: int, micro_batches: int, seconds=(1.0, 1.0
     seconds: (F, B, W) of one micro-batch on a whole stage (B + W: lesson 09's backward). Idle per stage:
     gpipe, 1f1b (P - 1)(F + B + W): m' = m; interleaved (P - 1)(F + B + W) / v: m' = v m; zb-h1
     (P - 1) max(F + B - W, F) and zb-h2 (P - 1) max(F + B - 2W, F): m' = m (F + B + W) / that max, the step's
-    work counted in units of the idle time per stage and per P - 1.
+    work counted in units of the idle time per stage and per P - 1. ZB-H2 with m < 2P - 1 runs ZB-H1's lists
+    (:func:`zb_h2`), so it has ZB-H1's formula there.
     """
+    if name == "zb-h2" and micro_batches < 2 * stages - 1:
+        name = "zb-h1"
     forward, backward, weight = seconds
     whole = forward + backward + weight
     idle = {"zb-h1": max(forward + backward - weight, forward), "zb-h2": max(forward + backward - 2 * weight, forward),
@@ -394,8 +397,9 @@ def measure_schedules(comm, layer_sizes, batch: int, micro_batches: int, schedul
 
 
 def live_peak(pipeline, inputs, labels) -> tuple[int, int]:
-    """One step of ``pipeline`` with the micro-batches it holds counted by their arrays: (the most alive at
-    once, how many are still alive after the step), on this rank (its chunks together).
+    """One step of ``pipeline`` with the micro-batches it holds counted by one array each: (the most alive at
+    once, how many are still alive after the step), on this rank (its chunks together). It follows each
+    micro-batch's input to a held stage (a_0 there), not the later layers' arrays.
 
     The array each held stage's first layer receives in a forward (a micro-batch's a_0 there) gets a
     weakref.finalize that counts it down when Python frees it, wherever the executor kept it; the count

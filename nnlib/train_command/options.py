@@ -60,7 +60,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--micro-batches", type=int, default=4, help="micro-batches per step (pipeline)")
     parser.add_argument("--schedule", choices=("gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2"), default="1f1b",
                         help="pipeline schedule (lesson 09: gpipe, 1f1b; lesson 13: interleaved 1F1B, the zero-bubble "
-                             "ZB-H1 and ZB-H2)")
+                             "ZB-H1 and ZB-H2; ZB-H2 needs 2P - 1 micro-batches, with fewer it runs ZB-H1)")
     parser.add_argument("--compression", default="none",
                         help="gradients sent as none (float64/32), float16, bfloat16, topk (with --topk K and "
                              "error feedback) or powersgd (with --rank R); with --strategy allreduce (lesson 11)")
