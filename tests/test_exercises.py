@@ -155,6 +155,26 @@ def diloco_outer_step_by_nnlib(anchor, worker_params, velocity, learning_rate, m
     return anchor, velocity
 
 
+def on_every_rank(ranks, work, on_error=lambda: None):
+    """work(rank) on P threads, one a rank, as MPI's ranks run at once; a rank's error is raised here, in the
+    test's thread, after on_error() has let the other ranks stop waiting for it."""
+    failures = []
+
+    def run(rank):
+        try:
+            work(rank)
+        except Exception as error:  # noqa: BLE001 (raised below, in the test's thread)
+            failures.append(error)
+            on_error()
+
+    threads = [threading.Thread(target=run, args=(rank,)) for rank in range(ranks)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not failures, failures
+
+
 # ---- lesson 12 (exercise 12.1, one FSDP layer): nnlib's ShardedLayer on threads, its wrong answers ----
 def fsdp_layer_step_by_nnlib(shards, inputs, deltas, n_in, n_out):
     """nnlib.lesson12_memory.fsdp's ShardedLayer (a sigmoid layer) on every rank at once: P threads, one a rank,
@@ -184,25 +204,14 @@ def fsdp_layer_step_by_nnlib(shards, inputs, deltas, n_in, n_out):
             start = sum(recvcounts[:self.rank])
             recvbuf[...] = sum(self.everyones(sendbuf))[start:start + recvcounts[self.rank]]
 
-    failures = []
-
     def run(rank):
-        try:
-            views = (shards[rank].copy(), np.zeros_like(shards[rank]))
-            layer = fsdp.ShardedLayer(ThreadComm(rank), 0, (n_in, n_out), views, "sigmoid", fsdp.GatherLog())
-            _, output = layer.forward(inputs[rank])
-            layer.weight_gradient(inputs[rank], deltas[rank])
-            results[rank] = output, layer.grad_shard, layer.weights  # weights: None once freed
-        except Exception as error:  # noqa: BLE001 (reported below, in the test's thread)
-            failures.append(error)
-            meeting.abort()  # the other ranks stop waiting for this one
+        views = (shards[rank].copy(), np.zeros_like(shards[rank]))
+        layer = fsdp.ShardedLayer(ThreadComm(rank), 0, (n_in, n_out), views, "sigmoid", fsdp.GatherLog())
+        _, output = layer.forward(inputs[rank])
+        layer.weight_gradient(inputs[rank], deltas[rank])
+        results[rank] = output, layer.grad_shard, layer.weights  # weights: None once freed
 
-    threads = [threading.Thread(target=run, args=(rank,)) for rank in range(ranks)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert not failures, failures
+    on_every_rank(ranks, run, on_error=meeting.abort)  # abort: the other ranks stop waiting at the barrier
     assert all(weights is None for _, _, weights in results), "a rank kept the gathered layer"
     return tuple(output for output, _, _ in results), tuple(chunk for _, chunk, _ in results)
 
@@ -307,21 +316,11 @@ def zero_step_by_nnlib(params, grads, velocity, learning_rate, momentum):
     optimizers = [zero.ShardedSGD(network, learning_rate, momentum, ranks, rank) for rank, network in enumerate(networks)]
     for optimizer, mine in zip(optimizers, velocity):
         optimizer.velocity[...] = mine
-    failures = []
-
     def run(rank):
-        try:
-            zero.ZeRO(ThreadComm(rank), networks[rank]).step(SimpleNamespace(phase=lambda name: None,
-                                                                            optimizer=optimizers[rank]))
-        except Exception as error:  # noqa: BLE001 (reported below, in the test's thread)
-            failures.append(error)
+        zero.ZeRO(ThreadComm(rank), networks[rank]).step(SimpleNamespace(phase=lambda name: None,
+                                                                        optimizer=optimizers[rank]))
 
-    threads = [threading.Thread(target=run, args=(rank,)) for rank in range(ranks)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert not failures, failures
+    on_every_rank(ranks, run)
     return np.array([network.params for network in networks]), tuple(optimizer.velocity for optimizer in optimizers)
 
 
