@@ -37,6 +37,7 @@ from __future__ import annotations
 import signal
 import sys
 import threading
+import time
 
 import numpy as np
 from mpi4py import MPI
@@ -81,9 +82,10 @@ class ClassroomComm:
         """After a cell, on every engine (the client sends it): do all ranks keep the duplicate? If any rank
         abandoned a call on it, or heard that another did, every rank makes a fresh one, together.
 
-        The ranks agree with one small Iallreduce (MAX) on ``agreement``, within SETTLE_SECONDS. If a rank
-        does not come (stuck in MPI outside comm, or dead), the communicator is marked unusable: every
-        later call says to run mpi.restart()."""
+        The ranks agree with one small Iallgather on ``agreement``: each rank's flag and the time it came.
+        A rank that does not come within SETTLE_SECONDS (stuck in MPI outside comm, or dead) gets the
+        communicator marked unusable on the others: every later call says to run mpi.restart(). A rank that
+        comes later than that sees from the gathered times that the others gave up, and says the same."""
         if self.unusable:
             return self.unusable
         # Interrupt Kernel reaches the engines through their nannies and may land late, in this settle (nobody
@@ -91,19 +93,34 @@ class ClassroomComm:
         # with the others for good. So settle cannot be interrupted; it ends within SETTLE_SECONDS anyway.
         in_main_thread = threading.current_thread() is threading.main_thread()
         previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if in_main_thread else None
+        generation = self.generation
         try:
-            abandoned = np.array([int(bool(self.watched.broken) or self.watched.heard_from_others())], dtype=np.int64)
-            request = self.agreement.Iallreduce(MPI.IN_PLACE, abandoned, op=MPI.MAX)
-            if not completed_within(request.Test, max(SETTLE_SECONDS, self.watched.timeout)):
-                self.unusable = ("a rank did not come back after the last cell (stuck in MPI outside comm, or "
-                                 "dead): run mpi.restart()")
-            elif abandoned[0]:
-                self.generation += 1
-                self.watched = WatchedComm(self.world, self.watched.timeout, generation=self.generation)
+            self.unusable = self._agree_and_renew()
+        except Exception as error:  # noqa: BLE001 - e.g. the fresh duplicate not made within the deadline
+            self.unusable = f"rank {self.rank} could not settle after the last cell ({error}): run mpi.restart()"
         finally:
             if in_main_thread:
                 signal.signal(signal.SIGINT, previous)
-        return self.unusable or ("renewed" if abandoned[0] else "kept")
+        return self.unusable or ("renewed" if self.generation > generation else "kept")
+
+    def _agree_and_renew(self) -> str | None:
+        """settle's agreement: None if every rank came in time (and made a fresh duplicate if any asked), else
+        why the communicator is unusable now."""
+        came = time.time()
+        mine = np.array([float(bool(self.watched.broken) or self.watched.heard_from_others()), came])
+        everyone = np.empty((self.size, 2))
+        request = self.agreement.Iallgather(mine, everyone)
+        waited = max(SETTLE_SECONDS, self.watched.timeout)
+        if not completed_within(request.Test, waited):
+            return "a rank did not come back after the last cell (stuck in MPI outside comm, or dead): run mpi.restart()"
+        first = int(np.argmin(everyone[:, 1]))
+        if came - everyone[first, 1] > waited:  # the others matched this late call, but had stopped waiting
+            return (f"rank {self.rank} came back {came - everyone[first, 1]:.0f} s after rank {first}, which had "
+                    f"stopped waiting after {waited:g} s: run mpi.restart()")
+        if everyone[:, 0].any():
+            self.generation += 1
+            self.watched = WatchedComm(self.world, self.watched.timeout, generation=self.generation)
+        return None
 
     def __getattr__(self, name):
         """Every other attribute: the watched method if there is one, else the MPI communicator's own."""

@@ -12,10 +12,12 @@ and every rank checks what it was told and how soon:
 * a deadline of 0, negative, NaN, infinite or absurd: ValueError on every rank, no collective;
 * the object collectives (bcast, gather, allgather) and a Scatterv under the watchdog;
 * the notebook cluster's settle (nnlib.course.classroom): a rank that comes to it several deadlines late
-  (its engine got the client's message late) is waited for, and every rank goes on on a fresh communicator.
+  (its engine got the client's message late) is waited for, and every rank goes on on a fresh communicator;
+  one that comes after the others stopped waiting says so, as they do, and renews nothing alone.
 Exits 1 on any failure.
 """
 
+import re
 import sys
 import time
 import traceback
@@ -25,6 +27,7 @@ from mpi4py import MPI
 
 from nnlib import Network, train
 from nnlib.lesson05_data_parallel import shard, train_parallel
+from nnlib.course import classroom
 from nnlib.course.classroom import ClassroomComm
 from nnlib.course.deadline import CollectiveTimeout, watch
 from nnlib.lesson10_faults.watchdog import train_watched
@@ -176,8 +179,31 @@ def check_a_rank_late_to_settle_is_waited_for():
     assert total[0] == size
 
 
+def check_a_rank_later_to_settle_than_the_others_wait_is_told_so_too():
+    """Every rank reaches one verdict when a rank comes after the others stopped waiting (its engine got the
+    client's message late): none renews alone, every later call says to restart."""
+    waited, classroom.SETTLE_SECONDS = classroom.SETTLE_SECONDS, 0.5
+    try:
+        late = ClassroomComm(comm, timeout=0.2)
+        late.watched.broken = "a collective was abandoned in Barrier"
+        time.sleep(2.0 if rank == last else 0)
+        verdict = late.settle()
+    finally:
+        classroom.SETTLE_SECONDS = waited
+    said = "came back" if rank == last else "did not come back"
+    assert said in verdict and "mpi.restart()" in verdict and late.generation == 0, f"rank {rank}: {verdict!r}"
+    if rank == last:
+        assert re.search(r"came back \d+ s after rank \d+, which had stopped waiting after 0.5 s", verdict), verdict
+    try:
+        late.Allreduce(np.ones(1), np.zeros(1))
+        raise AssertionError(f"rank {rank}: an Allreduce after an unsettled cell ran")
+    except RuntimeError as error:
+        assert str(error) == verdict, f"rank {rank}: {error}"
+
+
 CHECKS = [check_object_and_buffer_collectives_under_the_watchdog,
           check_a_rank_late_to_settle_is_waited_for,
+          check_a_rank_later_to_settle_than_the_others_wait_is_told_so_too,
           check_bad_deadlines_fail_on_every_rank_before_any_collective,
           check_a_rank_raising_between_steps_stops_everyone_at_once_then_they_recover,
           check_a_rank_raising_inside_its_compute_stops_everyone_at_once,
