@@ -3,20 +3,12 @@
     with nnlib.course.cluster.start(n=4) as cluster:   # in a notebook: `%%px` cells now run on 4 ranks
         cluster.view.apply_sync(...)            # the view's engines are in MPI rank order
 
-What it takes care of:
-
-* the ``mpiexec`` of this Python's environment (beside its interpreter), by absolute path,
-  not whatever comes first on PATH; Open MPI's settings for root and for more ranks than
-  cores when that is the MPI in use (MPICH needs none);
-* one BLAS thread per rank (``OMP_NUM_THREADS=1``...), so ranks do not fight over cores;
-* engine ids mapped to MPI ranks explicitly (they need not match), and a view whose
-  engines are ordered by rank, so ``%%px`` output comes in rank order;
-* in IPython, ``%pxconfig --no-stream --progress-after -1``: one output block per rank, in
-  order, and no progress bar, so notebooks can be tested against their saved outputs;
-* a start-up failure raises :class:`ClusterStartError` within ``timeout`` seconds, with the
-  ``mpiexec`` command, the engines' own log lines and the likely fix;
-* the engines' ``comm`` and ``MPI.COMM_WORLD`` have the classroom deadline (nnlib.course.classroom);
-* stopping is quiet, and no process outlives the kernel however it ends (nnlib.course.reaper).
+It runs the ``mpiexec`` beside this Python (by absolute path), with Open MPI's settings for root and for
+more ranks than cores when that is the MPI in use, and one BLAS thread per rank. In IPython ``%%px`` shows
+one output block per rank, in rank order, without a progress bar (so notebooks can be tested against
+their saved outputs). A start that fails raises :class:`ClusterStartError` within ``timeout`` seconds,
+with the command, the engines' log and the likely fix. The engines' ``comm`` has the classroom deadline
+(nnlib.course.classroom), and no process outlives the kernel however it ends (nnlib.course.reaper).
 """
 
 from __future__ import annotations
@@ -86,7 +78,6 @@ class MPICluster:
         self.view, self.rank_of, self.sent = None, {}, 0
         self.reaper = reaper  # ends this kernel's cluster processes if the kernel dies (nnlib.course.reaper)
 
-    # -- context manager -----------------------------------------------------
     def __enter__(self):
         return self
 
@@ -94,12 +85,9 @@ class MPICluster:
         self.stop()
         return False
 
-    # -- set-up ---------------------------------------------------------------
     def _start_engines(self):
-        """Launch the n engines with mpiexec and wait until all registered.
-
-        Fails early if mpiexec exits, and at the latest after ``timeout`` seconds.
-        """
+        """Launch the n engines with mpiexec and wait until all registered: fails early if mpiexec exits, and at
+        the latest after ``timeout`` seconds."""
         engine_set = self.cluster.start_engines_sync(self.n)
         launcher = self.cluster.engines[engine_set]
         deadline = time.monotonic() + self.timeout
@@ -129,10 +117,10 @@ class MPICluster:
         )
 
     def _map_ranks(self):
-        """Ask every engine its MPI rank; order the view by rank; check it is a permutation of 0..n-1."""
+        """Set every engine up (ENGINE_SETUP); order the view by MPI rank; check the ranks are 0..n-1."""
         everyone = self.client[:]
         everyone.execute(ENGINE_SETUP, block=True)
-        ranks = everyone.apply_sync(_mpi_rank)
+        ranks = everyone.pull("rank", block=True)
         self.rank_of = dict(zip(everyone.targets, ranks))
         if sorted(ranks) != list(range(self.n)):
             raise ClusterStartError(f"engine ranks {sorted(ranks)} are not 0..{self.n - 1}: the engines are "
@@ -175,13 +163,8 @@ class MPICluster:
         self.view.execute(SETTLE_COMMUNICATOR, block=False)
         self.sent = len(self.client.history)
 
-    # -- recovery and stop ----------------------------------------------------
     def restart(self):
-        """Restart every engine (e.g. after a rank raised and the others hang in a collective).
-
-        The engines' ids and ranks may pair up differently afterwards, so the rank mapping
-        and the ``%%px`` view are rebuilt.
-        """
+        """Restart every engine (e.g. after a rank died); the rank mapping and the ``%%px`` view are rebuilt."""
         self._quiet()
         self.cluster.stop_engines_sync()
         deadline = time.monotonic() + self.timeout
@@ -249,12 +232,6 @@ def _has_exited(process) -> bool:
         return True
 
 
-def _mpi_rank():
-    from mpi4py import MPI
-
-    return MPI.COMM_WORLD.rank
-
-
 def start(n: int = 4, timeout: float = 30.0, mpiexec: str | None = None, environment=None,
           activate: bool = True) -> MPICluster:
     """Start ``n`` ipyparallel engines as the ranks of one ``mpiexec`` job; return an :class:`MPICluster`.
@@ -289,10 +266,8 @@ def start(n: int = 4, timeout: float = 30.0, mpiexec: str | None = None, environ
         cluster.start_controller_sync()
         handle.client = cluster.connect_client_sync()
         handle._start_engines()
-    except ClusterStartError:
-        raise
     except BaseException:
-        handle.stop()
+        handle.stop()  # (safe twice: a ClusterStartError has stopped it already)
         raise
     if activate:
         handle.activate()

@@ -1,22 +1,12 @@
-"""No orphans: a cluster's processes end when the process that started them is gone.
+"""No orphans: a cluster's processes end when the process that started them is gone (notebook 10).
 
-The notebook's kernel starts a controller and an ``mpiexec`` job (hydra's proxies, then the
-engines). If the kernel dies without stopping them (killed by a signal, by the out-of-memory
-killer, or restarted from JupyterLab while a cell is stuck in a collective), nobody is left to
-stop them, and a rank waiting in a collective keeps a core busy for ever.
-
-How nnlib prevents that:
-
-* every process of a cluster carries the environment variable ``NNLIB_CLUSTER_OWNER`` =
-  ``"<pid>:<start time>"`` of the process that started it (children inherit it, hydra passes it
-  to the ranks); the start time tells a dead owner from a new process that got its pid;
-* a small *reaper* process (``python -m nnlib.course.reaper OWNER``), in its own session so that a
-  signal to the kernel's process group does not reach it, looks every ``POLL`` seconds whether the
-  owner is alive. When it is gone, the reaper ends every process carrying the owner's tag
-  (SIGTERM, then SIGKILL after ``GRACE`` seconds) and exits. ``MPICluster.stop()`` ends the
-  reaper after stopping the cluster;
-* :func:`clean_up_orphans`, called by ``nnlib.course.cluster.start()``, ends processes of the same user
-  whose tagged owner is gone: a second safety net if a reaper was killed too.
+Every process of a cluster (the controller, ``mpiexec`` and the engines) carries ``NNLIB_CLUSTER_OWNER`` =
+``"<pid>:<start time>"`` of its owner, the kernel that started it; the start time tells a dead owner from a
+new process that got its pid. A *reaper* (``python -m nnlib.course.reaper OWNER``, in its own session, so a
+signal to the kernel's process group does not reach it) looks every ``POLL`` seconds whether the owner is
+alive; once it is gone, the reaper ends every process with the owner's tag (SIGTERM, SIGKILL after ``GRACE``
+seconds). As a second safety net ``nnlib.course.cluster.start()`` ends this user's tagged processes whose
+owner is gone (:func:`clean_up_orphans`).
 """
 
 from __future__ import annotations
