@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import math
 import os
 import pickle
 import threading
@@ -28,12 +27,10 @@ import traceback
 import numpy as np
 from mpi4py import MPI
 
-from nnlib.course.cluster import CLASSROOM_TIMEOUT
-
 LESSON = 0  # the course's own tools: any lesson may use them
 
-#: Seconds a collective may wait when no timeout is given and $NNLIB_TIMEOUT is not set. The
-#: notebook cluster (nnlib.course.cluster.start) sets $NNLIB_TIMEOUT to CLASSROOM_TIMEOUT for its engines.
+#: Seconds a collective may wait when no timeout is given and $NNLIB_TIMEOUT is not set (the notebook
+#: cluster sets it to its CLASSROOM_TIMEOUT for its engines, nnlib.course.cluster).
 DEFAULT_TIMEOUT = 120.0
 LONGEST_TIMEOUT = 24 * 3600.0
 NOTICE_TAG = 31_415  # point-to-point tag of the notices, on the run's own duplicate communicator
@@ -59,12 +56,11 @@ def default_timeout() -> float:
 
 def check_timeout(timeout) -> float:
     """Return ``timeout`` as a float, or raise ValueError unless 0 < timeout <= one day."""
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not math.isfinite(timeout) \
-            or not 0 < timeout <= LONGEST_TIMEOUT:
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= LONGEST_TIMEOUT:
         raise ValueError(
             f"timeout must be a number of seconds above 0 and at most {LONGEST_TIMEOUT:.0f} (a day); got {timeout!r}. "
-            "It is how long a rank waits in a collective for the others before it stops with an error; "
-            f"{DEFAULT_TIMEOUT:g} s suits a batch job, {CLASSROOM_TIMEOUT:g} s a notebook."
+            "It is how long a rank waits in a collective for the others before it stops with an error "
+            f"(a batch job's default: {DEFAULT_TIMEOUT:g} s)."
         )
     return float(timeout)
 
@@ -74,6 +70,16 @@ def at_where(where: dict) -> str:
     parts = [f"{key} {where[key]}" for key in ("epoch", "step") if key in where]
     parts += [str(value) for key, value in where.items() if key not in ("epoch", "step")]
     return " at " + ", ".join(parts) if parts else ""
+
+
+def _blocking(start, name: str):
+    """WatchedComm's ``name``: MPI's non-blocking ``start`` (e.g. MPI.Comm.Iallreduce), completed within the
+    deadline; its errors call it ``name``."""
+    def collective(self, *arguments, **keywords):
+        self.wait(start(self.comm, *arguments, **keywords), name)
+
+    collective.__name__ = collective.__qualname__ = name
+    return collective
 
 
 class WatchedComm:
@@ -230,44 +236,21 @@ class WatchedComm:
         """MPI's Split on this run's communicator: the ranks of one color, watched with the same deadline."""
         return WatchedComm(self.comm.Split(color, key), self.timeout)
 
-    def Barrier(self):
-        self.wait(self.comm.Ibarrier(), "Barrier")
-
     def Bcast(self, buffer, root=0):
         self.wait(self.comm.Ibcast(buffer, root=root), "Bcast" if root == 0 else f"Bcast from rank {root}")
 
-    def Allreduce(self, sendbuf, recvbuf, op=MPI.SUM):
-        self.wait(self.comm.Iallreduce(sendbuf, recvbuf, op=op), "Allreduce")
-
-    def Reduce(self, sendbuf, recvbuf, op=MPI.SUM, root=0):
-        self.wait(self.comm.Ireduce(sendbuf, recvbuf, op=op, root=root), "Reduce")
-
-    def Gather(self, sendbuf, recvbuf, root=0):
-        self.wait(self.comm.Igather(sendbuf, recvbuf, root=root), "Gather")
-
-    def Gatherv(self, sendbuf, recvbuf, root=0):
-        self.wait(self.comm.Igatherv(sendbuf, recvbuf, root=root), "Gatherv")
-
-    def Scatter(self, sendbuf, recvbuf, root=0):
-        self.wait(self.comm.Iscatter(sendbuf, recvbuf, root=root), "Scatter")
-
-    def Scatterv(self, sendbuf, recvbuf, root=0):
-        self.wait(self.comm.Iscatterv(sendbuf, recvbuf, root=root), "Scatterv")
-
-    def Allgather(self, sendbuf, recvbuf):
-        self.wait(self.comm.Iallgather(sendbuf, recvbuf), "Allgather")
-
-    def Allgatherv(self, sendbuf, recvbuf):
-        self.wait(self.comm.Iallgatherv(sendbuf, recvbuf), "Allgatherv")
-
-    def Reduce_scatter(self, sendbuf, recvbuf, recvcounts=None, op=MPI.SUM):
-        self.wait(self.comm.Ireduce_scatter(sendbuf, recvbuf, recvcounts, op=op), "Reduce_scatter")
-
-    def Reduce_scatter_block(self, sendbuf, recvbuf, op=MPI.SUM):
-        self.wait(self.comm.Ireduce_scatter_block(sendbuf, recvbuf, op=op), "Reduce_scatter_block")
-
-    def Alltoall(self, sendbuf, recvbuf):
-        self.wait(self.comm.Ialltoall(sendbuf, recvbuf), "Alltoall")
+    Barrier = _blocking(MPI.Comm.Ibarrier, "Barrier")
+    Allreduce = _blocking(MPI.Comm.Iallreduce, "Allreduce")
+    Reduce = _blocking(MPI.Comm.Ireduce, "Reduce")
+    Gather = _blocking(MPI.Comm.Igather, "Gather")
+    Gatherv = _blocking(MPI.Comm.Igatherv, "Gatherv")
+    Scatter = _blocking(MPI.Comm.Iscatter, "Scatter")
+    Scatterv = _blocking(MPI.Comm.Iscatterv, "Scatterv")
+    Allgather = _blocking(MPI.Comm.Iallgather, "Allgather")
+    Allgatherv = _blocking(MPI.Comm.Iallgatherv, "Allgatherv")
+    Reduce_scatter = _blocking(MPI.Comm.Ireduce_scatter, "Reduce_scatter")
+    Reduce_scatter_block = _blocking(MPI.Comm.Ireduce_scatter_block, "Reduce_scatter_block")
+    Alltoall = _blocking(MPI.Comm.Ialltoall, "Alltoall")
 
     # -- point-to-point, for collectives built by hand (lesson 08's ring) and pipeline stages (lesson 09) ------
     def Sendrecv(self, sendbuf, dest, sendtag=0, recvbuf=None, source=MPI.ANY_SOURCE, recvtag=0):
