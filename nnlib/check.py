@@ -11,6 +11,7 @@ trying; checking "02.2" imports lesson 02's exercises only, never a later lesson
 
 from __future__ import annotations
 
+import copy
 import inspect
 import sys
 import textwrap
@@ -132,15 +133,9 @@ def run_cases(exercise, answer) -> tuple[float, int]:
     return worst, len(cases)
 
 
-def copies(arguments):
+def copies(arguments) -> tuple:
     """Fresh copies of a case's arguments (arrays and lists of arrays), so no call sees another's changes."""
-    def copy(value):
-        if isinstance(value, np.ndarray):
-            return value.copy()
-        if isinstance(value, (list, tuple)):
-            return type(value)(copy(item) for item in value)
-        return value
-    return tuple(copy(value) for value in arguments)
+    return copy.deepcopy(tuple(arguments))
 
 
 def call(answer, name: str, arguments):

@@ -34,34 +34,22 @@ class ClusterStartError(RuntimeError):
     """The MPI engines did not start; the message says what ran, what it printed, and what to try."""
 
 
-def mpi_flavour(mpiexec: str) -> str:
-    """'mpich', 'openmpi' or 'unknown', from ``mpiexec --version``."""
-    try:
-        output = subprocess.run([mpiexec, "--version"], capture_output=True, text=True, timeout=10).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return "unknown"
-    lowered = output.lower()
-    if "open mpi" in lowered or "openrte" in lowered or "prte" in lowered:
-        return "openmpi"
-    if "hydra" in lowered or "mpich" in lowered:
-        return "mpich"
-    return "unknown"
+OPEN_MPI_SETTINGS = {  # Open MPI's, to run as root and with more ranks than cores (MPICH needs none)
+    "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+    "PRTE_MCA_rmaps_default_mapping_policy": ":oversubscribe", "OMPI_MCA_rmaps_base_oversubscribe": "1"}
 
 
 def engine_environment(mpiexec: str, extra=None) -> dict:
-    """Environment variables for mpiexec and its ranks: one BLAS thread, Open MPI's root/oversubscribe."""
+    """Environment variables for mpiexec and its ranks: one BLAS thread, OPEN_MPI_SETTINGS if ``mpiexec
+    --version`` says it is Open MPI's, and ``extra``."""
     from nnlib.course.environment import ONE_BLAS_THREAD
 
-    environment = dict(ONE_BLAS_THREAD)
-    if mpi_flavour(mpiexec) == "openmpi":
-        environment.update({
-            "OMPI_ALLOW_RUN_AS_ROOT": "1",
-            "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-            "PRTE_MCA_rmaps_default_mapping_policy": ":oversubscribe",
-            "OMPI_MCA_rmaps_base_oversubscribe": "1",
-        })
-    environment.update(extra or {})
-    return environment
+    try:
+        version = subprocess.run([mpiexec, "--version"], capture_output=True, text=True, timeout=10).stdout.lower()
+    except (OSError, subprocess.TimeoutExpired):
+        version = ""
+    open_mpi = any(name in version for name in ("open mpi", "openrte", "prte"))
+    return {**ONE_BLAS_THREAD, **(OPEN_MPI_SETTINGS if open_mpi else {}), **(extra or {})}
 
 
 class MPICluster:

@@ -254,11 +254,8 @@ class WatchedComm:
 
     # -- point-to-point, for collectives built by hand (lesson 08's ring) and pipeline stages (lesson 09) ------
     def Sendrecv(self, sendbuf, dest, sendtag=0, recvbuf=None, source=MPI.ANY_SOURCE, recvtag=0):
-        """Send to ``dest`` and receive from ``source`` at once, within the deadline.
-
-        The receive matches tag 0 by default (never ANY_TAG): the watchdog's own notices use
-        another tag on this communicator and must not be taken for data.
-        """
+        """Send to ``dest`` and receive from ``source`` at once, within the deadline. The receive matches tag 0
+        by default, never ANY_TAG: the notices travel on this communicator too (NOTICE_TAG)."""
         receiving = self.comm.Irecv(recvbuf, source=source, tag=recvtag)
         sending = self.comm.Isend(sendbuf, dest=dest, tag=sendtag)
         self.wait_all([receiving, sending], "Sendrecv")
@@ -272,8 +269,7 @@ class WatchedComm:
         self.wait(self.comm.isend(obj, dest=dest, tag=tag), f"Send to rank {dest}")
 
     def recv(self, buf=None, source=MPI.ANY_SOURCE, tag=0):
-        """MPI's recv of a Python object within the deadline: wait for a matching message, then take it.
-        The tag is 0 unless given (never ANY_TAG: the notices travel on this communicator too)."""
+        """MPI's recv of a Python object (tag 0 unless given, as Sendrecv's) within the deadline."""
         probe = _Probe(self.comm, source, tag)
         self.wait(probe, "Recv" if source == MPI.ANY_SOURCE else f"Recv from rank {source}")
         return probe.message.recv(buf)
@@ -349,10 +345,8 @@ class _AnyOf:
 
     def Test(self) -> bool:
         index, done = MPI.Request.Testany(self.requests)
-        if done and index != MPI.UNDEFINED:
-            self.index = index
-            return True
-        return False
+        self.index = index if done and index != MPI.UNDEFINED else None
+        return self.index is not None
 
 
 class _Probe:

@@ -11,6 +11,7 @@ owner is gone (:func:`clean_up_orphans`).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -66,16 +67,12 @@ def end_processes(processes, grace: float = GRACE) -> None:
     import psutil
 
     for process in processes:
-        try:
+        with contextlib.suppress(psutil.Error):
             process.terminate()
-        except psutil.Error:
-            pass
     _, alive = psutil.wait_procs(processes, timeout=grace)
     for process in alive:
-        try:
+        with contextlib.suppress(psutil.Error):
             process.kill()
-        except psutil.Error:
-            pass
     psutil.wait_procs(alive, timeout=grace)
 
 
