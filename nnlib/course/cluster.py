@@ -118,10 +118,8 @@ class MPICluster:
 
     def activate(self):
         """Make ``%%px`` run on this cluster's view, with stable output (no streaming, no progress bar)."""
-        try:
-            from IPython import get_ipython
-        except ImportError:
-            return
+        from IPython import get_ipython  # (installed with ipyparallel)
+
         shell = get_ipython()
         if shell is None:
             return

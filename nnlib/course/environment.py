@@ -136,25 +136,23 @@ def product_seconds(size: int = 768, repeats: int = 7) -> float:
     return float(numpy.median(times[1:]))
 
 
-def kernel_note(measure: bool = True) -> str | None:
-    """One line if a variable forces an older BLAS kernel than the CPU supports: which, what it costs
-    (``measure``: one product here and in a subprocess without the variables), and how to change it."""
+def kernel_note() -> str | None:
+    """One line if a variable forces an older BLAS kernel than the CPU supports: which, what it costs (one
+    product timed here and in a subprocess without the variables), and how to change it."""
     forced = forced_older_kernel()
     if forced is None:
         return None
-    kernel, best = blas_kernel(), cpu_instruction_set()
-    cost = ""
-    if measure:
-        import subprocess
+    import subprocess
 
-        own = {name: value for name, value in os.environ.items() if name not in FORCING_VARIABLES}
-        code = "from nnlib.course import environment as e; print(e.blas_kernel(), e.product_seconds())"
-        reply = subprocess.run([sys.executable, "-c", code], env=own, capture_output=True, text=True, timeout=120)
-        if reply.returncode == 0:
-            own_kernel, own_seconds = reply.stdout.split()
-            here = product_seconds()
-            cost = (f"; a float32 768x768 product takes {here * 1e3:.1f} ms on it against {float(own_seconds) * 1e3:.1f}"
-                    f" ms on the CPU's own {own_kernel} kernel ({here / float(own_seconds):.1f}x as long)")
+    kernel, best, cost = blas_kernel(), cpu_instruction_set(), ""
+    own = {name: value for name, value in os.environ.items() if name not in FORCING_VARIABLES}
+    code = "from nnlib.course import environment as e; print(e.blas_kernel(), e.product_seconds())"
+    reply = subprocess.run([sys.executable, "-c", code], env=own, capture_output=True, text=True, timeout=120)
+    if reply.returncode == 0:
+        own_kernel, own_seconds = reply.stdout.split()
+        here = product_seconds()
+        cost = (f"; a float32 768x768 product takes {here * 1e3:.1f} ms on it against {float(own_seconds) * 1e3:.1f}"
+                f" ms on the CPU's own {own_kernel} kernel ({here / float(own_seconds):.1f}x as long)")
     verb = "force" if " and " in forced else "forces"
     return (f"{forced} {verb} OpenBLAS's {kernel} kernel ({KERNEL_INSTRUCTIONS[kernel]}) on a CPU with {best}{cost}. "
             f"Unset {' and '.join(FORCING_VARIABLES)} to run the CPU's own kernel (some old OpenBLAS builds "
