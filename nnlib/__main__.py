@@ -1,12 +1,5 @@
-"""Command line: ``python -m nnlib <command>``.
-
-    python -m nnlib fetch-data [--dir DIR]   download (if needed) and verify MNIST
-    mpiexec -n 4 python -m nnlib collectives  notebook 04's collectives as a plain MPI script
-    mpiexec -n 4 python -m nnlib train ...    data-parallel training as a batch job (--help)
-    mpiexec -n 4 python -m nnlib allreduce-timing  MPI's Allreduce against the hand-built ones (--help)
-    python -m nnlib scaling ...               strong and weak scaling tables, CSV (--help)
-    python -m nnlib gpu-benchmark ...         record CPU-versus-GPU figures on a GPU machine (--help)
-"""
+"""Command line: ``python -m nnlib <command>``, e.g. ``mpiexec -n 4 python -m nnlib train ...``; ``python -m nnlib
+--help`` lists the commands, and each command's ``--help`` its options."""
 
 from __future__ import annotations
 

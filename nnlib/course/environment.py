@@ -189,9 +189,7 @@ def mpiexec_path() -> str | None:
     import shutil
 
     beside = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    if os.access(beside, os.X_OK):
-        return beside
-    return shutil.which("mpiexec")
+    return beside if os.access(beside, os.X_OK) else shutil.which("mpiexec")
 
 
 def print_report() -> None:
