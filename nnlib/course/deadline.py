@@ -120,7 +120,7 @@ class WatchedComm:
                 now = time.monotonic()
                 if now >= next_look:
                     next_look = now + LOOK_EVERY
-                    if self.heard_from_others():  # another rank failed or gave up (if long after us: a deadlock)
+                    if self.heard_from_others():  # another rank failed or gave up (a deadlock if we waited long too)
                         self._give_up(what, at_deadline=now - began >= self.timeout / 2)
                     if now >= deadline:
                         self._give_up(what, at_deadline=True)
