@@ -21,6 +21,7 @@ import sys
 import time
 
 LESSON = 0  # the course's own tools: any lesson may use them
+NOTEBOOKS_ONLY = True  # started by the notebooks (and tests, benchmarks); no nnlib module imports it
 
 
 #: Seconds a collective waits in the notebook cluster ($NNLIB_TIMEOUT of its engines; nnlib.course.deadline).
