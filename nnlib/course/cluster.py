@@ -40,9 +40,9 @@ OPEN_MPI_SETTINGS = {  # Open MPI's, to run as root and with more ranks than cor
     "PRTE_MCA_rmaps_default_mapping_policy": ":oversubscribe", "OMPI_MCA_rmaps_base_oversubscribe": "1"}
 
 
-def engine_environment(mpiexec: str, extra=None) -> dict:
+def engine_environment(mpiexec: str) -> dict:
     """Environment variables for mpiexec and its ranks: one BLAS thread, OPEN_MPI_SETTINGS if ``mpiexec
-    --version`` says it is Open MPI's, and ``extra``."""
+    --version`` says it is Open MPI's, and $NNLIB_TIMEOUT (CLASSROOM_TIMEOUT unless set)."""
     from nnlib.course.environment import ONE_BLAS_THREAD
 
     try:
@@ -50,7 +50,8 @@ def engine_environment(mpiexec: str, extra=None) -> dict:
     except (OSError, subprocess.TimeoutExpired):
         version = ""
     open_mpi = any(name in version for name in ("open mpi", "openrte", "prte"))
-    return {**ONE_BLAS_THREAD, **(OPEN_MPI_SETTINGS if open_mpi else {}), **(extra or {})}
+    timeout = os.environ.get("NNLIB_TIMEOUT", str(CLASSROOM_TIMEOUT))
+    return {**ONE_BLAS_THREAD, **(OPEN_MPI_SETTINGS if open_mpi else {}), "NNLIB_TIMEOUT": timeout}
 
 
 class MPICluster:
@@ -219,14 +220,12 @@ def _has_exited(process) -> bool:
         return True
 
 
-def start(n: int = 4, timeout: float = 30.0, mpiexec: str | None = None, environment=None,
-          activate: bool = True) -> MPICluster:
+def start(n: int = 4, timeout: float = 30.0, mpiexec: str | None = None, activate: bool = True) -> MPICluster:
     """Start ``n`` ipyparallel engines as the ranks of one ``mpiexec`` job; return an :class:`MPICluster`.
 
-    mpiexec:     path of mpiexec (default: the one beside this Python, else on PATH)
-    environment: extra environment variables for mpiexec and the ranks
-    timeout:     seconds to wait for every engine before raising ClusterStartError
-    activate:    in IPython, point ``%%px`` at this cluster with stable output
+    mpiexec:  path of mpiexec (default: the one beside this Python, else on PATH)
+    timeout:  seconds to wait for every engine before raising ClusterStartError
+    activate: in IPython, point ``%%px`` at this cluster with stable output
     """
     import ipyparallel
 
@@ -242,12 +241,11 @@ def start(n: int = 4, timeout: float = 30.0, mpiexec: str | None = None, environ
     mpiexec = os.path.abspath(mpiexec)
     reaper.clean_up_orphans()  # clusters left behind by a dead kernel of this user
     owner = os.environ[reaper.TAG] = reaper.tag_of()  # inherited by the controller, mpiexec and every engine
-    environment = {"NNLIB_TIMEOUT": os.environ.get("NNLIB_TIMEOUT", str(CLASSROOM_TIMEOUT)), **(environment or {})}
     quiet = importlib.util.find_spec("nnlib.course.quiet_controller").origin  # a config file
     cluster = ipyparallel.Cluster(engines="mpi", n=n, controller_args=["--HeartMonitor.period=500", f"--config={quiet}"],
                                   log_level=logging.ERROR)
     cluster.config.MPIEngineSetLauncher.mpi_cmd = [mpiexec]
-    cluster.config.MPIEngineSetLauncher.environment = engine_environment(mpiexec, environment)
+    cluster.config.MPIEngineSetLauncher.environment = engine_environment(mpiexec)
     handle = MPICluster(cluster, None, n, timeout, reaper.start_reaper(owner))
     try:
         cluster.start_controller_sync()

@@ -90,9 +90,9 @@ class WatchedComm:
     current by :meth:`at` (lesson 10's RunNotes) and quoted by every error.
     """
 
-    def __init__(self, comm, timeout=None, grace=None, generation: int = 0):
+    def __init__(self, comm, timeout=None, generation: int = 0):
         self.timeout = default_timeout() if timeout is None else check_timeout(timeout)
-        self.grace = min(2.0, max(0.5, self.timeout / 4)) if grace is None else float(grace)
+        self.grace = min(2.0, max(0.5, self.timeout / 4))
         self.parent, self.generation = comm, generation  # notices of another generation are old news
         self.rank, self.size = comm.rank, comm.size
         self.where: dict = {}

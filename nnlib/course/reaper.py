@@ -62,18 +62,18 @@ def tagged_processes(tag: str | None = None):
     return found
 
 
-def end_processes(processes, grace: float = GRACE) -> None:
-    """SIGTERM, then SIGKILL whatever is left after ``grace`` seconds."""
+def end_processes(processes) -> None:
+    """SIGTERM, then SIGKILL whatever is left after GRACE seconds."""
     import psutil
 
     for process in processes:
         with contextlib.suppress(psutil.Error):
             process.terminate()
-    _, alive = psutil.wait_procs(processes, timeout=grace)
+    _, alive = psutil.wait_procs(processes, timeout=GRACE)
     for process in alive:
         with contextlib.suppress(psutil.Error):
             process.kill()
-    psutil.wait_procs(alive, timeout=grace)
+    psutil.wait_procs(alive, timeout=GRACE)
 
 
 def clean_up_orphans() -> int:
@@ -90,10 +90,10 @@ def start_reaper(tag: str) -> subprocess.Popen:
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def watch_owner(tag: str, poll: float = POLL) -> None:
+def watch_owner(tag: str) -> None:
     """Wait until the owner is gone, then end every process with its tag."""
     while is_alive(tag):
-        time.sleep(poll)
+        time.sleep(POLL)
     for _ in range(3):  # processes started in the last moments are found by a second look
         found = [process for process, _ in tagged_processes(tag)]
         if not found:

@@ -36,17 +36,16 @@ class Span:
     args: dict = field(default_factory=dict, hash=False, compare=False)
 
 
-def trace_events(spans, instants=(), zero: float | None = None) -> list[dict]:
+def trace_events(spans, instants=()) -> list[dict]:
     """Chrome trace events: process and thread names, then one "X" event per span, "i" per instant.
 
-    spans, instants: Span objects (an instant's end is ignored). Times become microseconds since
-    ``zero`` (default: the earliest start), so traces of different clocks all begin at 0.
-    Thread ids are given in order of first appearance, per rank.
+    spans, instants: Span objects (an instant's end is ignored). Times become microseconds since the
+    earliest start, so traces of different clocks all begin at 0. Thread ids are given in order of
+    first appearance, per rank.
     """
     spans, instants = list(spans), list(instants)
     everything = spans + instants
-    if zero is None:
-        zero = min((span.start for span in everything), default=0.0)
+    zero = min((span.start for span in everything), default=0.0)
     threads: dict[tuple[int, str], int] = {}
     for span in everything:
         threads.setdefault((span.rank, span.thread), sum(rank == span.rank for rank, _ in threads) + 1)
