@@ -79,6 +79,7 @@ def _blocking(start, name: str):
         self.wait(start(self.comm, *arguments, **keywords), name)
 
     collective.__name__ = collective.__qualname__ = name
+    collective.__doc__ = f"MPI's {name} (the same arguments), completed within the deadline."
     return collective
 
 
@@ -239,6 +240,7 @@ class WatchedComm:
     def Bcast(self, buffer, root=0):
         self.wait(self.comm.Ibcast(buffer, root=root), "Bcast" if root == 0 else f"Bcast from rank {root}")
 
+    # the others: MPI's non-blocking form of each, completed within the deadline
     Barrier = _blocking(MPI.Comm.Ibarrier, "Barrier")
     Allreduce = _blocking(MPI.Comm.Iallreduce, "Allreduce")
     Reduce = _blocking(MPI.Comm.Ireduce, "Reduce")
