@@ -196,16 +196,13 @@ class MPICluster:
 def show_failing_rank_first(shell, kind, error, trace, tb_offset=None):
     """IPython's handler for a %%px cell's errors: the ranks whose own code raised come first, with their
     traceback; each rank that only stopped waiting for them (CollectiveTimeout) gets one line after them."""
-    def waited(entry):
-        return entry[0] == "CollectiveTimeout"
-
     for index, (name, value, _, info) in enumerate(error.elist):
-        if waited(error.elist[index]):
+        if name == "CollectiveTimeout":
             lines = str(value).splitlines() or [""]
             summary = [line for line in lines if " stopped waiting in " in line][:1] or \
                 [lines[0], *(line for line in lines[1:] if " was waiting in " in line or line.startswith("Make "))]
             error.elist[index] = (name, value, f"{name}: " + "\n".join(summary), info)
-    error.elist.sort(key=waited)
+    error.elist.sort(key=lambda entry: entry[0] == "CollectiveTimeout")
     error.tb_limit = len(error.elist)
     shell.showtraceback((kind, error, trace), tb_offset=tb_offset)
 
