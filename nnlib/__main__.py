@@ -1,12 +1,5 @@
-"""Command line: ``python -m nnlib <command>``.
-
-    python -m nnlib fetch-data [--dir DIR]   download (if needed) and verify MNIST
-    mpiexec -n 4 python -m nnlib collectives  notebook 04's collectives as a plain MPI script
-    mpiexec -n 4 python -m nnlib train ...    data-parallel training as a batch job (--help)
-    mpiexec -n 4 python -m nnlib allreduce-timing  MPI's Allreduce against the hand-built ones (--help)
-    python -m nnlib scaling ...               strong and weak scaling tables, CSV (--help)
-    python -m nnlib gpu-benchmark ...         record CPU-versus-GPU figures on a GPU machine (--help)
-"""
+"""Command line: ``python -m nnlib <command>``, e.g. ``mpiexec -n 4 python -m nnlib train ...``; ``python -m nnlib
+--help`` lists the commands, and each command's ``--help`` its options."""
 
 from __future__ import annotations
 
@@ -36,12 +29,6 @@ def run_collectives(args) -> int:
     return 0
 
 
-def run_training(args) -> int:
-    from nnlib.train_command import run
-
-    return run(args)
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m nnlib", description="nnlib command line")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -52,11 +39,11 @@ def build_parser() -> argparse.ArgumentParser:
     fetch.set_defaults(handler=fetch_data)
     demo = commands.add_parser("collectives", help="run notebook 04's collectives (under mpiexec -n N)")
     demo.set_defaults(handler=run_collectives)
-    from nnlib.train_command import add_arguments
+    from nnlib.train_command import add_arguments, run
 
     training = commands.add_parser("train", help="data-parallel MNIST training (run under mpiexec -n N)")
     add_arguments(training)
-    training.set_defaults(handler=run_training)
+    training.set_defaults(handler=run)
     commands.add_parser("scaling", help="strong and weak scaling tables (see: python -m nnlib scaling --help)")
     commands.add_parser("allreduce-timing", help="time MPI's Allreduce against the hand-built ones (under mpiexec)")
     commands.add_parser("gpu-benchmark", help="record CPU-versus-GPU figures (see: python -m nnlib gpu-benchmark --help)")

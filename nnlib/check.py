@@ -1,28 +1,17 @@
 """Self-checking exercises: ``check("02.2", layer_backward)`` prints a verdict on a student's function.
 
-The verdict is right or wrong; when wrong it says *what* is wrong, in this order, and stops at the
-first problem it finds, because the later ones usually follow from it:
-
-1. not written yet (the name is still ``...`` or ``None``, or the function returns ``None``);
-2. not a function, or it cannot be called with the exercise's arguments;
-3. it raised: the exception and the line of the student's code where it happened;
-4. the wrong kind of result: not a number or an array, a tuple of the wrong length;
-5. the wrong shape (with "transposed?" when the axes are swapped) or dtype;
-6. NaN or infinity, then the wrong values: the relative error max|got - expected| / max|expected|
-   and the first wrong element, on a described case;
-
-followed by a hint that points at the idea without giving the answer. The function is called on
-several cases (:mod:`nnlib.exercises` makes them, sizes that do not divide evenly included), each
-with fresh copies of the inputs, so a function that changes its arguments cannot spoil the worked
-answer it is compared with. Nothing the student writes can make ``check`` raise: every problem
-becomes a message.
-
-``solution("02.2")`` prints the worked answer (from nnlib/exercises/lesson_02.py): for after trying.
-Checking exercise "02.2" imports lesson 02's exercises only, never a later lesson's code.
+The function is called on several cases (:mod:`nnlib.exercises` makes them, sizes that do not divide
+evenly included), each with fresh copies of the inputs, and compared with the worked answer. A wrong
+verdict names the first problem found (:func:`run_cases` and :func:`compare` check in order: not written
+yet, not a function, raised, the wrong kind of result, shape, dtype, NaN, values), since the later ones
+usually follow from it, and ends with a hint that points at the idea without giving the answer. Nothing
+the student writes can make ``check`` raise. ``solution("02.2")`` prints the worked answer, for after
+trying; checking "02.2" imports lesson 02's exercises only, never a later lesson's code.
 """
 
 from __future__ import annotations
 
+import copy
 import inspect
 import sys
 import textwrap
@@ -49,9 +38,6 @@ class Verdict:
     passed: bool
     reason: str
     message: str
-
-    def __str__(self) -> str:
-        return self.message
 
 
 class Wrong(Exception):
@@ -147,15 +133,9 @@ def run_cases(exercise, answer) -> tuple[float, int]:
     return worst, len(cases)
 
 
-def copies(arguments):
+def copies(arguments) -> tuple:
     """Fresh copies of a case's arguments (arrays and lists of arrays), so no call sees another's changes."""
-    def copy(value):
-        if isinstance(value, np.ndarray):
-            return value.copy()
-        if isinstance(value, (list, tuple)):
-            return type(value)(copy(item) for item in value)
-        return value
-    return tuple(copy(value) for value in arguments)
+    return copy.deepcopy(tuple(arguments))
 
 
 def call(answer, name: str, arguments):

@@ -101,14 +101,12 @@ def test_open_mpi_gets_its_root_and_oversubscribe_settings(tmp_path):
     fake = tmp_path / "mpiexec"
     fake.write_text("#!/bin/sh\necho 'mpiexec (Open MPI) 5.0.8'\n")
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
-    assert cluster.mpi_flavour(str(fake)) == "openmpi"
     environment = cluster.engine_environment(str(fake))
     assert environment["OMPI_ALLOW_RUN_AS_ROOT"] == "1"
     assert environment["PRTE_MCA_rmaps_default_mapping_policy"] == ":oversubscribe"
     from nnlib.course.environment import mpiexec_path
 
-    assert cluster.mpi_flavour(mpiexec_path()) == "mpich"
-    assert "OMPI_ALLOW_RUN_AS_ROOT" not in cluster.engine_environment(mpiexec_path())
+    assert "OMPI_ALLOW_RUN_AS_ROOT" not in cluster.engine_environment(mpiexec_path())  # this environment's MPICH
 
 
 TRAINING = """

@@ -3,20 +3,12 @@
     with nnlib.course.cluster.start(n=4) as cluster:   # in a notebook: `%%px` cells now run on 4 ranks
         cluster.view.apply_sync(...)            # the view's engines are in MPI rank order
 
-What it takes care of:
-
-* the ``mpiexec`` of this Python's environment (beside its interpreter), by absolute path,
-  not whatever comes first on PATH; Open MPI's settings for root and for more ranks than
-  cores when that is the MPI in use (MPICH needs none);
-* one BLAS thread per rank (``OMP_NUM_THREADS=1``...), so ranks do not fight over cores;
-* engine ids mapped to MPI ranks explicitly (they need not match), and a view whose
-  engines are ordered by rank, so ``%%px`` output comes in rank order;
-* in IPython, ``%pxconfig --no-stream --progress-after -1``: one output block per rank, in
-  order, and no progress bar, so notebooks can be tested against their saved outputs;
-* a start-up failure raises :class:`ClusterStartError` within ``timeout`` seconds, with the
-  ``mpiexec`` command, the engines' own log lines and the likely fix;
-* the engines' ``comm`` and ``MPI.COMM_WORLD`` have the classroom deadline (nnlib.course.classroom);
-* stopping is quiet, and no process outlives the kernel however it ends (nnlib.course.reaper).
+It runs the ``mpiexec`` beside this Python (by absolute path), with Open MPI's settings for root and for
+more ranks than cores when that is the MPI in use, and one BLAS thread per rank. In IPython ``%%px`` shows
+one output block per rank, in rank order, without a progress bar (so notebooks can be tested against
+their saved outputs). A start that fails raises :class:`ClusterStartError` within ``timeout`` seconds,
+with the command, the engines' log and the likely fix. The engines' ``comm`` has the classroom deadline
+(nnlib.course.classroom), and no process outlives the kernel however it ends (nnlib.course.reaper).
 """
 
 from __future__ import annotations
@@ -29,6 +21,7 @@ import sys
 import time
 
 LESSON = 0  # the course's own tools: any lesson may use them
+NOTEBOOKS_ONLY = True  # started by the notebooks (and tests, benchmarks); no nnlib module imports it
 
 
 #: Seconds a collective waits in the notebook cluster ($NNLIB_TIMEOUT of its engines; nnlib.course.deadline).
@@ -42,34 +35,23 @@ class ClusterStartError(RuntimeError):
     """The MPI engines did not start; the message says what ran, what it printed, and what to try."""
 
 
-def mpi_flavour(mpiexec: str) -> str:
-    """'mpich', 'openmpi' or 'unknown', from ``mpiexec --version``."""
-    try:
-        output = subprocess.run([mpiexec, "--version"], capture_output=True, text=True, timeout=10).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return "unknown"
-    lowered = output.lower()
-    if "open mpi" in lowered or "openrte" in lowered or "prte" in lowered:
-        return "openmpi"
-    if "hydra" in lowered or "mpich" in lowered:
-        return "mpich"
-    return "unknown"
+OPEN_MPI_SETTINGS = {  # Open MPI's, to run as root and with more ranks than cores (MPICH needs none)
+    "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+    "PRTE_MCA_rmaps_default_mapping_policy": ":oversubscribe", "OMPI_MCA_rmaps_base_oversubscribe": "1"}
 
 
-def engine_environment(mpiexec: str, extra=None) -> dict:
-    """Environment variables for mpiexec and its ranks: one BLAS thread, Open MPI's root/oversubscribe."""
+def engine_environment(mpiexec: str) -> dict:
+    """Environment variables for mpiexec and its ranks: one BLAS thread, OPEN_MPI_SETTINGS if ``mpiexec
+    --version`` says it is Open MPI's, and $NNLIB_TIMEOUT (CLASSROOM_TIMEOUT unless set)."""
     from nnlib.course.environment import ONE_BLAS_THREAD
 
-    environment = dict(ONE_BLAS_THREAD)
-    if mpi_flavour(mpiexec) == "openmpi":
-        environment.update({
-            "OMPI_ALLOW_RUN_AS_ROOT": "1",
-            "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-            "PRTE_MCA_rmaps_default_mapping_policy": ":oversubscribe",
-            "OMPI_MCA_rmaps_base_oversubscribe": "1",
-        })
-    environment.update(extra or {})
-    return environment
+    try:
+        version = subprocess.run([mpiexec, "--version"], capture_output=True, text=True, timeout=10).stdout.lower()
+    except (OSError, subprocess.TimeoutExpired):
+        version = ""
+    open_mpi = any(name in version for name in ("open mpi", "openrte", "prte"))
+    timeout = os.environ.get("NNLIB_TIMEOUT", str(CLASSROOM_TIMEOUT))
+    return {**ONE_BLAS_THREAD, **(OPEN_MPI_SETTINGS if open_mpi else {}), "NNLIB_TIMEOUT": timeout}
 
 
 class MPICluster:
@@ -86,7 +68,6 @@ class MPICluster:
         self.view, self.rank_of, self.sent = None, {}, 0
         self.reaper = reaper  # ends this kernel's cluster processes if the kernel dies (nnlib.course.reaper)
 
-    # -- context manager -----------------------------------------------------
     def __enter__(self):
         return self
 
@@ -94,12 +75,9 @@ class MPICluster:
         self.stop()
         return False
 
-    # -- set-up ---------------------------------------------------------------
     def _start_engines(self):
-        """Launch the n engines with mpiexec and wait until all registered.
-
-        Fails early if mpiexec exits, and at the latest after ``timeout`` seconds.
-        """
+        """Launch the n engines with mpiexec and wait until all registered: fails early if mpiexec exits, and at
+        the latest after ``timeout`` seconds."""
         engine_set = self.cluster.start_engines_sync(self.n)
         launcher = self.cluster.engines[engine_set]
         deadline = time.monotonic() + self.timeout
@@ -129,10 +107,10 @@ class MPICluster:
         )
 
     def _map_ranks(self):
-        """Ask every engine its MPI rank; order the view by rank; check it is a permutation of 0..n-1."""
+        """Set every engine up (ENGINE_SETUP); order the view by MPI rank; check the ranks are 0..n-1."""
         everyone = self.client[:]
         everyone.execute(ENGINE_SETUP, block=True)
-        ranks = everyone.apply_sync(_mpi_rank)
+        ranks = everyone.pull("rank", block=True)
         self.rank_of = dict(zip(everyone.targets, ranks))
         if sorted(ranks) != list(range(self.n)):
             raise ClusterStartError(f"engine ranks {sorted(ranks)} are not 0..{self.n - 1}: the engines are "
@@ -142,10 +120,8 @@ class MPICluster:
 
     def activate(self):
         """Make ``%%px`` run on this cluster's view, with stable output (no streaming, no progress bar)."""
-        try:
-            from IPython import get_ipython
-        except ImportError:
-            return
+        from IPython import get_ipython  # (installed with ipyparallel)
+
         shell = get_ipython()
         if shell is None:
             return
@@ -175,13 +151,8 @@ class MPICluster:
         self.view.execute(SETTLE_COMMUNICATOR, block=False)
         self.sent = len(self.client.history)
 
-    # -- recovery and stop ----------------------------------------------------
     def restart(self):
-        """Restart every engine (e.g. after a rank raised and the others hang in a collective).
-
-        The engines' ids and ranks may pair up differently afterwards, so the rank mapping
-        and the ``%%px`` view are rebuilt.
-        """
+        """Restart every engine (e.g. after a rank died); the rank mapping and the ``%%px`` view are rebuilt."""
         self._quiet()
         self.cluster.stop_engines_sync()
         deadline = time.monotonic() + self.timeout
@@ -225,16 +196,13 @@ class MPICluster:
 def show_failing_rank_first(shell, kind, error, trace, tb_offset=None):
     """IPython's handler for a %%px cell's errors: the ranks whose own code raised come first, with their
     traceback; each rank that only stopped waiting for them (CollectiveTimeout) gets one line after them."""
-    def waited(entry):
-        return entry[0] == "CollectiveTimeout"
-
     for index, (name, value, _, info) in enumerate(error.elist):
-        if waited(error.elist[index]):
+        if name == "CollectiveTimeout":
             lines = str(value).splitlines() or [""]
             summary = [line for line in lines if " stopped waiting in " in line][:1] or \
                 [lines[0], *(line for line in lines[1:] if " was waiting in " in line or line.startswith("Make "))]
             error.elist[index] = (name, value, f"{name}: " + "\n".join(summary), info)
-    error.elist.sort(key=waited)
+    error.elist.sort(key=lambda entry: entry[0] == "CollectiveTimeout")
     error.tb_limit = len(error.elist)
     shell.showtraceback((kind, error, trace), tb_offset=tb_offset)
 
@@ -249,20 +217,12 @@ def _has_exited(process) -> bool:
         return True
 
 
-def _mpi_rank():
-    from mpi4py import MPI
-
-    return MPI.COMM_WORLD.rank
-
-
-def start(n: int = 4, timeout: float = 30.0, mpiexec: str | None = None, environment=None,
-          activate: bool = True) -> MPICluster:
+def start(n: int = 4, timeout: float = 30.0, mpiexec: str | None = None, activate: bool = True) -> MPICluster:
     """Start ``n`` ipyparallel engines as the ranks of one ``mpiexec`` job; return an :class:`MPICluster`.
 
-    mpiexec:     path of mpiexec (default: the one beside this Python, else on PATH)
-    environment: extra environment variables for mpiexec and the ranks
-    timeout:     seconds to wait for every engine before raising ClusterStartError
-    activate:    in IPython, point ``%%px`` at this cluster with stable output
+    mpiexec:  path of mpiexec (default: the one beside this Python, else on PATH)
+    timeout:  seconds to wait for every engine before raising ClusterStartError
+    activate: in IPython, point ``%%px`` at this cluster with stable output
     """
     import ipyparallel
 
@@ -278,21 +238,18 @@ def start(n: int = 4, timeout: float = 30.0, mpiexec: str | None = None, environ
     mpiexec = os.path.abspath(mpiexec)
     reaper.clean_up_orphans()  # clusters left behind by a dead kernel of this user
     owner = os.environ[reaper.TAG] = reaper.tag_of()  # inherited by the controller, mpiexec and every engine
-    environment = {"NNLIB_TIMEOUT": os.environ.get("NNLIB_TIMEOUT", str(CLASSROOM_TIMEOUT)), **(environment or {})}
     quiet = importlib.util.find_spec("nnlib.course.quiet_controller").origin  # a config file
     cluster = ipyparallel.Cluster(engines="mpi", n=n, controller_args=["--HeartMonitor.period=500", f"--config={quiet}"],
                                   log_level=logging.ERROR)
     cluster.config.MPIEngineSetLauncher.mpi_cmd = [mpiexec]
-    cluster.config.MPIEngineSetLauncher.environment = engine_environment(mpiexec, environment)
+    cluster.config.MPIEngineSetLauncher.environment = engine_environment(mpiexec)
     handle = MPICluster(cluster, None, n, timeout, reaper.start_reaper(owner))
     try:
         cluster.start_controller_sync()
         handle.client = cluster.connect_client_sync()
         handle._start_engines()
-    except ClusterStartError:
-        raise
     except BaseException:
-        handle.stop()
+        handle.stop()  # (safe twice: a ClusterStartError has stopped it already)
         raise
     if activate:
         handle.activate()

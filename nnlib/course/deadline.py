@@ -1,37 +1,23 @@
 """A deadline for every collective: no rank waits forever, and the error names who did not come.
 
-Lesson 04's notebook cluster gives every student's ``comm`` this deadline (nnlib.course.classroom);
-lesson 10 takes it apart and puts it around whole training runs (nnlib.lesson10_faults.watchdog).
+Notebook 10 takes it apart: start the collective without blocking (``comm.Iallreduce``) and poll
+``request.Test()`` until it completes or the deadline passes. Then each waiting rank sends every other
+rank a short notice ("waiting in Allreduce, at epoch e, step s") and listens for theirs for a grace
+period: a rank that sent none did not arrive, and :class:`CollectiveTimeout` names it, says where the
+run was and what to do. A rank whose own code raises inside :meth:`WatchedComm.guard` sends a "failed"
+notice with its traceback first, so the others stop at once and show that traceback.
 
-A blocking collective (``comm.Allreduce``) returns only when *every* rank has called it. If one
-rank died, raised, or hangs, the others wait forever and a notebook cell shows ``[*]`` for ever.
-The cure, as in PyTorch's collective timeouts and ``monitored_barrier``:
-
-1. start the collective without blocking: ``request = comm.Iallreduce(...)``;
-2. poll ``request.Test()`` until it completes or the deadline passes;
-3. when the deadline passes, find out who *did* arrive: each waiting rank sends every other rank a
-   short notice ("I am waiting in collective #k, at epoch e, step s") and listens for the others'
-   notices for a short grace period. A rank that sent none did not arrive. Nothing in this
-   blocks, so finding the missing ranks cannot hang either;
-4. raise :class:`CollectiveTimeout`, naming the missing ranks, where the run was and what to do.
-
-A rank whose own code raises inside :meth:`WatchedComm.guard` sends a "failed" notice with its
-traceback first, so the other ranks stop at once (not at the deadline) and show that traceback.
-
-:func:`watch` gives a :class:`WatchedComm`: a communicator with the same methods
-(``Allreduce``, ``Bcast``, ``Gather``, ``allgather``...) that all run this way, on a *duplicate*
-of the communicator made for the run. A collective abandoned at the deadline can never be
-cancelled, so that duplicate is dropped afterwards; the original communicator stays usable if
-every rank is still alive (a rank that raised can run the next cell with the others). If a
-rank's process died, the MPI job is lost: restart the engines (``mpi.restart()``) or the job.
-
-The cost on a normal step is one ``Test`` per poll instead of MPI's own wait loop (measured in
-benchmarks/data_parallel.py).
+:func:`watch` gives a :class:`WatchedComm`, whose usual methods all run this way on a *duplicate* of the
+communicator made for the run: a collective abandoned at the deadline can never be cancelled, so the
+duplicate is dropped, and the original stays usable while every rank is alive (a dead rank's process
+ends the MPI job). Lesson 04's notebook cluster gives every ``comm`` this deadline
+(nnlib.course.classroom); lesson 10 puts it around whole training runs (nnlib.lesson10_faults.watchdog).
 """
 
 from __future__ import annotations
 
-import math
+import contextlib
+import functools
 import os
 import pickle
 import threading
@@ -41,12 +27,10 @@ import traceback
 import numpy as np
 from mpi4py import MPI
 
-from nnlib.course.cluster import CLASSROOM_TIMEOUT
-
 LESSON = 0  # the course's own tools: any lesson may use them
 
-#: Seconds a collective may wait when no timeout is given and $NNLIB_TIMEOUT is not set. The
-#: notebook cluster (nnlib.course.cluster.start) sets $NNLIB_TIMEOUT to CLASSROOM_TIMEOUT for its engines.
+#: Seconds a collective may wait when no timeout is given and $NNLIB_TIMEOUT is not set (the notebook
+#: cluster sets it to its CLASSROOM_TIMEOUT for its engines, nnlib.course.cluster).
 DEFAULT_TIMEOUT = 120.0
 LONGEST_TIMEOUT = 24 * 3600.0
 NOTICE_TAG = 31_415  # point-to-point tag of the notices, on the run's own duplicate communicator
@@ -72,57 +56,62 @@ def default_timeout() -> float:
 
 def check_timeout(timeout) -> float:
     """Return ``timeout`` as a float, or raise ValueError unless 0 < timeout <= one day."""
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not math.isfinite(timeout) \
-            or not 0 < timeout <= LONGEST_TIMEOUT:
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= LONGEST_TIMEOUT:
         raise ValueError(
             f"timeout must be a number of seconds above 0 and at most {LONGEST_TIMEOUT:.0f} (a day); got {timeout!r}. "
-            "It is how long a rank waits in a collective for the others before it stops with an error; "
-            f"{DEFAULT_TIMEOUT:g} s suits a batch job, {CLASSROOM_TIMEOUT:g} s a notebook."
+            "It is how long a rank waits in a collective for the others before it stops with an error "
+            f"(a batch job's default: {DEFAULT_TIMEOUT:g} s)."
         )
     return float(timeout)
 
 
-def describe(where: dict) -> str:
-    """'epoch 2, step 17, communicate' from {'phase': 'communicate', 'epoch': 2, 'step': 17}."""
+def at_where(where: dict) -> str:
+    """' at epoch 2, step 17, communicate' from {'phase': 'communicate', 'epoch': 2, 'step': 17}; '' from {}."""
     parts = [f"{key} {where[key]}" for key in ("epoch", "step") if key in where]
     parts += [str(value) for key, value in where.items() if key not in ("epoch", "step")]
-    return ", ".join(parts)
+    return " at " + ", ".join(parts) if parts else ""
+
+
+def _blocking(start, name: str):
+    """WatchedComm's ``name``: MPI's non-blocking ``start`` (e.g. MPI.Comm.Iallreduce), completed within the
+    deadline; its errors call it ``name``."""
+    def collective(self, *arguments, **keywords):
+        self.wait(start(self.comm, *arguments, **keywords), name)
+
+    collective.__name__ = collective.__qualname__ = name
+    collective.__doc__ = f"MPI's {name} (the same arguments), completed within the deadline."
+    return collective
 
 
 class WatchedComm:
     """A duplicate of ``comm`` whose collectives all run under a deadline (see the module docstring).
 
-    Buffer methods: Barrier, Bcast, Allreduce, Reduce, Gather, Gatherv, Scatter, Scatterv,
-    Allgather, Allgatherv. Small Python objects: bcast, allgather, gather (pickled, then sent as
-    bytes with the buffer methods, so they are watched too). ``rank`` and ``size`` as usual.
-
-    where:  what the run is doing, e.g. {'epoch': 1, 'step': 3, 'phase': 'communicate'}; the
-            :class:`RunNotes` keeps it current in a training run (:meth:`at`), and every error quotes it.
+    The object forms (bcast, allgather, gather) are pickled and sent as bytes by the buffer methods, so they
+    are watched too. where: what the run is doing, e.g. {'epoch': 1, 'step': 3, 'phase': 'communicate'}, kept
+    current by :meth:`at` (lesson 10's RunNotes) and quoted by every error.
     """
 
-    def __init__(self, comm, timeout=None, grace=None, generation: int = 0):
+    def __init__(self, comm, timeout=None, generation: int = 0):
         self.timeout = default_timeout() if timeout is None else check_timeout(timeout)
-        self.grace = min(2.0, max(0.5, self.timeout / 4)) if grace is None else float(grace)
+        self.grace = min(2.0, max(0.5, self.timeout / 4))
         self.parent, self.generation = comm, generation  # notices of another generation are old news
         self.rank, self.size = comm.rank, comm.size
         self.where: dict = {}
         self.broken = None  # why it may not be used any more
         self._heard: dict = {}  # rank -> notice received from it
         self._sent: list = []  # notices' send requests (kept alive until complete)
-        self.comm = None
-        self.comm = self._wait_for(*comm.Idup(), "Idup (making the run's own communicator)")
+        self.comm = None  # while the duplicate is made, notices travel on ``comm`` (_channel)
+        duplicate, request = comm.Idup()
+        self.wait(request, "Idup (making the run's own communicator)")
+        self.comm = duplicate
 
-    # -- where the run is -------------------------------------------------------------------
     def at(self, **where) -> None:
         """Record where the run is (epoch=, step=, phase=...), quoted by any error."""
         self.where.update(where)
 
-    # -- the deadline -----------------------------------------------------------------------
     def wait(self, request, what: str) -> None:
-        """Complete ``request`` (a started collective) within the deadline, or raise CollectiveTimeout."""
-        self._wait_for(None, request, what)
-
-    def _wait_for(self, result, request, what):
+        """Complete ``request`` (a started collective: anything with a ``Test()``) within the deadline, or raise
+        CollectiveTimeout."""
         if self.broken:
             raise RuntimeError(f"this communicator cannot be used any more: {self.broken}")
         began = time.monotonic()
@@ -132,7 +121,8 @@ class WatchedComm:
                 now = time.monotonic()
                 if now >= next_look:
                     next_look = now + LOOK_EVERY
-                    self._read_notices(what, waited_long=now - began >= self.timeout / 2)
+                    if self.heard_from_others():  # another rank failed or gave up (a deadlock if we waited long too)
+                        self._give_up(what, at_deadline=now - began >= self.timeout / 2)
                     if now >= deadline:
                         self._give_up(what, at_deadline=True)
                 if now - began > 0.05:  # a long wait: sleep between looks, leaving the core to others
@@ -142,32 +132,21 @@ class WatchedComm:
         except KeyboardInterrupt:  # Interrupt Kernel: abandoned, as at the deadline (a collective cannot be cancelled)
             self.broken = f"{what} was interrupted"
             raise
-        return result
 
     @property
     def _channel(self):
         """Where notices travel: the run's own communicator (its parent while that is being made)."""
         return self.comm if self.comm is not None else self.parent
 
-    def _take_notices(self) -> None:
-        """Receive every notice that has come in, without waiting."""
+    def heard_from_others(self) -> bool:
+        """Receive the notices that have come in, without waiting: whether another rank has said that it failed,
+        gave up or was interrupted here."""
         status = MPI.Status()
         while self._channel.iprobe(source=MPI.ANY_SOURCE, tag=NOTICE_TAG, status=status):
             notice = self._channel.recv(source=status.Get_source(), tag=NOTICE_TAG)
             if notice["generation"] == self.generation:
                 self._heard[notice["rank"]] = notice
-
-    def heard_from_others(self) -> bool:
-        """Whether another rank has said (by a notice) that it failed, gave up or was interrupted here."""
-        self._take_notices()
         return bool(self._heard)
-
-    def _read_notices(self, what: str, waited_long: bool = False) -> None:
-        """A notice ("failed", or "waiting": another rank gave up) ends this wait too. ``waited_long``: this
-        rank has waited most of the timeout itself (so it did not come late: it is in a deadlock too)."""
-        self._take_notices()
-        if self._heard:
-            self._give_up(what, at_deadline=waited_long)
 
     def _send_notice(self, **notice) -> None:
         notice.update(rank=self.rank, where=dict(self.where), generation=self.generation)
@@ -185,67 +164,65 @@ class WatchedComm:
     def _give_up(self, what: str, at_deadline: bool = False) -> None:
         """Tell the others we are waiting, listen for their notices for ``grace`` seconds, then raise.
         ``at_deadline``: this rank waited the whole timeout (else another rank's notice ended the wait)."""
-        here = describe(self.where)
-        here = f" at {here}" if here else ""
+        here = at_where(self.where)
         self._send_notice(kind="waiting", what=what)
         completed_within(lambda: self.heard_from_others() and len(self._heard) == self.size - 1, self.grace)
         failed = {rank: notice for rank, notice in self._heard.items() if notice["kind"] == "failed"}
+        waiting = {rank: notice["what"] for rank, notice in sorted(self._heard.items()) if notice["kind"] == "waiting"}
         missing = [rank for rank in range(self.size) if rank != self.rank and rank not in self._heard]
         peer = point_to_point_peer(what)  # a Send or Recv waits for one rank only: name it, if it is silent
         missing = [peer] if peer is not None and peer not in self._heard else missing
-        deadlock = at_deadline and not failed and self._in_a_cycle(what, missing)
+        deadlock = at_deadline and not failed and self._in_a_cycle(peer, missing, waiting)
         self.broken = f"a collective was abandoned in {what}{here}"
-        waited_for_me = sorted(rank for rank, notice in self._heard.items() if notice["kind"] == "waiting")
-        lines = []
-        for rank, notice in sorted(failed.items()):
-            lines.append(f"rank {rank} failed{' at ' + describe(notice['where']) if notice['where'] else ''}:\n{notice['text'].rstrip()}\n")
-        if missing and not deadlock:
-            names = ", ".join(map(str, missing))
-            lines.append(f"rank{'s' if len(missing) > 1 else ''} {names} did not arrive in {what} within "
-                         f"{self.timeout:g} s (rank {self.rank} waited there{here}).")
-        elif deadlock:
-            others = "every other rank" if peer is None else f"rank {peer}"
-            lines.append(f"no rank could go on: rank {self.rank} waited {self.timeout:g} s in {what}{here}, and {others} "
-                         "was waiting too (a deadlock: each waits for a call that another does not make).")
-        elif not failed:
-            lines.append(f"rank {self.rank} came to {what}{here}, but rank{'s' if len(waited_for_me) > 1 else ''} "
-                         f"{', '.join(map(str, waited_for_me))} had stopped waiting for it after {self.timeout:g} s.")
+        lines = [f"rank {rank} failed{at_where(notice['where'])}:\n{notice['text'].rstrip()}\n"
+                 for rank, notice in sorted(failed.items())]
         if deadlock:
-            lines += [f"rank {rank} was waiting in {notice['what']}." for rank, notice in sorted(self._heard.items())
-                      if notice["kind"] == "waiting" and notice["what"] != what and peer in (None, rank)]
-        if failed:
-            lines.append(f"Rank {self.rank} stopped waiting in {what}{here}. Fix the error above and run again: "
-                         "every rank is still alive (this communicator is dropped, and a fresh one made).")
-        elif deadlock:
+            others = "every other rank" if peer is None else f"rank {peer}"
+            lines.append(f"no rank could go on: rank {self.rank} waited {self.timeout:g} s in {what}{here}, and "
+                         f"{others} was waiting too (a deadlock: each waits for a call that another does not make).")
+            lines += [f"rank {rank} was waiting in {other}." for rank, other in waiting.items()
+                      if other != what and peer in (None, rank)]
             lines.append("Make the calls match: one rank sends while the other receives (or both use Sendrecv), "
                          "and every rank makes the same collectives in the same order, with the same root.")
         else:
-            lines.append(
-                "A rank that did not arrive has died (in a notebook: mpi.restart(); a batch job ends by itself), "
-                "hangs, or is much slower than the others (then a longer timeout: timeout=, --timeout, or "
-                "$NNLIB_TIMEOUT before the cluster starts).")
+            if missing:
+                lines.append(f"rank{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))} did not arrive in "
+                             f"{what} within {self.timeout:g} s (rank {self.rank} waited there{here}).")
+            elif not failed:
+                lines.append(f"rank {self.rank} came to {what}{here}, but rank{'s' if len(waiting) > 1 else ''} "
+                             f"{', '.join(map(str, waiting))} had stopped waiting for it after {self.timeout:g} s.")
+            lines.append((f"Rank {self.rank} stopped waiting in {what}{here}. Fix the error above and run again: every "
+                          "rank is still alive (this communicator is dropped, and a fresh one made).") if failed else
+                         ("A rank that did not arrive has died (in a notebook: mpi.restart(); a batch job ends by "
+                          "itself), hangs, or is much slower than the others (then a longer timeout: timeout=, "
+                          "--timeout, or $NNLIB_TIMEOUT before the cluster starts)."))
         if self.where:  # a training run
             lines.append("The network's parameters are undefined now: build a new network or resume from a checkpoint.")
         raise CollectiveTimeout("\n".join(lines), missing=missing,
                                 failed={rank: notice["text"] for rank, notice in failed.items()})
 
-    def _in_a_cycle(self, what: str, missing) -> bool:
-        """Whether the waits heard form a cycle through this rank: every rank waiting (a collective), or
-        point-to-point calls each waiting for the next rank, back to this one (rank 0 -> 1 -> 0)."""
-        peer = point_to_point_peer(what)
+    def _in_a_cycle(self, peer, missing, waiting) -> bool:
+        """Whether the waits heard (``waiting``: {rank: the call it waits in}) form a cycle through this rank:
+        every rank waiting (a collective: ``peer`` None), or point-to-point calls each waiting for the next rank,
+        back to this one (rank 0 -> 1 -> 0)."""
         if peer is None:
             return not missing
-        waiting = {rank: point_to_point_peer(notice["what"]) for rank, notice in self._heard.items()
-                   if notice["kind"] == "waiting"}
         seen = {self.rank}
         while peer in waiting and peer not in seen:
             seen.add(peer)
-            peer = waiting[peer]
+            peer = point_to_point_peer(waiting[peer])
         return peer == self.rank
 
+    @contextlib.contextmanager
     def guard(self):
-        """A context manager: if this rank's code raises, tell the other ranks before re-raising."""
-        return _Guard(self)
+        """A context manager: if this rank's code raises, tell the other ranks before re-raising (not for a
+        CollectiveTimeout, nor for an error that every rank raises, ``on_every_rank``)."""
+        try:
+            yield self
+        except BaseException as error:
+            if not isinstance(error, CollectiveTimeout) and not getattr(error, "on_every_rank", False):
+                self.tell_others(error)
+            raise
 
     def tell_others(self, error: BaseException) -> None:
         """Send a 'failed' notice with this rank's traceback to every other rank (they stop at once)."""
@@ -253,65 +230,40 @@ class WatchedComm:
             return
         text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
         self._send_notice(kind="failed", text=text)
-        self.broken = f"rank {self.rank} failed" + (f" at {describe(self.where)}" if self.where else "")
+        self.broken = f"rank {self.rank} failed{at_where(self.where)}"
 
     # -- buffer collectives -------------------------------------------------------------------
     def Split(self, color: int = 0, key: int = 0) -> WatchedComm:
         """MPI's Split on this run's communicator: the ranks of one color, watched with the same deadline."""
         return WatchedComm(self.comm.Split(color, key), self.timeout)
 
-    def Barrier(self):
-        self.wait(self.comm.Ibarrier(), "Barrier")
-
     def Bcast(self, buffer, root=0):
         self.wait(self.comm.Ibcast(buffer, root=root), "Bcast" if root == 0 else f"Bcast from rank {root}")
 
-    def Allreduce(self, sendbuf, recvbuf, op=MPI.SUM):
-        self.wait(self.comm.Iallreduce(sendbuf, recvbuf, op=op), "Allreduce")
+    # the others: MPI's non-blocking form of each, completed within the deadline
+    Barrier = _blocking(MPI.Comm.Ibarrier, "Barrier")
+    Allreduce = _blocking(MPI.Comm.Iallreduce, "Allreduce")
+    Reduce = _blocking(MPI.Comm.Ireduce, "Reduce")
+    Gather = _blocking(MPI.Comm.Igather, "Gather")
+    Gatherv = _blocking(MPI.Comm.Igatherv, "Gatherv")
+    Scatter = _blocking(MPI.Comm.Iscatter, "Scatter")
+    Scatterv = _blocking(MPI.Comm.Iscatterv, "Scatterv")
+    Allgather = _blocking(MPI.Comm.Iallgather, "Allgather")
+    Allgatherv = _blocking(MPI.Comm.Iallgatherv, "Allgatherv")
+    Reduce_scatter = _blocking(MPI.Comm.Ireduce_scatter, "Reduce_scatter")
+    Reduce_scatter_block = _blocking(MPI.Comm.Ireduce_scatter_block, "Reduce_scatter_block")
+    Alltoall = _blocking(MPI.Comm.Ialltoall, "Alltoall")
 
-    def Reduce(self, sendbuf, recvbuf, op=MPI.SUM, root=0):
-        self.wait(self.comm.Ireduce(sendbuf, recvbuf, op=op, root=root), "Reduce")
-
-    def Gather(self, sendbuf, recvbuf, root=0):
-        self.wait(self.comm.Igather(sendbuf, recvbuf, root=root), "Gather")
-
-    def Gatherv(self, sendbuf, recvbuf, root=0):
-        self.wait(self.comm.Igatherv(sendbuf, recvbuf, root=root), "Gatherv")
-
-    def Scatter(self, sendbuf, recvbuf, root=0):
-        self.wait(self.comm.Iscatter(sendbuf, recvbuf, root=root), "Scatter")
-
-    def Scatterv(self, sendbuf, recvbuf, root=0):
-        self.wait(self.comm.Iscatterv(sendbuf, recvbuf, root=root), "Scatterv")
-
-    def Allgather(self, sendbuf, recvbuf):
-        self.wait(self.comm.Iallgather(sendbuf, recvbuf), "Allgather")
-
-    def Allgatherv(self, sendbuf, recvbuf):
-        self.wait(self.comm.Iallgatherv(sendbuf, recvbuf), "Allgatherv")
-
-    def Reduce_scatter(self, sendbuf, recvbuf, recvcounts=None, op=MPI.SUM):
-        self.wait(self.comm.Ireduce_scatter(sendbuf, recvbuf, recvcounts, op=op), "Reduce_scatter")
-
-    def Reduce_scatter_block(self, sendbuf, recvbuf, op=MPI.SUM):
-        self.wait(self.comm.Ireduce_scatter_block(sendbuf, recvbuf, op=op), "Reduce_scatter_block")
-
-    def Alltoall(self, sendbuf, recvbuf):
-        self.wait(self.comm.Ialltoall(sendbuf, recvbuf), "Alltoall")
-
-    # -- point-to-point, for collectives built by hand (nnlib.lesson08_inside_allreduce.allreduce's ring) ------------------
+    # -- point-to-point, for collectives built by hand (lesson 08's ring) and pipeline stages (lesson 09) ------
     def Sendrecv(self, sendbuf, dest, sendtag=0, recvbuf=None, source=MPI.ANY_SOURCE, recvtag=0):
-        """Send to ``dest`` and receive from ``source`` at once, within the deadline.
-
-        The receive matches tag 0 by default (never ANY_TAG): the watchdog's own notices use
-        another tag on this communicator and must not be taken for data.
-        """
+        """Send to ``dest`` and receive from ``source`` at once, within the deadline. The receive matches tag 0
+        by default, never ANY_TAG: the notices travel on this communicator too (NOTICE_TAG)."""
         receiving = self.comm.Irecv(recvbuf, source=source, tag=recvtag)
         sending = self.comm.Isend(sendbuf, dest=dest, tag=sendtag)
         self.wait_all([receiving, sending], "Sendrecv")
 
     def Recv(self, buffer, source, tag=0):
-        """Receive into ``buffer`` from ``source`` within the deadline (nnlib.lesson09_model_parallel.pipeline's stages)."""
+        """Receive into ``buffer`` from ``source`` within the deadline."""
         self.wait(self.comm.Irecv(buffer, source=source, tag=tag), f"Recv from rank {source}")
 
     def send(self, obj, dest, tag=0):
@@ -319,8 +271,7 @@ class WatchedComm:
         self.wait(self.comm.isend(obj, dest=dest, tag=tag), f"Send to rank {dest}")
 
     def recv(self, buf=None, source=MPI.ANY_SOURCE, tag=0):
-        """MPI's recv of a Python object within the deadline: wait for a matching message, then take it.
-        The tag is 0 unless given (never ANY_TAG: the notices travel on this communicator too)."""
+        """MPI's recv of a Python object (tag 0 unless given, as Sendrecv's) within the deadline."""
         probe = _Probe(self.comm, source, tag)
         self.wait(probe, "Recv" if source == MPI.ANY_SOURCE else f"Recv from rank {source}")
         return probe.message.recv(buf)
@@ -341,7 +292,7 @@ class WatchedComm:
     def wait_any(self, requests, what: str) -> int:
         """The index of one completed request of ``requests`` (as MPI's Waitany), within the deadline."""
         any_of = _AnyOf(requests)
-        self._wait_for(None, any_of, what)
+        self.wait(any_of, what)
         return any_of.index
 
     def wait_all(self, requests, what: str = "Iallreduce") -> None:
@@ -370,11 +321,7 @@ class WatchedComm:
 
     def allreduce(self, obj, op=MPI.SUM):
         """MPI's allreduce of Python objects: every rank's ``obj``, combined in rank order by ``op``."""
-        values = self.allgather(obj)
-        result = values[0]
-        for value in values[1:]:
-            result = op(result, value)
-        return result
+        return functools.reduce(op, self.allgather(obj))
 
     def gather(self, obj, root=0):
         data = _pickled(obj)
@@ -400,10 +347,8 @@ class _AnyOf:
 
     def Test(self) -> bool:
         index, done = MPI.Request.Testany(self.requests)
-        if done and index != MPI.UNDEFINED:
-            self.index = index
-            return True
-        return False
+        self.index = index if done and index != MPI.UNDEFINED else None
+        return self.index is not None
 
 
 class _Probe:
@@ -415,19 +360,6 @@ class _Probe:
     def Test(self) -> bool:
         self.message = self.comm.improbe(source=self.source, tag=self.tag)
         return self.message is not None
-
-
-class _Guard:
-    def __init__(self, watched: WatchedComm):
-        self.watched = watched
-
-    def __enter__(self):
-        return self.watched
-
-    def __exit__(self, kind, error, trace):
-        if error is not None and not isinstance(error, CollectiveTimeout) and not getattr(error, "on_every_rank", False):
-            self.watched.tell_others(error)
-        return False
 
 
 def watch(comm, timeout=None) -> WatchedComm:

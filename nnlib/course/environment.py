@@ -66,40 +66,36 @@ def blas_kernel() -> str:
     return str(blas_library().get("architecture") or "unknown")
 
 
+def cpuinfo(field: str, path: str = "/proc/cpuinfo") -> str:
+    """The first value of ``field`` ("flags", "model name") in Linux's /proc/cpuinfo; '' if there is none."""
+    try:
+        with open(path) as info:
+            return next((line.split(":", 1)[1].strip() for line in info if line.startswith(field)), "")
+    except OSError:
+        return ""
+
+
 def cpu_instruction_set() -> str:
     """The CPU's best vector instruction set the kernels use ('AVX-512', 'AVX2', ...), from /proc/cpuinfo."""
-    try:
-        with open("/proc/cpuinfo") as info:
-            flags = next((line.split(":", 1)[1].split() for line in info if line.startswith("flags")), [])
-    except OSError:
-        return "unknown"
+    flags = cpuinfo("flags").split()
     return next((name for flag, name in CPU_FLAGS.items() if flag in flags), "unknown")
 
 
-def cpu_model(cpuinfo: str = "/proc/cpuinfo") -> str:
-    """The CPU's model name ("AMD EPYC 9R14", "Intel(R) Xeon(R) Processor", ...): /proc/cpuinfo's "model name"
-    on Linux, else what Python's platform module knows. Benchmarks print it: two runs compare only on one CPU."""
-    try:
-        with open(cpuinfo) as info:
-            name = next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), "")
-    except OSError:
-        name = ""
-    return name or platform.processor() or "unknown CPU"
+def cpu_model(path: str = "/proc/cpuinfo") -> str:
+    """The CPU's model name ("AMD EPYC 9R14", ...), else what Python's platform module knows. Benchmarks print
+    it: two runs compare only on one CPU."""
+    return cpuinfo("model name", path) or platform.processor() or "unknown CPU"
 
 
 def keep_freed_memory() -> bool:
     """Make the C library's allocator keep the memory a training step frees, for the next step to reuse.
 
-    A step allocates its arrays (activations, deltas, temporaries), frees them, and allocates the same again.
-    By default glibc's malloc hands freed memory back to the system: the top of its heap once it exceeds
-    M_TRIM_THRESHOLD (128 KiB at first), and arrays above M_MMAP_THRESHOLD as whole mappings. The next
-    step's arrays are then new pages, each zeroed by the kernel at its first touch (a page fault). For
-    784-1024-10 on 2,048 rows a step that is about 32,000 page faults per epoch of 30,000 samples; with
-    M_TRIM_THRESHOLD at 64 MiB and M_MMAP_THRESHOLD at 32 MiB about 200 (tests/test_allocator.py
-    counts them; benchmarks/data_parallel.py measures the time both ways). ``import nnlib`` calls this once.
-
-    Returns whether the setting is in effect: False where the C library is not glibc (macOS, musl: nothing
-    is set), or when the environment variable NNLIB_KEEP_FREED_MEMORY is 0 (to measure what it saves).
+    By default glibc's malloc hands freed memory back to the system (its heap's top above M_TRIM_THRESHOLD,
+    arrays above M_MMAP_THRESHOLD as whole mappings), so each step's arrays are new pages, each zeroed by the
+    kernel at its first touch: for 784-1024-10 on 2,048 rows, about 32,000 page faults per epoch of 30,000
+    samples, and about 200 with the thresholds at 64 and 32 MiB (tests/test_allocator.py counts them).
+    ``import nnlib`` calls this once. Returns whether the setting is in effect: False where the C library is
+    not glibc, or when $NNLIB_KEEP_FREED_MEMORY is 0 (to measure what it saves).
     """
     global _freed_memory_kept
     if os.environ.get("NNLIB_KEEP_FREED_MEMORY", "1") == "0" or platform.libc_ver()[0] != "glibc":
@@ -140,25 +136,23 @@ def product_seconds(size: int = 768, repeats: int = 7) -> float:
     return float(numpy.median(times[1:]))
 
 
-def kernel_note(measure: bool = True) -> str | None:
-    """One line if a variable forces an older BLAS kernel than the CPU supports: which, what it costs
-    (``measure``: one product here and in a subprocess without the variables), and how to change it."""
+def kernel_note() -> str | None:
+    """One line if a variable forces an older BLAS kernel than the CPU supports: which, what it costs (one
+    product timed here and in a subprocess without the variables), and how to change it."""
     forced = forced_older_kernel()
     if forced is None:
         return None
-    kernel, best = blas_kernel(), cpu_instruction_set()
-    cost = ""
-    if measure:
-        import subprocess
+    import subprocess
 
-        own = {name: value for name, value in os.environ.items() if name not in FORCING_VARIABLES}
-        code = "from nnlib.course import environment as e; print(e.blas_kernel(), e.product_seconds())"
-        reply = subprocess.run([sys.executable, "-c", code], env=own, capture_output=True, text=True, timeout=120)
-        if reply.returncode == 0:
-            own_kernel, own_seconds = reply.stdout.split()
-            here = product_seconds()
-            cost = (f"; a float32 768x768 product takes {here * 1e3:.1f} ms on it against {float(own_seconds) * 1e3:.1f}"
-                    f" ms on the CPU's own {own_kernel} kernel ({here / float(own_seconds):.1f}x as long)")
+    kernel, best, cost = blas_kernel(), cpu_instruction_set(), ""
+    own = {name: value for name, value in os.environ.items() if name not in FORCING_VARIABLES}
+    code = "from nnlib.course import environment as e; print(e.blas_kernel(), e.product_seconds())"
+    reply = subprocess.run([sys.executable, "-c", code], env=own, capture_output=True, text=True, timeout=120)
+    if reply.returncode == 0:
+        own_kernel, own_seconds = reply.stdout.split()
+        here = product_seconds()
+        cost = (f"; a float32 768x768 product takes {here * 1e3:.1f} ms on it against {float(own_seconds) * 1e3:.1f}"
+                f" ms on the CPU's own {own_kernel} kernel ({here / float(own_seconds):.1f}x as long)")
     verb = "force" if " and " in forced else "forces"
     return (f"{forced} {verb} OpenBLAS's {kernel} kernel ({KERNEL_INSTRUCTIONS[kernel]}) on a CPU with {best}{cost}. "
             f"Unset {' and '.join(FORCING_VARIABLES)} to run the CPU's own kernel (some old OpenBLAS builds "
@@ -195,9 +189,7 @@ def mpiexec_path() -> str | None:
     import shutil
 
     beside = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    if os.access(beside, os.X_OK):
-        return beside
-    return shutil.which("mpiexec")
+    return beside if os.access(beside, os.X_OK) else shutil.which("mpiexec")
 
 
 def print_report() -> None:

@@ -1,26 +1,17 @@
-"""No orphans: a cluster's processes end when the process that started them is gone.
+"""No orphans: a cluster's processes end when the process that started them is gone (notebook 10).
 
-The notebook's kernel starts a controller and an ``mpiexec`` job (hydra's proxies, then the
-engines). If the kernel dies without stopping them (killed by a signal, by the out-of-memory
-killer, or restarted from JupyterLab while a cell is stuck in a collective), nobody is left to
-stop them, and a rank waiting in a collective keeps a core busy for ever.
-
-How nnlib prevents that:
-
-* every process of a cluster carries the environment variable ``NNLIB_CLUSTER_OWNER`` =
-  ``"<pid>:<start time>"`` of the process that started it (children inherit it, hydra passes it
-  to the ranks); the start time tells a dead owner from a new process that got its pid;
-* a small *reaper* process (``python -m nnlib.course.reaper OWNER``), in its own session so that a
-  signal to the kernel's process group does not reach it, looks every ``POLL`` seconds whether the
-  owner is alive. When it is gone, the reaper ends every process carrying the owner's tag
-  (SIGTERM, then SIGKILL after ``GRACE`` seconds) and exits. ``MPICluster.stop()`` ends the
-  reaper after stopping the cluster;
-* :func:`clean_up_orphans`, called by ``nnlib.course.cluster.start()``, ends processes of the same user
-  whose tagged owner is gone: a second safety net if a reaper was killed too.
+Every process of a cluster (the controller, ``mpiexec`` and the engines) carries ``NNLIB_CLUSTER_OWNER`` =
+``"<pid>:<start time>"`` of its owner, the kernel that started it; the start time tells a dead owner from a
+new process that got its pid. A *reaper* (``python -m nnlib.course.reaper OWNER``, in its own session, so a
+signal to the kernel's process group does not reach it) looks every ``POLL`` seconds whether the owner is
+alive; once it is gone, the reaper ends every process with the owner's tag (SIGTERM, SIGKILL after ``GRACE``
+seconds). As a second safety net ``nnlib.course.cluster.start()`` ends this user's tagged processes whose
+owner is gone (:func:`clean_up_orphans`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -71,22 +62,18 @@ def tagged_processes(tag: str | None = None):
     return found
 
 
-def end_processes(processes, grace: float = GRACE) -> None:
-    """SIGTERM, then SIGKILL whatever is left after ``grace`` seconds."""
+def end_processes(processes) -> None:
+    """SIGTERM, then SIGKILL whatever is left after GRACE seconds."""
     import psutil
 
     for process in processes:
-        try:
+        with contextlib.suppress(psutil.Error):
             process.terminate()
-        except psutil.Error:
-            pass
-    _, alive = psutil.wait_procs(processes, timeout=grace)
+    _, alive = psutil.wait_procs(processes, timeout=GRACE)
     for process in alive:
-        try:
+        with contextlib.suppress(psutil.Error):
             process.kill()
-        except psutil.Error:
-            pass
-    psutil.wait_procs(alive, timeout=grace)
+    psutil.wait_procs(alive, timeout=GRACE)
 
 
 def clean_up_orphans() -> int:
@@ -103,10 +90,10 @@ def start_reaper(tag: str) -> subprocess.Popen:
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def watch_owner(tag: str, poll: float = POLL) -> None:
+def watch_owner(tag: str) -> None:
     """Wait until the owner is gone, then end every process with its tag."""
     while is_alive(tag):
-        time.sleep(poll)
+        time.sleep(POLL)
     for _ in range(3):  # processes started in the last moments are found by a second look
         found = [process for process, _ in tagged_processes(tag)]
         if not found:

@@ -1,12 +1,8 @@
 """Timelines as Chrome trace-event JSON, which Perfetto (ui.perfetto.dev) and chrome://tracing open.
 
-The series' timelines (the phases of each rank's data-parallel steps, lessons 05, 06, 08 and 10; each
-pipeline stage's computations, lessons 09 and 13; the parameter server's updates, lesson 11) drawn
-with matplotlib are pictures of fixed size; written as a trace they can be zoomed, searched and
-measured. Lessons 08 and 10 turn their own records into spans for this writer (overlap.bucket_spans,
-watchdog.wait_spans).
-
-The format (the Trace Event Format; Horovod's timeline and PyTorch's profiler write it too):
+Any of the series' timelines (data-parallel phases, pipeline stages, the parameter server's updates;
+lessons 08 and 10 make their own spans) becomes a trace that can be zoomed, searched and measured.
+The Trace Event Format (Horovod's timeline and PyTorch's profiler write it too) is
 ``{"traceEvents": [...], "displayTimeUnit": "ms"}``, each event a dict with
 
     ph    "X" a complete span (ts, dur), "i" an instant (ts), "M" metadata (names)
@@ -14,10 +10,6 @@ The format (the Trace Event Format; Horovod's timeline and PyTorch's profiler wr
     tid   the thread: here one per kind of work (a phase, "forward", "backward", ...)
     ts    the start in microseconds; dur the length in microseconds (spans)
     name  what it was ("F3": the forward of micro-batch 3); args: anything more, shown on click
-
-:class:`Span` is one piece of work; :func:`trace_events` turns spans into events (and names the
-processes and threads); :func:`write_trace` writes the file. The ``*_spans`` functions read the
-series' timelines.
 """
 
 from __future__ import annotations
@@ -44,17 +36,16 @@ class Span:
     args: dict = field(default_factory=dict, hash=False, compare=False)
 
 
-def trace_events(spans, instants=(), zero: float | None = None) -> list[dict]:
+def trace_events(spans, instants=()) -> list[dict]:
     """Chrome trace events: process and thread names, then one "X" event per span, "i" per instant.
 
-    spans, instants: Span objects (an instant's end is ignored). Times become microseconds since
-    ``zero`` (default: the earliest start), so traces of different clocks all begin at 0.
-    Thread ids are given in order of first appearance, per rank.
+    spans, instants: Span objects (an instant's end is ignored). Times become microseconds since the
+    earliest start, so traces of different clocks all begin at 0. Thread ids are given in order of
+    first appearance, per rank.
     """
     spans, instants = list(spans), list(instants)
     everything = spans + instants
-    if zero is None:
-        zero = min((span.start for span in everything), default=0.0)
+    zero = min((span.start for span in everything), default=0.0)
     threads: dict[tuple[int, str], int] = {}
     for span in everything:
         threads.setdefault((span.rank, span.thread), sum(rank == span.rank for rank, _ in threads) + 1)
