@@ -29,15 +29,16 @@ from typing import Callable
 
 import numpy as np
 
+from nnlib.lesson02_network.arrays import fused
+
 LESSON = 3
 
 
 class SGD:
-    """Stochastic gradient descent on a network's flat parameter vector, momentum optional."""
+    """Stochastic gradient descent on a network's flat parameter vector, momentum optional (checked by
+    the caller: :meth:`Settings.problems` and :func:`as_schedule`)."""
 
     def __init__(self, network, learning_rate: float, momentum: float = 0.0):
-        check_learning_rate(learning_rate)
-        check_momentum(momentum)
         self.network = network
         self.learning_rate = float(learning_rate)
         self.momentum = float(momentum)
@@ -45,7 +46,7 @@ class SGD:
 
     def step(self) -> None:
         """Update ``network.params`` in place from ``network.grads`` (on a GPU in one fused kernel)."""
-        self.network.fused(sgd_update)(self.network.params, self.network.grads, self.velocity, self.learning_rate,
+        fused(sgd_update, self.network.xp)(self.network.params, self.network.grads, self.velocity, self.learning_rate,
                                        self.momentum)
 
 
@@ -81,12 +82,8 @@ def diverged(loss, where: str, learning_rate) -> FloatingPointError:
 def as_schedule(learning_rate):
     """The learning rate (a number, or a function of the progress in epochs: 0.0, 0.25, ...) as a function
     of the progress whose every value is checked, so that a bad schedule fails at its first bad step."""
-    if not callable(learning_rate):
-        check_learning_rate(learning_rate)
-        return lambda progress: learning_rate
-
     def checked(progress: float) -> float:
-        rate = learning_rate(progress)
+        rate = learning_rate(progress) if callable(learning_rate) else learning_rate
         check_learning_rate(rate)
         return rate
 
@@ -330,13 +327,12 @@ def train_step(run: Run, inputs, labels, rows, divide_by: int) -> None:
     if rows is not None:
         inputs, labels = xp.take(inputs, rows, axis=0), xp.take(labels, rows, axis=0)
     run.phase("compute")  # (a rank may hold none of a batch's rows: its share of the gradient is then 0)
-    backward_hook = {} if run.sync.layer_done is None else {"on_layer_done": run.sync.layer_done}
     loss = network.loss_and_gradient(inputs, labels, normalizer=divide_by, check=False, on_device=xp is not np,
-                                     **backward_hook)
+                                     on_layer_done=run.sync.layer_done)
     if run.sync.size == 1 and xp is np and not math.isfinite(loss):
         raise diverged(loss, f"at epoch {run.epoch + 1}, step {run.step + 1}", run.rate)
-    run.loss_sum, run.correct_sum = network.fused(add_to_sums)(run.loss_sum, run.correct_sum, loss,
-                                                               network.last_correct, divide_by)
+    run.loss_sum, run.correct_sum = fused(add_to_sums, xp)(run.loss_sum, run.correct_sum, loss,
+                                                       network.last_correct, divide_by)
     run.sync.step(run)
     run.phase(None)
     run.total_steps += 1
