@@ -225,6 +225,10 @@ class Classifier:
                 f"labels must lie in 0..{self.layer_sizes[-1] - 1}; got values from {low} to {high}"
             )
 
+    def fused(self, function):
+        """``function`` as one kernel on this network's device (nnlib.lesson02_network.arrays.fused)."""
+        return fused(function, self.xp)
+
     def predict(self, inputs):
         """The most likely class for each sample: (N,) integers."""
         return self.xp.argmax(self.predict_probabilities(inputs), axis=1)

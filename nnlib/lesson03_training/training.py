@@ -29,8 +29,6 @@ from typing import Callable
 
 import numpy as np
 
-from nnlib.lesson02_network.arrays import fused
-
 LESSON = 3
 
 
@@ -46,7 +44,7 @@ class SGD:
 
     def step(self) -> None:
         """Update ``network.params`` in place from ``network.grads`` (on a GPU in one fused kernel)."""
-        fused(sgd_update, self.network.xp)(self.network.params, self.network.grads, self.velocity, self.learning_rate,
+        self.network.fused(sgd_update)(self.network.params, self.network.grads, self.velocity, self.learning_rate,
                                        self.momentum)
 
 
@@ -331,8 +329,8 @@ def train_step(run: Run, inputs, labels, rows, divide_by: int) -> None:
                                      on_layer_done=run.sync.layer_done)
     if run.sync.size == 1 and xp is np and not math.isfinite(loss):
         raise diverged(loss, f"at epoch {run.epoch + 1}, step {run.step + 1}", run.rate)
-    run.loss_sum, run.correct_sum = fused(add_to_sums, xp)(run.loss_sum, run.correct_sum, loss,
-                                                       network.last_correct, divide_by)
+    run.loss_sum, run.correct_sum = network.fused(add_to_sums)(run.loss_sum, run.correct_sum, loss,
+                                                               network.last_correct, divide_by)
     run.sync.step(run)
     run.phase(None)
     run.total_steps += 1
