@@ -313,14 +313,8 @@ def load_mnist(data_dir=None, download: bool = True, progress: bool = True) -> M
                 f"MNIST files {', '.join(missing)} not found in {', '.join(map(str, search))}. "
                 + how_to_fetch(missing, MIRRORS[0]))
         fetch_mnist(progress=progress)
-    arrays = {name: load_idx(find_file(name, search), SHA256[name], EXPECTED_SHAPES[name]) for name in SHA256}
-    return MNIST(
-        train_images=arrays["train-images-idx3-ubyte"],
-        train_labels=arrays["train-labels-idx1-ubyte"],
-        test_images=arrays["t10k-images-idx3-ubyte"],
-        test_labels=arrays["t10k-labels-idx1-ubyte"],
-        source=find_file("train-images-idx3-ubyte", search).parent,
-    )
+    arrays = [load_idx(find_file(name, search), SHA256[name], EXPECTED_SHAPES[name]) for name in SHA256]
+    return MNIST(*arrays, source=find_file("train-images-idx3-ubyte", search).parent)  # (SHA256: MNIST's order)
 
 
 # -- Preparing arrays for the network ----------------------------------------------------------------

@@ -290,13 +290,8 @@ def large_batch_accuracy(inputs, labels, test_inputs, test_labels, ranks_list,
 # -- CSV ---------------------------------------------------------------------------------------------
 
 
-def save_csv(records, path) -> None:
-    """Write records to ``path`` as CSV (atomically)."""
-    write_csv(records, path, RECORD_FIELDS)
-
-
 def load_csv(path, where: str | None = None) -> list[dict]:
-    """Records from a CSV written by :func:`save_csv`, numbers converted; ``where`` labels their origin."""
+    """Records from a CSV of RECORD_FIELDS (written by :func:`main` with ``--output``), numbers converted; ``where`` labels their origin."""
     records = read_csv(path, RECORD_FIELDS, integers=("ranks", "samples", "repeat", "physical_cores"),
                        floats=("epoch_seconds", "load_seconds", "data_seconds", "compute_seconds",
                                "communicate_seconds", "update_seconds", "accuracy"), what="scaling records")
@@ -329,7 +324,7 @@ def main(argv=None) -> int:
     for kind in ("strong", "weak"):
         print(f"\n{kind} scaling ({args.strategy}):\n{format_table(rows, kind)}")
     if args.output:
-        save_csv(records, args.output)
+        write_csv(records, args.output, RECORD_FIELDS)
         print(f"\nwrote {len(records)} records to {args.output}")
     return 0
 
