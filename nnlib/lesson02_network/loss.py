@@ -6,8 +6,8 @@ For a batch of N samples with logits z_L and outputs a_L (N, K), labels y (N,) a
     softmax outputs: J = sum_n [ logsumexp(z_n) - sum_k y_k z_k ]    (= -sum_k y log a)
     delta_L = dJ/dz_L = (a_L - Y) * scale                            (both outputs)
 
-(nnlib.lesson02_network.network has the whole network.) Each piece below is one fused kernel on a GPU
-(nnlib.lesson02_network.arrays.fused), and runs as written on NumPy.
+(nnlib.lesson02_network.network has the whole network.) On a GPU the loss of sigmoid outputs, the count and
+delta_L are one fused kernel each (nnlib.lesson02_network.arrays.fused); NumPy runs the same lines as written.
 """
 
 from __future__ import annotations
