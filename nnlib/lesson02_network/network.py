@@ -59,7 +59,7 @@ def bias_sigmoid(logits, biases):
 
 
 def sigmoid_backward(activation_gradient, activation) -> None:
-    """dJ/dz = dJ/da * sigma'(z) = dJ/da * a (1 - a), written over dJ/da (N, n_out) in place; a = sigma(z) (N, n_out)."""
+    """dJ/dz = dJ/da * sigma'(z) = dJ/da * a (1 - a), over dJ/da (N, n_out) in place; a = sigma(z) (N, n_out)."""
     activation_gradient *= activation * (1 - activation)
 
 

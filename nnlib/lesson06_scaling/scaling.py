@@ -282,7 +282,7 @@ def large_batch_accuracy(inputs, labels, test_inputs, test_labels, ranks_list,
 
 
 def load_csv(path, where: str | None = None) -> list[dict]:
-    """Records from a CSV of RECORD_FIELDS (written by :func:`main` with ``--output``), numbers converted; ``where`` labels their origin."""
+    """Records from a CSV of RECORD_FIELDS (main's ``--output``), numbers converted; ``where`` labels their origin."""
     records = read_csv(path, RECORD_FIELDS, integers=("ranks", "samples", "repeat", "physical_cores"),
                        floats=("epoch_seconds", "load_seconds", "data_seconds", "compute_seconds",
                                "communicate_seconds", "update_seconds", "accuracy"), what="scaling records")

@@ -128,7 +128,7 @@ def epoch_seconds(hidden: int, inputs, labels, device: str = "cpu", batch_size: 
 
 
 def load_csv(path) -> list[dict]:
-    """Records from a CSV of CSV_FIELDS (written by :func:`main`), numbers converted (empty fields: None, or NaN for times)."""
+    """Records from a CSV of CSV_FIELDS (written by main), numbers converted (empty: None, or NaN for times)."""
     return read_csv(path, CSV_FIELDS, integers=("m", "k", "n", "hidden", "samples"),
                     floats=("cpu_seconds", "gpu_seconds", "gpu_with_copies_seconds"), what="GPU benchmark records")
 
