@@ -15,6 +15,7 @@ from stand_in_cupy import StandInCuPy
 
 from nnlib import Network, train
 from nnlib.course import environment
+from nnlib.lesson01_mnist.files import write_csv
 from nnlib.lesson02_network.arrays import to_numpy
 from nnlib.lesson03_training.training import Batches, Hook, ProgressLines, Run, Settings, train_loop
 from nnlib.lesson07_gpu import backend, gpu
@@ -89,7 +90,7 @@ def test_csv_round_trip_and_bad_csv(tmp_path):
                     "gpu_with_copies_seconds": float("nan")})
     for record in records:
         record.update(device="Test GPU", date="2026-11-22")
-    gpu.save_csv(records, tmp_path / "gpu.csv")
+    write_csv(records, tmp_path / "gpu.csv", gpu.CSV_FIELDS)
     loaded = gpu.load_csv(tmp_path / "gpu.csv")
     assert loaded[1]["hidden"] == 128 and loaded[1]["gpu_seconds"] == 0.05 and loaded[1]["m"] is None
     assert loaded[0]["device"] == "Test GPU" and math.isnan(loaded[0]["gpu_seconds"])
@@ -160,7 +161,7 @@ def test_notebook_07_gpu_cells_run_with_a_stand_in_gpu_and_a_recorded_csv(tmp_pa
                  "gpu_seconds": 0.2}]
     for record in records:
         record.update(device="Recorded Test GPU", date="2026-11-22")
-    gpu.save_csv(records, tmp_path / "results" / "gpu-test.csv")
+    write_csv(records, tmp_path / "results" / "gpu-test.csv", gpu.CSV_FIELDS)
 
     notebook = nbformat.read(NOTEBOOK, as_version=4)
     setup = ("import sys\n"
@@ -317,7 +318,7 @@ def test_a_training_step_launches_16_kernels_and_an_epoch_never_waits(counting_g
     assert set(per_step) == {16} and synchronizations == 0 and last[-1] == "fused sgd_update"
 
 
-def test_without_fusion_the_same_step_launches_44_kernels(monkeypatch):
+def test_without_fusion_the_same_step_launches_45_kernels(monkeypatch):
     """What fusion saves, counted on a CuPy without cupy.fuse: nnlib runs its plain pieces on the device."""
     from stand_in_cupy import CountingCuPy
 
@@ -325,7 +326,7 @@ def test_without_fusion_the_same_step_launches_44_kernels(monkeypatch):
     monkeypatch.setitem(sys.modules, "cupy", cupy)
     monkeypatch.setattr(environment, "_gpu_check", None)
     per_step, last, synchronizations = count_training(cupy)
-    assert set(per_step) == {44} and synchronizations == 0, (per_step, last)
+    assert set(per_step) == {45} and synchronizations == 0, (per_step, last)
     assert "fused" not in " ".join(last) and last.count("matmul") == 7
 
 

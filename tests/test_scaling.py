@@ -4,6 +4,7 @@ the cost model against hand-computed step times, and the harness end to end on 1
 import numpy as np
 import pytest
 
+from nnlib.lesson01_mnist.files import write_csv
 from nnlib.lesson04_collectives import costmodel
 from nnlib.lesson06_scaling import scaling
 
@@ -75,7 +76,7 @@ def test_warmup_schedule():
 def test_csv_round_trip_and_bad_csv(tmp_path):
     records = [synthetic_record("strong", 1, 1.0), synthetic_record("weak", 4, 1.25)]
     path = tmp_path / "scaling.csv"
-    scaling.save_csv(records, path)
+    write_csv(records, path, scaling.RECORD_FIELDS)
     loaded = scaling.load_csv(path, where="recorded on a test machine")
     assert [r["epoch_seconds"] for r in loaded] == [1.0, 1.25] and loaded[1]["oversubscribed"] is True
     assert loaded[0]["where"] == "recorded on a test machine" and loaded[0]["ranks"] == 1

@@ -313,14 +313,8 @@ def load_mnist(data_dir=None, download: bool = True, progress: bool = True) -> M
                 f"MNIST files {', '.join(missing)} not found in {', '.join(map(str, search))}. "
                 + how_to_fetch(missing, MIRRORS[0]))
         fetch_mnist(progress=progress)
-    arrays = {name: load_idx(find_file(name, search), SHA256[name], EXPECTED_SHAPES[name]) for name in SHA256}
-    return MNIST(
-        train_images=arrays["train-images-idx3-ubyte"],
-        train_labels=arrays["train-labels-idx1-ubyte"],
-        test_images=arrays["t10k-images-idx3-ubyte"],
-        test_labels=arrays["t10k-labels-idx1-ubyte"],
-        source=find_file("train-images-idx3-ubyte", search).parent,
-    )
+    arrays = [load_idx(find_file(name, search), SHA256[name], EXPECTED_SHAPES[name]) for name in SHA256]
+    return MNIST(*arrays, source=find_file("train-images-idx3-ubyte", search).parent)  # (SHA256: MNIST's order)
 
 
 # -- Preparing arrays for the network ----------------------------------------------------------------
@@ -333,13 +327,11 @@ def scale_pixels(images: np.ndarray, dtype=np.float32) -> np.ndarray:
 
 
 def one_hot(labels: np.ndarray, num_classes: int = 10, dtype=np.float32) -> np.ndarray:
-    """Labels (N,) with values in 0..num_classes-1 to a one-hot matrix (N, num_classes)."""
+    """Labels (N,) with values in 0..num_classes-1 to a one-hot matrix (N, num_classes): row y of the identity."""
     labels = np.asarray(labels)
     if labels.size and (labels.min() < 0 or labels.max() >= num_classes):
         raise ValueError(f"labels must lie in 0..{num_classes - 1}; got values from {labels.min()} to {labels.max()}")
-    encoded = np.zeros((len(labels), num_classes), dtype=dtype)
-    encoded[np.arange(len(labels)), labels] = 1
-    return encoded
+    return np.eye(num_classes, dtype=dtype)[labels]
 
 
 def train_validation_split(images, labels, validation_size: int = 10000, seed: int = 0):

@@ -19,19 +19,11 @@ Backpropagation (both outputs give the same output error):
     dJ/dW_l = a_{l-1}.T @ delta_l                          (n_{l-1}, n_l)
     dJ/db_l = sum over samples of delta_l                  (n_l,)
 
-The weights and biases are views into ``params``, one contiguous flat vector
-laid out as [W_1, b_1, W_2, b_2, ...]; the gradients are views into ``grads`` with
-the same layout, so all gradients can travel in one message.
-
-The pieces, bottom up: a :class:`Layer` computes one layer's forward and backward over its
-views; :func:`forward_layers` and :func:`backward_layers` run a list of layers (the one
-backpropagation of nnlib: the tensor-parallel network and the pipeline stages of lesson 09 run
-it on their own layers); :class:`Network` is the list of all layers, on one process.
-
-The math uses only the Python array API (``xp`` is the arrays' namespace), so the
-same code runs on NumPy and on CuPy arrays. The element-wise pieces of a step (bias + sigmoid, the
-output's loss, count and delta, the sigmoid's backward) are small functions that NumPy runs as they
-are and that a GPU runs as one fused kernel each (nnlib.lesson02_network.arrays.fused; lesson 07).
+The weights and biases are views into ``params``, one flat vector laid out [W_1, b_1, W_2, b_2, ...];
+the gradients are views into ``grads`` with the same layout, so all gradients can travel in one message.
+:func:`forward_layers` and :func:`backward_layers` are nnlib's one backpropagation, over a list of
+:class:`Layer` (lesson 09's tensor and pipeline layers run it too). The math uses only the array API
+(``xp``), so it runs on NumPy and CuPy; each element-wise piece is one fused kernel on a GPU (arrays.fused).
 """
 
 from __future__ import annotations
@@ -42,7 +34,7 @@ import numpy as np
 
 from nnlib.lesson02_network.arrays import (array_namespace, constant_vector, fused, is_numpy, namespace_of_device,
                                            product_into, to_numpy)
-from nnlib.lesson02_network.loss import cross_entropy_from_logits, one_hot_targets, output_loss  # noqa: F401
+from nnlib.lesson02_network.loss import cross_entropy_from_logits, one_hot, output_loss
 
 LESSON = 2
 
@@ -60,14 +52,6 @@ def sigmoid(z, xp=None):
     return activation
 
 
-def sigmoid_prime_from_activation(a):
-    """sigma'(z) written with a = sigma(z): a * (1 - a)."""
-    return a * (1 - a)
-
-
-# Element-wise pieces: each runs as written on NumPy and as one fused kernel on a GPU (arrays.fused); the
-# output layer's are in nnlib.lesson02_network.loss.
-
 def bias_sigmoid(logits, biases):
     """z += b in place (z (N, n_out) = a_in @ W, b (n_out,)), and a = sigma(z) (N, n_out) returned."""
     logits += biases
@@ -75,8 +59,8 @@ def bias_sigmoid(logits, biases):
 
 
 def sigmoid_backward(activation_gradient, activation) -> None:
-    """dJ/dz = dJ/da * a (1 - a), written over dJ/da (N, n_out) in place; a = sigma(z) (N, n_out)."""
-    activation_gradient *= sigmoid_prime_from_activation(activation)
+    """dJ/dz = dJ/da * sigma'(z) = dJ/da * a (1 - a), over dJ/da (N, n_out) in place; a = sigma(z) (N, n_out)."""
+    activation_gradient *= activation * (1 - activation)
 
 
 def softmax(z, xp):
@@ -99,15 +83,9 @@ class Layer:
         weight_gradient:  dJ/dW = a_in.T @ delta  (n_in, n_out),   dJ/db = sum over samples of delta  (n_out,)
         input_gradient:   dJ/da_in = delta @ W.T  (N, n_in)       (not needed below the first layer)
     logits_gradient, the activation's backward: dJ/dz = dJ/da * a (1 - a) for the sigmoid.
-
-    The split into weight_gradient and input_gradient is what a pipeline's zero-bubble schedule
-    (B/W split) separates; tensor parallelism's column and row layers (nnlib.lesson09_model_parallel.tensor)
-    change ``logits`` and ``input_gradient`` only.
     """
 
     def __init__(self, weights, biases, grad_weights, grad_biases, activation: str = "sigmoid"):
-        if activation not in ("sigmoid", "softmax"):
-            raise ValueError(f"a layer's activation must be 'sigmoid' or 'softmax'; got {activation!r}")
         self.weights, self.biases = weights, biases
         self.grad_weights, self.grad_biases = grad_weights, grad_biases
         self.activation = activation
@@ -161,11 +139,8 @@ class Layer:
     def logits_gradient(self, activation_gradient, activation):
         """dJ/dz = dJ/da * a (1 - a) (N, n_out), with a = sigmoid(z) this layer's output; in place.
 
-        A softmax layer is only ever the output layer, whose delta comes with the loss (output_loss).
+        Only hidden (sigmoid) layers: a softmax output layer's delta comes with the loss (output_loss).
         """
-        if self.activation != "sigmoid":
-            raise ValueError("only a sigmoid layer passes a gradient through its activation; "
-                             "a softmax output layer's delta comes from output_loss")
         fused(sigmoid_backward, self.xp)(activation_gradient, activation)
         return activation_gradient
 
@@ -282,11 +257,8 @@ class LayerStack(Classifier):
         self.weights, self.biases = [layer.weights for layer in self.layers], [layer.biases for layer in self.layers]
         self.grad_weights = [layer.grad_weights for layer in self.layers]
         self.grad_biases = [layer.grad_biases for layer in self.layers]
-        # Rows per piece of a large batch (see loss_and_gradient): 1,024 rows are enough for the
-        # matrix products to run at NumPy's full rate, and keep a narrow network's arrays small
-        # (a 25-unit layer's activations take 100 KB in float32): larger pieces measured slower
-        # (benchmarks/RESULTS.md, "chunk size"). On the CPU only: a GPU (any namespace but NumPy)
-        # takes the whole batch at once (None), its products only faster for the size.
+        # Rows per piece of a large batch on the CPU (larger pieces measured slower: benchmarks/RESULTS.md,
+        # "chunk size"); a GPU takes the whole batch at once (None).
         self.chunk_size = 1024 if is_numpy(self.xp) else None
         self.last_correct, self.output_logits = 0, None
 
@@ -315,22 +287,12 @@ class LayerStack(Classifier):
                           on_layer_done=None):
         """Cost J and its gradient for a batch; the gradient is written into ``self.grads``.
 
-        inputs (N, n_0), labels (N,) integers. The sums over samples are divided by
-        ``normalizer`` (default N, giving the mean). A rank holding a shard of a
-        bigger batch passes the global batch size, so that the ranks' gradients add
-        up to exactly the full-batch gradient. Returns J (summed / normalizer).
-
-        On the CPU, a batch larger than ``self.chunk_size`` rows is processed chunk by chunk
-        and the chunks' gradients are added up (a sum over samples splits into sums over
-        chunks). The arrays of one chunk fit in the CPU cache, which makes the
-        element-wise work several times faster than on one huge batch.
-        Also sets ``self.last_correct``: how many samples the network got right.
-        With ``on_device`` both stay 0-d arrays where the arrays live (e.g. on the GPU), so
-        that the caller can add them up there and bring them back once per epoch; otherwise
-        they are a Python float and int (which, on a GPU, waits for the GPU).
-        ``on_layer_done(layer)``, if given, is called as soon as layer ``layer``'s gradient is
-        final (layers L-1 down to 0, in the order backpropagation produces them): nnlib.lesson08_inside_allreduce.overlap
-        starts sending it there while the earlier layers' backward pass still runs.
+        inputs (N, n_0), labels (N,) integers. Returns J (summed over samples / ``normalizer``, default N):
+        a rank holding a shard of a bigger batch passes the global batch size, so that the ranks'
+        gradients add up to exactly the full-batch gradient. Also sets ``self.last_correct``.
+        On the CPU the batch goes in chunks of ``chunk_size`` rows (a sum over samples splits into sums
+        over chunks; a chunk's arrays stay in the cache). With ``on_device`` the loss and count stay 0-d
+        arrays on the device (no wait for a GPU); ``on_layer_done(layer)`` as in :func:`backward_layers`.
         """
         if check:
             self.check_inputs(inputs)
@@ -339,25 +301,16 @@ class LayerStack(Classifier):
         loss, self.last_correct = None, 0
         chunks = self.chunks(inputs.shape[0]) or [(0, 0)]  # no rows: one empty chunk, whose gradient is 0
         for start, end in chunks:
-            last = end == chunks[-1][1]
-            chunk_loss = self._chunk_loss_and_gradient(inputs[start:end, ...], labels[start:end], scale, start > 0,
-                                                       on_layer_done if last else None)
+            activations = self.forward(inputs[start:end, ...])
+            chunk_loss, correct, delta = output_loss(self.output_logits, activations[-1], labels[start:end], scale,
+                                                     self.output)
+            self.last_correct = self.last_correct + correct if start > 0 else correct
+            backward_layers(self.layers, activations, delta, start > 0, on_layer_done if end == chunks[-1][1] else None)
             loss = chunk_loss if loss is None else loss + chunk_loss  # (one chunk: no addition, no GPU kernel)
         if on_device:
             return loss
         self.last_correct = int(self.last_correct)
         return float(loss)
-
-    def _chunk_loss_and_gradient(self, inputs, labels, scale: float, accumulate: bool, on_layer_done=None):
-        """Backpropagation on one chunk: write (or, if accumulate, add) its gradient into grads.
-
-        Returns the chunk's scaled loss as a 0-d array on the arrays' device.
-        """
-        activations = self.forward(inputs)
-        loss, correct, delta = output_loss(self.output_logits, activations[-1], labels, scale, self.output)
-        self.last_correct = self.last_correct + correct if accumulate else correct
-        backward_layers(self.layers, activations, delta, accumulate, on_layer_done)
-        return loss
 
     # -- evaluation -----------------------------------------------------------
 
@@ -380,7 +333,8 @@ class LayerStack(Classifier):
         total = 0.0
         for start, end in self.chunks(inputs.shape[0]):
             self.forward(inputs[start:end, ...])
-            targets = one_hot_targets(labels[start:end], self.layer_sizes[-1], self.dtype, self.xp)
+            targets = one_hot(labels[start:end, None], constant_vector("classes", self.layer_sizes[-1], self.xp),
+                              self.dtype)
             total += float(cross_entropy_from_logits(self.output_logits, targets, self.output, self.xp))
         return total / inputs.shape[0]
 
@@ -410,7 +364,7 @@ class Network(LayerStack):
             raise ValueError(f"dtype must be float32 or float64; got {dtype}")
         xp = namespace_of_device(device)
         shapes = list(zip(layer_sizes[:-1], layer_sizes[1:]))
-        params = xp.asarray(initial_parameters(shapes, seed), dtype=getattr(xp, str(np.dtype(dtype))))
+        params = xp.asarray(np.concatenate(list(initial_layers(shapes, seed))), dtype=getattr(xp, str(np.dtype(dtype))))
         grads = xp.zeros_like(params)
         super().__init__(layer_sizes, output, dense_layers(params, grads, shapes, output, xp), params, grads, xp)
 
@@ -441,10 +395,7 @@ def parameter_offsets(shapes) -> list[int]:
 
     shapes: [(n_in, n_out)] per layer. Layers l..m are flat[offsets[l]:offsets[m + 1]].
     """
-    offsets = [0]
-    for n_in, n_out in shapes:
-        offsets.append(offsets[-1] + n_in * n_out + n_out)
-    return offsets
+    return np.cumsum([0] + [n_in * n_out + n_out for n_in, n_out in shapes]).tolist()
 
 
 def layer_views(flat, shapes, xp=np):
@@ -457,11 +408,6 @@ def layer_views(flat, shapes, xp=np):
         weights.append(xp.reshape(flat[offset:offset + rows * columns], (rows, columns)))
         biases.append(flat[offset + rows * columns:offset + rows * columns + columns])
     return weights, biases
-
-
-def initial_parameters(shapes, seed: int) -> np.ndarray:
-    """The flat float64 starting vector: Glorot-uniform weights, zero biases, drawn on the CPU."""
-    return np.concatenate(list(initial_layers(shapes, seed)))
 
 
 def initial_layers(shapes, seed: int):

@@ -33,11 +33,10 @@ LESSON = 3
 
 
 class SGD:
-    """Stochastic gradient descent on a network's flat parameter vector, momentum optional."""
+    """Stochastic gradient descent on a network's flat parameter vector, momentum optional (checked by
+    the caller: :meth:`Settings.problems` and :func:`as_schedule`)."""
 
     def __init__(self, network, learning_rate: float, momentum: float = 0.0):
-        check_learning_rate(learning_rate)
-        check_momentum(momentum)
         self.network = network
         self.learning_rate = float(learning_rate)
         self.momentum = float(momentum)
@@ -81,12 +80,8 @@ def diverged(loss, where: str, learning_rate) -> FloatingPointError:
 def as_schedule(learning_rate):
     """The learning rate (a number, or a function of the progress in epochs: 0.0, 0.25, ...) as a function
     of the progress whose every value is checked, so that a bad schedule fails at its first bad step."""
-    if not callable(learning_rate):
-        check_learning_rate(learning_rate)
-        return lambda progress: learning_rate
-
     def checked(progress: float) -> float:
-        rate = learning_rate(progress)
+        rate = learning_rate(progress) if callable(learning_rate) else learning_rate
         check_learning_rate(rate)
         return rate
 
@@ -330,9 +325,8 @@ def train_step(run: Run, inputs, labels, rows, divide_by: int) -> None:
     if rows is not None:
         inputs, labels = xp.take(inputs, rows, axis=0), xp.take(labels, rows, axis=0)
     run.phase("compute")  # (a rank may hold none of a batch's rows: its share of the gradient is then 0)
-    backward_hook = {} if run.sync.layer_done is None else {"on_layer_done": run.sync.layer_done}
     loss = network.loss_and_gradient(inputs, labels, normalizer=divide_by, check=False, on_device=xp is not np,
-                                     **backward_hook)
+                                     on_layer_done=run.sync.layer_done)
     if run.sync.size == 1 and xp is np and not math.isfinite(loss):
         raise diverged(loss, f"at epoch {run.epoch + 1}, step {run.step + 1}", run.rate)
     run.loss_sum, run.correct_sum = network.fused(add_to_sums)(run.loss_sum, run.correct_sum, loss,

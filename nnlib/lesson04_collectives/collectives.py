@@ -11,6 +11,8 @@ At the end: every rank reaching the same verdict (lesson 05 and after use it bef
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 from mpi4py import MPI
 
@@ -42,10 +44,7 @@ def split_evenly(total: int, parts: int) -> tuple[list[int], list[int]]:
         raise ValueError(f"parts must be at least 1; got {parts}")
     base, extra = divmod(int(total), int(parts))
     counts = [base + (part < extra) for part in range(parts)]
-    starts = [0] * parts
-    for part in range(1, parts):
-        starts[part] = starts[part - 1] + counts[part - 1]
-    return counts, starts
+    return counts, [0, *itertools.accumulate(counts[:-1])]
 
 
 def split_counts(total: int, parts: int) -> np.ndarray:
@@ -75,7 +74,7 @@ def broadcast_new(comm, array, root: int = 0) -> np.ndarray:
     meta = comm.bcast((array.shape, array.dtype.str) if comm.rank == root else None, root=root)
     if comm.rank != root:
         array = np.empty(meta[0], dtype=np.dtype(meta[1]))
-    return broadcast(comm, require_contiguous(array), root)
+    return broadcast(comm, array, root)
 
 
 def scatter_rows(comm, array, root: int = 0) -> np.ndarray:
@@ -84,11 +83,7 @@ def scatter_rows(comm, array, root: int = 0) -> np.ndarray:
     Works when the rows do not divide by the number of ranks. Other ranks pass None.
     Returns this rank's block, (rows_for_this_rank, *array.shape[1:]).
     """
-    if comm.rank == root:
-        require_contiguous(array)
-        meta = (array.shape, array.dtype.str)
-    else:
-        meta = None
+    meta = (require_contiguous(array).shape, array.dtype.str) if comm.rank == root else None
     shape, dtype = comm.bcast(meta, root=root)
     dtype = np.dtype(dtype)
     row_size = int(np.prod(shape[1:], dtype=np.int64))

@@ -93,7 +93,7 @@ def parameter_server_time(n_bytes, ranks, alpha: float, beta: float):
 def step_matmul_shapes(layer_sizes, batch_size: int):
     """The (m, k, n) shapes of every matrix product nnlib's training step runs on ``batch_size`` samples.
 
-    For layers (n_0, ..., n_L), as Network.forward and Network._chunk_loss_and_gradient compute them:
+    For layers (n_0, ..., n_L), as Network.forward and Network.loss_and_gradient compute them:
 
         forward       z_l = a_{l-1} @ W_l              (N, n_{l-1}) @ (n_{l-1}, n_l)   every layer
         weight grads  dW_l = a_{l-1}.T @ delta_l       (n_{l-1}, N) @ (N, n_l)         every layer

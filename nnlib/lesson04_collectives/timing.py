@@ -1,13 +1,9 @@
 """Timing a piece of code honestly: warm-up calls first, then the median of several timed calls.
 
 One timer for the whole series. The first calls of anything are slow (caches, memory allocation,
-compiled GPU kernels), so ``warmup`` calls run untimed; a median ignores the odd slow call
-(another process, an interrupt) that a mean would let decide everything. Work that returns
-before it is finished (a GPU kernel) needs ``synchronize`` to wait for it; a collective needs
-every rank to start together (:func:`time_collective` passes a Barrier as ``before``).
-
-The collectives' timers (lesson 04: an Allreduce by message size, one point-to-point message for
-the alpha-beta fit; lesson 08: an Allreduce with its buffer out of the caches) are here too.
+compiled GPU kernels), so ``warmup`` calls run untimed; a median ignores the odd slow call that a
+mean would let decide everything. Work that returns before it is finished (a GPU kernel) needs
+``synchronize``; a collective needs every rank to start together (:func:`time_collective`).
 """
 
 from __future__ import annotations

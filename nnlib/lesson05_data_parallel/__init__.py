@@ -5,11 +5,8 @@
     plots          each rank's phases on a time line, and the time per step by phase (drawn again
                    in lessons 06 and 08)
 
-Later lessons plug into the same loop from their own folders: ZeRO, Overlap and PerRankBatches
-(lesson 08), HostStaging (07), the watchdog and checkpoints (10), compressed gradients (11).
-Every mode with the sequential run's batches takes exactly its steps (nnlib.train); the checkers
-in tests/mpi/ compare each one with it. The lesson's names are importable from here:
-``from nnlib.lesson05_data_parallel import shard, train_parallel``.
+Later lessons plug into the same loop from their own folders (lessons 07, 08, 10, 11); every mode with
+the sequential run's batches takes exactly its steps (nnlib.train), as the checkers in tests/mpi/ show.
 """
 
 from nnlib.lesson05_data_parallel.data_parallel import (PHASES, STRATEGIES, Allreduce, ParameterServer, ReduceBroadcast,

@@ -6,28 +6,19 @@ It is lesson 03's training loop (``train_loop``), run on every rank at once. One
 2. **compute**: forward and backward on them, dividing by the *global* batch size, so the
    ranks' gradients add up to exactly the sequential batch gradient (whatever the shard sizes);
 3. **communicate** and **update**: the one thing that differs from one process, the way the
-   gradients are combined (the loop's ``sync``):
-
-   :class:`ParameterServer`  Gather every rank's gradient on rank 0, which sums them, updates,
-                             and broadcasts the new parameters (what the seed scripts do);
-   :class:`ReduceBroadcast`  Reduce (sum) the gradients onto rank 0, which updates and
-                             broadcasts the parameters (one seed's variant);
-   :class:`Allreduce`        one in-place Allreduce of the flat gradient vector: every rank gets
-                             the sum and applies the same update to its own copy (one message).
+   gradients are combined (the loop's ``sync``): :class:`ParameterServer`, :class:`ReduceBroadcast`
+   or :class:`Allreduce`.
 
 Same steps as the sequential run: every rank draws the same seeded permutation of all N samples that
-:func:`nnlib.train` draws, so global batch k holds the same samples for any number of ranks; each rank computes the part of it that falls in its shard (:class:`ShardBatches`).
-
-:func:`shard` scatters the rows (Scatterv: N need not divide by P); rank 0's weights are broadcast;
-:class:`PhaseTimer` records where each rank's time goes. Later lessons' ways of combining gradients
-(lesson 08's ZeRO and overlap, lesson 11's compression) and hooks (the GPU in lesson 07, deadlines
-and checkpoints in lesson 10) plug in as ``train_parallel(..., strategy=..., hooks=[...])``.
+:func:`nnlib.train` draws, so global batch k holds the same samples for any number of ranks; each rank
+computes the part of it that falls in its shard (:class:`ShardBatches`). Later lessons' ways of combining
+gradients and hooks plug in as ``train_parallel(..., strategy=..., hooks=[...])``.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 import numpy as np
 from mpi4py import MPI
@@ -209,34 +200,6 @@ class PhaseTimer(Hook):
         self.open, self.began = name, now
 
 
-@dataclass(frozen=True)
-class ParallelOptions:
-    """What train_parallel takes besides the settings:
-
-    strategy:   a name of STRATEGIES, or a class making the sync from (comm, network), e.g. lesson 08's ZeRO;
-    batches:    a class making the plan from (shard_sizes, rank, settings); None: :class:`ShardBatches`;
-    validation: (inputs, labels), the same on every rank; progress: rank 0 prints a line per epoch;
-    timeline_steps: the steps whose phases are kept; on_step: a function (epoch, step, total_steps)
-    called after every step; hooks: more hooks (nnlib.lesson03_training.training.Hook), run after on_step, before the timer.
-    """
-
-    strategy: object = "allreduce"
-    batches: object = None
-    validation: tuple | None = None
-    progress: bool = False
-    timeline_steps: int = 0
-    on_step: object = None
-    hooks: tuple = ()
-
-    @classmethod
-    def split(cls, settings: Settings | None, keywords: dict):
-        """(Settings, ParallelOptions) from ``settings`` and keywords of either."""
-        own = [name.name for name in fields(cls)]
-        rest = {key: value for key, value in keywords.items() if key not in own}
-        settings = Settings.from_keywords(settings, rest, others=own)  # (refuses unknown keywords)
-        return settings, cls(**{key: value for key, value in keywords.items() if key in own})
-
-
 def make_sync(comm, network, strategy):
     """The sync of ``strategy`` (a name of STRATEGIES, or a function of (comm, network)), or a problem."""
     if isinstance(strategy, str):
@@ -251,9 +214,7 @@ def make_sync(comm, network, strategy):
 
 def check_run(comm, network, local_inputs, local_labels, num_samples: int, settings: Settings, validation) -> list:
     """Every check of a data-parallel run's arguments, as a list of problems (this rank's)."""
-    problems = settings.problems()
-    if num_samples < comm.size:
-        problems.append(f"{comm.size} ranks but only {num_samples} samples: every rank needs at least one")
+    problems = settings.problems()  # (a rank without rows: check_inputs refuses its empty batch)
     if settings.batch_size is not None and settings.batch_size < comm.size:
         problems.append(f"the global batch ({settings.batch_size}) is smaller than the number of ranks ({comm.size}): "
                         "each rank needs samples to work on; use a batch of at least one sample per rank")
@@ -269,7 +230,7 @@ def check_run(comm, network, local_inputs, local_labels, num_samples: int, setti
     return problems
 
 
-def agree_on_the_run(comm, network, settings: Settings, sync, options, num_samples: int, start: int, rows: int):
+def agree_on_the_run(comm, network, settings: Settings, sync, options: dict, num_samples: int, start: int, rows: int):
     """The same verdict on every rank (the same network, settings, strategy; shards that tile N): the shards' sizes."""
     require_same_on_every_rank(comm, "the network (layer sizes, output, dtype)",
                                (network.layer_sizes, network.output, str(network.params.dtype)))
@@ -277,7 +238,7 @@ def agree_on_the_run(comm, network, settings: Settings, sync, options, num_sampl
     require_same_on_every_rank(comm, "the training settings (samples, epochs, batch, momentum, seed, rate, strategy, "
                                "batches, validation)", (num_samples, settings.epochs, settings.batch_size,
                                settings.momentum, settings.seed, learning_rate, sync.name,
-                               getattr(options.batches, "__name__", None), options.validation is not None))
+                               getattr(options["batches"], "__name__", None), options["validation"] is not None))
     shard_sizes, starts = comm.allgather(rows), comm.allgather(int(start))
     expected_starts = [int(offset) for offset in collectives.offsets(shard_sizes)]
     if sum(shard_sizes) != num_samples or starts != expected_starts:  # the same verdict on every rank
@@ -287,21 +248,31 @@ def agree_on_the_run(comm, network, settings: Settings, sync, options, num_sampl
     return shard_sizes
 
 
+#: What train_parallel takes besides the settings, and their defaults. strategy: a name of STRATEGIES, or a class
+#: making the sync from (comm, network), e.g. lesson 08's ZeRO; batches: a class making the plan from (shard_sizes,
+#: rank, settings), None: :class:`ShardBatches`; validation: (inputs, labels), the same on every rank; progress:
+#: rank 0 prints a line per epoch; timeline_steps: the steps whose phases are kept; on_step: a function (epoch,
+#: step, total_steps) called after every step; hooks: more hooks (nnlib.lesson03_training.training.Hook).
+OPTIONS = dict(strategy="allreduce", batches=None, validation=None, progress=False, timeline_steps=0, on_step=None,
+               hooks=())
+
+
 def train_parallel(comm, network, local_inputs, local_labels, *, num_samples: int, start: int,
                    settings: Settings | None = None, **keywords) -> ParallelHistory:
     """Data-parallel training of ``network`` (a full copy on every rank) on this rank's rows [start, start + len)
     of the N = num_samples samples (:func:`shard`). ``settings``: a Settings, or its fields as keywords (as
-    nnlib.lesson03_training.training.train); the other keywords are :class:`ParallelOptions`. Every rank returns the history;
-    a bad setting raises the same ValueError on every rank."""
-    settings, options = ParallelOptions.split(settings, keywords)
-    sync, problem = make_sync(comm, network, options.strategy)
-    validation = None if options.validation is None else tuple(map(network.xp.asarray, options.validation))
+    nnlib.lesson03_training.training.train); the other keywords are :data:`OPTIONS`. Every rank returns the
+    history; a bad setting raises the same ValueError on every rank."""
+    options = {name: keywords.pop(name, default) for name, default in OPTIONS.items()}
+    settings = Settings.from_keywords(settings, keywords, others=OPTIONS)
+    sync, problem = make_sync(comm, network, options["strategy"])
+    validation = None if options["validation"] is None else tuple(map(network.xp.asarray, options["validation"]))
     problems = check_run(comm, network, local_inputs, local_labels, num_samples, settings, validation)
     fail_together(comm, "; ".join(problems + ([problem] if problem else [])) or None)
     shard_sizes = agree_on_the_run(comm, network, settings, sync, options, num_samples, start, local_inputs.shape[0])
-    plan = (options.batches or ShardBatches)(shard_sizes, comm.rank, settings)
-    hooks = [*([EveryStep(options.on_step)] if options.on_step else []), *options.hooks,
-             PhaseTimer(options.timeline_steps), ProgressLines(options.progress and comm.rank == 0)]
+    plan = (options["batches"] or ShardBatches)(shard_sizes, comm.rank, settings)
+    hooks = [*([EveryStep(options["on_step"])] if options["on_step"] else []), *options["hooks"],
+             PhaseTimer(options["timeline_steps"]), ProgressLines(options["progress"] and comm.rank == 0)]
     run = Run(network, settings, plan, sync, hooks, ParallelHistory(), validation)
     return train_loop(run, local_inputs, local_labels)
 

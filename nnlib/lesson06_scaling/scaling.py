@@ -165,16 +165,11 @@ def summarize(records) -> list[dict]:
         for phase in ("load", "data", "compute", "communicate", "update"):
             row[f"{phase}_seconds"] = statistics.median(r[f"{phase}_seconds"] for r in group)
         rows.append(row)
+    one_rank = {(row["kind"], row["strategy"]): row["epoch_seconds"] for row in rows if row["ranks"] == 1}
     for row in rows:
-        base = [r for r in rows if (r["kind"], r["strategy"], r["ranks"]) == (row["kind"], row["strategy"], 1)]
-        if not base:
-            row["speedup"] = row["efficiency"] = float("nan")
-            continue
-        ratio = base[0]["epoch_seconds"] / row["epoch_seconds"]
-        if row["kind"] == "strong":
-            row["speedup"], row["efficiency"] = ratio, ratio / row["ranks"]
-        else:
-            row["speedup"], row["efficiency"] = ratio * row["ranks"], ratio
+        ratio = one_rank.get((row["kind"], row["strategy"]), float("nan")) / row["epoch_seconds"]  # T1 / TP
+        strong = row["kind"] == "strong"
+        row["speedup"], row["efficiency"] = (ratio, ratio / row["ranks"]) if strong else (ratio * row["ranks"], ratio)
     return rows
 
 
@@ -182,16 +177,12 @@ def format_table(rows, kind: str) -> str:
     """The original projects' table shape: samples, ranks, time, speedup, efficiency (oversubscribed points
     marked *). Weak scaling's speedup is the *scaled* speedup P T1 / TP (the work grows with P)."""
     speedup = "speedup" if kind == "strong" else "scaled speedup"
+    rows = [row for row in rows if row["kind"] == kind]
     lines = [f"{'samples':>8s} {'ranks':>5s} {'s/epoch':>9s} {'spread':>8s} {speedup:>14s} {'efficiency':>10s}"]
-    marked = False
-    for row in rows:
-        if row["kind"] != kind:
-            continue
-        star = "*" if row["oversubscribed"] else " "
-        marked |= row["oversubscribed"]
-        lines.append(f"{row['samples']:8d} {row['ranks']:4d}{star} {row['epoch_seconds']:9.3f} {row['spread']:8.3f} "
-                     f"{row['speedup']:14.2f} {row['efficiency']:10.0%}")
-    if marked:
+    lines += [f"{row['samples']:8d} {row['ranks']:4d}{'*' if row['oversubscribed'] else ' '} "
+              f"{row['epoch_seconds']:9.3f} {row['spread']:8.3f} {row['speedup']:14.2f} {row['efficiency']:10.0%}"
+              for row in rows]
+    if any(row["oversubscribed"] for row in rows):
         lines.append("* more ranks than physical cores (oversubscribed): ranks take turns on the cores")
     return "\n".join(lines)
 
@@ -290,13 +281,8 @@ def large_batch_accuracy(inputs, labels, test_inputs, test_labels, ranks_list,
 # -- CSV ---------------------------------------------------------------------------------------------
 
 
-def save_csv(records, path) -> None:
-    """Write records to ``path`` as CSV (atomically)."""
-    write_csv(records, path, RECORD_FIELDS)
-
-
 def load_csv(path, where: str | None = None) -> list[dict]:
-    """Records from a CSV written by :func:`save_csv`, numbers converted; ``where`` labels their origin."""
+    """Records from a CSV of RECORD_FIELDS (main's ``--output``), numbers converted; ``where`` labels their origin."""
     records = read_csv(path, RECORD_FIELDS, integers=("ranks", "samples", "repeat", "physical_cores"),
                        floats=("epoch_seconds", "load_seconds", "data_seconds", "compute_seconds",
                                "communicate_seconds", "update_seconds", "accuracy"), what="scaling records")
@@ -329,7 +315,7 @@ def main(argv=None) -> int:
     for kind in ("strong", "weak"):
         print(f"\n{kind} scaling ({args.strategy}):\n{format_table(rows, kind)}")
     if args.output:
-        save_csv(records, args.output)
+        write_csv(records, args.output, RECORD_FIELDS)
         print(f"\nwrote {len(records)} records to {args.output}")
     return 0
 

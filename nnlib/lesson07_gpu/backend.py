@@ -3,14 +3,9 @@
 The network computes in whatever array namespace it is given (nnlib.lesson02_network.arrays, lesson 02):
 ``Network(sizes, device=resolve_backend("gpu"))`` puts it on the GPU.
 
-``resolve_backend("auto")`` picks CuPy only when it is installed *and* a small
-matrix product on the device works (``cupy.cuda.is_available()`` alone can be true
-while cuBLAS is missing); otherwise NumPy. It says which, and why, in one line.
-
-CuPy 14 or newer is needed: its main namespace follows NumPy 2 and the array API
-(``cupy.astype``, ``cupy.concat``, ``cupy.isdtype``); CuPy 13 lacks those. CuPy's arrays
-have no ``__array_namespace__`` method (as of 14.2), so nnlib.lesson02_network.arrays.array_namespace
-recognises them by their type.
+``resolve_backend("auto")`` picks CuPy only when a small matrix product on the device works
+(nnlib.course.environment.gpu_status); otherwise NumPy. CuPy 14 or newer is needed: its main namespace
+follows NumPy 2 and the array API (``cupy.astype``, ``cupy.concat``, ``cupy.isdtype``).
 """
 
 from __future__ import annotations
@@ -114,16 +109,11 @@ class HostStaging:
     """A communicator that hands MPI the network's buffers wherever they live.
 
     NumPy arrays go to MPI as they are; so do GPU arrays with a CUDA-aware MPI, once the GPU has
-    finished writing them (its work is queued; MPI must not read a half-written buffer). With an
-    ordinary MPI, GPU arrays are *staged*: copied to host memory, communicated, copied back. It wraps
-    any communicator (MPI's, or a nnlib.course.deadline.WatchedComm: ``HostStaging(watch(comm), xp)``, never the
-other way round); everything else is the wrapped one's::
-
-        train_parallel(HostStaging(comm, network.xp), network, ...)
-
-    Staged, a non-blocking Iallreduce cannot overlap anything: it runs at once (lesson 08's overlap
-    then behaves as the plain Allreduce); an Isend sends a host copy, which its request keeps alive.
-    ``cuda_aware``: None asks MPI (:func:`cuda_aware_mpi`).
+    finished writing them (MPI must not read a half-written buffer). With an ordinary MPI, GPU arrays
+    are *staged*: copied to host memory, communicated, copied back. It wraps any communicator (MPI's, or
+    a WatchedComm: ``HostStaging(watch(comm), xp)``, never the other way round); everything else is the
+    wrapped one's: ``train_parallel(HostStaging(comm, network.xp), network, ...)``. Staged, an Iallreduce
+    runs at once (it cannot overlap). ``cuda_aware``: None asks MPI (:func:`cuda_aware_mpi`).
     """
 
     BUFFER_METHODS = ("Allgather", "Allgatherv", "Allreduce", "Bcast", "Gather", "Gatherv", "Isend", "Recv", "Reduce",

@@ -127,13 +127,8 @@ def epoch_seconds(hidden: int, inputs, labels, device: str = "cpu", batch_size: 
     return history.seconds[1]
 
 
-def save_csv(records, path) -> None:
-    """Write benchmark records as CSV (atomically)."""
-    write_csv(records, path, CSV_FIELDS)
-
-
 def load_csv(path) -> list[dict]:
-    """Records from :func:`save_csv`, numbers converted (empty fields: None, or NaN for times)."""
+    """Records from a CSV of CSV_FIELDS (written by main), numbers converted (empty: None, or NaN for times)."""
     return read_csv(path, CSV_FIELDS, integers=("m", "k", "n", "hidden", "samples"),
                     floats=("cpu_seconds", "gpu_seconds", "gpu_with_copies_seconds"), what="GPU benchmark records")
 
@@ -205,6 +200,6 @@ def main(argv=None) -> int:
     print(format_records(records))
     output = args.output or (args.results_dir and f"{args.results_dir}/gpu-{device_slug(device)}.csv")
     if output:
-        save_csv(records, output)
+        write_csv(records, output, CSV_FIELDS)
         print(f"wrote {len(records)} records to {output}")
     return 0
