@@ -12,7 +12,7 @@ import pytest
 from nnlib import Network, train
 from nnlib.lesson03_training.training import SGD, Settings
 from nnlib.lesson12_memory.accumulation import MicroBatched, micro_batch_bounds
-from nnlib.lesson12_memory.mixed_precision import (SGD_MOMENTUM_BYTES, MixedPrecision, ScaledStep, train_mixed,
+from nnlib.lesson12_memory.mixed_precision import (SGD_MOMENTUM_BYTES, MixedPrecision, scaled_step, train_mixed,
                                                    underflow_per_layer)
 from nnlib.lesson12_memory.budget import MODEL_ERROR, activation_widths, predicted_bytes
 from nnlib.lesson12_memory.recompute import checkpoint_layers, extra_forward_flops, sqrt_every
@@ -111,7 +111,7 @@ def test_accumulation_equals_the_whole_batch_within_1e_12():
 
 def test_the_loss_scaler_skips_and_halves_on_overflow_and_doubles_after_good_steps():
     mixed = MixedPrecision(Network((16, 9, 16)), loss_scale=1024.0, growth_interval=3)
-    step = ScaledStep(SGD(mixed, 0.1), mixed)
+    step = scaled_step(SGD(mixed, 0.1), mixed)
     verdicts = []
     for gradient in (np.inf, 2.0, 2.0, 2.0, np.nan, 4.0):
         before = mixed.params.copy()

@@ -19,10 +19,6 @@ MPI moves a non-blocking collective forward only while some MPI call runs (no pr
 here), so after each layer the pending requests are tested once (``Testall``): that is where
 the overlap happens. The sums are the same Allreduce sums, in place, so the result equals the
 plain Allreduce (tests/mpi/check_parallel.py). ``train_parallel(..., strategy=Overlap)`` trains this way.
-
-For a trace, ``BucketedAllreduce.calls`` keeps the last step's per-bucket calls, (call, bucket,
-start, end) in time.perf_counter seconds: "Iallreduce" when bucket b was started, "wait" while
-``finish`` waited for its sum; :func:`bucket_spans` makes them spans for lesson 04's trace writer.
 """
 
 from __future__ import annotations
@@ -75,7 +71,8 @@ class BucketedAllreduce:
         self.starts_at = {layer: (start, stop) for layer, start, stop in self.buckets}
         self.number = {layer: index for index, (layer, _, _) in enumerate(self.buckets)}  # bucket b: b-th completed
         self.pending: list = []
-        self.calls: list = []  # the last step's (call, bucket, start, end): "Iallreduce" started, "wait" for it
+        self.calls: list = []  # the last step's (call, bucket, start, end), time.perf_counter seconds: "Iallreduce"
+        # when bucket b was started, "wait" while finish waited for its sum (bucket_spans: a trace's spans)
         self._step_over = False
 
     def layer_done(self, layer: int) -> None:

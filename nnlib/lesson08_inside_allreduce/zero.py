@@ -20,9 +20,7 @@ A ring Allreduce *is* a reduce-scatter followed by an allgather, so ZeRO sends t
 the ``allreduce`` strategy; what it removes is the repeated update and the repeated optimizer
 state. Steps 1 and 3 are exactly the two halves of nnlib.lesson08_inside_allreduce.allreduce's ring
 (:func:`~nnlib.lesson08_inside_allreduce.allreduce.ring_reduce_scatter`, :func:`~nnlib.lesson08_inside_allreduce.allreduce.ring_allgather`), run
-on whatever communicator the run has. (MPI's own ``Reduce_scatter`` + ``Allgatherv`` compute the same;
-how long they take against one ``Allreduce`` of the same gradient depends on the MPI library and
-the machine: lesson 08 measures both against the ring's halves.) Each slice is updated with exactly the formula of
+on whatever communicator the run has. Each slice is updated with exactly the formula of
 ``nnlib.lesson03_training.training.SGD``, so the result equals the ``allreduce`` strategy up to the order in which
 MPI adds the ranks' gradients (within 1e-10 in float64; tests/mpi/check_parallel.py).
 

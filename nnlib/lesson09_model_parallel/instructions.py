@@ -34,7 +34,7 @@ class Instruction:
 
 
 def program(stage: int, stages: int, order) -> list[Instruction]:
-    """A stage's instructions from its order of work [(kind, k)], kind "forward" or "backward", messages included:
+    """A stage's instructions from its order of work [(kind, k)], kind "forward" or a backward, messages included:
     receive the input (unless the first stage), forward, send it on (unless the last); receive the output's
     gradient (unless the last), backward, send the input's gradient back (unless the first)."""
     first, last, instructions = stage == 0, stage == stages - 1, []
@@ -42,9 +42,9 @@ def program(stage: int, stages: int, order) -> list[Instruction]:
         if kind == "forward":
             instructions += [Instruction("recv_forward", k)] if not first else []
             instructions += [Instruction("forward", k)] + ([Instruction("send_forward", k)] if not last else [])
-        else:
+        else:  # a backward (or lesson 13's B, which sends what a backward sends)
             instructions += [Instruction("recv_backward", k)] if not last else []
-            instructions += [Instruction("backward", k)] + ([Instruction("send_backward", k)] if not first else [])
+            instructions += [Instruction(kind, k)] + ([Instruction("send_backward", k)] if not first else [])
     return instructions
 
 

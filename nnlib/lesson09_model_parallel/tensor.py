@@ -26,16 +26,9 @@ Any hidden size works, also one the number of ranks does not divide (``split_cou
 parameters start as :class:`nnlib.lesson02_network.network.Network`'s (the same seed), and :meth:`full_params`
 gathers them back into its flat layout, so runs compare with sequential training directly.
 
-The layers are nnlib.lesson02_network.network's :class:`~nnlib.lesson02_network.network.Layer` over this rank's flat vector: a
-:class:`ColumnLayer` is a plain layer over its columns whose input gradient is completed by an
-Allreduce; a :class:`RowLayer` one over its rows whose logits are. A :class:`TensorParallelMLP` is
-a :class:`~nnlib.lesson02_network.network.LayerStack` of them, so it runs the same forward_layers/backward_layers
-as Network and has the methods :func:`nnlib.lesson03_training.training.train` uses (``params``, ``grads``,
-``loss_and_gradient``...): the sequential trainer drives it unchanged, every rank running the
-same steps on the same batches.
-
-The communicator is used as given. For a deadline on every Allreduce (lesson 10), pass a watched
-one: ``TensorParallelMLP(nnlib.course.deadline.watch(comm, timeout), ...)``.
+A :class:`TensorParallelMLP` is a :class:`~nnlib.lesson02_network.network.LayerStack` of lesson 02's layers over
+this rank's flat vector, so the sequential trainer (lesson 03's train) drives it unchanged, every rank running
+the same steps on the same batches.
 """
 
 from __future__ import annotations
@@ -52,12 +45,7 @@ LESSON = 9
 
 def layer_kinds(num_layers: int) -> list[str]:
     """How each weight layer is split: column, row, column, row, ..., and a replicated last one if odd."""
-    kinds = []
-    while len(kinds) + 2 <= num_layers:
-        kinds += ["column", "row"]
-    if len(kinds) < num_layers:
-        kinds.append("replicated")
-    return kinds
+    return ["column", "row"] * (num_layers // 2) + ["replicated"] * (num_layers % 2)
 
 
 class SplitLayer(Layer):
@@ -96,11 +84,7 @@ class RowLayer(SplitLayer):
         return logits
 
 
-class ReplicatedLayer(SplitLayer):
-    """A layer kept whole on every rank (the odd last layer): the same small product everywhere, no message."""
-
-
-SPLIT_LAYERS = {"column": ColumnLayer, "row": RowLayer, "replicated": ReplicatedLayer}
+SPLIT_LAYERS = {"column": ColumnLayer, "row": RowLayer, "replicated": SplitLayer}  # (replicated: whole everywhere)
 
 
 def split_pieces(whole: Network, kinds, size: int, rank: int):

@@ -144,13 +144,8 @@ def load(path) -> Checkpoint:
 
 def mismatches(saved: dict, current: dict) -> list[str]:
     """Settings that differ between a checkpoint and this run ('epochs' may grow, not shrink)."""
-    problems = []
-    for key in sorted(set(saved) | set(current)):
-        if key == "epochs":
-            continue
-        if saved.get(key) != current.get(key):
-            problems.append(f"{key}: the checkpoint has {saved.get(key)!r}, this run {current.get(key)!r}")
-    return problems
+    return [f"{key}: the checkpoint has {saved.get(key)!r}, this run {current.get(key)!r}"
+            for key in sorted(set(saved) | set(current)) if key != "epochs" and saved.get(key) != current.get(key)]
 
 
 class CheckpointFolder:
@@ -296,7 +291,8 @@ class Checkpointing(Hook):
         rank = self.comm.rank
         small = None if saved is None else dict(meta_of(saved), velocity=saved.velocity is not None)
         small = self.comm.bcast(small, root=0)
-        dtype, whole_size = to_numpy(run.network.params[:1]).dtype, whole_parameters(run.network)
+        dtype = to_numpy(run.network.params[:1]).dtype
+        whole_size = int(getattr(run.network, "total_params", run.network.num_params))  # (a sharded one's: all)
         if hasattr(run.network, "load_full_params"):  # sharded: every rank keeps its chunks of the whole
             params = saved.params.astype(dtype) if rank == 0 else np.empty(whole_size, dtype)
             self.comm.Bcast(params, root=0)
@@ -362,11 +358,6 @@ class Checkpointing(Hook):
         if self.comm.rank != 0 or run.optimizer.velocity is None:
             return None
         return to_numpy(run.optimizer.velocity)
-
-
-def whole_parameters(network) -> int:
-    """The length of the whole parameter vector: ``total_params`` of a sharded network, else num_params."""
-    return int(getattr(network, "total_params", network.num_params))
 
 
 def load_velocity(optimizer, whole) -> None:

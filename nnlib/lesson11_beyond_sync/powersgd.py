@@ -23,8 +23,6 @@ messages are larger than the gradient, which only that test wants). Bytes per st
 
 from __future__ import annotations
 
-from functools import partial
-
 import numpy as np
 from mpi4py import MPI
 
@@ -105,12 +103,8 @@ class PowerSGDCompressor:
             bias[...] = summed
 
 
-def power_sgd_allreduce(comm, network, rank: int, seed: int = 0) -> CompressedAllreduce:
-    """Data parallelism whose gradients go through a :class:`PowerSGDCompressor` (nnlib.lesson11_beyond_sync.compression)."""
-    compressor = PowerSGDCompressor(network.shapes, rank, to_numpy(network.params[:1]).dtype, seed)
-    return CompressedAllreduce(comm, network, "powersgd", compressor=compressor)
-
-
 def powersgd(rank: int, seed: int = 0):
-    """The strategy ``train_parallel`` takes for PowerSGD of this rank: a function of (comm, network)."""
-    return partial(power_sgd_allreduce, rank=rank, seed=seed)
+    """The strategy ``train_parallel`` takes for PowerSGD of this rank: a function of (comm, network) giving
+    lesson 11's CompressedAllreduce with a :class:`PowerSGDCompressor`."""
+    return lambda comm, network: CompressedAllreduce(comm, network, "powersgd", compressor=PowerSGDCompressor(
+        network.shapes, rank, to_numpy(network.params[:1]).dtype, seed))

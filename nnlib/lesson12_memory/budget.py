@@ -15,13 +15,12 @@ rank chunk c_{l,r} of every layer (c = sum_l c_{l,r}), ZeRO a slice of the n val
                             chunks: float32, 4) + float32 gradient 4 ("gradients"), float32 momentum 4; activations,
                             backward's arrays and the gathered layer low, 2 bytes (float16 and bfloat16 alike)
 
-Left out, as in lesson 09, the temporaries: NumPy's 1 - a, a weight-gradient product added to a gradient (later
-micro-batches), the update's eta g, the loss's arrays, a recomputing forward's z, FSDP's float32 copy of a
-gradient before its reduce-scatter, mixed precision's float32 copies of what a product reads, Python's objects.
-Against tracemalloc's whole peak (nnlib.lesson12_memory.demo), on notebook 12's cases on 1 to 4 ranks, the error
-(predicted - measured) / measured lies within MODEL_ERROR (tests/mpi/check_memory.py; seen: -32% to -0.3%): less
-is counted than NumPy holds, most where little is kept (checkpoints, micro-batches, chunks) beside the
-temporaries. It could count more only where its maxima (the largest layer, the widest backward) are apart.
+Left out, beside lesson 09's temporaries: a recomputing forward's z, FSDP's float32 copy of a gradient before its
+reduce-scatter, mixed precision's float32 copies of what a product reads. Against tracemalloc's whole peak
+(nnlib.lesson12_memory.demo), on notebook 12's cases on 1 to 4 ranks, the error (predicted - measured) / measured
+lies within MODEL_ERROR (tests/mpi/check_memory.py; seen: -32% to -0.3%): less is counted than NumPy holds, most
+where little is kept (checkpoints, micro-batches, chunks) beside the temporaries. It could count more only where
+its maxima (the largest layer, the widest backward) are apart.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
 """Lesson 12's measurements on several ranks, run in notebook 12's cluster (``%%px``) and by
 tests/mpi/check_memory.py: the network and settings its FSDP and accumulation cells train (SIZES, SETTINGS), and
-each rank's peak memory over a step, measured with tracemalloc beside the memory model's prediction
-(nnlib.lesson12_memory.budget, lesson 09's nnlib.lesson09_model_parallel.memory): one network and one global batch
-for every case, data parallelism (float64, and float32 beside mixed precision), ZeRO, FSDP, recomputation,
-accumulation and mixed precision, and lesson 09's tensor and pipeline parallelism.
+each rank's peak memory over a step (tracemalloc) beside the memory model's prediction, for every case below.
 """
 
 from __future__ import annotations

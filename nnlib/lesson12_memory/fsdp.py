@@ -18,12 +18,6 @@ data parallelism's 2 (n - c_r) (nnlib.lesson12_memory.traffic). :class:`ShardedL
 :class:`~nnlib.lesson02_network.network.Layer` whose weights are gathered on use, so the forward and
 backward passes are lesson 02's ``forward_layers`` and ``backward_layers`` unchanged. Equal to
 sequential training within 1e-10 in float64 (tests/mpi/check_memory.py).
-
-A checkpoint (nnlib.lesson10_faults.checkpoint) holds the whole vectors: :meth:`FullyShardedNetwork.full_vector`
-gathers every rank's chunks into [W_1, b_1, ...], :meth:`~FullyShardedNetwork.own_chunks` cuts a whole vector
-into this rank's chunks again (any number of ranks). In mixed precision
-(nnlib.lesson12_memory.mixed_precision) the chunks gathered are float16 or bfloat16, which travel as their bits
-(:func:`as_message`).
 """
 
 from __future__ import annotations

@@ -21,18 +21,11 @@ bfloat16 keeps float32's 8 exponent bits (its smallest normal is 2^-126, about 1
 mantissa bits instead (8 significant bits against float16's 11): the same gradients survive without
 scaling, so bfloat16 runs with S = 1 and no scaler (an overflow still skips the step).
 
-Combined with lesson 12's other savers: gradient accumulation (``micro_batches`` = k: each micro-batch's
-low gradient unscaled and added into the float32 grads; the overflow verdict is taken once per step, on
-the sum), recomputation (``recompute_every``: the checkpoints are low-precision activations) and FSDP
-(a :class:`~nnlib.lesson12_memory.fsdp.FullyShardedNetwork` as ``network``: its float32 chunks are the
-master, each rank keeps a low copy of its chunks, gathers a layer in low precision, computes its rows'
-gradient in low precision and reduce-scatters it in float32. Why float32: MPI has no 16-bit float sum,
-and rounding each partial sum to 2 bytes would lose more bits at every one of the P - 1 additions. A rank
-sees only its chunk of the sum, so the ranks agree on the verdict with one Allreduce of a flag.)
-
-Memory per parameter (SGD with momentum): low weights 2 + low gradients 2 + float32 master 4
-+ float32 momentum 4 + float32 unscaled gradient 4 (the ZeRO paper counts 2 + 2 + 12 for Adam, whose
-master, momentum and variance are 4 each).
+Combined with lesson 12's other savers: accumulation (each micro-batch's low gradient unscaled and added into
+the float32 grads, one verdict per step, on the sum), recomputation (low-precision checkpoints) and FSDP (its
+float32 chunks the master; a layer gathered in low precision, its gradient reduce-scattered in float32: MPI has
+no 16-bit float sum, and rounding each partial sum to 2 bytes would lose bits at every one of the P - 1 additions).
+Memory per parameter: :data:`SGD_MOMENTUM_BYTES` (the ZeRO paper counts 2 + 2 + 12 for Adam).
 """
 
 from __future__ import annotations
@@ -128,9 +121,8 @@ class LossScaler:
         overflowed on its way) or if S max|g| is beyond the low precision's largest value (the sum itself would
         not fit). The second test depends on the sum only, not on how it was cut into micro-batches and ranks:
         two cuttings can disagree only where one piece overflowed alone while the sum fits. FSDP's ranks hold
-        chunks of g (``split_over_ranks``): one Allreduce of the flag gives every rank the same verdict; otherwise the sync's sum is the same on every
-        rank already. ZeRO-1/2 (lesson 08) sums only this rank's slice ``part`` of g: the verdict on that slice,
-        and the flag Allreduce over the sync's ``comm``."""
+        chunks of g (``split_over_ranks``), ZeRO-1/2 (lesson 08) sums only this rank's slice ``part`` of g: one
+        Allreduce of the flag (over the sync's ``comm`` for ZeRO) gives every rank the same verdict."""
         grads = self.network.grads[part]
         peak = max(abs(float(grads.max())), abs(float(grads.min()))) if grads.size else 0.0  # (no temporary)
         xp = self.network.xp
@@ -205,7 +197,7 @@ class MixedPrecision(LossScaler, MicroBatched):
     def loss_and_gradient(self, inputs, labels, normalizer=None, check: bool = True, on_device: bool = False,
                           on_layer_done=None):
         """Low-precision forwards and backwards from S dJ/dz_L (micro-batch by micro-batch), unscaled into the
-        float32 grads (an overflow stays inf for the optimizer, :class:`ScaledStep`, to see). Returns J."""
+        float32 grads (an overflow stays inf for the optimizer, :func:`scaled_step`, to see). Returns J."""
         if on_layer_done is not None:
             raise ValueError("mixed precision unscales the gradient after backward: a strategy that sends it "
                              "during backward (overlap) does not combine with it")
@@ -237,54 +229,35 @@ class MixedPrecision(LossScaler, MicroBatched):
                 "float32 momentum": velocity}
 
 
-class ScaledStep:
-    """An optimizer that updates only when the gradient it is given is finite, and tells the loss scaler.
+def scaled_step(optimizer, mixed: MixedPrecision, comm=None):
+    """``optimizer`` made to update only when the gradient it is given is finite, telling the loss scaler.
 
-    It looks at the gradient the sync hands it: after lesson 05's Allreduce that is the sum over the ranks,
-    the same on every rank, and an inf or NaN on any rank makes the sum non-finite everywhere, so every rank
-    skips together, with no extra message. FSDP's ranks each hold a chunk of the sum: they agree with one
-    Allreduce of the flag (:meth:`LossScaler.overflow`). ZeRO-1/2's optimizer (lesson 08's ShardedSGD) updates
-    its slice [start, stop) of the parameters, the only part of the gradient the reduce-scatter summed: the
-    verdict is taken there and agreed over the sync's ``comm``.
+    After lesson 05's Allreduce the gradient is the sum over the ranks, the same on every rank, so every rank
+    skips together with no extra message; FSDP's chunks and ZeRO-1/2's slice [start, stop) (lesson 08's
+    ShardedSGD, agreed over the sync's ``comm``) take :meth:`LossScaler.overflow`'s one flag Allreduce.
     """
+    sliced = hasattr(optimizer, "start") and hasattr(optimizer, "stop")  # ZeRO-1/2's ShardedSGD
+    comm, part = (comm, slice(optimizer.start, optimizer.stop)) if sliced else (None, slice(None))
+    update = optimizer.step
 
-    def __init__(self, optimizer, mixed: MixedPrecision, comm=None):
-        self.optimizer, self.mixed = optimizer, mixed
-        sliced = hasattr(optimizer, "start") and hasattr(optimizer, "stop")  # ZeRO-1/2's ShardedSGD
-        self.comm, self.part = (comm, slice(optimizer.start, optimizer.stop)) if sliced else (None, slice(None))
-
-    def __getattr__(self, name):  # the optimizer's own (network, sharded, full_velocity, ... for checkpoints)
-        if name == "optimizer":  # not set yet (a copy or an unpickling in progress): no endless recursion
-            raise AttributeError(name)
-        return getattr(self.optimizer, name)
-
-    @property
-    def learning_rate(self) -> float:
-        return self.optimizer.learning_rate
-
-    @learning_rate.setter
-    def learning_rate(self, rate: float) -> None:
-        self.optimizer.learning_rate = rate
-
-    @property
-    def velocity(self):
-        return self.optimizer.velocity
-
-    def step(self) -> None:
-        overflowed = self.mixed.overflow(self.comm, self.part)
-        self.mixed.scaler_update(overflowed)
+    def step() -> None:
+        overflowed = mixed.overflow(comm, part)
+        mixed.scaler_update(overflowed)
         if not overflowed:
-            self.optimizer.step()
+            update()
+
+    optimizer.step = step
+    return optimizer
 
 
 def loss_scaled(sync_class):
     """``sync_class`` (lesson 03's LocalUpdate, lesson 05's Allreduce, lesson 08's ZeRO, lesson 12's FullySharded)
-    whose optimizer is a :class:`ScaledStep` around the sync's own optimizer on the float32 master network."""
+    whose optimizer, the sync's own on the float32 master network, is a :func:`scaled_step`."""
 
     class LossScaled(sync_class):
         def optimizer(self, network, learning_rate: float, momentum: float):
-            return ScaledStep(super().optimizer(network.network, learning_rate, momentum), network,
-                              getattr(self, "comm", None))
+            return scaled_step(super().optimizer(network.network, learning_rate, momentum), network,
+                               getattr(self, "comm", None))
 
         def step(self, run) -> None:
             with np.errstate(over="ignore", invalid="ignore"):  # (ZeRO's ring adds infs: what the scaler looks for)

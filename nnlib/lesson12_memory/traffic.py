@@ -1,15 +1,6 @@
-"""The bytes each rank sends, by formula, for lesson 08's CountingComm to check on the real MPI calls.
-
-A ring collective on P ranks over a buffer of n elements, where this rank owns chunk c_r of it
-(``chunk_bounds``: the first n mod P chunks one element longer), sends per rank:
-
-    Allgatherv       n - c_r        (every chunk but its own passes through it once)
-    Reduce_scatter   n - c_r        (the same, in the other direction)
-    Allreduce        2 (n - c_r)    (a reduce-scatter followed by an allgather)
-
-So data parallelism's one Allreduce of the gradient sends 2 (n - c_r) per step, and ZeRO-3's
-two allgathers of the parameters (forward and backward) and one reduce-scatter of the gradient
-send 3 times (n - c_r): 1.5 times as much, to hold 1/P of everything.
+"""The bytes each rank sends per step, by lesson 08's ring formulas (nnlib.lesson08_inside_allreduce.counting: an
+Allreduce sends 2 (n - c_r) values, an Allgatherv or a Reduce_scatter n - c_r), for CountingComm to check on the
+real MPI calls: ZeRO-3's two allgathers and one reduce-scatter send 1.5 times data parallelism's one Allreduce.
 """
 
 from __future__ import annotations

@@ -40,7 +40,7 @@ from nnlib.lesson04_collectives.collectives import (allgather_rows, raised_on_ev
                                                     split_evenly)
 from nnlib.lesson09_model_parallel.bubbles import (bubble_fraction, idle_fraction, random_batch, seconds_per_kind,
                                                    simulate, summary, timed_steps)
-from nnlib.lesson09_model_parallel.instructions import COMPUTE, SCHEDULES, Instruction
+from nnlib.lesson09_model_parallel.instructions import COMPUTE, SCHEDULES, Instruction, program
 from nnlib.lesson09_model_parallel.pipeline import PipelineMLP, Stage
 
 LESSON = 13
@@ -64,26 +64,12 @@ def chunk_of(instruction) -> int:
     return getattr(instruction, "chunk", 0)
 
 
-def virtual_position(stages: int):
-    """position(stage, instruction) for lesson 09's simulate: the virtual stage chunk x P + stage."""
-    return lambda stage, instruction: chunk_of(instruction) * stages + stage
-
-
 def chunk_program(stage: int, stages: int, order, chunks: int = 1) -> list[ChunkInstruction]:
-    """A stage's instructions from its order of work [(kind, k, chunk)], messages included (lesson 09's program on
-    virtual stages): a forward receives and sends on, a backward or B receives the output's gradient and sends the
-    input's back, a W has no message."""
-    instructions, last = [], stages * chunks - 1
-    for kind, k, chunk in order:
-        virtual = chunk * stages + stage
-        if kind == "forward":
-            before, after = "recv_forward" if virtual > 0 else None, "send_forward" if virtual < last else None
-        elif kind == "backward_weight":
-            before = after = None
-        else:  # "backward", or B ("backward_input"), which sends what "backward" sends
-            before, after = "recv_backward" if virtual < last else None, "send_backward" if virtual > 0 else None
-        instructions += [ChunkInstruction(name, k, chunk) for name in (before, kind, after) if name]
-    return instructions
+    """A stage's instructions from its order of work [(kind, k, chunk)]: lesson 09's program on virtual stage
+    chunk x P + stage of v P for each unit (a B, "backward_input", sends what "backward" sends); a W has no message."""
+    return [ChunkInstruction(step.kind, k, chunk) for kind, k, chunk in order
+            for step in ([Instruction(kind, k)] if kind == "backward_weight"
+                         else program(chunk * stages + stage, stages * chunks, [(kind, k)]))]
 
 
 def interleaved_order(stages: int, micro_batches: int, chunks: int, backward: bool) -> list[tuple[int, int]]:
@@ -215,7 +201,8 @@ def schedule_bubble(name: str, stage_seconds, micro_batches: int, chunks: int = 
 
 def simulated_timelines(programs, seconds):
     """Lesson 09's simulate for this lesson's lists: W's letter, and each chunk on its virtual stage's channels."""
-    return simulate(programs, seconds, letters=LETTERS, position=virtual_position(len(programs)))
+    return simulate(programs, seconds, letters=LETTERS,
+                    position=lambda stage, instruction: chunk_of(instruction) * len(programs) + stage)
 
 
 # -- the layers of v P virtual stages -----------------------------------------------------------------------
@@ -432,16 +419,11 @@ def summarize(name: str, steps, micro_batches: int, chunks: int) -> dict:
     """Lesson 09's summary of one schedule's steps, its simulation and formula from each step's own times."""
     simulated, formula = [], []
     for timelines in steps:
-        per_stage = [stage_times(seconds_per_kind(timeline), chunks) for timeline in timelines]
+        # a whole stage's F, B, W: a chunk's median x v (a backward not split counts as B, with W = 0)
+        per_stage = [{letter: seconds_per_kind(timeline).get(letter, 0.0) * chunks for letter in "FBW"}
+                     for timeline in timelines]
         simulated.append(schedule_bubble(name, per_stage, micro_batches, chunks))
         mean = [float(np.mean([stage[letter] for stage in per_stage])) for letter in "FBW"]
         formula.append(bubble_formula(name, len(timelines), micro_batches, mean, chunks))
     return dict(summary(steps, simulated), formula=float(np.median(formula)))
 
-
-def stage_times(medians: dict, chunks: int) -> dict:
-    """{"F", "B", "W"} of a whole stage from one timeline's medians per kind (a chunk's times x v).
-
-    A timeline without W (its backward not split) counts its backward as B and W = 0.
-    """
-    return {letter: medians.get(letter, 0.0) * chunks for letter in "FBW"}

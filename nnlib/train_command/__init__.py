@@ -17,22 +17,10 @@ When things go wrong:
 * ``--fault RANK:STEP:KIND`` makes one rank fail after global step STEP (raise, exit, kill
   with SIGKILL, or hang), for lessons and tests.
 
-Beyond synchronous SGD (lesson 11): ``--compression float16|bfloat16|topk`` (``--topk K``) sends
-compressed gradients (nnlib.lesson11_beyond_sync.compression); ``--asynchronous`` makes rank 0 a parameter server
-applying each worker's gradient as it arrives, ``--staleness S`` bounds how far a worker may run
-ahead (nnlib.lesson11_beyond_sync.asynchronous); ``--slow RANK:SECONDS`` makes one rank a straggler, in either mode.
-Talking less (lesson 11): ``--compression powersgd --rank R`` sends each weight gradient as a rank-R
-approximation (nnlib.lesson11_beyond_sync.powersgd); ``--local-steps H --outer-optimizer average|nesterov
---outer-learning-rate ETA`` is local SGD or DiLoCo (nnlib.lesson11_beyond_sync.local_sgd). With any
-compression or local steps the job counts the bytes each rank hands to Allreduce and Allgather.
-
-Memory (lesson 12): ``--strategy fsdp`` shards every layer's parameters, gradients and momentum over the
-ranks (ZeRO-3); ``--recompute K`` keeps every K-th layer's activations and recomputes the rest;
-``--accumulate K`` runs each step as K micro-batches; ``--precision float16`` stores the network in
-float16 with float32 master weights and dynamic loss scaling, ``--precision bfloat16`` in bfloat16 (the
-ml_dtypes package) without scaling; they combine with one another and with checkpoints (nnlib.lesson12_memory),
-with data parallelism and FSDP. What combines with what is one table, ``options.COMBINES``: the job refuses
-anything else with one message that lists what combines.
+Every lesson's options, each with its help (``python -m nnlib train --help``), are in ``options``: lesson 09's
+model parallelism and 13's schedules, lesson 11's compression, asynchrony and local SGD, lesson 12's memory
+savers. What combines with what is one table, ``options.COMBINES``: the job refuses anything else with one
+message that lists what combines.
 
 The job's parts, one file each: ``options`` (the arguments and their checks), ``job`` (run, abort, load the
 data), ``data_parallel``, ``model_parallel`` and ``asynchronous`` (the three kinds of job), ``reports`` (what

@@ -94,9 +94,9 @@ def test_zero_ranks_skip_together_when_one_slice_overflowed():
     mixed.network.grads[...] = 0.0
     if rank == size - 1:
         mixed.network.grads[optimizer.stop - 1] = np.inf
-    assert comm.allgather(mixed.overflow(optimizer.comm, optimizer.part)) == [True] * size
+    assert comm.allgather(mixed.overflow(comm, slice(optimizer.start, optimizer.stop))) == [True] * size
     mixed.network.grads[...] = 0.0
-    assert comm.allgather(mixed.overflow(optimizer.comm, optimizer.part)) == [False] * size
+    assert comm.allgather(mixed.overflow(comm, slice(optimizer.start, optimizer.stop))) == [False] * size
 
 
 def test_fsdp_mixed_precision_with_accumulation_and_recomputation_equals_sequential():
