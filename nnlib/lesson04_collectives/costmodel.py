@@ -1,25 +1,11 @@
 """Every prediction of the series, in one place: what a message, an Allreduce and a training step cost.
 
-Lesson 04 introduces the latency-bandwidth (alpha-beta) model; later lessons add to this module,
-and every notebook and module that predicts a time calls it (nothing else retypes a formula):
-
-lesson 04  one message of n bytes:  T(n) = alpha + beta n                      :func:`predicted_time`
-           alpha (seconds): the fixed cost of any message (software overhead, network latency);
-           beta (seconds per byte): the inverse bandwidth. The crossover is at n = alpha / beta.
-           :func:`fit_latency_bandwidth` fits alpha and beta to the times of *one point-to-point
-           message* (timing.time_messages). Not to a whole Allreduce: its time already holds
-           the algorithm's several latencies, and a model built on that alpha counts them twice.
-lesson 05  the parameter server (gather to rank 0, broadcast back)            :func:`parameter_server_time`
-lesson 06  assumed cluster networks (stated, not measured): ETHERNET_10G, INFINIBAND_100G,
-           ETHERNET_1G (lessons 06, 09, 11)
-           the FLOPs of a training step                                       :func:`flops_per_sample`
-           the step on P ranks: compute / P + communication + update           :func:`step_time`
-           the communication of a data-parallel strategy                      :func:`communication_time`
-lesson 08  Allreduce algorithms: ring, recursive doubling, reduce-then-broadcast, and the ring's
-           allgather half                                                      :func:`ring_allreduce_time` ...
-lesson 09  nnlib.lesson09_model_parallel.tradeoffs adds the bytes that tensor and pipeline parallelism send,
-           and its bubbles module the pipeline's idle fraction (P - 1) / (m + P - 1), where it is taught
-lesson 11  compressed exchanges are ring allgathers (nnlib.lesson11_beyond_sync.compression.exchange_time)
+Lesson 04 introduces the latency-bandwidth (alpha-beta) model of one message of n bytes, T(n) = alpha + beta n:
+alpha (seconds) is the fixed cost of any message (software overhead, network latency), beta (seconds per byte)
+the inverse bandwidth; the crossover is at n = alpha / beta. Later lessons add to this module, and every notebook
+and module that predicts a time calls it (nothing else retypes a formula): the parameter server (lesson 05), the
+assumed cluster networks, a step's FLOPs and its time on P ranks (06), the Allreduce algorithms (08).
+Lesson 09's tradeoffs, its bubbles and lesson 11's compression build on these functions.
 
 The time functions take ``n_bytes`` and ``ranks`` as numbers or NumPy arrays (one prediction each)
 and return 0 for one rank: nothing is sent.
@@ -45,7 +31,8 @@ def fit_latency_bandwidth(sizes_in_bytes, seconds):
     """Least-squares fit of T(n) = alpha + beta n, weighted so that every size counts alike.
 
     ``seconds``: the measured times of one point-to-point message of each size (n,), e.g. from
-    timing.time_messages, so that alpha is one message's latency. Plain least squares would
+    timing.time_messages, so that alpha is one message's latency (not a whole Allreduce's time: that holds the
+    algorithm's several latencies, which a model built on it would count twice). Plain least squares would
     let the largest messages decide everything; dividing each equation by its measured time fits
     the *relative* error instead. Returns (alpha seconds, beta seconds per byte).
     """
