@@ -36,7 +36,7 @@ from nnlib.course.environment import blas_kernel, cpu_model, describe  # noqa: E
 from nnlib.lesson01_mnist import data  # noqa: E402
 from nnlib.lesson02_network.network import Network  # noqa: E402
 from nnlib.lesson04_collectives.costmodel import flops_per_sample  # noqa: E402
-from nnlib.lesson06_scaling.benchmarks import (matmul_rate, numpy_over_torch_matmul, step_matmul_shapes,  # noqa: E402
+from rates import (matmul_rate, numpy_over_torch_matmul, step_matmul_shapes,  # noqa: E402
                                                torch_copy, training_throughput)
 
 SEED_NETWORK = (400, 25, 10)  # the seed scripts trained only this network

@@ -72,11 +72,11 @@ def exact_imbalance(case: dict, ranks: int = 2) -> float:
 
 def matmul_ratio(case: dict, ranks: int = 2) -> float:
     """NumPy's matmul rate over PyTorch's (one thread each, each with its own BLAS) at the products of one
-    rank's step, its share of the global batch (nnlib.lesson06_scaling.benchmarks.numpy_over_torch_matmul:
+    rank's step, its share of the global batch (benchmarks/rates.py's numpy_over_torch_matmul:
     NumPy in nnlib's chunks, PyTorch whole, as DDP does not cut it)."""
     import torch
 
-    from nnlib.lesson06_scaling.benchmarks import numpy_over_torch_matmul
+    from rates import numpy_over_torch_matmul
 
     torch.set_num_threads(1)
     return numpy_over_torch_matmul(case["sizes"], -(-(case["batch"] or 60000) // ranks), torch)
@@ -242,7 +242,7 @@ def _torch_worker(rank, world_size, port, case_name, inputs, labels, queue):
     import torch.distributed as distributed
 
     from nnlib.lesson02_network.network import Network
-    from nnlib.lesson06_scaling.benchmarks import torch_copy
+    from rates import torch_copy
 
     torch.set_num_threads(1)
     distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)

@@ -29,7 +29,7 @@ from nnlib.lesson01_mnist import data
 from nnlib.lesson02_network.network import Network
 from nnlib.lesson03_training.training import train
 from nnlib.lesson04_collectives.costmodel import flops_per_sample
-from nnlib.lesson06_scaling.benchmarks import torch_copy
+from rates import torch_copy
 
 # The networks of issue 37: (name, layer sizes, batch).
 CASES = [("784-128-10, batch 128", (784, 128, 10), 128),

@@ -1,12 +1,17 @@
 """nnlib.lesson06_scaling.scaling and nnlib.lesson04_collectives.costmodel: fits and tables on synthetic timings with known answers,
 the cost model against hand-computed step times, and the harness end to end on 1 and 2 ranks."""
 
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 from nnlib.lesson01_mnist.files import write_csv
 from nnlib.lesson04_collectives import costmodel
 from nnlib.lesson06_scaling import scaling
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))  # benchmarks/rates.py
 
 
 def test_amdahl_fit_recovers_the_serial_fraction_of_exact_data():
@@ -103,7 +108,7 @@ def test_harness_end_to_end_on_one_and_two_ranks():
 
 def test_matmul_rate_multiplies_the_steps_shapes_in_the_library_it_is_given():
     """benchmarks/cpu_throughput.py's matmul ratio: the same products, turned into another library's arrays."""
-    from nnlib.lesson06_scaling.benchmarks import matmul_rate, step_matmul_shapes
+    from rates import matmul_rate, step_matmul_shapes
 
     shapes = []
 
@@ -124,7 +129,7 @@ def test_numpy_over_torch_times_numpy_in_nnlibs_chunks_and_the_other_library_who
     import types
 
     from nnlib import Network
-    from nnlib.lesson06_scaling import benchmarks
+    import rates as benchmarks
 
     shapes, rows_timed = [], []
 

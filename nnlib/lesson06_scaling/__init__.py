@@ -1,6 +1,5 @@
 """Lesson 06 (notebooks/06_scaling.ipynb): strong and weak scaling, measured against the model.
 
-    benchmarks  a reference matmul rate and training throughput
     scaling     data-parallel training over a grid of rank counts and problem sizes
     plots       speedup and efficiency against the rank count, beside Amdahl's or Gustafson's law
 """

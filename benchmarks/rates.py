@@ -1,4 +1,4 @@
-"""Measuring speed honestly: a reference matmul rate, and training throughput.
+"""Measuring speed honestly, for the scripts beside this file: a reference matmul rate, and training throughput.
 
 A step's FLOPs and matrix products' shapes are counted once, in nnlib.lesson04_collectives.costmodel.
 """
@@ -11,8 +11,6 @@ import numpy as np
 
 from nnlib.lesson04_collectives.costmodel import step_matmul_shapes
 
-LESSON = 6
-NOTEBOOKS_ONLY = True  # used by the scripts in benchmarks/, by no other nnlib module
 
 
 def matmul_rate(layer_sizes, batch_size: int, dtype="float32", min_seconds: float = 0.5, seed: int = 0,
