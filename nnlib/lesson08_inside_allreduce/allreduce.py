@@ -22,10 +22,6 @@ ring (bandwidth-optimal: every rank sends under 2 n elements, however large P is
     chunk r (as MPI's Reduce_scatter). Allgather: P - 1 more steps pass the completed chunks on.
     T = 2 (P - 1) alpha + 2 (P - 1) / P n beta
 
-Each function checks its buffer first, on every rank together (:func:`check_buffer`): the same
-length and dtype everywhere, a writable C-contiguous NumPy array, not empty. A bad buffer on
-one rank raises the same ValueError on all of them, instead of a hang or a crash inside MPI.
-
 Sizes and shapes: ``buffer`` is (n,) on every rank; chunks follow
 ``collectives.split_counts(n, P)`` (the first n mod P chunks one element longer).
 """
@@ -153,13 +149,7 @@ def ring_allgather(comm, buffer):
     return buffer
 
 
-def chunk_bounds(length: int, parts: int):
-    """(counts, starts) of ``parts`` chunks covering ``length`` elements: collectives.split_evenly, as plain ints.
-
-    The ring's chunks are nnlib's one split of N items over P ranks (the first N mod P chunks one
-    element longer).
-    """
-    return split_evenly(length, parts)
+chunk_bounds = split_evenly  # (counts, starts) of the ring's P chunks: nnlib's one split (the first N mod P longer)
 
 
 def ring_schedule(size: int):
@@ -168,14 +158,8 @@ def ring_schedule(size: int):
     Returns a list of 2 (P - 1) steps; each step is a dict with ``phase`` ("reduce-scatter" or
     "allgather") and ``sends``: a list of (sender, receiver, chunk), one per rank.
     """
-    steps = []
-    for step in range(size - 1):
-        steps.append({"phase": "reduce-scatter",
-                      "sends": [(rank, (rank + 1) % size, (rank - step - 1) % size) for rank in range(size)]})
-    for step in range(size - 1):
-        steps.append({"phase": "allgather",
-                      "sends": [(rank, (rank + 1) % size, (rank - step) % size) for rank in range(size)]})
-    return steps
+    return [{"phase": phase, "sends": [(rank, (rank + 1) % size, (rank - step - lag) % size) for rank in range(size)]}
+            for phase, lag in (("reduce-scatter", 1), ("allgather", 0)) for step in range(size - 1)]
 
 
 def recursive_doubling_allreduce(comm, buffer, op: str = "sum", check: bool = True):

@@ -252,8 +252,8 @@ class Checkpointing(Hook):
         problem, saved = None, None
         if not isinstance(self.folder, CheckpointFolder):
             problem = f"checkpoints need a nnlib.lesson10_faults.checkpoint.CheckpointFolder; got {type(self.folder).__name__}"
-        elif getattr(run.sync, "compression", None) == "topk":
-            problem = "checkpoints do not keep top-k compression's residuals: run top-k without checkpoints"
+        elif getattr(run.sync, "kept_between_steps", None):  # (lesson 11's top-k, PowerSGD, local SGD)
+            problem = f"checkpoints do not keep {run.sync.kept_between_steps}: run it without checkpoints"
         elif self.comm.rank == 0:
             try:
                 saved = self.newest(run) if self.resume else self.refuse_another_runs_files()

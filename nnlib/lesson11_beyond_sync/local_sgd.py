@@ -31,7 +31,6 @@ from mpi4py import MPI
 
 from nnlib.lesson03_training.training import is_whole
 from nnlib.lesson05_data_parallel.data_parallel import DataParallel
-from nnlib.lesson11_beyond_sync.compression import refuse_checkpoints
 
 LESSON = 11
 
@@ -89,11 +88,11 @@ class LocalSGD(DataParallel):
         self.outer_learning_rate = float(outer_learning_rate or DEFAULT_OUTER_LEARNING_RATE[outer])
         kind = "DiLoCo" if outer == "nesterov" else "local SGD"
         self.name = f"{kind} (H = {self.local_steps}, outer rate {self.outer_learning_rate:g})"
+        self.kept_between_steps = "local SGD's anchor, outer momentum and each rank's own velocity"
         self.anchor, self.velocity, self.steps_in_round, self.rounds = None, None, 0, 0
 
     def begin(self, run) -> None:
         super().begin(run)  # every rank from rank 0's weights
-        refuse_checkpoints(run, "local SGD's anchor, outer momentum and each rank's own velocity")
         self.anchor = self.network.params.copy()
         self.velocity = self.network.xp.zeros_like(self.anchor) if self.outer == "nesterov" else None
 
