@@ -1,11 +1,4 @@
-"""Lesson 08's pictures: the ring's schedule, measured Allreduce times, one ZeRO step, overlap as a timeline.
-
-Three are drawn ideas, pictures of what the code of this lesson does (the notebook measures them next):
-:func:`ring_schedule` draws which chunk each rank sends at each step of the ring, :func:`zero_step` who
-holds what through reduce-scatter → update → allgather, and :func:`overlap_timeline` when each bucket's
-``Iallreduce`` runs, with and without overlap. :func:`allreduce_times` draws measurements: each
-algorithm's time and bus bandwidth against the message size, beside the alpha-beta model's.
-"""
+"""Lesson 08's pictures: the ring's schedule, measured Allreduce times, one ZeRO step, overlap as a timeline."""
 
 from __future__ import annotations
 

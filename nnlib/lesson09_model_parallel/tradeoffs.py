@@ -12,12 +12,6 @@ pipeline  consecutive layers per stage (nnlib.lesson09_model_parallel.pipeline).
           activations (N, n_boundary) forward and receives their gradient back (and likewise
           with the stage before it). Weights: its own layers only; activations kept: the whole
           batch (GPipe) or min(P - s, m) of m micro-batches (1F1B).
-
-:func:`handed_bytes` counts exactly what the implementations hand to MPI per step (tests compare
-it with counters on the real calls); :func:`parallel_step_time` turns it into seconds with nnlib.lesson04_collectives.costmodel's
-formulas, and nothing else: a ring Allreduce per collective message, alpha + n beta per
-point-to-point message, the FLOPs of a step at a given rate divided over the ranks, and for
-pipelines the bubble (P - 1) / (m + P - 1). What a rank holds is nnlib.lesson09_model_parallel.memory's count.
 """
 
 from __future__ import annotations

@@ -142,12 +142,6 @@ def load(path) -> Checkpoint:
     return checkpoint
 
 
-def mismatches(saved: dict, current: dict) -> list[str]:
-    """Settings that differ between a checkpoint and this run ('epochs' may grow, not shrink)."""
-    return [f"{key}: the checkpoint has {saved.get(key)!r}, this run {current.get(key)!r}"
-            for key in sorted(set(saved) | set(current)) if key != "epochs" and saved.get(key) != current.get(key)]
-
-
 class CheckpointFolder:
     """Where a run keeps its checkpoints: ``every`` steps (None: at the end of every epoch), the newest ``keep``.
 
@@ -274,8 +268,10 @@ class Checkpointing(Hook):
 
     def newest(self, run) -> Checkpoint:
         """Rank 0: the newest checkpoint, checked against this run (CheckpointError if it does not fit)."""
-        saved = self.folder.latest()
-        differences = mismatches(saved.settings, run_settings(run))
+        saved, current = self.folder.latest(), run_settings(run)
+        differences = [f"{key}: the checkpoint has {saved.settings.get(key)!r}, this run {current.get(key)!r}"
+                       for key in sorted(set(saved.settings) | set(current))  # (epochs may grow)
+                       if key != "epochs" and saved.settings.get(key) != current.get(key)]
         if differences:
             raise CheckpointError(f"{saved.path} was written by another run; " + "; ".join(differences)
                                   + ". Resume with the same settings, or use another checkpoint folder.")
