@@ -18,9 +18,7 @@ divide the number of parameters, as ``collectives.split_counts``) and, per step:
 
 A ring Allreduce *is* a reduce-scatter followed by an allgather, so ZeRO sends the same bytes as
 the ``allreduce`` strategy; what it removes is the repeated update and the repeated optimizer
-state. Steps 1 and 3 are exactly the two halves of nnlib.lesson08_inside_allreduce.allreduce's ring
-(:func:`~nnlib.lesson08_inside_allreduce.allreduce.ring_reduce_scatter`, :func:`~nnlib.lesson08_inside_allreduce.allreduce.ring_allgather`), run
-on whatever communicator the run has. Each slice is updated with exactly the formula of
+state. Steps 1 and 3 are the two halves of the ring (allreduce.py). Each slice is updated with exactly the formula of
 ``nnlib.lesson03_training.training.SGD``, so the result equals the ``allreduce`` strategy up to the order in which
 MPI adds the ranks' gradients (within 1e-10 in float64; tests/mpi/check_parallel.py).
 

@@ -22,9 +22,7 @@ of addition only. So ``staleness=0`` equals synchronous data parallelism with th
 (nnlib.lesson08_inside_allreduce.sampling.per_rank_plan) on the P-1 workers, to rounding; ``staleness=None`` is fully
 asynchronous.
 
-Messages are point-to-point with the buffer API: the server keeps one ``Irecv`` open per worker
-and waits for any of them (MPI's Waitany), under the watchdog's deadline; a gradient travels with
-its batch's summed loss, correct predictions and row count (3 more float64 numbers). Plain SGD
+The server keeps one ``Irecv`` open per worker and waits for any of them (MPI's Waitany). Plain SGD
 (no momentum): Downpour's server applied each gradient alone, and momentum across stale updates
 is a different algorithm.
 """
@@ -133,11 +131,7 @@ def train_async(comm, network, inputs, labels, settings: Settings | None = None,
 
 def serve(comm, network, steps: int, settings: Settings, staleness):
     """The server's loop: apply each gradient as it arrives; answer a worker with the parameters while
-    updates are still needed and the bound allows, else with "stop".
-
-    The run is ``epochs x steps x workers`` updates (as many gradients as the synchronous run has);
-    who computes them is up to the workers' speed: a fast worker makes more of them than a slow one.
-    """
+    updates are still needed (``epochs x steps x workers`` in all) and the bound allows, else with "stop"."""
     size, workers, learning_rate = network.num_params, comm.size - 1, settings.learning_rate
     inbox = np.zeros((workers, size + EXTRA))
     reply = np.zeros(size + 1)  # the parameters, then 1 (go on) or 0 (stop)

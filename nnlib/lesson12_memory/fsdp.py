@@ -13,8 +13,7 @@ where P does not divide n_l), and rank r keeps chunk r of every layer, its gradi
     update:             SGD on the chunks only, layer by layer (no communication)
 
 At any moment a rank holds its chunks (about 1/P of the parameters, gradients and momentum) plus
-one layer's whole parameters and gradient. It sends 3 (n - c_r) values per step against
-data parallelism's 2 (n - c_r) (nnlib.lesson12_memory.traffic). :class:`ShardedLayer` is lesson 02's
+one layer's whole parameters and gradient. :class:`ShardedLayer` is lesson 02's
 :class:`~nnlib.lesson02_network.network.Layer` whose weights are gathered on use, so the forward and
 backward passes are lesson 02's ``forward_layers`` and ``backward_layers`` unchanged. Equal to
 sequential training within 1e-10 in float64 (tests/mpi/check_memory.py).
