@@ -23,6 +23,8 @@ decoded messages (an ``Allgather``: MPI cannot add float16, bfloat16 or sparse v
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 from mpi4py import MPI
 
@@ -136,11 +138,7 @@ class CompressedAllreduce(DataParallel):
 
 def compressed(method: str, k: int | None = None):
     """The strategy ``train_parallel`` takes for compressed gradients: a function of (comm, network)."""
-    def make(comm, network):
-        return CompressedAllreduce(comm, network, method, k)
-
-    make.__name__ = method
-    return make
+    return partial(CompressedAllreduce, method=method, k=k)
 
 
 def message_bytes(method: str, num_params: int, k: int | None = None, itemsize: int = 8) -> int:

@@ -32,8 +32,9 @@ def data_parallel_job(args, comm, settings, data, test) -> int:
     from nnlib.lesson10_faults.checkpoint import CheckpointFolder, Checkpointing
     from nnlib.lesson10_faults.watchdog import RunNotes
 
+    slow = parse_slow(args.slow).get(comm.rank)  # a straggler's extra seconds per step
     actions = [action for action in (fault_injector(parse_fault(args.fault), comm.rank),
-                                     straggler(parse_slow(args.slow), comm.rank)) if action is not None]
+                                     slow and (lambda epoch, step, total_steps: time.sleep(slow))) if action]
     strategy, network, gpus = job_parts(args, comm)
     announce(args, comm, network, gpus)
     on_gpu = not is_numpy(network.xp)
@@ -131,17 +132,6 @@ def job_strategy(args):
 
         return loss_scaled(sync)
     return sync if args.strategy in ("zero", "overlap", "fsdp") else args.strategy
-
-
-def straggler(slow: dict, rank: int):
-    """A function (epoch, step, total_steps) making this rank ``slow[rank]`` seconds slower per step (None: not slowed)."""
-    if rank not in slow:
-        return None
-
-    def wait(epoch, step, total_steps):
-        time.sleep(slow[rank])
-
-    return wait
 
 
 def fault_injector(fault, rank):
