@@ -109,13 +109,9 @@ def ring_allreduce(comm, buffer, op: str = "sum", check: bool = True):
 
 
 def ring_reduce_scatter(comm, buffer, op: str = "sum"):
-    """The ring's first half, in place: afterwards chunk r of ``buffer`` holds the complete sum on rank r.
-
-    In step s = 0 .. P-2, rank r sends chunk (r - s - 1) mod P to rank r + 1 and adds the chunk
-    (r - s - 2) mod P arriving from rank r - 1 into its own copy. The last chunk to arrive at
-    rank r is chunk r, carrying every other rank's contribution. Other chunks are left holding
-    partial sums. Returns (start, stop) of this rank's complete chunk. (Unchecked: the callers
-    check the buffers.)
+    """The ring's first half (the module's reduce-scatter), in place: afterwards chunk r of ``buffer`` holds the
+    complete sum on rank r, the other chunks partial sums. Returns (start, stop) of this rank's complete chunk.
+    (Unchecked: the callers check the buffers.)
     """
     size, rank = comm.size, comm.rank
     counts, starts = chunk_bounds(buffer.size, size)

@@ -20,7 +20,7 @@ each rank drawing its own. The tests check that equality; H > 1 is the experimen
 
 A round ends after H steps, and at the end of every epoch, so that each epoch ends with one model on
 every rank (the one scored and saved). An epoch of S steps then makes ceil(S / H) Allreduces of the n
-parameters (:func:`rounds_per_epoch`) instead of S. DiLoCo's outer settings: eta_out = 0.7, mu_out = 0.9.
+parameters instead of S. DiLoCo's outer settings: eta_out = 0.7, mu_out = 0.9.
 """
 
 from __future__ import annotations
@@ -65,11 +65,6 @@ def outer_step(anchor, outer_gradient, velocity, learning_rate: float, momentum:
     velocity *= momentum
     velocity += outer_gradient
     anchor -= learning_rate * (outer_gradient + momentum * velocity)
-
-
-def rounds_per_epoch(steps_per_epoch: int, local_steps: int) -> int:
-    """Allreduces of the parameters per epoch: a round every H steps and one at the epoch's end, ceil(S / H)."""
-    return -(-int(steps_per_epoch) // int(local_steps))
 
 
 class LocalSGD(DataParallel):
