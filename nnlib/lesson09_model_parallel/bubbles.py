@@ -5,11 +5,7 @@ for m micro-batch times and idle for P - 1 of them, so the idle ("bubble") fract
 
     (P - 1) / (m + P - 1)                                                     (:func:`bubble_fraction`)
 
-and more micro-batches mean less waste. :func:`simulated_bubble` runs a schedule's instruction lists on a clock
-with each stage's own times (real stages are not equal); :func:`idle_fraction` is the same fraction read from
-timelines, simulated or measured, and :func:`measure_bubbles` measures real steps of
-nnlib.lesson09_model_parallel.pipeline.PipelineMLP. Lesson 13 (nnlib.lesson13_pipeline_schedules.schedules)
-builds its schedules' formulas and simulations from these.
+and more micro-batches mean less waste. Lesson 13 builds its schedules' formulas and simulations from these.
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
 """Tensor (intra-layer) parallelism: the hidden units are split over the ranks (Megatron-LM's MLP).
 
-Data parallelism gives every rank the whole network and part of the data. Tensor parallelism gives
-every rank *all* of the data and part of every large layer. Layers go in pairs:
+Every rank has *all* of the data and part of every large layer. Layers go in pairs:
 
 column-split layer (W: n_in x h, split by columns into h_r columns per rank)
     a_r = sigmoid(a @ W[:, cols_r] + b[cols_r])              (N, h_r): rank r's hidden units,

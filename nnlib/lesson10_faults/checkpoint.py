@@ -16,9 +16,6 @@ What a checkpoint holds (a :class:`Checkpoint`):
     extra          what the network keeps beyond its weights (its ``checkpoint_state()``, e.g. lesson 12's
                    loss scale), restored with its ``restore_checkpoint_state``; {} for most networks
 
-A network sharded over the ranks (lesson 12's FSDP: it has ``full_params`` and ``load_full_params``) is
-gathered into the whole vector on save (every rank takes part) and split again on restore.
-
 The learning-rate schedule's position is epoch + step / steps_per_epoch, so it is restored too.
 
 The file: an 8-byte magic ``NNLIBCKP``, the format version (uint32), the payload's length (uint64)

@@ -9,9 +9,8 @@ and the server applies every gradient the moment it arrives (Downpour SGD's serv
 
     w <- w - eta g,   v <- v + 1,   staleness of g = v_applied - v_computed
 
-so no worker waits for another: a fast worker makes many updates while a slow one makes few (the
-run is a number of updates, as many as the synchronous run makes, whoever computes them), but its
-gradients may have been computed from parameters several updates old (*stale*).
+so no worker waits for another, but its gradients may have been computed from parameters several
+updates old (*stale*).
 
 Bounded staleness (stale-synchronous parallel, Ho et al. 2013): every worker counts its updates
 (its clock c_w); the server answers a worker only while c_w - min_u c_u <= s, so no worker runs more

@@ -1,9 +1,7 @@
 """ZeRO stage 3, or fully sharded data parallelism (FSDP): every rank holds 1/P of the parameters, of
 their gradients and of the optimizer state; a layer's whole parameters exist only while it computes.
 
-Lesson 08's ZeRO cuts the optimizer state (stage 1) and sends the gradient as a reduce-scatter
-(stage 2's communication), but every rank still holds the whole parameter vector. Here (Rajbhandari
-et al. 2020, stage 3; PyTorch's FullyShardedDataParallel) each layer's flat parameters
+Here (Rajbhandari et al. 2020, stage 3; PyTorch's FullyShardedDataParallel) each layer's flat parameters
 [W_l, b_l] (n_l = n_in n_out + n_out values) are cut into P chunks (lesson 04's ``split_evenly``: uneven
 where P does not divide n_l), and rank r keeps chunk r of every layer, its gradient and its momentum:
 
