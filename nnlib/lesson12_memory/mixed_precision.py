@@ -171,24 +171,18 @@ class MixedPrecision(LossScaler, MicroBatched):
         self.split_over_ranks = self.sharded  # each rank holds FSDP's chunks of the gradient
         self.half_params = network.params.astype(self.low)
         self.half_grads = network.xp.zeros(network.params.size, SINGLE if self.sharded else self.low)
-        self.layers = self.low_layers()
-
-    def low_layers(self) -> list:
-        """HalfLayers over views of half_params and half_grads (HalfShardedLayers over this rank's chunks)."""
-        if self.sharded:
-            bounds = np.cumsum([0] + [layer.shard.size for layer in self.network.layers])
-            layers = [HalfShardedLayer(self.network.comm, layer.index, layer.shape,
-                                       (self.half_params[start:stop], self.half_grads[start:stop]),
-                                       layer.activation, self.network.log)
-                      for layer, start, stop in zip(self.network.layers, bounds, bounds[1:])]
+        if self.sharded:  # HalfShardedLayers over this rank's chunks, else HalfLayers over views of the low copies
+            bounds = np.cumsum([0] + [layer.shard.size for layer in network.layers])
+            self.layers = [HalfShardedLayer(network.comm, layer.index, layer.shape,
+                                            (self.half_params[start:stop], self.half_grads[start:stop]),
+                                            layer.activation, network.log)
+                           for layer, start, stop in zip(network.layers, bounds, bounds[1:])]
         else:
-            views = dense_layers(self.half_params, self.half_grads, self.network.shapes, self.network.output,
-                                 self.network.xp)
-            layers = [HalfLayer(view.weights, view.biases, view.grad_weights, view.grad_biases, view.activation)
-                      for view in views]
-        for layer in layers:
+            self.layers = [HalfLayer(view.weights, view.biases, view.grad_weights, view.grad_biases, view.activation)
+                           for view in dense_layers(self.half_params, self.half_grads, network.shapes, network.output,
+                                                    network.xp)]
+        for layer in self.layers:
             layer.low_dtype = self.low
-        return layers
 
     def loss_and_gradient(self, inputs, labels, normalizer=None, check: bool = True, on_device: bool = False,
                           on_layer_done=None):
