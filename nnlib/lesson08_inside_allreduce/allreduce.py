@@ -77,15 +77,13 @@ def check_buffer(comm, buffer, op: str = "sum", min_elements: int = 1) -> None:
         if problem is not None:
             raise raised_on_every_rank(ValueError(f"rank {rank}: {problem}."))
     lengths = [length for _, length, _ in reports]
-    if len(set(lengths)) > 1:
-        listing = ", ".join(f"rank {rank}: {length}" for rank, length in enumerate(lengths))
-        raise raised_on_every_rank(ValueError(f"the buffers have different lengths on different ranks ({listing}); "
-                                "every rank must pass a buffer of the same length"))
-    dtypes = [np.dtype(dtype).name for _, _, dtype in reports]
-    if len(set(dtypes)) > 1:
-        listing = ", ".join(f"rank {rank}: {dtype}" for rank, dtype in enumerate(dtypes))
-        raise raised_on_every_rank(ValueError(f"the buffers have different dtypes on different ranks ({listing}); "
-                                "convert them to one dtype first (e.g. buffer.astype(np.float64))"))
+    for what, values, advice in [("lengths", lengths, "every rank must pass a buffer of the same length"),
+                                 ("dtypes", [np.dtype(dtype).name for _, _, dtype in reports],
+                                  "convert them to one dtype first (e.g. buffer.astype(np.float64))")]:
+        if len(set(values)) > 1:
+            listing = ", ".join(f"rank {rank}: {value}" for rank, value in enumerate(values))
+            raise raised_on_every_rank(ValueError(f"the buffers have different {what} on different ranks ({listing}); "
+                                                  + advice))
     if lengths[0] < min_elements:
         raise raised_on_every_rank(ValueError(
             f"{comm.size} ranks but only {lengths[0]} elements: the ring cuts the buffer into one chunk per "
