@@ -97,10 +97,8 @@ def train_async(comm, network, inputs, labels, settings: Settings | None = None,
     shard, rows split as collectives.split_counts splits them over the P-1 workers; the server
     uses none). ``settings`` (nnlib.lesson03_training.training.Settings, or its fields as keywords; plain SGD: the
     momentum is not used): a worker's batches are its share of the batch size, epoch after epoch
-    through its shard (nnlib.lesson08_inside_allreduce.sampling.PerRankBatches). The run is as many updates as
-    synchronous training makes in ``epochs`` epochs; the server tells the workers to stop when that
-    many gradients are applied or on their way. ``staleness``: the bound s (None: fully
-    asynchronous). ``slow``: {rank: seconds} added to every step of those workers (a straggler).
+    through its shard (nnlib.lesson08_inside_allreduce.sampling.PerRankBatches); as many updates as
+    synchronous training makes (:func:`serve`). ``staleness``: the bound s (None: fully asynchronous). ``slow``: {rank: seconds} added to every step of those workers (a straggler).
     Every message has the deadline of ``comm`` (a nnlib.course.deadline.WatchedComm's, or the default).
     Every rank ends with the server's final parameters; rank 0 returns the
     :class:`AsyncHistory`, the workers None.
