@@ -160,10 +160,8 @@ def exchange_time(method: str, num_params: int, ranks: int, alpha: float, beta: 
     """
     if method == "none":
         return float(ring_allreduce_time(message_bytes("none", num_params, itemsize=itemsize), ranks, alpha, beta))
-    if method == "topk":
-        parts = [int(k) * INDEX_BYTES, int(k) * itemsize]
-    else:
-        parts = [message_bytes(method, num_params, k, itemsize)]
+    parts = ([int(k) * INDEX_BYTES, int(k) * itemsize] if method == "topk"
+             else [message_bytes(method, num_params, k, itemsize)])
     return float(sum(ring_allgather_time(part, ranks, alpha, beta) for part in parts))
 
 
