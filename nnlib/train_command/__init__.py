@@ -14,10 +14,7 @@ When things go wrong:
   status 1), as ``python -m mpi4py`` does: never a hang;
 * ``--checkpoint-dir``, ``--resume`` (nnlib.lesson10_faults.checkpoint) and ``--fault`` as ``--help`` says.
 
-Every lesson's options, each with its help (``python -m nnlib train --help``), are in ``options``: lesson 09's
-model parallelism and 13's schedules, lesson 11's compression, asynchrony and local SGD, lesson 12's memory
-savers. What combines with what is one table, ``options.COMBINES``: the job refuses anything else with one
-message that lists what combines.
+Every lesson's options are in ``options``, with one table of what combines with what (``options.COMBINES``).
 """
 
 from nnlib.train_command.job import abort_job, run
