@@ -22,10 +22,6 @@ ring (bandwidth-optimal: every rank sends under 2 n elements, however large P is
     chunk r (as MPI's Reduce_scatter). Allgather: P - 1 more steps pass the completed chunks on.
     T = 2 (P - 1) alpha + 2 (P - 1) / P n beta
 
-Each function checks its buffer first, on every rank together (:func:`check_buffer`): the same
-length and dtype everywhere, a writable C-contiguous NumPy array, not empty. A bad buffer on
-one rank raises the same ValueError on all of them, instead of a hang or a crash inside MPI.
-
 Sizes and shapes: ``buffer`` is (n,) on every rank; chunks follow
 ``collectives.split_counts(n, P)`` (the first n mod P chunks one element longer).
 """
@@ -81,15 +77,13 @@ def check_buffer(comm, buffer, op: str = "sum", min_elements: int = 1) -> None:
         if problem is not None:
             raise raised_on_every_rank(ValueError(f"rank {rank}: {problem}."))
     lengths = [length for _, length, _ in reports]
-    if len(set(lengths)) > 1:
-        listing = ", ".join(f"rank {rank}: {length}" for rank, length in enumerate(lengths))
-        raise raised_on_every_rank(ValueError(f"the buffers have different lengths on different ranks ({listing}); "
-                                "every rank must pass a buffer of the same length"))
-    dtypes = [np.dtype(dtype).name for _, _, dtype in reports]
-    if len(set(dtypes)) > 1:
-        listing = ", ".join(f"rank {rank}: {dtype}" for rank, dtype in enumerate(dtypes))
-        raise raised_on_every_rank(ValueError(f"the buffers have different dtypes on different ranks ({listing}); "
-                                "convert them to one dtype first (e.g. buffer.astype(np.float64))"))
+    for what, values, advice in [("lengths", lengths, "every rank must pass a buffer of the same length"),
+                                 ("dtypes", [np.dtype(dtype).name for _, _, dtype in reports],
+                                  "convert them to one dtype first (e.g. buffer.astype(np.float64))")]:
+        if len(set(values)) > 1:
+            listing = ", ".join(f"rank {rank}: {value}" for rank, value in enumerate(values))
+            raise raised_on_every_rank(ValueError(f"the buffers have different {what} on different ranks ({listing}); "
+                                                  + advice))
     if lengths[0] < min_elements:
         raise raised_on_every_rank(ValueError(
             f"{comm.size} ranks but only {lengths[0]} elements: the ring cuts the buffer into one chunk per "
@@ -113,13 +107,9 @@ def ring_allreduce(comm, buffer, op: str = "sum", check: bool = True):
 
 
 def ring_reduce_scatter(comm, buffer, op: str = "sum"):
-    """The ring's first half, in place: afterwards chunk r of ``buffer`` holds the complete sum on rank r.
-
-    In step s = 0 .. P-2, rank r sends chunk (r - s - 1) mod P to rank r + 1 and adds the chunk
-    (r - s - 2) mod P arriving from rank r - 1 into its own copy. The last chunk to arrive at
-    rank r is chunk r, carrying every other rank's contribution. Other chunks are left holding
-    partial sums. Returns (start, stop) of this rank's complete chunk. (Unchecked: the callers
-    check the buffers.)
+    """The ring's first half (the module's reduce-scatter), in place: afterwards chunk r of ``buffer`` holds the
+    complete sum on rank r, the other chunks partial sums. Returns (start, stop) of this rank's complete chunk.
+    (Unchecked: the callers check the buffers.)
     """
     size, rank = comm.size, comm.rank
     counts, starts = chunk_bounds(buffer.size, size)
@@ -153,13 +143,7 @@ def ring_allgather(comm, buffer):
     return buffer
 
 
-def chunk_bounds(length: int, parts: int):
-    """(counts, starts) of ``parts`` chunks covering ``length`` elements: collectives.split_evenly, as plain ints.
-
-    The ring's chunks are nnlib's one split of N items over P ranks (the first N mod P chunks one
-    element longer).
-    """
-    return split_evenly(length, parts)
+chunk_bounds = split_evenly  # (counts, starts) of the ring's P chunks: nnlib's one split (the first N mod P longer)
 
 
 def ring_schedule(size: int):
@@ -168,14 +152,8 @@ def ring_schedule(size: int):
     Returns a list of 2 (P - 1) steps; each step is a dict with ``phase`` ("reduce-scatter" or
     "allgather") and ``sends``: a list of (sender, receiver, chunk), one per rank.
     """
-    steps = []
-    for step in range(size - 1):
-        steps.append({"phase": "reduce-scatter",
-                      "sends": [(rank, (rank + 1) % size, (rank - step - 1) % size) for rank in range(size)]})
-    for step in range(size - 1):
-        steps.append({"phase": "allgather",
-                      "sends": [(rank, (rank + 1) % size, (rank - step) % size) for rank in range(size)]})
-    return steps
+    return [{"phase": phase, "sends": [(rank, (rank + 1) % size, (rank - step - lag) % size) for rank in range(size)]}
+            for phase, lag in (("reduce-scatter", 1), ("allgather", 0)) for step in range(size - 1)]
 
 
 def recursive_doubling_allreduce(comm, buffer, op: str = "sum", check: bool = True):

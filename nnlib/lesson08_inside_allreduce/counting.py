@@ -8,10 +8,8 @@ A ring collective on P ranks over a buffer of n values, where this rank owns chu
     Allgatherv       n - c_r              (the same, in the other direction)
     Allgather        (P - 1) b            (b: this rank's part; every other part passes through)
 
-So data parallelism's one Allreduce of the gradient sends 2 (n - c_r) values per step, and
-ZeRO-3 / FSDP's two allgathers of the parameters and one reduce-scatter of the gradient send
-3 (n - c_r): 1.5 times as much (lesson 12). MPI's own collectives hide their algorithm: these
-are the ring's figures for the calls really made, not bytes caught on the wire.
+MPI's own collectives hide their algorithm: these are the ring's figures for the calls really made, not bytes
+caught on the wire.
 """
 
 from __future__ import annotations

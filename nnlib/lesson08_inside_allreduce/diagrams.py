@@ -1,11 +1,4 @@
-"""Lesson 08's pictures: the ring's schedule, measured Allreduce times, one ZeRO step, overlap as a timeline.
-
-Three are drawn ideas, pictures of what the code of this lesson does (the notebook measures them next):
-:func:`ring_schedule` draws which chunk each rank sends at each step of the ring, :func:`zero_step` who
-holds what through reduce-scatter → update → allgather, and :func:`overlap_timeline` when each bucket's
-``Iallreduce`` runs, with and without overlap. :func:`allreduce_times` draws measurements: each
-algorithm's time and bus bandwidth against the message size, beside the alpha-beta model's.
-"""
+"""Lesson 08's pictures: the ring's schedule, measured Allreduce times, one ZeRO step, overlap as a timeline."""
 
 from __future__ import annotations
 
@@ -115,8 +108,7 @@ def ring_schedule(steps, size: int):
              xticklabels=[f"rank {rank}" for rank in range(size)], yticks=np.arange(len(steps)) + 0.45,
              yticklabels=labels, title=f"Ring Allreduce, {size} ranks: the chunk each rank sends")
     axis.tick_params(length=0)
-    for side in axis.spines.values():
-        side.set_visible(False)
+    axis.spines[:].set_visible(False)
     figure.tight_layout()
     return figure
 

@@ -1,10 +1,9 @@
 """Overlap: send each layer's gradient while backpropagation is still computing the earlier layers.
 
-Backpropagation produces the gradients last layer first: dJ/dW_L, dJ/db_L, then layer L-1, ...
-down to layer 1. With lesson 05's :class:`~nnlib.lesson05_data_parallel.data_parallel.Allreduce` nothing is sent until the whole backward pass
-is over. Here (the design of PyTorch's DistributedDataParallel) the layers are grouped into
-*buckets*, and a bucket's non-blocking ``Iallreduce`` starts as soon as its last gradient is
-final, so that its transfer runs while the remaining layers' backward pass computes:
+Backpropagation produces the gradients last layer first. Here (the design of PyTorch's
+DistributedDataParallel) the layers are grouped into *buckets*, and a bucket's non-blocking
+``Iallreduce`` starts as soon as its last gradient is final, so that its transfer runs while the
+remaining layers' backward pass computes:
 
     backward layer L   | backward layer L-1 | ... | backward layer 1 | wait for what is left
                         \\_ Iallreduce(bucket L) ... _/   \\_ Iallreduce(bucket 1) _/

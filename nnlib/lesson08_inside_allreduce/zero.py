@@ -1,10 +1,6 @@
 """ZeRO, stage 1 with stage 2's communication: each rank updates, and keeps optimizer state for,
 only 1/P of the parameters.
 
-With lesson 05's :class:`~nnlib.lesson05_data_parallel.data_parallel.Allreduce` every rank receives the whole summed gradient g, then repeats
-the same update on the whole parameter vector p and keeps a whole copy of the optimizer's state
-(the momentum velocity v): P ranks do the same work P times and hold P copies.
-
 ZeRO (Rajbhandari et al., 2020) cuts p, g and v into P slices [s_r, e_r) (uneven when P does not
 divide the number of parameters, as ``collectives.split_counts``) and, per step:
 
@@ -16,11 +12,8 @@ divide the number of parameters, as ``collectives.split_counts``) and, per step:
        (stage 1: rank r keeps only v_r, 1/P of the optimizer's state)
     3. allgather the parameter slices: every rank has the whole new p again.
 
-A ring Allreduce *is* a reduce-scatter followed by an allgather, so ZeRO sends the same bytes as
-the ``allreduce`` strategy; what it removes is the repeated update and the repeated optimizer
-state. Steps 1 and 3 are exactly the two halves of nnlib.lesson08_inside_allreduce.allreduce's ring
-(:func:`~nnlib.lesson08_inside_allreduce.allreduce.ring_reduce_scatter`, :func:`~nnlib.lesson08_inside_allreduce.allreduce.ring_allgather`), run
-on whatever communicator the run has. Each slice is updated with exactly the formula of
+ZeRO sends the same bytes as the ``allreduce`` strategy: steps 1 and 3 are the two halves of the ring
+(allreduce.py). Each slice is updated with exactly the formula of
 ``nnlib.lesson03_training.training.SGD``, so the result equals the ``allreduce`` strategy up to the order in which
 MPI adds the ranks' gradients (within 1e-10 in float64; tests/mpi/check_parallel.py).
 

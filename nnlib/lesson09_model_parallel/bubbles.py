@@ -5,11 +5,7 @@ for m micro-batch times and idle for P - 1 of them, so the idle ("bubble") fract
 
     (P - 1) / (m + P - 1)                                                     (:func:`bubble_fraction`)
 
-and more micro-batches mean less waste. :func:`simulated_bubble` runs a schedule's instruction lists on a clock
-with each stage's own times (real stages are not equal); :func:`idle_fraction` is the same fraction read from
-timelines, simulated or measured, and :func:`measure_bubbles` measures real steps of
-nnlib.lesson09_model_parallel.pipeline.PipelineMLP. Lesson 13 (nnlib.lesson13_pipeline_schedules.schedules)
-builds its schedules' formulas and simulations from these.
+and more micro-batches mean less waste. Lesson 13 builds its schedules' formulas and simulations from these.
 """
 
 from __future__ import annotations
@@ -158,7 +154,14 @@ def simulate(programs, seconds, letters=COMPUTE, position=None) -> list[list[tup
                     timelines[stage].append((letters[instruction.kind], instruction.micro_batch, began, clock[stage]))
                 at[stage] += 1
                 progressed = True
-    check_finished(programs, at, channels)
+    stuck = [f"stage {stage} waits in {instructions[at[stage]]}"
+             for stage, instructions in enumerate(programs) if at[stage] < len(instructions)]
+    if stuck:
+        raise RuntimeError("the schedule deadlocks: " + "; ".join(stuck))
+    unread = [f"{len(channel)} {direction} message(s) to position {receiver}"
+              for (direction, receiver), channel in channels.items() if channel]
+    if unread:
+        raise RuntimeError("the schedule sends what no stage receives: " + "; ".join(unread))
     return timelines
 
 
@@ -169,15 +172,3 @@ def received(channel, instruction: Instruction, stage: int) -> float:
         raise RuntimeError(f"stage {stage} runs {instruction} but the next message on its channel is micro-batch "
                            f"{micro_batch}: messages arrive in the order they were sent")
     return sent
-
-
-def check_finished(programs, at, channels) -> None:
-    """RuntimeError unless every stage ran all its instructions and every message was received."""
-    stuck = [f"stage {stage} waits in {instructions[at[stage]]}"
-             for stage, instructions in enumerate(programs) if at[stage] < len(instructions)]
-    if stuck:
-        raise RuntimeError("the schedule deadlocks: " + "; ".join(stuck))
-    unread = [f"{len(channel)} {direction} message(s) to position {receiver}"
-              for (direction, receiver), channel in channels.items() if channel]
-    if unread:
-        raise RuntimeError("the schedule sends what no stage receives: " + "; ".join(unread))

@@ -1,12 +1,5 @@
 """Lesson 09's pictures: tensor parallelism's column split of one layer and row split of the next (a drawn
-idea), and the measured pipeline: its time line, its bubble against m, the fastest split of a network.
-
-:func:`tensor_split` draws, for P ranks, the two products of one hidden layer split Megatron's way:
-every rank multiplies the whole input X by its *columns* of W1 and gets its own hidden units
-a1[:, C_r]; it multiplies those by the matching *rows* of W2 and gets a partial sum of the outputs;
-an Allreduce adds the partial sums. The colours are the ranks. :func:`pipeline_timeline`, :func:`bubble_curves`
-and :func:`fastest_map` draw what the notebook measures and predicts.
-"""
+idea), and the measured pipeline: its time line, its bubble against m, the fastest split of a network."""
 
 from __future__ import annotations
 

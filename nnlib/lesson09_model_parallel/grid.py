@@ -11,11 +11,8 @@ nnlib.lesson05_data_parallel.data_parallel:
     model_comm = comm.Split(color=d, key=m)   the M ranks of replica d: activations, partial sums
     data_comm  = comm.Split(color=m, key=d)   the D ranks holding piece m: its gradients' Allreduce
 
-A step: every replica computes the gradient of its part of the global batch (its model group
-talking inside model_comm), then the ranks holding the same piece sum their gradients over
-data_comm, and every rank updates its piece. :func:`train_hybrid` is nnlib.lesson05_data_parallel.train_parallel
-run over data_comm with the piece the caller builds over model_comm (a TensorParallelMLP or a
-PipelineMLP) as the network: the same steps as sequential training (tests/mpi/check_hybrid.py).
+:func:`train_hybrid` is nnlib.lesson05_data_parallel.train_parallel run over data_comm with the piece the caller
+builds over model_comm as the network: the same steps as sequential training (tests/mpi/check_hybrid.py).
 """
 
 from __future__ import annotations

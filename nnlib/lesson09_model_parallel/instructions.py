@@ -2,10 +2,9 @@
 
 A schedule is a function (stages, micro_batches) -> for each stage, the list of :class:`Instruction` s it
 runs in order: "recv_forward", "forward", "send_forward", "recv_backward", "backward", "send_backward", each
-for one micro-batch. One executor (nnlib.lesson09_model_parallel.pipeline's
-:meth:`~nnlib.lesson09_model_parallel.pipeline.PipelineMLP.loss_and_gradient`) runs any schedule, and
-nnlib.lesson09_model_parallel.bubbles.simulate runs the same lists on a clock, so a schedule is tested and its bubble predicted without
-MPI (as in ShallowSpeed's pipe.py and schedule.py). Two schedules of the same work (Huang et al. 2019,
+for one micro-batch. One executor (PipelineMLP.loss_and_gradient) runs any schedule, and bubbles.simulate
+runs the same lists on a clock, without MPI (as in ShallowSpeed's pipe.py and schedule.py). Two schedules of
+the same work (Huang et al. 2019,
 GPipe; Narayanan et al. 2019, PipeDream):
 
 ``gpipe``  every stage runs all m forwards, then all m backwards. Simple; each stage keeps the

@@ -1,7 +1,6 @@
 """Tensor (intra-layer) parallelism: the hidden units are split over the ranks (Megatron-LM's MLP).
 
-Data parallelism gives every rank the whole network and part of the data. Tensor parallelism gives
-every rank *all* of the data and part of every large layer. Layers go in pairs:
+Every rank has *all* of the data and part of every large layer. Layers go in pairs:
 
 column-split layer (W: n_in x h, split by columns into h_r columns per rank)
     a_r = sigmoid(a @ W[:, cols_r] + b[cols_r])              (N, h_r): rank r's hidden units,
@@ -21,14 +20,6 @@ The last Allreduce is needed only if a layer comes before the pair: with one hid
 (784-128-10) the backward pass communicates nothing at all, and the forward pass one
 (N, 10) array. A network with an odd number of weight layers keeps its last layer (the output
 layer) whole on every rank ("replicated": the same small product computed everywhere).
-
-Any hidden size works, also one the number of ranks does not divide (``split_counts``). The
-parameters start as :class:`nnlib.lesson02_network.network.Network`'s (the same seed), and :meth:`full_params`
-gathers them back into its flat layout, so runs compare with sequential training directly.
-
-A :class:`TensorParallelMLP` is a :class:`~nnlib.lesson02_network.network.LayerStack` of lesson 02's layers over
-this rank's flat vector, so the sequential trainer (lesson 03's train) drives it unchanged, every rank running
-the same steps on the same batches.
 """
 
 from __future__ import annotations

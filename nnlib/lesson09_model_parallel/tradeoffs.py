@@ -12,12 +12,6 @@ pipeline  consecutive layers per stage (nnlib.lesson09_model_parallel.pipeline).
           activations (N, n_boundary) forward and receives their gradient back (and likewise
           with the stage before it). Weights: its own layers only; activations kept: the whole
           batch (GPipe) or min(P - s, m) of m micro-batches (1F1B).
-
-:func:`handed_bytes` counts exactly what the implementations hand to MPI per step (tests compare
-it with counters on the real calls); :func:`parallel_step_time` turns it into seconds with nnlib.lesson04_collectives.costmodel's
-formulas, and nothing else: a ring Allreduce per collective message, alpha + n beta per
-point-to-point message, the FLOPs of a step at a given rate divided over the ranks, and for
-pipelines the bubble (P - 1) / (m + P - 1). What a rank holds is nnlib.lesson09_model_parallel.memory's count.
 """
 
 from __future__ import annotations
@@ -57,13 +51,10 @@ def allreduce_messages(kind: str, layer_sizes, batch: int, ranks: int, itemsize:
     if kind != "tensor":
         raise ValueError(f"kind must be one of {', '.join(KINDS)}; got {kind!r}")
     shapes = list(zip(layer_sizes[:-1], layer_sizes[1:]))
-    messages = []
-    for layer, split in enumerate(layer_kinds(len(shapes))):
-        if split == "row":
-            messages.append(batch * shapes[layer][1] * itemsize)       # forward: complete the partial sums
-        if split == "column" and layer > 0:
-            messages.append(batch * shapes[layer][0] * itemsize)       # backward: the pair's input gradient
-    return messages
+    # a row layer's forward completes its (N, n_out) partial sums; a column layer's backward (but the first's) sums
+    # the pair's (N, n_in) input gradient
+    return [batch * shapes[layer][split == "row"] * itemsize for layer, split in enumerate(layer_kinds(len(shapes)))
+            if split == "row" or (split == "column" and layer > 0)]
 
 
 def handed_bytes(kind: str, layer_sizes, batch: int, ranks: int, itemsize: int = 4) -> dict:
@@ -78,11 +69,8 @@ def handed_bytes(kind: str, layer_sizes, batch: int, ranks: int, itemsize: int =
     if kind != "pipeline":
         return {"collective": collective, "point_to_point": 0}
     shapes = list(zip(layer_sizes[:-1], layer_sizes[1:]))
-    sent = []
-    for stage, (first, stop) in enumerate(stage_layers(len(shapes), ranks)):
-        forward = batch * shapes[stop - 1][1] if stage < ranks - 1 else 0
-        backward = batch * shapes[first][0] if stage > 0 else 0
-        sent.append(forward + backward)
+    sent = [batch * ((shapes[stop - 1][1] if stage < ranks - 1 else 0) + (shapes[first][0] if stage > 0 else 0))
+            for stage, (first, stop) in enumerate(stage_layers(len(shapes), ranks))]  # forward + backward
     return {"collective": 0, "point_to_point": max(sent) * itemsize}
 
 

@@ -16,9 +16,6 @@ What a checkpoint holds (a :class:`Checkpoint`):
     extra          what the network keeps beyond its weights (its ``checkpoint_state()``, e.g. lesson 12's
                    loss scale), restored with its ``restore_checkpoint_state``; {} for most networks
 
-A network sharded over the ranks (lesson 12's FSDP: it has ``full_params`` and ``load_full_params``) is
-gathered into the whole vector on save (every rank takes part) and split again on restore.
-
 The learning-rate schedule's position is epoch + step / steps_per_epoch, so it is restored too.
 
 The file: an 8-byte magic ``NNLIBCKP``, the format version (uint32), the payload's length (uint64)
@@ -142,12 +139,6 @@ def load(path) -> Checkpoint:
     return checkpoint
 
 
-def mismatches(saved: dict, current: dict) -> list[str]:
-    """Settings that differ between a checkpoint and this run ('epochs' may grow, not shrink)."""
-    return [f"{key}: the checkpoint has {saved.get(key)!r}, this run {current.get(key)!r}"
-            for key in sorted(set(saved) | set(current)) if key != "epochs" and saved.get(key) != current.get(key)]
-
-
 class CheckpointFolder:
     """Where a run keeps its checkpoints: ``every`` steps (None: at the end of every epoch), the newest ``keep``.
 
@@ -252,8 +243,8 @@ class Checkpointing(Hook):
         problem, saved = None, None
         if not isinstance(self.folder, CheckpointFolder):
             problem = f"checkpoints need a nnlib.lesson10_faults.checkpoint.CheckpointFolder; got {type(self.folder).__name__}"
-        elif getattr(run.sync, "compression", None) == "topk":
-            problem = "checkpoints do not keep top-k compression's residuals: run top-k without checkpoints"
+        elif getattr(run.sync, "kept_between_steps", None):  # (lesson 11's top-k, PowerSGD, local SGD)
+            problem = f"checkpoints do not keep {run.sync.kept_between_steps}: run it without checkpoints"
         elif self.comm.rank == 0:
             try:
                 saved = self.newest(run) if self.resume else self.refuse_another_runs_files()
@@ -274,8 +265,10 @@ class Checkpointing(Hook):
 
     def newest(self, run) -> Checkpoint:
         """Rank 0: the newest checkpoint, checked against this run (CheckpointError if it does not fit)."""
-        saved = self.folder.latest()
-        differences = mismatches(saved.settings, run_settings(run))
+        saved, current = self.folder.latest(), run_settings(run)
+        differences = [f"{key}: the checkpoint has {saved.settings.get(key)!r}, this run {current.get(key)!r}"
+                       for key in sorted(set(saved.settings) | set(current))  # (epochs may grow)
+                       if key != "epochs" and saved.settings.get(key) != current.get(key)]
         if differences:
             raise CheckpointError(f"{saved.path} was written by another run; " + "; ".join(differences)
                                   + ". Resume with the same settings, or use another checkpoint folder.")

@@ -9,9 +9,8 @@ and the server applies every gradient the moment it arrives (Downpour SGD's serv
 
     w <- w - eta g,   v <- v + 1,   staleness of g = v_applied - v_computed
 
-so no worker waits for another: a fast worker makes many updates while a slow one makes few (the
-run is a number of updates, as many as the synchronous run makes, whoever computes them), but its
-gradients may have been computed from parameters several updates old (*stale*).
+so no worker waits for another, but its gradients may have been computed from parameters several
+updates old (*stale*).
 
 Bounded staleness (stale-synchronous parallel, Ho et al. 2013): every worker counts its updates
 (its clock c_w); the server answers a worker only while c_w - min_u c_u <= s, so no worker runs more
@@ -22,9 +21,7 @@ of addition only. So ``staleness=0`` equals synchronous data parallelism with th
 (nnlib.lesson08_inside_allreduce.sampling.per_rank_plan) on the P-1 workers, to rounding; ``staleness=None`` is fully
 asynchronous.
 
-Messages are point-to-point with the buffer API: the server keeps one ``Irecv`` open per worker
-and waits for any of them (MPI's Waitany), under the watchdog's deadline; a gradient travels with
-its batch's summed loss, correct predictions and row count (3 more float64 numbers). Plain SGD
+The server keeps one ``Irecv`` open per worker and waits for any of them (MPI's Waitany). Plain SGD
 (no momentum): Downpour's server applied each gradient alone, and momentum across stale updates
 is a different algorithm.
 """
@@ -100,10 +97,8 @@ def train_async(comm, network, inputs, labels, settings: Settings | None = None,
     shard, rows split as collectives.split_counts splits them over the P-1 workers; the server
     uses none). ``settings`` (nnlib.lesson03_training.training.Settings, or its fields as keywords; plain SGD: the
     momentum is not used): a worker's batches are its share of the batch size, epoch after epoch
-    through its shard (nnlib.lesson08_inside_allreduce.sampling.PerRankBatches). The run is as many updates as
-    synchronous training makes in ``epochs`` epochs; the server tells the workers to stop when that
-    many gradients are applied or on their way. ``staleness``: the bound s (None: fully
-    asynchronous). ``slow``: {rank: seconds} added to every step of those workers (a straggler).
+    through its shard (nnlib.lesson08_inside_allreduce.sampling.PerRankBatches); as many updates as
+    synchronous training makes (:func:`serve`). ``staleness``: the bound s (None: fully asynchronous). ``slow``: {rank: seconds} added to every step of those workers (a straggler).
     Every message has the deadline of ``comm`` (a nnlib.course.deadline.WatchedComm's, or the default).
     Every rank ends with the server's final parameters; rank 0 returns the
     :class:`AsyncHistory`, the workers None.
@@ -133,11 +128,7 @@ def train_async(comm, network, inputs, labels, settings: Settings | None = None,
 
 def serve(comm, network, steps: int, settings: Settings, staleness):
     """The server's loop: apply each gradient as it arrives; answer a worker with the parameters while
-    updates are still needed and the bound allows, else with "stop".
-
-    The run is ``epochs x steps x workers`` updates (as many gradients as the synchronous run has);
-    who computes them is up to the workers' speed: a fast worker makes more of them than a slow one.
-    """
+    updates are still needed (``epochs x steps x workers`` in all) and the bound allows, else with "stop"."""
     size, workers, learning_rate = network.num_params, comm.size - 1, settings.learning_rate
     inbox = np.zeros((workers, size + EXTRA))
     reply = np.zeros(size + 1)  # the parameters, then 1 (go on) or 0 (stop)

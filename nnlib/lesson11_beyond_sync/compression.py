@@ -19,20 +19,16 @@ decoded messages (an ``Allgather``: MPI cannot add float16, bfloat16 or sparse v
 
 * ``none``: the plain ``Allreduce`` (the reference). ``topk`` with k = n and float64 values sends
   everything and equals it to rounding (the sum's order differs); the tests check that.
-
-Bytes per step and the alpha-beta time of each exchange: :func:`message_bytes`, :func:`exchange_time`.
-What a whole run hands to MPI, counted on the real calls: lesson 08's CountingComm; the alpha-beta time
-of those calls on any number of ranks: :func:`counted_seconds` (lesson 11's other ways of talking
-less, nnlib.lesson11_beyond_sync.powersgd and local_sgd, are counted the same way).
 """
 
 from __future__ import annotations
+
+from functools import partial
 
 import numpy as np
 from mpi4py import MPI
 
 from nnlib.lesson02_network.arrays import through_host, to_numpy
-from nnlib.lesson04_collectives.collectives import raised_on_every_rank
 from nnlib.lesson04_collectives.costmodel import ring_allgather_time, ring_allreduce_time
 from nnlib.lesson05_data_parallel.data_parallel import DataParallel
 
@@ -86,6 +82,7 @@ class Compressor:
             raise ValueError(problems[0])
         self.method, self.k, self.dtype = method, k, np.dtype(dtype)
         self.residual = np.zeros(num_params, dtype=self.dtype) if method == "topk" else None
+        self.kept_between_steps = "top-k compression's residuals" if method == "topk" else None
 
     def allreduce(self, comm, grads) -> None:
         """grads (n,) on every rank -> in place, the sum over ranks of the decoded messages."""
@@ -130,11 +127,7 @@ class CompressedAllreduce(DataParallel):
             self.compressor = Compressor(method, network.num_params, to_numpy(network.params[:1]).dtype, k)
         else:
             self.name, self.compressor = compressor.name, compressor
-
-    def begin(self, run) -> None:
-        super().begin(run)
-        if getattr(self.compressor, "kept_between_steps", None):  # (top-k's residual: refused by lesson 10's hook)
-            refuse_checkpoints(run, self.compressor.kept_between_steps)
+        self.kept_between_steps = self.compressor.kept_between_steps  # (lesson 10's checkpoints refuse them)
 
     def step(self, run) -> None:
         run.phase("communicate")
@@ -145,11 +138,7 @@ class CompressedAllreduce(DataParallel):
 
 def compressed(method: str, k: int | None = None):
     """The strategy ``train_parallel`` takes for compressed gradients: a function of (comm, network)."""
-    def make(comm, network):
-        return CompressedAllreduce(comm, network, method, k)
-
-    make.__name__ = method
-    return make
+    return partial(CompressedAllreduce, method=method, k=k)
 
 
 def message_bytes(method: str, num_params: int, k: int | None = None, itemsize: int = 8) -> int:
@@ -171,10 +160,8 @@ def exchange_time(method: str, num_params: int, ranks: int, alpha: float, beta: 
     """
     if method == "none":
         return float(ring_allreduce_time(message_bytes("none", num_params, itemsize=itemsize), ranks, alpha, beta))
-    if method == "topk":
-        parts = [int(k) * INDEX_BYTES, int(k) * itemsize]
-    else:
-        parts = [message_bytes(method, num_params, k, itemsize)]
+    parts = ([int(k) * INDEX_BYTES, int(k) * itemsize] if method == "topk"
+             else [message_bytes(method, num_params, k, itemsize)])
     return float(sum(ring_allgather_time(part, ranks, alpha, beta) for part in parts))
 
 
@@ -184,10 +171,3 @@ def counted_seconds(calls, ranks: int, alpha: float, beta: float) -> float:
     formulas = {"Allreduce": ring_allreduce_time, "Allgather": ring_allgather_time}
     return float(sum(count * formulas[name](nbytes, ranks, alpha, beta) for (name, nbytes), count in calls.items()))
 
-
-def refuse_checkpoints(run, what: str) -> None:
-    """The same ValueError on every rank if the run writes checkpoints (lesson 10): they would not keep ``what``."""
-    from nnlib.lesson10_faults.checkpoint import Checkpointing
-
-    if any(isinstance(hook, Checkpointing) for hook in run.hooks):
-        raise raised_on_every_rank(ValueError(f"checkpoints do not keep {what}: run it without checkpoints"))

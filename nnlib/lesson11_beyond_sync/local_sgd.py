@@ -20,7 +20,7 @@ each rank drawing its own. The tests check that equality; H > 1 is the experimen
 
 A round ends after H steps, and at the end of every epoch, so that each epoch ends with one model on
 every rank (the one scored and saved). An epoch of S steps then makes ceil(S / H) Allreduces of the n
-parameters (:func:`rounds_per_epoch`) instead of S. DiLoCo's outer settings: eta_out = 0.7, mu_out = 0.9.
+parameters instead of S. DiLoCo's outer settings: eta_out = 0.7, mu_out = 0.9.
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ from mpi4py import MPI
 
 from nnlib.lesson03_training.training import is_whole
 from nnlib.lesson05_data_parallel.data_parallel import DataParallel
-from nnlib.lesson11_beyond_sync.compression import refuse_checkpoints
 
 LESSON = 11
 
@@ -68,11 +67,6 @@ def outer_step(anchor, outer_gradient, velocity, learning_rate: float, momentum:
     anchor -= learning_rate * (outer_gradient + momentum * velocity)
 
 
-def rounds_per_epoch(steps_per_epoch: int, local_steps: int) -> int:
-    """Allreduces of the parameters per epoch: a round every H steps and one at the epoch's end, ceil(S / H)."""
-    return -(-int(steps_per_epoch) // int(local_steps))
-
-
 class LocalSGD(DataParallel):
     """Local SGD (``outer="average"``) or DiLoCo (``"nesterov"``) as data parallelism's sync: see the module.
 
@@ -89,11 +83,11 @@ class LocalSGD(DataParallel):
         self.outer_learning_rate = float(outer_learning_rate or DEFAULT_OUTER_LEARNING_RATE[outer])
         kind = "DiLoCo" if outer == "nesterov" else "local SGD"
         self.name = f"{kind} (H = {self.local_steps}, outer rate {self.outer_learning_rate:g})"
+        self.kept_between_steps = "local SGD's anchor, outer momentum and each rank's own velocity"
         self.anchor, self.velocity, self.steps_in_round, self.rounds = None, None, 0, 0
 
     def begin(self, run) -> None:
         super().begin(run)  # every rank from rank 0's weights
-        refuse_checkpoints(run, "local SGD's anchor, outer momentum and each rank's own velocity")
         self.anchor = self.network.params.copy()
         self.velocity = self.network.xp.zeros_like(self.anchor) if self.outer == "nesterov" else None
 

@@ -55,11 +55,6 @@ def message_bytes(layer_sizes, rank: int, itemsize: int = 8) -> tuple[int, int]:
     return first * itemsize, second * itemsize
 
 
-def orthonormal(matrix: np.ndarray) -> np.ndarray:
-    """Orthonormal columns (a, q) spanning the columns of ``matrix`` (a, q), q <= a: the Q of its QR."""
-    return np.linalg.qr(matrix, mode="reduced")[0]
-
-
 def pieces(flat: np.ndarray, shapes) -> list[np.ndarray]:
     """Cut the start of ``flat`` into consecutive matrices of the given shapes (views), then what is left (1-D)."""
     parts = np.split(flat, np.cumsum([rows * columns for rows, columns in shapes]))
@@ -91,7 +86,7 @@ class PowerSGDCompressor:
         comm.Allreduce(MPI.IN_PLACE, first, op=MPI.SUM)                              # S, and the biases' sum
         s_shapes = [(rows, q) for (rows, _), q in zip(self.shapes, self.ranks)]
         *s_matrices, bias_sums = pieces(first, s_shapes)
-        bases = [orthonormal(s) for s in s_matrices]                                 # S^
+        bases = [np.linalg.qr(s, mode="reduced")[0] for s in s_matrices]             # S^: QR's orthonormal Q
         second = np.concatenate([(matrix.T @ basis).ravel() for matrix, basis in zip(corrected, bases)])
         comm.Allreduce(MPI.IN_PLACE, second, op=MPI.SUM)                             # Q = sum_r M_r^T S^
         self.qs = [q.copy() for q in pieces(second, [q.shape for q in self.qs])[:-1]]

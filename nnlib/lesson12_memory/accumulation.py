@@ -13,9 +13,6 @@ ranks need to agree only on the final sum, so nothing is sent until the last mic
 (PyTorch DDP's ``no_sync``): a gradient hook (``on_layer_done``, lesson 08's overlap) hears only the
 last micro-batch, and the sync's one Allreduce follows it. Sending after every micro-batch would
 send k times the bytes (nnlib.lesson08_inside_allreduce.counting counts them on the real calls).
-
-:class:`MicroBatched` wraps a network (lesson 02's, or a fully sharded one) for the training loop;
-with ``recompute_every`` it also keeps only checkpointed activations (nnlib.lesson12_memory.recompute).
 """
 
 from __future__ import annotations

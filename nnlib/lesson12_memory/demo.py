@@ -102,10 +102,8 @@ def model_parallel_peak(comm, case, rows: int = BUDGET_ROWS) -> tuple:
     ("pipeline", schedule, micro-batches) for a PipelineMLP stage."""
     kind, schedule, micro_batches = case
     inputs, labels = random_batches(rows)
-    if kind == "tensor":
-        build = lambda: TensorParallelMLP(comm, BUDGET_SIZES, seed=2)
-    else:
-        build = lambda: PipelineMLP(comm, BUDGET_SIZES, seed=2, micro_batches=micro_batches, schedule=schedule)
+    build = ((lambda: TensorParallelMLP(comm, BUDGET_SIZES, seed=2)) if kind == "tensor" else
+             (lambda: PipelineMLP(comm, BUDGET_SIZES, seed=2, micro_batches=micro_batches, schedule=schedule)))
     peak, _ = measured_peak(build, lambda network: train(network, inputs, labels, progress=False, epochs=1,
                                                           learning_rate=0.1, batch_size=rows, momentum=0.9))
     return peak, rank_bytes(kind, BUDGET_SIZES, rows, comm.size, comm.rank, 8, micro_batches, schedule or "1f1b")

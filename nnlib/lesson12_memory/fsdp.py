@@ -1,9 +1,7 @@
 """ZeRO stage 3, or fully sharded data parallelism (FSDP): every rank holds 1/P of the parameters, of
 their gradients and of the optimizer state; a layer's whole parameters exist only while it computes.
 
-Lesson 08's ZeRO cuts the optimizer state (stage 1) and sends the gradient as a reduce-scatter
-(stage 2's communication), but every rank still holds the whole parameter vector. Here (Rajbhandari
-et al. 2020, stage 3; PyTorch's FullyShardedDataParallel) each layer's flat parameters
+Here (Rajbhandari et al. 2020, stage 3; PyTorch's FullyShardedDataParallel) each layer's flat parameters
 [W_l, b_l] (n_l = n_in n_out + n_out values) are cut into P chunks (lesson 04's ``split_evenly``: uneven
 where P does not divide n_l), and rank r keeps chunk r of every layer, its gradient and its momentum:
 
@@ -13,8 +11,7 @@ where P does not divide n_l), and rank r keeps chunk r of every layer, its gradi
     update:             SGD on the chunks only, layer by layer (no communication)
 
 At any moment a rank holds its chunks (about 1/P of the parameters, gradients and momentum) plus
-one layer's whole parameters and gradient. It sends 3 (n - c_r) values per step against
-data parallelism's 2 (n - c_r) (nnlib.lesson12_memory.traffic). :class:`ShardedLayer` is lesson 02's
+one layer's whole parameters and gradient. :class:`ShardedLayer` is lesson 02's
 :class:`~nnlib.lesson02_network.network.Layer` whose weights are gathered on use, so the forward and
 backward passes are lesson 02's ``forward_layers`` and ``backward_layers`` unchanged. Equal to
 sequential training within 1e-10 in float64 (tests/mpi/check_memory.py).

@@ -21,11 +21,9 @@ bfloat16 keeps float32's 8 exponent bits (its smallest normal is 2^-126, about 1
 mantissa bits instead (8 significant bits against float16's 11): the same gradients survive without
 scaling, so bfloat16 runs with S = 1 and no scaler (an overflow still skips the step).
 
-Combined with lesson 12's other savers: accumulation (each micro-batch's low gradient unscaled and added into
-the float32 grads, one verdict per step, on the sum), recomputation (low-precision checkpoints) and FSDP (its
-float32 chunks the master; a layer gathered in low precision, its gradient reduce-scattered in float32: MPI has
-no 16-bit float sum, and rounding each partial sum to 2 bytes would lose bits at every one of the P - 1 additions).
-Memory per parameter: :data:`SGD_MOMENTUM_BYTES` (the ZeRO paper counts 2 + 2 + 12 for Adam).
+With FSDP the gradient is reduce-scattered in float32: MPI has no 16-bit float sum, and rounding each partial
+sum to 2 bytes would lose bits at every one of the P - 1 additions. Memory per parameter:
+:data:`SGD_MOMENTUM_BYTES` (the ZeRO paper counts 2 + 2 + 12 for Adam).
 """
 
 from __future__ import annotations
@@ -41,7 +39,6 @@ from nnlib.lesson12_memory.fsdp import ShardedLayer
 LESSON = 12
 
 HALF, SINGLE = np.float16, np.float32
-PRECISIONS = ("float16", "bfloat16")
 
 
 def low_precision(name: str):
@@ -158,9 +155,8 @@ class MixedPrecision(LossScaler, MicroBatched):
     grads the unscaled float32 gradient) trained in mixed precision, ``precision`` "float16" or "bfloat16".
 
     half_params: the low copy of params; half_grads: the scaled gradient, low (float32 chunks for FSDP); layers:
-    HalfLayer (HalfShardedLayer). The loss scale and its verdicts:
-    :class:`LossScaler` (loss_scale S, 2^15 for float16 and 1 for bfloat16 by default; overflowed: the last step's
-    verdict; skipped: how many steps were skipped; verdicts: every step's (overflowed, S used)).
+    HalfLayer (HalfShardedLayer); the loss scale, :class:`LossScaler`'s (overflowed: the last step's verdict;
+    skipped: how many steps were skipped; verdicts: every step's (overflowed, S used)).
     micro_batches, recompute_every: as :class:`~nnlib.lesson12_memory.accumulation.MicroBatched`.
     """
 
@@ -175,24 +171,18 @@ class MixedPrecision(LossScaler, MicroBatched):
         self.split_over_ranks = self.sharded  # each rank holds FSDP's chunks of the gradient
         self.half_params = network.params.astype(self.low)
         self.half_grads = network.xp.zeros(network.params.size, SINGLE if self.sharded else self.low)
-        self.layers = self.low_layers()
-
-    def low_layers(self) -> list:
-        """HalfLayers over views of half_params and half_grads (HalfShardedLayers over this rank's chunks)."""
-        if self.sharded:
-            bounds = np.cumsum([0] + [layer.shard.size for layer in self.network.layers])
-            layers = [HalfShardedLayer(self.network.comm, layer.index, layer.shape,
-                                       (self.half_params[start:stop], self.half_grads[start:stop]),
-                                       layer.activation, self.network.log)
-                      for layer, start, stop in zip(self.network.layers, bounds, bounds[1:])]
+        if self.sharded:  # HalfShardedLayers over this rank's chunks, else HalfLayers over views of the low copies
+            bounds = np.cumsum([0] + [layer.shard.size for layer in network.layers])
+            self.layers = [HalfShardedLayer(network.comm, layer.index, layer.shape,
+                                            (self.half_params[start:stop], self.half_grads[start:stop]),
+                                            layer.activation, network.log)
+                           for layer, start, stop in zip(network.layers, bounds, bounds[1:])]
         else:
-            views = dense_layers(self.half_params, self.half_grads, self.network.shapes, self.network.output,
-                                 self.network.xp)
-            layers = [HalfLayer(view.weights, view.biases, view.grad_weights, view.grad_biases, view.activation)
-                      for view in views]
-        for layer in layers:
+            self.layers = [HalfLayer(view.weights, view.biases, view.grad_weights, view.grad_biases, view.activation)
+                           for view in dense_layers(self.half_params, self.half_grads, network.shapes, network.output,
+                                                    network.xp)]
+        for layer in self.layers:
             layer.low_dtype = self.low
-        return layers
 
     def loss_and_gradient(self, inputs, labels, normalizer=None, check: bool = True, on_device: bool = False,
                           on_layer_done=None):

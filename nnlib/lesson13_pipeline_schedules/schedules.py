@@ -20,11 +20,8 @@ Peak micro-batches alive on stage s (forwarded, not yet through W): 1F1B min(P -
 min(P, m) (1F1B's P - s waiting for B plus up to s waiting for W); ZB-H2 2P - 1 on every stage (ZB-H1's
 with m < 2P - 1); interleaved, in chunks: min((v - 1) G + 2 (P - s - 1) + 1, v m), G the micro-batches of a group.
 
-What this module adds to lesson 09's: an instruction names its chunk (:class:`ChunkInstruction`) and may be
-"backward_input" (B) or "backward_weight" (W); :class:`ZeroBubbleStage` runs those; :class:`ScheduledPipeline`
-holds v stages per rank; :func:`bubble_formula` and :func:`schedule_bubble` are lesson 09's bubble
-(nnlib.lesson09_model_parallel.bubbles) for these schedules (the formulas exact for equal stages, m a multiple
-of P for interleaved, m >= P for ZB-H1 and m >= 2P - 1 for ZB-H2: tests/test_pipeline_schedules.py).
+The bubble formulas are exact for equal stages, m a multiple of P for interleaved, m >= P for ZB-H1 and
+m >= 2P - 1 for ZB-H2 (tests/test_pipeline_schedules.py).
 """
 
 from __future__ import annotations
@@ -385,12 +382,11 @@ def measure_schedules(comm, layer_sizes, batch: int, micro_batches: int, schedul
 
 def live_peak(pipeline, inputs, labels) -> tuple[int, int]:
     """One step of ``pipeline`` with the micro-batches it holds counted by one array each: (the most alive at
-    once, how many are still alive after the step), on this rank (its chunks together). It follows each
-    micro-batch's input to a held stage (a_0 there), not the later layers' arrays.
+    once, how many are still alive after the step), on this rank (its chunks together).
 
     The array each held stage's first layer receives in a forward (a micro-batch's a_0 there) gets a
-    weakref.finalize that counts it down when Python frees it, wherever the executor kept it; the count
-    rises only at a forward, where it is read. No instruction list and no executor bookkeeping is read.
+    weakref.finalize that counts it down when Python frees it, wherever the executor kept it. No instruction
+    list and no executor bookkeeping is read.
     """
     alive, peak, firsts = [0], [0], [held.layers[0] for held in pipeline.held]
 

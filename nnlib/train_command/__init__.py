@@ -12,19 +12,9 @@ When things go wrong:
 * an error on some ranks only (a rank raising, a collective past its deadline) is printed by
   that rank with its traceback, and the rank ends the whole job with ``MPI_Abort`` (exit
   status 1), as ``python -m mpi4py`` does: never a hang;
-* ``--checkpoint-dir DIR`` writes a checkpoint there (``--checkpoint-every N`` steps, else
-  once per epoch); ``--resume`` continues from the newest one, exactly (nnlib.lesson10_faults.checkpoint);
-* ``--fault RANK:STEP:KIND`` makes one rank fail after global step STEP (raise, exit, kill
-  with SIGKILL, or hang), for lessons and tests.
+* ``--checkpoint-dir``, ``--resume`` (nnlib.lesson10_faults.checkpoint) and ``--fault`` as ``--help`` says.
 
-Every lesson's options, each with its help (``python -m nnlib train --help``), are in ``options``: lesson 09's
-model parallelism and 13's schedules, lesson 11's compression, asynchrony and local SGD, lesson 12's memory
-savers. What combines with what is one table, ``options.COMBINES``: the job refuses anything else with one
-message that lists what combines.
-
-The job's parts, one file each: ``options`` (the arguments and their checks), ``job`` (run, abort, load the
-data), ``data_parallel``, ``model_parallel`` and ``asynchronous`` (the three kinds of job), ``reports`` (what
-rank 0 prints and writes, except the asynchronous job's own lines, which live in ``asynchronous``).
+Every lesson's options are in ``options``, with one table of what combines with what (``options.COMBINES``).
 """
 
 from nnlib.train_command.job import abort_job, run

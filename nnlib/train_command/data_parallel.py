@@ -21,11 +21,8 @@ LESSON = 13
 
 
 def data_parallel_job(args, comm, settings, data, test) -> int:
-    """The data-parallel job: shard, train (nnlib.lesson05_data_parallel.train_parallel), report.
-
-    It goes down in one line, each step taking what it needs of the options: the strategy
-    (lessons 05, 08, 11, 12), the network (02, 07, 12), what rank 0 says, the hooks (03, 07, 10), training (05),
-    the results."""
+    """The data-parallel job: strategy and network, what rank 0 says, the hooks, shard, train
+    (nnlib.lesson05_data_parallel.train_parallel), report."""
     from nnlib.lesson02_network.arrays import is_numpy
     from nnlib.lesson05_data_parallel.data_parallel import EveryStep
     from nnlib.lesson05_data_parallel import gather_phase_seconds, gather_timeline, shard, train_parallel
@@ -35,8 +32,9 @@ def data_parallel_job(args, comm, settings, data, test) -> int:
     from nnlib.lesson10_faults.checkpoint import CheckpointFolder, Checkpointing
     from nnlib.lesson10_faults.watchdog import RunNotes
 
+    slow = parse_slow(args.slow).get(comm.rank)  # a straggler's extra seconds per step
     actions = [action for action in (fault_injector(parse_fault(args.fault), comm.rank),
-                                     straggler(parse_slow(args.slow), comm.rank)) if action is not None]
+                                     slow and (lambda epoch, step, total_steps: time.sleep(slow))) if action]
     strategy, network, gpus = job_parts(args, comm)
     announce(args, comm, network, gpus)
     on_gpu = not is_numpy(network.xp)
@@ -67,10 +65,8 @@ def data_parallel_job(args, comm, settings, data, test) -> int:
 
 
 def job_parts(args, comm):
-    """(strategy, network, every rank's GPU index on rank 0): what train_parallel takes for --strategy,
-    --compression and --local-steps (job_strategy); this rank's network: sharded (fsdp), or lesson 02's, on its
-    GPU with --device gpu or auto (job_device); in lesson 12's MixedPrecision with --precision
-    float16 or bfloat16, else in MicroBatched with --accumulate and --recompute (if any of lesson 12's is used)."""
+    """(strategy, network, every rank's GPU index on rank 0): job_strategy's; this rank's network (sharded for
+    fsdp) on job_device's device, in lesson 12's MixedPrecision or MicroBatched if their options are used."""
     from nnlib.lesson02_network.network import Network
     from nnlib.lesson07_gpu.backend import HostStaging
     from nnlib.lesson12_memory.accumulation import MicroBatched
@@ -136,17 +132,6 @@ def job_strategy(args):
 
         return loss_scaled(sync)
     return sync if args.strategy in ("zero", "overlap", "fsdp") else args.strategy
-
-
-def straggler(slow: dict, rank: int):
-    """A function (epoch, step, total_steps) making this rank ``slow[rank]`` seconds slower per step (None: not slowed)."""
-    if rank not in slow:
-        return None
-
-    def wait(epoch, step, total_steps):
-        time.sleep(slow[rank])
-
-    return wait
 
 
 def fault_injector(fault, rank):

@@ -1,8 +1,4 @@
-"""The batch job itself: :func:`run` it, end it with MPI_Abort on an error some ranks only have, load MNIST on rank 0.
-
-:func:`train_job` checks the options on every rank, puts a deadline on every collective, then runs the
-data-parallel, model-parallel or asynchronous job.
-"""
+"""The batch job itself: :func:`run` it, end it with MPI_Abort on an error some ranks only have, load MNIST on rank 0."""
 
 from __future__ import annotations
 
@@ -70,6 +66,8 @@ def abort_job(error: BaseException) -> None:
 
 
 def train_job(args) -> int:
+    """Check the options on every rank, put a deadline on every collective, run the data-parallel,
+    model-parallel or asynchronous job."""
     from mpi4py import MPI
     from threadpoolctl import threadpool_limits
 

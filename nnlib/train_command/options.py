@@ -288,6 +288,4 @@ def memory_options_used(args) -> bool:
 
 def pipeline_chunks(args) -> int:
     """v, the model chunks per pipeline rank: --virtual-stages, 2 for interleaved by default, else 1."""
-    if args.schedule != "interleaved":
-        return 1
-    return args.virtual_stages or 2
+    return (args.virtual_stages or 2) if args.schedule == "interleaved" else 1
