@@ -84,8 +84,9 @@ class ClassroomComm:
 
         The ranks agree with one small Iallgather on ``agreement``: each rank's flag and the time it came.
         A rank that does not come within SETTLE_SECONDS (stuck in MPI outside comm, or dead) gets the
-        communicator marked unusable on the others: every later call says to run mpi.restart(). A rank that
-        comes later than that sees from the gathered times that the others gave up, and says the same."""
+        communicator marked unusable on the others: every later call says to run mpi.restart(). The ranks that
+        complete the Iallgather later all read the same arrival times, and all say the same if the first rank
+        may have stopped waiting: no rank renews alone."""
         if self.unusable:
             return self.unusable
         # Interrupt Kernel reaches the engines through their nannies and may land late, in this settle (nobody
@@ -113,10 +114,11 @@ class ClassroomComm:
         waited = max(SETTLE_SECONDS, self.watched.timeout)
         if not completed_within(request.Test, waited):
             return "a rank did not come back after the last cell (stuck in MPI outside comm, or dead): run mpi.restart()"
-        first = int(np.argmin(everyone[:, 1]))
-        if came - everyone[first, 1] > waited:  # the others matched this late call, but had stopped waiting
-            return (f"rank {self.rank} came back {came - everyone[first, 1]:.0f} s after rank {first}, which had "
-                    f"stopped waiting after {waited:g} s: run mpi.restart()")
+        first, last = int(np.argmin(everyone[:, 1])), int(np.argmax(everyone[:, 1]))
+        spread = everyone[last, 1] - everyone[first, 1]
+        if spread > waited - min(5.0, waited / 4):  # the first may have stopped waiting: the same verdict on all
+            return (f"rank {last} came to settle {spread:.0f} s after rank {first}, too late to be sure that every "
+                    f"rank still waited ({waited:g} s): run mpi.restart()")
         if everyone[:, 0].any():
             self.generation += 1
             self.watched = WatchedComm(self.world, self.watched.timeout, generation=self.generation)

@@ -28,7 +28,13 @@ NOTEBOOKS_ONLY = True  # started by the notebooks (and tests, benchmarks); no nn
 CLASSROOM_TIMEOUT = 20.0
 ENGINE_SETUP = ("from mpi4py import MPI\nfrom nnlib.course.classroom import install\n"
                 "comm = install()  # MPI.COMM_WORLD, with the classroom deadline\nrank, size = comm.rank, comm.size\n")
-SETTLE_COMMUNICATOR = "__import__('nnlib.course.classroom', fromlist=['settle']).settle()"
+
+
+def settle_on_engine() -> str:
+    """Run on every engine after a cell: nnlib.course.classroom.settle (imported there: the client has no MPI)."""
+    from nnlib.course.classroom import settle
+
+    return settle()
 
 
 class ClusterStartError(RuntimeError):
@@ -148,7 +154,9 @@ class MPICluster:
         if busy and not self.client.wait(list(busy), timeout=3):  # an interrupted wait in comm ends at once
             print("Some ranks are still busy in that cell (stuck in MPI outside comm?): if they do not finish, "
                   "run mpi.restart()", file=sys.stderr)
-        self.view.execute(SETTLE_COMMUNICATOR, block=False)
+        # An apply, not an execute: an engine whose cell raised aborts the execute requests that reach it before
+        # it has finished replying (ipykernel's stop_on_error), and a loaded engine then skipped its settle.
+        self.view.apply_async(settle_on_engine)
         self.sent = len(self.client.history)
 
     def restart(self):
