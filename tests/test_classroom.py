@@ -190,6 +190,26 @@ def test_a_cell_that_catches_the_ranks_errors_leaves_a_working_cluster(kernel):
     assert_it_works_again(client)
 
 
+def test_the_settle_runs_on_an_engine_still_dropping_requests_after_an_error(kernel):
+    """An engine whose cell raised drops the execute requests that reach it before it has finished replying
+    (ipykernel's stop_on_error); on a loaded machine the settle came in that window and one rank kept its
+    abandoned communicator. Here every engine drops execute requests while the settle is sent: it must still run."""
+    _, client = kernel
+    code = ("generation = lambda: comm.generation\nbefore = mpi.view.apply_sync(generation)\n"
+            "try:\n    mpi.view.execute(\"if rank == 3:\\n    raise ValueError('x')\\ncomm.Barrier()\", silent=False)\n"
+            "except Exception as error:\n    print(sorted(name for name, *_ in error.elist))\n"
+            "dropping = lambda on: setattr(get_ipython().kernel, '_aborting', on)\n"
+            "mpi.view.apply_sync(dropping, True)  # as right after an error reply")
+    status, text, _ = run(client, code)
+    assert status == "ok" and "ValueError" in text, text
+    code = ("mpi.view.apply_sync(dropping, False)\n"  # the settle this cell sends would renew the ranks too
+            "print('renewed on ranks', [rank for rank, (old, new) in enumerate(zip(before, "
+            "mpi.view.apply_sync(generation))) if new == old + 1])")
+    status, text, _ = run(client, code, timeout=SETTLE_SECONDS + DEADLINE + 10)
+    assert status == "ok" and "renewed on ranks [0, 1, 2, 3]" in text, text
+    assert_it_works_again(client)
+
+
 def test_interrupt_kernel_on_a_cell_stuck_outside_comm_says_what_to_run(kernel):
     manager, client = kernel
     seconds, text = interrupted(manager, client, "%%px\nif rank != 0:\n    comm.world.Barrier()  # MPI's own: no deadline")
