@@ -12,7 +12,6 @@ import numpy as np
 from nnlib.lesson04_collectives.costmodel import step_matmul_shapes
 
 
-
 def matmul_rate(layer_sizes, batch_size: int, dtype="float32", min_seconds: float = 0.5, seed: int = 0,
                 convert=None) -> float:
     """NumPy's measured rate (GFLOP/s) doing exactly one step's matrix products, nothing else.

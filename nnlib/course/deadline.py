@@ -60,7 +60,8 @@ def check_timeout(timeout) -> float:
         raise ValueError(
             f"timeout must be a number of seconds above 0 and at most {LONGEST_TIMEOUT:.0f} (a day); got {timeout!r}. "
             "It is how long a rank waits in a collective for the others before it stops with an error "
-            f"(a batch job's default: {DEFAULT_TIMEOUT:g} s)."
+            f"(a batch job's default: {DEFAULT_TIMEOUT:g} s; a notebook cluster's: the classroom deadline, "
+            "nnlib.course.cluster.CLASSROOM_TIMEOUT)."
         )
     return float(timeout)
 

@@ -33,10 +33,11 @@ LESSON = 3
 
 
 class SGD:
-    """Stochastic gradient descent on a network's flat parameter vector, momentum optional (checked by
-    the caller: :meth:`Settings.problems` and :func:`as_schedule`)."""
+    """Stochastic gradient descent on a network's flat parameter vector, momentum optional."""
 
     def __init__(self, network, learning_rate: float, momentum: float = 0.0):
+        check_learning_rate(learning_rate)
+        check_momentum(momentum)
         self.network = network
         self.learning_rate = float(learning_rate)
         self.momentum = float(momentum)

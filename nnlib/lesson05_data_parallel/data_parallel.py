@@ -214,7 +214,9 @@ def make_sync(comm, network, strategy):
 
 def check_run(comm, network, local_inputs, local_labels, num_samples: int, settings: Settings, validation) -> list:
     """Every check of a data-parallel run's arguments, as a list of problems (this rank's)."""
-    problems = settings.problems()  # (a rank without rows: check_inputs refuses its empty batch)
+    problems = settings.problems()
+    if num_samples < comm.size:
+        problems.append(f"{num_samples} samples on {comm.size} ranks: every rank needs at least one; use fewer ranks")
     if settings.batch_size is not None and settings.batch_size < comm.size:
         problems.append(f"the global batch ({settings.batch_size}) is smaller than the number of ranks ({comm.size}): "
                         "each rank needs samples to work on; use a batch of at least one sample per rank")

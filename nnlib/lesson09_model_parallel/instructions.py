@@ -4,8 +4,7 @@ A schedule is a function (stages, micro_batches) -> for each stage, the list of 
 runs in order: "recv_forward", "forward", "send_forward", "recv_backward", "backward", "send_backward", each
 for one micro-batch. One executor (PipelineMLP.loss_and_gradient) runs any schedule, and bubbles.simulate
 runs the same lists on a clock, without MPI (as in ShallowSpeed's pipe.py and schedule.py). Two schedules of
-the same work (Huang et al. 2019,
-GPipe; Narayanan et al. 2019, PipeDream):
+the same work (Huang et al. 2019, GPipe; Narayanan et al. 2019, PipeDream):
 
 ``gpipe``  every stage runs all m forwards, then all m backwards. Simple; each stage keeps the
            activations of all m micro-batches until their backward.

@@ -53,7 +53,8 @@ def allreduce_messages(kind: str, layer_sizes, batch: int, ranks: int, itemsize:
     shapes = list(zip(layer_sizes[:-1], layer_sizes[1:]))
     # a row layer's forward completes its (N, n_out) partial sums; a column layer's backward (but the first's) sums
     # the pair's (N, n_in) input gradient
-    return [batch * shapes[layer][split == "row"] * itemsize for layer, split in enumerate(layer_kinds(len(shapes)))
+    return [batch * (n_out if split == "row" else n_in) * itemsize
+            for layer, ((n_in, n_out), split) in enumerate(zip(shapes, layer_kinds(len(shapes))))
             if split == "row" or (split == "column" and layer > 0)]
 
 

@@ -98,7 +98,8 @@ def train_async(comm, network, inputs, labels, settings: Settings | None = None,
     uses none). ``settings`` (nnlib.lesson03_training.training.Settings, or its fields as keywords; plain SGD: the
     momentum is not used): a worker's batches are its share of the batch size, epoch after epoch
     through its shard (nnlib.lesson08_inside_allreduce.sampling.PerRankBatches); as many updates as
-    synchronous training makes (:func:`serve`). ``staleness``: the bound s (None: fully asynchronous). ``slow``: {rank: seconds} added to every step of those workers (a straggler).
+    synchronous training makes (:func:`serve`). ``staleness``: the bound s (None: fully asynchronous).
+    ``slow``: {rank: seconds} added to every step of those workers (a straggler).
     Every message has the deadline of ``comm`` (a nnlib.course.deadline.WatchedComm's, or the default).
     Every rank ends with the server's final parameters; rank 0 returns the
     :class:`AsyncHistory`, the workers None.

@@ -127,7 +127,8 @@ class CompressedAllreduce(DataParallel):
             self.compressor = Compressor(method, network.num_params, to_numpy(network.params[:1]).dtype, k)
         else:
             self.name, self.compressor = compressor.name, compressor
-        self.kept_between_steps = self.compressor.kept_between_steps  # (lesson 10's checkpoints refuse them)
+        self.kept_between_steps = getattr(self.compressor, "kept_between_steps", None)  # (lesson 10's checkpoints
+        # refuse them)
 
     def step(self, run) -> None:
         run.phase("communicate")

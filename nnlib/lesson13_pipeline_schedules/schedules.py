@@ -64,9 +64,14 @@ def chunk_of(instruction) -> int:
 def chunk_program(stage: int, stages: int, order, chunks: int = 1) -> list[ChunkInstruction]:
     """A stage's instructions from its order of work [(kind, k, chunk)]: lesson 09's program on virtual stage
     chunk x P + stage of v P for each unit (a B, "backward_input", sends what "backward" sends); a W has no message."""
-    return [ChunkInstruction(step.kind, k, chunk) for kind, k, chunk in order
-            for step in ([Instruction(kind, k)] if kind == "backward_weight"
-                         else program(chunk * stages + stage, stages * chunks, [(kind, k)]))]
+    instructions = []
+    for kind, k, chunk in order:
+        if kind == "backward_weight":  # no message
+            steps = [Instruction(kind, k)]
+        else:
+            steps = program(chunk * stages + stage, stages * chunks, [(kind, k)])
+        instructions += [ChunkInstruction(step.kind, k, chunk) for step in steps]
+    return instructions
 
 
 def interleaved_order(stages: int, micro_batches: int, chunks: int, backward: bool) -> list[tuple[int, int]]:

@@ -33,8 +33,8 @@ def data_parallel_job(args, comm, settings, data, test) -> int:
     from nnlib.lesson10_faults.watchdog import RunNotes
 
     slow = parse_slow(args.slow).get(comm.rank)  # a straggler's extra seconds per step
-    actions = [action for action in (fault_injector(parse_fault(args.fault), comm.rank),
-                                     slow and (lambda epoch, step, total_steps: time.sleep(slow))) if action]
+    straggle = (lambda epoch, step, total_steps: time.sleep(slow)) if slow else None
+    actions = [action for action in (fault_injector(parse_fault(args.fault), comm.rank), straggle) if action]
     strategy, network, gpus = job_parts(args, comm)
     announce(args, comm, network, gpus)
     on_gpu = not is_numpy(network.xp)

@@ -95,8 +95,14 @@ def test_zero_ranks_skip_together_when_one_slice_overflowed():
     if rank == size - 1:
         mixed.network.grads[optimizer.stop - 1] = np.inf
     assert comm.allgather(mixed.overflow(comm, slice(optimizer.start, optimizer.stop))) == [True] * size
+    before = mixed.params.copy()
+    optimizer.step()  # scaled_step: asks the scaler over the sync's comm and this rank's slice first
+    assert comm.allgather((mixed.skipped, np.array_equal(mixed.params, before))) == [(1, True)] * size
     mixed.network.grads[...] = 0.0
     assert comm.allgather(mixed.overflow(comm, slice(optimizer.start, optimizer.stop))) == [False] * size
+    mixed.network.grads[...] = 1.0
+    optimizer.step()
+    assert comm.allgather((mixed.skipped, np.array_equal(mixed.params, before))) == [(1, False)] * size
 
 
 def test_fsdp_mixed_precision_with_accumulation_and_recomputation_equals_sequential():
