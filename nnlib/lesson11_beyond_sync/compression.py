@@ -127,8 +127,8 @@ class CompressedAllreduce(DataParallel):
             self.compressor = Compressor(method, network.num_params, to_numpy(network.params[:1]).dtype, k)
         else:
             self.name, self.compressor = compressor.name, compressor
-        self.kept_between_steps = getattr(self.compressor, "kept_between_steps", None)  # (lesson 10's checkpoints
-        # refuse them)
+        # what it keeps between steps, which lesson 10's checkpoints refuse (None: nothing)
+        self.kept_between_steps = getattr(self.compressor, "kept_between_steps", None)
 
     def step(self, run) -> None:
         run.phase("communicate")
