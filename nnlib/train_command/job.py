@@ -13,7 +13,7 @@ import numpy as np
 from nnlib.train_command.asynchronous import asynchronous_job
 from nnlib.train_command.data_parallel import data_parallel_job
 from nnlib.train_command.model_parallel import model_parallel_job
-from nnlib.train_command.options import check_settings, job_settings, parse_fault
+from nnlib.train_command.options import check_settings, job_settings
 
 LESSON = 13
 
@@ -77,7 +77,6 @@ def train_job(args) -> int:
     threadpool_limits(args.threads)  # one BLAS thread per rank unless told otherwise
     try:  # every rank parses the same arguments: the same verdict everywhere, before any collective
         settings = job_settings(args)
-        parse_fault(args.fault)
         check_settings(args, MPI.COMM_WORLD.size)
         comm = watch(MPI.COMM_WORLD, args.timeout)  # every collective of the job has a deadline
     except ValueError as problem:

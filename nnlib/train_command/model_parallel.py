@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from nnlib.train_command.options import pipeline_chunks
 from nnlib.train_command.reports import report, save_trace
 
 LESSON = 13
@@ -38,7 +37,7 @@ def model_parallel_job(args, comm, settings, data, test) -> int:
         if args.model_parallel == "tensor":
             return TensorParallelMLP(model_comm, **model)
         return ScheduledPipeline(model_comm, **model, micro_batches=args.micro_batches, schedule=args.schedule,
-                                 chunks=pipeline_chunks(args))
+                                 chunks=(args.virtual_stages or 2) if args.schedule == "interleaved" else 1)
 
     with comm.guard():  # the grid's communicators are split from the watched comm: every message has a deadline
         network, history = train_hybrid(

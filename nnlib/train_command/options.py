@@ -216,21 +216,18 @@ def check_settings(args, ranks: int) -> None:
 
 
 def value_problems(args, ranks: int) -> list[tuple[bool, str]]:
-    """(wrong?, what to do) for each option's own value."""
+    """(wrong?, what to do) for each option's own value (those of lesson 11's asynchronous and local SGD, and of
+    --model-size, the lessons' own checks say on every rank when the job starts them)."""
     from nnlib.lesson02_network.network import count_parameters
     from nnlib.lesson11_beyond_sync.compression import check_method
-    from nnlib.lesson11_beyond_sync.local_sgd import DILOCO_MOMENTUM, check_local_sgd
     from nnlib.lesson11_beyond_sync.powersgd import check_rank
 
     compression = [] if args.compression == "powersgd" else check_method(args.compression, args.topk,
                                                                           count_parameters((784, *args.hidden, 10)))
-    local = [] if args.local_steps is None else check_local_sgd(args.local_steps, args.outer_optimizer,
-                                                                 args.outer_learning_rate, DILOCO_MOMENTUM)
-    slow = parse_slow(args.slow)
+    slow, _ = parse_slow(args.slow), parse_fault(args.fault)
     return [
         (args.checkpoint_every < 0, f"--checkpoint-every must be 0 (once per epoch) or a number of steps; "
                                     f"got {args.checkpoint_every}"),
-        (args.model_size < 0, f"--model-size must be 0 (all ranks) or a positive number; got {args.model_size}"),
         (args.dtype not in ("float32", "float64"), f"--dtype must be float32 or float64 (the network's numbers; "
                                                    f"16-bit formats are --compression float16 or bfloat16); got "
                                                    f"{args.dtype!r}"),
@@ -238,16 +235,8 @@ def value_problems(args, ranks: int) -> list[tuple[bool, str]]:
          .replace("needs k", "needs --topk K")),
         (any(rank >= ranks for rank in slow), f"--slow names rank {next(iter(slow), 0)}, but the job has ranks 0 "
                                               f"to {ranks - 1}"),
-        (args.staleness is not None and args.staleness < 0,
-         f"--staleness must be a whole number of steps, 0 or more; got {args.staleness}"),
-        (args.asynchronous and ranks < 2, "--asynchronous needs a server and at least one worker: run with mpiexec "
-                                          "-n 2 or more"),
-        (args.asynchronous and 0 in slow, "--slow with --asynchronous must name a worker (rank 1 or more): rank 0 "
-                                          "is the server"),
         (args.compression == "powersgd" and bool(check_rank(args.rank)),
          f"--compression powersgd needs --rank R, a whole number, 1 or more; got {args.rank}"),
-        (bool(local), "; ".join(local).replace("the local steps H", "--local-steps H")
-         .replace("the outer learning rate", "--outer-learning-rate")),
         (args.virtual_stages is not None and args.virtual_stages < 1,
          f"--virtual-stages must be a positive number; got {args.virtual_stages}"),
         (args.recompute < 0, f"--recompute must be 0 (keep every activation) or K >= 1; got {args.recompute}"),
@@ -262,8 +251,6 @@ def needs_problems(args) -> list[tuple[bool, str]]:
          "--resume needs --checkpoint-dir (the folder of the run to continue)"),
         (args.staleness is not None and not args.asynchronous,
          "--staleness bounds the asynchronous parameter server: add --asynchronous"),
-        (args.asynchronous and not args.batch_size,
-         "--asynchronous needs mini-batches: give --batch-size (the global batch, shared by the workers)"),
         (args.rank is not None and args.compression != "powersgd",
          "--rank is PowerSGD's: add --compression powersgd, or drop --rank"),
         (args.local_steps is None and (args.outer_optimizer != "average" or args.outer_learning_rate is not None),
@@ -285,7 +272,3 @@ def needs_problems(args) -> list[tuple[bool, str]]:
 def memory_options_used(args) -> bool:
     return args.strategy == "fsdp" or args.recompute > 0 or args.accumulate > 1 or args.precision != "float32"
 
-
-def pipeline_chunks(args) -> int:
-    """v, the model chunks per pipeline rank: --virtual-stages, 2 for interleaved by default, else 1."""
-    return (args.virtual_stages or 2) if args.schedule == "interleaved" else 1
