@@ -1,17 +1,14 @@
 """A deadline for every collective: no rank waits forever, and the error names who did not come.
 
-Notebook 10 takes it apart: start the collective without blocking (``comm.Iallreduce``) and poll
-``request.Test()`` until it completes or the deadline passes. Then each waiting rank sends every other
-rank a short notice ("waiting in Allreduce, at epoch e, step s") and listens for theirs for a grace
-period: a rank that sent none did not arrive, and :class:`CollectiveTimeout` names it, says where the
-run was and what to do. A rank whose own code raises inside :meth:`WatchedComm.guard` sends a "failed"
-notice with its traceback first, so the others stop at once and show that traceback.
+Notebook 10 takes it apart: start the collective without blocking (``comm.Iallreduce``) and poll ``Test()``
+until it completes or the deadline passes. Then the waiting rank sends every other rank a short notice
+("waiting in Allreduce, at epoch e, step s") and listens for theirs for a grace period: a rank that sent none did
+not arrive, and :class:`CollectiveTimeout` names it. A rank whose own code raises inside
+:meth:`WatchedComm.guard` sends a "failed" notice with its traceback, so the others stop at once.
 
-:func:`watch` gives a :class:`WatchedComm`, whose usual methods all run this way on a *duplicate* of the
-communicator made for the run: a collective abandoned at the deadline can never be cancelled, so the
-duplicate is dropped, and the original stays usable while every rank is alive (a dead rank's process
-ends the MPI job). Lesson 04's notebook cluster gives every ``comm`` this deadline
-(nnlib.course.classroom); lesson 10 puts it around whole training runs (nnlib.lesson10_faults.watchdog).
+:func:`watch` gives a :class:`WatchedComm` over a *duplicate* of the communicator: an abandoned collective can
+never be cancelled, so the duplicate is dropped, and the original stays usable while every rank is alive. The
+notebook cluster's ``comm`` has this deadline (nnlib.course.classroom); lesson 10 puts it around training runs.
 """
 
 from __future__ import annotations

@@ -22,6 +22,7 @@ TRACE_STEPS = 20  # --trace: the data-parallel steps whose phases are written
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Every lesson's options: those of lessons 03-08 and 10 here, the later lessons' in add_later_arguments."""
     parser.add_argument("--strategy", choices=JOB_STRATEGIES, default="allreduce",
                         help="how gradients are combined (zero: ZeRO stages 1-2; overlap: sent during backward)")
     parser.add_argument("--sampler", choices=("exact", "per_rank"), default="exact",
@@ -52,6 +53,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--resume", action="store_true",
                         help="continue from the newest checkpoint in --checkpoint-dir (same settings; any number "
                              "of ranks)")
+    parser.add_argument("--fault", default=None, metavar="RANK:STEP:KIND",
+                        help="for lessons and tests: rank RANK fails after global step STEP; KIND is raise, exit, "
+                             "kill (SIGKILL) or hang")
+    add_later_arguments(parser)
+
+
+def add_later_arguments(parser: argparse.ArgumentParser) -> None:
+    """Lesson 09's model parallelism, lesson 13's schedules and --trace, lesson 11's compression, local SGD and
+    asynchrony, lesson 12's memory options (--strategy fsdp is one of JOB_STRATEGIES)."""
     parser.add_argument("--model-parallel", choices=("none", "tensor", "pipeline"), default="none",
                         help="split the model too (lesson 09): tensor (hidden units) or pipeline (layers) inside "
                              "replicas of --model-size ranks; data parallelism across the replicas")
@@ -61,38 +71,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--schedule", choices=("gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2"), default="1f1b",
                         help="pipeline schedule (lesson 09: gpipe, 1f1b; lesson 13: interleaved 1F1B, the zero-bubble "
                              "ZB-H1 and ZB-H2; ZB-H2 needs 2P - 1 micro-batches, with fewer it runs ZB-H1)")
-    parser.add_argument("--compression", default="none",
-                        help="gradients sent as none (float64/32), float16, bfloat16, topk (with --topk K and "
-                             "error feedback) or powersgd (with --rank R); with --strategy allreduce (lesson 11)")
-    parser.add_argument("--topk", type=int, default=None, help="K, the gradient entries each rank sends (topk)")
-    parser.add_argument("--asynchronous", action="store_true",
-                        help="rank 0 is a parameter server applying each worker's gradient as it arrives; the "
-                             "workers (ranks 1..N-1) sample their own shards; plain SGD (no momentum)")
-    parser.add_argument("--staleness", type=int, default=None,
-                        help="with --asynchronous: no worker more than S steps ahead of the slowest (0: synchronous; "
-                             "default: unbounded)")
-    parser.add_argument("--slow", default=None, metavar="RANK:SECONDS",
-                        help="make rank RANK a straggler: SECONDS more per step")
-    add_talking_less_arguments(parser)
-    add_memory_arguments(parser)
-    parser.add_argument("--fault", default=None, metavar="RANK:STEP:KIND",
-                        help="for lessons and tests: rank RANK fails after global step STEP; KIND is raise, exit, "
-                             "kill (SIGKILL) or hang")
-    add_schedule_arguments(parser)
-
-
-def add_schedule_arguments(parser: argparse.ArgumentParser) -> None:
-    """Lesson 13's options: the interleaved schedule's chunks per rank, and a trace of the run."""
     parser.add_argument("--virtual-stages", type=int, default=None,
                         help="with --schedule interleaved: model chunks per pipeline rank, v (default 2)")
     parser.add_argument("--trace", default=None, metavar="FILE",
                         help="write a Chrome trace-event JSON file (open it in ui.perfetto.dev): each rank's phases "
                              f"of the first {TRACE_STEPS} steps, the pipeline stages' last step, or the parameter "
                              "server's updates")
-
-
-def add_talking_less_arguments(parser: argparse.ArgumentParser) -> None:
-    """Lesson 11's PowerSGD and local SGD / DiLoCo options."""
+    parser.add_argument("--compression", default="none",
+                        help="gradients sent as none (float64/32), float16, bfloat16, topk (with --topk K and "
+                             "error feedback) or powersgd (with --rank R); with --strategy allreduce (lesson 11)")
+    parser.add_argument("--topk", type=int, default=None, help="K, the gradient entries each rank sends (topk)")
     parser.add_argument("--rank", type=int, default=None,
                         help="with --compression powersgd: R, the rank of each weight gradient's approximation")
     parser.add_argument("--local-steps", type=int, default=None, metavar="H",
@@ -102,10 +90,14 @@ def add_talking_less_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --local-steps: average (local SGD) or nesterov (DiLoCo, outer momentum 0.9)")
     parser.add_argument("--outer-learning-rate", type=float, default=None,
                         help="with --local-steps: the outer step's rate (default 1 for average, 0.7 for nesterov)")
-
-
-def add_memory_arguments(parser: argparse.ArgumentParser) -> None:
-    """--recompute K, --accumulate K, --precision (--strategy fsdp is one of JOB_STRATEGIES)."""
+    parser.add_argument("--asynchronous", action="store_true",
+                        help="rank 0 is a parameter server applying each worker's gradient as it arrives; the "
+                             "workers (ranks 1..N-1) sample their own shards; plain SGD (no momentum)")
+    parser.add_argument("--staleness", type=int, default=None,
+                        help="with --asynchronous: no worker more than S steps ahead of the slowest (0: synchronous; "
+                             "default: unbounded)")
+    parser.add_argument("--slow", default=None, metavar="RANK:SECONDS",
+                        help="make rank RANK a straggler: SECONDS more per step")
     parser.add_argument("--recompute", type=int, default=0, metavar="K",
                         help="keep every K-th layer's activations, recompute the rest in backward (0: keep all)")
     parser.add_argument("--accumulate", type=int, default=1, metavar="K",
