@@ -196,20 +196,16 @@ def check_settings(args, ranks: int) -> None:
     reaches the same verdict from the same arguments, before any collective): each option's own values and what
     it needs first, then the table of what combines."""
     problems = job_settings(args).problems()  # epochs, rate, batch, momentum, seed: lesson 03's Settings
-    problems += [message for wrong, message in value_problems(args, ranks) if wrong]
-    problems += [message for wrong, message in needs_problems(args) if wrong]
+    problems += [message for wrong, message in option_problems(args, ranks) if wrong]
     problem = problems[0] if problems else combination_problem(args)
     if problem:
         raise ValueError(problem)
-    if args.precision != "float32":
-        from nnlib.lesson12_memory.mixed_precision import low_precision
-
-        low_precision(args.precision)  # bfloat16 without ml_dtypes: a clear error
 
 
-def value_problems(args, ranks: int) -> list[tuple[bool, str]]:
-    """(wrong?, what to do) for each option's own value (those of lesson 11's asynchronous and local SGD, and of
-    --model-size, the lessons' own checks say on every rank when the job starts them)."""
+def option_problems(args, ranks: int) -> list[tuple[bool, str]]:
+    """(wrong?, what to do) for each option's own value, then for the options that belong to another (--staleness
+    to --asynchronous, ...). Lesson 11's asynchronous and local SGD values, and --model-size, are checked on every
+    rank by the lessons' own code when the job starts it."""
     from nnlib.lesson02_network.network import count_parameters
     from nnlib.lesson11_beyond_sync.compression import check_method
     from nnlib.lesson11_beyond_sync.powersgd import check_rank
@@ -233,12 +229,6 @@ def value_problems(args, ranks: int) -> list[tuple[bool, str]]:
          f"--virtual-stages must be a positive number; got {args.virtual_stages}"),
         (args.recompute < 0, f"--recompute must be 0 (keep every activation) or K >= 1; got {args.recompute}"),
         (args.accumulate < 1, f"--accumulate must be at least 1 (micro-batches per step); got {args.accumulate}"),
-    ]
-
-
-def needs_problems(args) -> list[tuple[bool, str]]:
-    """(missing?, what to add) for the options that belong to another: --staleness to --asynchronous, ..."""
-    return [
         (args.resume and not args.checkpoint_dir,
          "--resume needs --checkpoint-dir (the folder of the run to continue)"),
         (args.staleness is not None and not args.asynchronous,
