@@ -14,7 +14,7 @@ import numpy as np
 
 from nnlib.train_command.data_parallel import data_parallel_job, job_device
 from nnlib.train_command.options import check_settings, job_settings, parse_slow
-from nnlib.train_command.reports import report, save_npz, save_trace
+from nnlib.train_command.reports import report, save_output, save_trace
 
 LESSON = 13
 
@@ -194,11 +194,9 @@ def report_asynchronous(args, ranks: int, history, network, test) -> None:
     test_accuracy = network.accuracy(*test)
     print(f"test accuracy {test_accuracy:.4f}; staleness: mean {staleness.mean():.2f}, largest {staleness.max()} "
           f"updates; updates per worker: {np.bincount(history.worker, minlength=ranks)[1:].tolist()}")
-    if args.output:
-        save_npz(args.output, params=network.get_params(), layer_sizes=np.array(network.layer_sizes),
-                 loss=np.array(history.loss), train_accuracy=np.array(history.train_accuracy),
-                 epoch_seconds=np.array(history.epoch_seconds), staleness=staleness, worker=np.array(history.worker),
-                 update_seconds=np.array(history.seconds), test_accuracy=np.array(test_accuracy),
-                 epoch_params=np.array(history.params), largest_lead=np.array(history.largest_lead),
-                 ranks=np.array(ranks), strategy=np.array("asynchronous"))
-        print(f"wrote {args.output}")
+    save_output(args, params=network.get_params(), layer_sizes=np.array(network.layer_sizes),
+                loss=np.array(history.loss), train_accuracy=np.array(history.train_accuracy),
+                epoch_seconds=np.array(history.epoch_seconds), staleness=staleness, worker=np.array(history.worker),
+                update_seconds=np.array(history.seconds), test_accuracy=np.array(test_accuracy),
+                epoch_params=np.array(history.params), largest_lead=np.array(history.largest_lead),
+                ranks=np.array(ranks), strategy=np.array("asynchronous"))
