@@ -33,9 +33,8 @@ from nnlib.course.deadline import WatchedComm, completed_within
 
 LESSON = 0  # the course's own tools: any lesson may use them
 
-#: Seconds a rank waits for the others in settle's agreement (the deadline, if that is longer). Not the
-#: deadline itself: the ranks come to settle when their engines get the client's message, and on a loaded
-#: machine one engine got it more than a 4 s deadline after the others (a CI run).
+#: Seconds a rank waits for the others in settle's agreement (the deadline, if that is longer), not the deadline:
+#: the ranks come when their engines get the client's message, on a loaded machine seconds apart.
 SETTLE_SECONDS = 60.0
 
 

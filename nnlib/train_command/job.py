@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from nnlib.train_command.data_parallel import data_parallel_job, job_device
-from nnlib.train_command.options import check_settings, job_settings, parse_slow
+from nnlib.train_command.options import check_settings, parse_slow
 from nnlib.train_command.reports import report, save_output, save_trace
 
 LESSON = 13
@@ -77,8 +77,7 @@ def train_job(args) -> int:
 
     threadpool_limits(args.threads)  # one BLAS thread per rank unless told otherwise
     try:  # every rank parses the same arguments: the same verdict everywhere, before any collective
-        settings = job_settings(args)
-        check_settings(args, MPI.COMM_WORLD.size)
+        settings = check_settings(args, MPI.COMM_WORLD.size)
         comm = watch(MPI.COMM_WORLD, args.timeout)  # every collective of the job has a deadline
     except ValueError as problem:
         raise raised_on_every_rank(problem) from None
@@ -93,7 +92,7 @@ def train_job(args) -> int:
 def load_data(args, comm):
     """Rank 0 loads and checks MNIST: ((inputs, labels), (test inputs, test labels)), None elsewhere."""
     from nnlib.lesson01_mnist import data
-    from nnlib.lesson04_collectives.collectives import raised_on_every_rank
+    from nnlib.lesson04_collectives.collectives import fail_together
 
     error, loaded = None, ((None, None), (None, None))
     if comm.rank == 0:
@@ -108,9 +107,7 @@ def load_data(args, comm):
                       (data.scale_pixels(mnist.test_images, args.dtype), mnist.test_labels.astype(np.int64)))
         except (data.MNISTError, ValueError) as problem:
             error = str(problem)
-    error = comm.bcast(error, root=0)
-    if error:
-        raise raised_on_every_rank(ValueError(error))
+    fail_together(comm, error)  # rank 0's problem, raised on every rank
     return loaded
 
 

@@ -133,14 +133,6 @@ def parse_slow(text):
     return {rank: seconds}
 
 
-def job_settings(args):
-    """The training settings of the job (nnlib.lesson03_training.training.Settings), checked with its other options."""
-    from nnlib.lesson03_training.training import Settings
-
-    return Settings(epochs=args.epochs, learning_rate=args.learning_rate, batch_size=args.batch_size or None,
-                    momentum=args.momentum, seed=args.seed)
-
-
 # -- what combines with what ---------------------------------------------------------------------------------
 
 #: The options a kind of training may take, each with how the arguments show that it is used.
@@ -191,15 +183,20 @@ def combination_problem(args) -> str | None:
 
 # -- the checks ------------------------------------------------------------------------------------------------
 
-def check_settings(args, ranks: int) -> None:
-    """ValueError for options that are wrong or cannot go together on ``ranks`` ranks (no I/O, no MPI: every rank
-    reaches the same verdict from the same arguments, before any collective): each option's own values and what
-    it needs first, then the table of what combines."""
-    problems = job_settings(args).problems()  # epochs, rate, batch, momentum, seed: lesson 03's Settings
+def check_settings(args, ranks: int):
+    """The job's training settings (lesson 03's Settings), or ValueError for options that are wrong or cannot go
+    together on ``ranks`` ranks (no I/O, no MPI: every rank reaches the same verdict from the same arguments, before
+    any collective): each option's own values and what it needs first, then the table of what combines."""
+    from nnlib.lesson03_training.training import Settings
+
+    settings = Settings(epochs=args.epochs, learning_rate=args.learning_rate, batch_size=args.batch_size or None,
+                        momentum=args.momentum, seed=args.seed)
+    problems = settings.problems()  # epochs, rate, batch, momentum, seed
     problems += [message for wrong, message in option_problems(args, ranks) if wrong]
     problem = problems[0] if problems else combination_problem(args)
     if problem:
         raise ValueError(problem)
+    return settings
 
 
 def option_problems(args, ranks: int) -> list[tuple[bool, str]]:
