@@ -78,8 +78,7 @@ class MPICluster:
         return self
 
     def __exit__(self, *exc_info):
-        self.stop()
-        return False
+        self.stop()  # (None: an error in the block goes on)
 
     def _start_engines(self):
         """Launch the n engines with mpiexec and wait until all registered: fails early if mpiexec exits, and at
