@@ -4,9 +4,16 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 
 LESSON = 13  # the command line: every lesson's commands
+
+#: The commands with options of their own: the module whose main(argv) runs each, and what it does.
+OWN_OPTIONS = {"scaling": ("nnlib.lesson06_scaling.scaling", "strong and weak scaling tables (its own mpiexec jobs)"),
+               "allreduce-timing": ("nnlib.lesson08_inside_allreduce.allreduce_timing",
+                                    "time MPI's Allreduce against the hand-built ones, under mpiexec"),
+               "gpu-benchmark": ("nnlib.lesson07_gpu.gpu", "record CPU-versus-GPU figures")}
 
 
 def fetch_data(args) -> int:
@@ -44,26 +51,15 @@ def build_parser() -> argparse.ArgumentParser:
     training = commands.add_parser("train", help="data-parallel MNIST training (run under mpiexec -n N)")
     add_arguments(training)
     training.set_defaults(handler=run)
-    commands.add_parser("scaling", help="strong and weak scaling tables (see: python -m nnlib scaling --help)")
-    commands.add_parser("allreduce-timing", help="time MPI's Allreduce against the hand-built ones (under mpiexec)")
-    commands.add_parser("gpu-benchmark", help="record CPU-versus-GPU figures (see: python -m nnlib gpu-benchmark --help)")
+    for name, (_, does) in OWN_OPTIONS.items():
+        commands.add_parser(name, help=f"{does}; see: python -m nnlib {name} --help")
     return parser
 
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["scaling"]:  # it starts mpiexec jobs itself, and has its own options
-        from nnlib.lesson06_scaling.scaling import main as scaling
-
-        return scaling(argv[1:])
-    if argv[:1] == ["allreduce-timing"]:
-        from nnlib.lesson08_inside_allreduce.allreduce_timing import main as allreduce_timing
-
-        return allreduce_timing(argv[1:])
-    if argv[:1] == ["gpu-benchmark"]:
-        from nnlib.lesson07_gpu.gpu import main as gpu_benchmark
-
-        return gpu_benchmark(argv[1:])
+    if argv[:1] and argv[0] in OWN_OPTIONS:
+        return importlib.import_module(OWN_OPTIONS[argv[0]][0]).main(argv[1:])
     args = build_parser().parse_args(argv)
     return args.handler(args)
 

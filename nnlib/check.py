@@ -122,26 +122,21 @@ def run_cases(exercise, answer) -> tuple[float, int]:
                                       f"({short(answer)}). Define it with `def {name}(...)`.")
     worst, cases = 0.0, exercise.cases()
     for arguments in cases:
-        expected = exercise.worked_answer(*copies(arguments))
+        expected = exercise.worked_answer(*copy.deepcopy(tuple(arguments)))  # fresh copies: no call sees another's
         got = call(answer, name, arguments)
         if got is None:
             raise Wrong("not written", "not written yet: it returns None. Replace the `...` with your code "
                                        "and `return` the result.")
         if got is Ellipsis:
             raise Wrong("not written", "not written yet: it returns `...`. Replace the `...` with your code.")
-        worst = max(worst, compare(got, expected, exercise.tolerance, f"{name}({describe_arguments(arguments)})"))
+        worst = max(worst, compare(got, expected, exercise.tolerance, f"{name}({', '.join(map(short, arguments))})"))
     return worst, len(cases)
-
-
-def copies(arguments) -> tuple:
-    """Fresh copies of a case's arguments (arrays and lists of arrays), so no call sees another's changes."""
-    return copy.deepcopy(tuple(arguments))
 
 
 def call(answer, name: str, arguments):
     """answer(*arguments), turning any exception into Wrong with the line of the student's code."""
     try:
-        return answer(*copies(arguments))
+        return answer(*copy.deepcopy(tuple(arguments)))
     except (Exception, SystemExit) as error:  # a half-finished function may raise anything (even exit())
         frames = traceback.extract_tb(error.__traceback__)[1:]  # drop this function's own frame
         where = ""
@@ -149,7 +144,7 @@ def call(answer, name: str, arguments):
             last = frames[-1]
             code = f": `{last.line.strip()}`" if last.line else ""
             where = f" in `{last.name}`, line {last.lineno}{code}"  # in a notebook: the cell's line
-        raise Wrong("raised", f"calling {name}({describe_arguments(arguments)}) raised "
+        raise Wrong("raised", f"calling {name}({', '.join(map(short, arguments))}) raised "
                               f"{type(error).__name__}{where}:\n  {error}") from None
 
 
@@ -191,9 +186,7 @@ def compare(got, expected, tolerance: float, case: str) -> float:
 
 
 def as_numbers(got, case: str) -> np.ndarray:
-    """``got`` as an array of numbers, or Wrong saying what it is instead."""
-    if isinstance(got, (str, bytes, dict, set)) or callable(got):
-        raise Wrong("kind", f"{case} returned {short(got)}, not a number or an array of numbers.")
+    """``got`` as an array of numbers, or Wrong saying what it is instead (a string, a dict, a function...)."""
     try:
         array = np.asarray(got)
     except Exception:  # ragged lists and other things NumPy cannot make an array of
@@ -209,11 +202,9 @@ def check_dtype(got: np.ndarray, expected: np.ndarray, case: str) -> None:
     exact = expected.dtype == bool or np.issubdtype(expected.dtype, np.integer)
     if got.size == 0:  # an empty list has no dtype to speak of
         return
-    if exact and got.dtype != bool and not np.issubdtype(got.dtype, np.integer):
+    if exact and got.dtype != bool and (expected.dtype == bool or not np.issubdtype(got.dtype, np.integer)):
         kind = "True/False values" if expected.dtype == bool else "whole numbers (integers)"
         raise Wrong("dtype", f"{case} returned {got.dtype} numbers; expected {kind}.")
-    if exact and expected.dtype == bool and got.dtype != bool:
-        raise Wrong("dtype", f"{case} returned {got.dtype} numbers; expected True/False values.")
     if not exact and not np.issubdtype(got.dtype, np.floating):
         raise Wrong("dtype", f"{case} returned {got.dtype} numbers; the answer has fractions: "
                              "did an integer division or an integer array lose them?")
@@ -222,11 +213,6 @@ def check_dtype(got: np.ndarray, expected: np.ndarray, case: str) -> None:
                              "keep the precision of the inputs.")
     if not exact and expected.dtype == np.float32 and got.dtype != np.float32:
         raise Wrong("dtype", f"{case} returned {got.dtype}; expected float32 (half the memory of float64).")
-
-
-def describe_arguments(arguments) -> str:
-    """'(5, 4) float64 array, 3, [array (4, 2), array (4, 3)]': a case in a few words."""
-    return ", ".join(short(value) for value in arguments)
 
 
 def short(value) -> str:

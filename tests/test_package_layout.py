@@ -9,8 +9,7 @@ from layout import (PACKAGE, closure, constant, functions, imports, lesson_folde
                     violations)
 
 TOP_LEVEL = {"nnlib", "nnlib.__main__", "nnlib.train_command", "nnlib.check"}
-JOB_PARTS = {f"nnlib.train_command.{part}" for part in ("options", "job", "data_parallel", "model_parallel",
-                                                         "asynchronous", "reports")}
+JOB_PARTS = {f"nnlib.train_command.{part}" for part in ("options", "job", "data_parallel", "reports")}
 
 
 def test_every_module_says_which_lesson_it_belongs_to():

@@ -1,35 +1,22 @@
 """The engines' ``comm`` in the notebook cluster: a student's own collectives never hang the class.
 
-A collective returns only when every rank has called it. In a first MPI class one rank often
-raises before it (a shape error on an uneven shard), or two ranks both ``Send`` first, and the
-other ranks would wait for ever. On every engine of :func:`nnlib.course.cluster.start`:
+In a first MPI class one rank often raises before a collective (a shape error on an uneven shard), or two
+ranks both ``Send`` first, and the others would wait for ever. So on every engine of
+:func:`nnlib.course.cluster.start`, ``comm = MPI.COMM_WORLD = ClassroomComm(the real COMM_WORLD)``: its
+collectives, ``Send``/``Recv``/``Sendrecv`` and the object forms (``bcast``, ``gather``, ``allreduce``...) run
+under the classroom deadline (nnlib.course.deadline, $NNLIB_TIMEOUT: 20 s in the cluster):
 
-    comm = MPI.COMM_WORLD = ClassroomComm(the real COMM_WORLD)
+* a rank whose cell (or ``view.apply`` function) raised tells the others at once, and they stop with its
+  traceback; a rank that waits past the deadline stops with an error naming who did not come, or, in a
+  deadlock, the call each rank was waiting in; Interrupt Kernel ends a wait at once;
+* a rooted collective (Bcast, Reduce, Gather, Scatter and their v forms) first checks that every rank names
+  the same root (one small Allgather): MPI does not, and a mismatch need not hang.
 
-so the collectives (``comm.Allreduce(...)``, ``MPI.COMM_WORLD.Bcast(...)``, ``Reduce_scatter``,
-``Alltoall``...), ``Send``/``Recv``/``Sendrecv`` and the object forms ``send``/``recv``/``bcast``/
-``gather``/``allgather``/``allreduce`` all run under the classroom deadline
-(nnlib.course.deadline):
-
-* a rank whose cell raised tells the others at once (after the cell, IPython's ``post_run_cell``;
-  after a ``view.apply`` function, the engine's apply handler), and they stop with its traceback:
-  no wait at all;
-* a rank that waits longer than the deadline ($NNLIB_TIMEOUT, 20 s in the cluster) stops with an
-  error naming the ranks that did not come, or, when every rank was waiting (a deadlock), the call
-  each one was waiting in;
-* Interrupt Kernel (the engines get SIGINT) ends a wait at once;
-* a rooted collective (Bcast, Reduce, Gather, Scatter and their v forms) first checks that every rank
-  names the same root (one small Allgather): MPI does not, and a mismatch need not hang.
-
-A collective that was abandoned can never be cancelled, so the communicator it ran on is dropped:
-after every cell that ran on the engines, the client (the notebook's kernel) has every engine
-:func:`settle`: the ranks agree whether any of them abandoned a call (or was told another did), and
-if so all make a fresh duplicate of COMM_WORLD together. The client sends settle once every engine has
-finished its cell, so a rank that is not there within :data:`SETTLE_SECONDS` (a busy machine delays an
-engine by seconds, not a minute) is stuck or dead: every later call then says to run ``mpi.restart()``.
-
-``Split`` gives a communicator of the ranks of one color under the same deadline. Any other method
-(``Isend``, ``Scan``, ``scatter``, ``reduce``...) runs on the current duplicate without a deadline. ``view.apply`` functions get the same deadline and the same notice.
+An abandoned collective can never be cancelled, so after every cell that ran on the engines the client has
+each engine :func:`settle`: the ranks agree whether any of them abandoned a call (or heard that another did),
+and if so all make a fresh duplicate of COMM_WORLD together. A rank that does not come within
+:data:`SETTLE_SECONDS` is stuck or dead: every later call then says to run ``mpi.restart()``. ``Split`` keeps
+the deadline; any other method (``Isend``, ``Scan``, ``scatter``...) runs on the current duplicate without one.
 """
 
 from __future__ import annotations
@@ -46,9 +33,8 @@ from nnlib.course.deadline import WatchedComm, completed_within
 
 LESSON = 0  # the course's own tools: any lesson may use them
 
-#: Seconds a rank waits for the others in settle's agreement (the deadline, if that is longer). Not the
-#: deadline itself: the ranks come to settle when their engines get the client's message, and on a loaded
-#: machine one engine got it more than a 4 s deadline after the others (a CI run).
+#: Seconds a rank waits for the others in settle's agreement (the deadline, if that is longer), not the deadline:
+#: the ranks come when their engines get the client's message, on a loaded machine seconds apart.
 SETTLE_SECONDS = 60.0
 
 
@@ -79,19 +65,13 @@ class ClassroomComm:
         return self.watched
 
     def settle(self) -> str:
-        """After a cell, on every engine (the client sends it): do all ranks keep the duplicate? If any rank
-        abandoned a call on it, or heard that another did, every rank makes a fresh one, together.
+        """After a cell, on every engine (the client sends it): 'kept', 'renewed' (every rank made a fresh duplicate,
+        together, as one abandoned a call or heard of one), or why the communicator is unusable now.
 
-        The ranks agree with one small Iallgather on ``agreement``: each rank's flag and the time it came.
-        A rank that does not come within SETTLE_SECONDS (stuck in MPI outside comm, or dead) gets the
-        communicator marked unusable on the others: every later call says to run mpi.restart(). The ranks that
-        complete the Iallgather later all read the same arrival times, and all say the same if the first rank
-        may have stopped waiting: no rank renews alone."""
+        Interrupt Kernel may land late, in this settle, unseen: a rank stopped half-way would be out of step with
+        the others for good, so settle ignores SIGINT (it ends within SETTLE_SECONDS anyway)."""
         if self.unusable:
             return self.unusable
-        # Interrupt Kernel reaches the engines through their nannies and may land late, in this settle (nobody
-        # sees its error: the client does not wait for it): a rank that stopped half-way would be out of step
-        # with the others for good. So settle cannot be interrupted; it ends within SETTLE_SECONDS anyway.
         in_main_thread = threading.current_thread() is threading.main_thread()
         previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if in_main_thread else None
         generation = self.generation
@@ -105,8 +85,9 @@ class ClassroomComm:
         return self.unusable or ("renewed" if self.generation > generation else "kept")
 
     def _agree_and_renew(self) -> str | None:
-        """settle's agreement: None if every rank came in time (and made a fresh duplicate if any asked), else
-        why the communicator is unusable now."""
+        """settle's agreement, one small Iallgather on ``agreement`` of each rank's flag and the time it came: None
+        if every rank came in time (and made a fresh duplicate if any asked), else why the communicator is unusable.
+        Every rank that completes it reads the same arrival times, so all give one verdict: no rank renews alone."""
         came = time.time()
         mine = np.array([float(bool(self.watched.broken) or self.watched.heard_from_others()), came])
         everyone = np.empty((self.size, 2))

@@ -78,8 +78,7 @@ class MPICluster:
         return self
 
     def __exit__(self, *exc_info):
-        self.stop()
-        return False
+        self.stop()  # (None: an error in the block goes on)
 
     def _start_engines(self):
         """Launch the n engines with mpiexec and wait until all registered: fails early if mpiexec exits, and at
@@ -106,10 +105,9 @@ class MPICluster:
             f"Command: {' '.join(map(str, mpiexec_command))}\n"
             f"Its output (last lines):\n{tail}\n"
             "Likely fixes: check that the mpiexec above belongs to the MPI that mpi4py was built for "
-            "(pip install mpich mpi4py into this environment); with Open MPI as root or with more ranks "
-            "than cores, set OMPI_ALLOW_RUN_AS_ROOT=1, OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 and "
-            "PRTE_MCA_rmaps_default_mapping_policy=:oversubscribe; ask for fewer engines; or pass a longer "
-            "timeout= if the machine is just slow."
+            "(pip install mpich mpi4py into this environment); with Open MPI as root or with more ranks than cores, "
+            f"set {', '.join(f'{name}={value}' for name, value in OPEN_MPI_SETTINGS.items())}; ask for fewer "
+            "engines; or pass a longer timeout= if the machine is just slow."
         )
 
     def _map_ranks(self):

@@ -1,17 +1,14 @@
 """A deadline for every collective: no rank waits forever, and the error names who did not come.
 
-Notebook 10 takes it apart: start the collective without blocking (``comm.Iallreduce``) and poll
-``request.Test()`` until it completes or the deadline passes. Then each waiting rank sends every other
-rank a short notice ("waiting in Allreduce, at epoch e, step s") and listens for theirs for a grace
-period: a rank that sent none did not arrive, and :class:`CollectiveTimeout` names it, says where the
-run was and what to do. A rank whose own code raises inside :meth:`WatchedComm.guard` sends a "failed"
-notice with its traceback first, so the others stop at once and show that traceback.
+Notebook 10 takes it apart: start the collective without blocking (``comm.Iallreduce``) and poll ``Test()``
+until it completes or the deadline passes. Then the waiting rank sends every other rank a short notice
+("waiting in Allreduce, at epoch e, step s") and listens for theirs for a grace period: a rank that sent none did
+not arrive, and :class:`CollectiveTimeout` names it. A rank whose own code raises inside
+:meth:`WatchedComm.guard` sends a "failed" notice with its traceback, so the others stop at once.
 
-:func:`watch` gives a :class:`WatchedComm`, whose usual methods all run this way on a *duplicate* of the
-communicator made for the run: a collective abandoned at the deadline can never be cancelled, so the
-duplicate is dropped, and the original stays usable while every rank is alive (a dead rank's process
-ends the MPI job). Lesson 04's notebook cluster gives every ``comm`` this deadline
-(nnlib.course.classroom); lesson 10 puts it around whole training runs (nnlib.lesson10_faults.watchdog).
+:func:`watch` gives a :class:`WatchedComm` over a *duplicate* of the communicator: an abandoned collective can
+never be cancelled, so the duplicate is dropped, and the original stays usable while every rank is alive. The
+notebook cluster's ``comm`` has this deadline (nnlib.course.classroom); lesson 10 puts it around training runs.
 """
 
 from __future__ import annotations
@@ -273,9 +270,9 @@ class WatchedComm:
 
     def recv(self, buf=None, source=MPI.ANY_SOURCE, tag=0):
         """MPI's recv of a Python object (tag 0 unless given, as Sendrecv's) within the deadline."""
-        probe = _Probe(self.comm, source, tag)
+        probe = _Until(lambda: self.comm.improbe(source=source, tag=tag))  # a message has come: its MPI.Message
         self.wait(probe, "Recv" if source == MPI.ANY_SOURCE else f"Recv from rank {source}")
-        return probe.message.recv(buf)
+        return probe.found.recv(buf)
 
     def Send(self, buffer, dest, tag=0):
         """MPI's Send within the deadline: a small message may leave at once, a large one waits for its Recv."""
@@ -292,9 +289,13 @@ class WatchedComm:
 
     def wait_any(self, requests, what: str) -> int:
         """The index of one completed request of ``requests`` (as MPI's Waitany), within the deadline."""
-        any_of = _AnyOf(requests)
+        def completed():  # the index of a completed request, or None
+            index, done = MPI.Request.Testany(requests)
+            return index if done and index != MPI.UNDEFINED else None
+
+        any_of = _Until(completed)
         self.wait(any_of, what)
-        return any_of.index
+        return any_of.found
 
     def wait_all(self, requests, what: str = "Iallreduce") -> None:
         """Complete started collectives, each within the deadline (or raise CollectiveTimeout)."""
@@ -340,27 +341,15 @@ class WatchedComm:
         return f"<WatchedComm rank {self.rank} of {self.size}, timeout {self.timeout:g} s>"
 
 
-class _AnyOf:
-    """Something with a ``Test()`` that is true once any of ``requests`` has completed (its ``index``)."""
+class _Until:
+    """Something with a ``Test()`` for :meth:`WatchedComm.wait`: true once ``look()`` finds something (``found``)."""
 
-    def __init__(self, requests):
-        self.requests, self.index = requests, None
-
-    def Test(self) -> bool:
-        index, done = MPI.Request.Testany(self.requests)
-        self.index = index if done and index != MPI.UNDEFINED else None
-        return self.index is not None
-
-
-class _Probe:
-    """Something with a ``Test()`` that is true once a message from ``source`` with ``tag`` has come (``message``)."""
-
-    def __init__(self, comm, source, tag):
-        self.comm, self.source, self.tag, self.message = comm, source, tag, None
+    def __init__(self, look):
+        self.look, self.found = look, None
 
     def Test(self) -> bool:
-        self.message = self.comm.improbe(source=self.source, tag=self.tag)
-        return self.message is not None
+        self.found = self.look()
+        return self.found is not None
 
 
 def watch(comm, timeout=None) -> WatchedComm:

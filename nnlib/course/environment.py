@@ -49,14 +49,8 @@ def blas() -> str:
     return found if info else "unknown"
 
 
-# OpenBLAS's x86 kernels (threadpoolctl's "architecture") and the instruction set each is written for,
-# oldest first; the variables that can force one (https://github.com/OpenMathLib/OpenBLAS, USAGE.md).
-INSTRUCTION_SETS = ("SSE2", "SSE3", "SSE4.2", "AVX", "AVX2", "AVX-512")
-KERNEL_INSTRUCTIONS = {"Prescott": "SSE3", "Core2": "SSE3", "Penryn": "SSE3", "Dunnington": "SSE3", "Atom": "SSE3",
-                       "Nehalem": "SSE4.2", "Opteron": "SSE3", "Barcelona": "SSE3", "Bobcat": "SSE3",
-                       "Sandybridge": "AVX", "Bulldozer": "AVX", "Piledriver": "AVX", "Steamroller": "AVX",
-                       "Excavator": "AVX", "Haswell": "AVX2", "Zen": "AVX2", "SkylakeX": "AVX-512",
-                       "Cooperlake": "AVX-512", "SapphireRapids": "AVX-512"}
+# The variables that can force OpenBLAS's kernel (https://github.com/OpenMathLib/OpenBLAS, USAGE.md), and the
+# CPU's vector instruction sets the kernels are written for, newest first (/proc/cpuinfo's flags).
 FORCING_VARIABLES = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
 CPU_FLAGS = {"avx512f": "AVX-512", "avx2": "AVX2", "avx": "AVX", "sse4_2": "SSE4.2", "pni": "SSE3", "sse2": "SSE2"}
 
@@ -108,17 +102,6 @@ def keep_freed_memory() -> bool:
     return _freed_memory_kept
 
 
-def forced_older_kernel() -> str | None:
-    """'OPENBLAS_CORETYPE=Haswell' if an environment variable makes OpenBLAS run a kernel for an older
-    instruction set than this CPU has (so products run slower than they could); else None."""
-    kernel, best = blas_kernel(), cpu_instruction_set()
-    forced = [f"{name}={os.environ[name]}" for name in FORCING_VARIABLES if os.environ.get(name)]
-    if not forced or kernel not in KERNEL_INSTRUCTIONS or best not in INSTRUCTION_SETS:
-        return None
-    older = INSTRUCTION_SETS.index(KERNEL_INSTRUCTIONS[kernel]) < INSTRUCTION_SETS.index(best)
-    return " and ".join(forced) if older else None
-
-
 def product_seconds(size: int = 768, repeats: int = 7) -> float:
     """Median seconds of one float32 (the series' dtype) (size x size) @ (size x size) product, one BLAS thread."""
     import time
@@ -137,26 +120,24 @@ def product_seconds(size: int = 768, repeats: int = 7) -> float:
 
 
 def kernel_note() -> str | None:
-    """One line if a variable forces an older BLAS kernel than the CPU supports: which, what it costs (one
-    product timed here and in a subprocess without the variables), and how to change it."""
-    forced = forced_older_kernel()
-    if forced is None:
+    """One line if a variable makes OpenBLAS run another kernel than the CPU's own: which, what it costs (one
+    product timed here and in a subprocess without the variables), and how to change it; else None."""
+    forced = [f"{name}={os.environ[name]}" for name in FORCING_VARIABLES if os.environ.get(name)]
+    if not forced:
         return None
     import subprocess
 
-    kernel, best, cost = blas_kernel(), cpu_instruction_set(), ""
     own = {name: value for name, value in os.environ.items() if name not in FORCING_VARIABLES}
     code = "from nnlib.course import environment as e; print(e.blas_kernel(), e.product_seconds())"
     reply = subprocess.run([sys.executable, "-c", code], env=own, capture_output=True, text=True, timeout=120)
-    if reply.returncode == 0:
-        own_kernel, own_seconds = reply.stdout.split()
-        here = product_seconds()
-        cost = (f"; a float32 768x768 product takes {here * 1e3:.1f} ms on it against {float(own_seconds) * 1e3:.1f}"
-                f" ms on the CPU's own {own_kernel} kernel ({here / float(own_seconds):.1f}x as long)")
-    verb = "force" if " and " in forced else "forces"
-    return (f"{forced} {verb} OpenBLAS's {kernel} kernel ({KERNEL_INSTRUCTIONS[kernel]}) on a CPU with {best}{cost}. "
-            f"Unset {' and '.join(FORCING_VARIABLES)} to run the CPU's own kernel (some old OpenBLAS builds "
-            "needed them on some CPUs).")
+    if reply.returncode != 0 or reply.stdout.split()[0] == blas_kernel():
+        return None  # the CPU's own kernel (or nothing to compare with)
+    own_kernel, own_seconds, here = reply.stdout.split()[0], float(reply.stdout.split()[1]), product_seconds()
+    return (f"{' and '.join(forced)} {'force' if len(forced) > 1 else 'forces'} OpenBLAS's {blas_kernel()} kernel on a "
+            f"CPU with {cpu_instruction_set()}: a float32 768x768 product takes {here * 1e3:.1f} ms on it against "
+            f"{own_seconds * 1e3:.1f} ms on the CPU's own {own_kernel} kernel ({here / own_seconds:.1f}x as long). "
+            f"Unset {' and '.join(FORCING_VARIABLES)} to run the CPU's own kernel (some old OpenBLAS builds needed "
+            "them on some CPUs).")
 
 
 def describe() -> dict:

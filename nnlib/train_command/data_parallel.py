@@ -121,17 +121,17 @@ def job_strategy(args):
         from nnlib.lesson11_beyond_sync.compression import compressed
 
         return compressed(args.compression, args.topk)
-    from nnlib.lesson05_data_parallel.data_parallel import Allreduce
+    from nnlib.lesson05_data_parallel.data_parallel import STRATEGIES
     from nnlib.lesson08_inside_allreduce.overlap import Overlap
     from nnlib.lesson08_inside_allreduce.zero import ZeRO
     from nnlib.lesson12_memory.fsdp import FullySharded
 
-    sync = {"zero": ZeRO, "overlap": Overlap, "fsdp": FullySharded, "allreduce": Allreduce}.get(args.strategy)
+    sync = {**STRATEGIES, "zero": ZeRO, "overlap": Overlap, "fsdp": FullySharded}[args.strategy]
     if args.precision != "float32":  # (allreduce, zero or fsdp: options.COMBINES)
         from nnlib.lesson12_memory.mixed_precision import loss_scaled
 
         return loss_scaled(sync)
-    return sync if args.strategy in ("zero", "overlap", "fsdp") else args.strategy
+    return sync
 
 
 def fault_injector(fault, rank):

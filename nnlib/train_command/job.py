@@ -1,4 +1,6 @@
-"""The batch job itself: :func:`run` it, end it with MPI_Abort on an error some ranks only have, load MNIST on rank 0."""
+"""The batch job itself: :func:`run` it, end it with MPI_Abort on an error some ranks only have, load MNIST on rank 0;
+its model-parallel job (lessons 09 and 13) and its asynchronous job (lesson 11). The data-parallel job, the
+default, is in :mod:`nnlib.train_command.data_parallel`."""
 
 from __future__ import annotations
 
@@ -10,10 +12,9 @@ from pathlib import Path
 
 import numpy as np
 
-from nnlib.train_command.asynchronous import asynchronous_job
-from nnlib.train_command.data_parallel import data_parallel_job
-from nnlib.train_command.model_parallel import model_parallel_job
-from nnlib.train_command.options import check_settings, job_settings, parse_fault
+from nnlib.train_command.data_parallel import data_parallel_job, job_device
+from nnlib.train_command.options import check_settings, parse_slow
+from nnlib.train_command.reports import report, save_output, save_trace
 
 LESSON = 13
 
@@ -76,9 +77,7 @@ def train_job(args) -> int:
 
     threadpool_limits(args.threads)  # one BLAS thread per rank unless told otherwise
     try:  # every rank parses the same arguments: the same verdict everywhere, before any collective
-        settings = job_settings(args)
-        parse_fault(args.fault)
-        check_settings(args, MPI.COMM_WORLD.size)
+        settings = check_settings(args, MPI.COMM_WORLD.size)
         comm = watch(MPI.COMM_WORLD, args.timeout)  # every collective of the job has a deadline
     except ValueError as problem:
         raise raised_on_every_rank(problem) from None
@@ -93,7 +92,7 @@ def train_job(args) -> int:
 def load_data(args, comm):
     """Rank 0 loads and checks MNIST: ((inputs, labels), (test inputs, test labels)), None elsewhere."""
     from nnlib.lesson01_mnist import data
-    from nnlib.lesson04_collectives.collectives import raised_on_every_rank
+    from nnlib.lesson04_collectives.collectives import fail_together
 
     error, loaded = None, ((None, None), (None, None))
     if comm.rank == 0:
@@ -108,7 +107,93 @@ def load_data(args, comm):
                       (data.scale_pixels(mnist.test_images, args.dtype), mnist.test_labels.astype(np.int64)))
         except (data.MNISTError, ValueError) as problem:
             error = str(problem)
-    error = comm.bcast(error, root=0)
-    if error:
-        raise raised_on_every_rank(ValueError(error))
+    fail_together(comm, error)  # rank 0's problem, raised on every rank
     return loaded
+
+
+def model_parallel_job(args, comm, settings, data, test) -> int:
+    """--model-parallel tensor|pipeline: nnlib.lesson09_model_parallel.grid's grid; every rank gets the data from rank 0."""
+    from nnlib.lesson04_collectives.collectives import broadcast_new
+    from nnlib.lesson05_data_parallel import gather_phase_seconds
+    from nnlib.lesson07_gpu.backend import HostStaging
+    from nnlib.lesson08_inside_allreduce.sampling import PerRankBatches
+    from nnlib.lesson09_model_parallel.grid import train_hybrid
+    from nnlib.lesson09_model_parallel.tensor import TensorParallelMLP
+    from nnlib.lesson13_pipeline_schedules.schedules import ScheduledPipeline
+
+    (inputs, labels), (test_inputs, test_labels) = [(broadcast_new(comm, first), broadcast_new(comm, second))
+                                                    for first, second in (data, test)]
+    model_size, (xp, gpus) = args.model_size or comm.size, job_device(args, comm)
+    sizes = (784, *args.hidden, 10)
+    if comm.rank == 0:
+        print(f"{comm.size} ranks: {comm.size // model_size if comm.size % model_size == 0 else '?'} replica(s) of "
+              f"{model_size} ({args.model_parallel} parallelism inside), network {'-'.join(map(str, sizes))}, "
+              f"{args.samples} samples, global batch {args.batch_size or 'full'}"
+              + (f"; GPU of each rank: {gpus}" if gpus[0] is not None else ""), flush=True)
+    model = dict(layer_sizes=sizes, output=args.output_layer, dtype=args.dtype, seed=args.seed, device=xp)
+
+    def build_piece(model_comm):  # this rank's piece of its replica (model_comm is watched and staged, as comm)
+        if args.model_parallel == "tensor":
+            return TensorParallelMLP(model_comm, **model)
+        return ScheduledPipeline(model_comm, **model, micro_batches=args.micro_batches, schedule=args.schedule,
+                                 chunks=(args.virtual_stages or 2) if args.schedule == "interleaved" else 1)
+
+    with comm.guard():  # the grid's communicators are split from the watched comm: every message has a deadline
+        network, history = train_hybrid(
+            HostStaging(comm, xp), model_size, build_piece, inputs, labels, strategy=args.strategy,
+            settings=settings, batches=PerRankBatches if args.sampler == "per_rank" else None,
+            progress=comm.rank == 0)  # (each piece's data_comm has a rank 0: one line, from world rank 0)
+    test_accuracy = network.accuracy(test_inputs, test_labels)  # every piece of each replica takes part
+    params = network.full_params()
+    phases = gather_phase_seconds(comm, history)
+    timelines = comm.gather((network.timeline, network.timeline_chunks) if args.trace else ([], []), root=0)
+    if comm.rank == 0:
+        report(args, comm.size, history, phases, test_accuracy, params, sizes,
+               dict(strategy=np.array(f"{args.model_parallel} x {model_size}")))
+        if args.trace:
+            from nnlib.course.trace import pipeline_spans
+            save_trace(args.trace, pipeline_spans(*zip(*timelines), stages=model_size))  # last step, chunks named
+    return 0
+
+
+def asynchronous_job(args, comm, settings, data, test) -> int:
+    """--asynchronous: nnlib.lesson11_beyond_sync.asynchronous's parameter server on rank 0; every rank gets the data
+    from rank 0."""
+    from nnlib.lesson02_network.network import Network
+    from nnlib.lesson04_collectives.collectives import broadcast_new
+    from nnlib.lesson11_beyond_sync.asynchronous import train_async
+
+    inputs, labels = broadcast_new(comm, data[0]), broadcast_new(comm, data[1])
+    xp, gpus = job_device(args, comm)
+    network = Network((784, *args.hidden, 10), output=args.output_layer, dtype=args.dtype, seed=args.seed, device=xp)
+    bound = "unbounded" if args.staleness is None else f"at most {args.staleness} steps ahead"
+    if comm.rank == 0:
+        print(f"{comm.size} ranks: a parameter server and {comm.size - 1} workers (staleness {bound}), network "
+              f"{'-'.join(map(str, network.layer_sizes))}, {args.samples} samples, global batch {args.batch_size}"
+              + ("; plain SGD, --momentum is not used" if args.momentum else "")
+              + (f"; GPU of each rank: {gpus}" if gpus[0] is not None else ""), flush=True)
+    history = train_async(comm, network, inputs, labels, settings, staleness=args.staleness, slow=parse_slow(args.slow))
+    if comm.rank == 0:
+        report_asynchronous(args, comm.size, history, network, test)
+        if args.trace:
+            from nnlib.course.trace import update_instants
+            save_trace(args.trace, [], update_instants(history.worker, history.seconds))
+    return 0
+
+
+def report_asynchronous(args, ranks: int, history, network, test) -> None:
+    """On rank 0: every epoch's loss and accuracy, the test accuracy, the staleness; write --output if given."""
+    for epoch, (loss, accuracy, seconds) in enumerate(zip(history.loss, history.train_accuracy,
+                                                          history.epoch_seconds)):
+        print(f"epoch {epoch + 1}/{args.epochs}: loss {loss:.4f}, training accuracy {accuracy:.4f}, "
+              f"{seconds:.2f} s from the start")
+    staleness = np.array(history.staleness)
+    test_accuracy = network.accuracy(*test)
+    print(f"test accuracy {test_accuracy:.4f}; staleness: mean {staleness.mean():.2f}, largest {staleness.max()} "
+          f"updates; updates per worker: {np.bincount(history.worker, minlength=ranks)[1:].tolist()}")
+    save_output(args, params=network.get_params(), layer_sizes=np.array(network.layer_sizes),
+                loss=np.array(history.loss), train_accuracy=np.array(history.train_accuracy),
+                epoch_seconds=np.array(history.epoch_seconds), staleness=staleness, worker=np.array(history.worker),
+                update_seconds=np.array(history.seconds), test_accuracy=np.array(test_accuracy),
+                epoch_params=np.array(history.params), largest_lead=np.array(history.largest_lead),
+                ranks=np.array(ranks), strategy=np.array("asynchronous"))

@@ -22,6 +22,7 @@ TRACE_STEPS = 20  # --trace: the data-parallel steps whose phases are written
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Every lesson's options: those of lessons 03-08 and 10 here, the later lessons' in add_later_arguments."""
     parser.add_argument("--strategy", choices=JOB_STRATEGIES, default="allreduce",
                         help="how gradients are combined (zero: ZeRO stages 1-2; overlap: sent during backward)")
     parser.add_argument("--sampler", choices=("exact", "per_rank"), default="exact",
@@ -52,6 +53,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--resume", action="store_true",
                         help="continue from the newest checkpoint in --checkpoint-dir (same settings; any number "
                              "of ranks)")
+    parser.add_argument("--fault", default=None, metavar="RANK:STEP:KIND",
+                        help="for lessons and tests: rank RANK fails after global step STEP; KIND is raise, exit, "
+                             "kill (SIGKILL) or hang")
+    add_later_arguments(parser)
+
+
+def add_later_arguments(parser: argparse.ArgumentParser) -> None:
+    """Lesson 09's model parallelism, lesson 13's schedules and --trace, lesson 11's compression, local SGD and
+    asynchrony, lesson 12's memory options (--strategy fsdp is one of JOB_STRATEGIES)."""
     parser.add_argument("--model-parallel", choices=("none", "tensor", "pipeline"), default="none",
                         help="split the model too (lesson 09): tensor (hidden units) or pipeline (layers) inside "
                              "replicas of --model-size ranks; data parallelism across the replicas")
@@ -61,38 +71,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--schedule", choices=("gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2"), default="1f1b",
                         help="pipeline schedule (lesson 09: gpipe, 1f1b; lesson 13: interleaved 1F1B, the zero-bubble "
                              "ZB-H1 and ZB-H2; ZB-H2 needs 2P - 1 micro-batches, with fewer it runs ZB-H1)")
-    parser.add_argument("--compression", default="none",
-                        help="gradients sent as none (float64/32), float16, bfloat16, topk (with --topk K and "
-                             "error feedback) or powersgd (with --rank R); with --strategy allreduce (lesson 11)")
-    parser.add_argument("--topk", type=int, default=None, help="K, the gradient entries each rank sends (topk)")
-    parser.add_argument("--asynchronous", action="store_true",
-                        help="rank 0 is a parameter server applying each worker's gradient as it arrives; the "
-                             "workers (ranks 1..N-1) sample their own shards; plain SGD (no momentum)")
-    parser.add_argument("--staleness", type=int, default=None,
-                        help="with --asynchronous: no worker more than S steps ahead of the slowest (0: synchronous; "
-                             "default: unbounded)")
-    parser.add_argument("--slow", default=None, metavar="RANK:SECONDS",
-                        help="make rank RANK a straggler: SECONDS more per step")
-    add_talking_less_arguments(parser)
-    add_memory_arguments(parser)
-    parser.add_argument("--fault", default=None, metavar="RANK:STEP:KIND",
-                        help="for lessons and tests: rank RANK fails after global step STEP; KIND is raise, exit, "
-                             "kill (SIGKILL) or hang")
-    add_schedule_arguments(parser)
-
-
-def add_schedule_arguments(parser: argparse.ArgumentParser) -> None:
-    """Lesson 13's options: the interleaved schedule's chunks per rank, and a trace of the run."""
     parser.add_argument("--virtual-stages", type=int, default=None,
                         help="with --schedule interleaved: model chunks per pipeline rank, v (default 2)")
     parser.add_argument("--trace", default=None, metavar="FILE",
                         help="write a Chrome trace-event JSON file (open it in ui.perfetto.dev): each rank's phases "
                              f"of the first {TRACE_STEPS} steps, the pipeline stages' last step, or the parameter "
                              "server's updates")
-
-
-def add_talking_less_arguments(parser: argparse.ArgumentParser) -> None:
-    """Lesson 11's PowerSGD and local SGD / DiLoCo options."""
+    parser.add_argument("--compression", default="none",
+                        help="gradients sent as none (float64/32), float16, bfloat16, topk (with --topk K and "
+                             "error feedback) or powersgd (with --rank R); with --strategy allreduce (lesson 11)")
+    parser.add_argument("--topk", type=int, default=None, help="K, the gradient entries each rank sends (topk)")
     parser.add_argument("--rank", type=int, default=None,
                         help="with --compression powersgd: R, the rank of each weight gradient's approximation")
     parser.add_argument("--local-steps", type=int, default=None, metavar="H",
@@ -102,10 +90,14 @@ def add_talking_less_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --local-steps: average (local SGD) or nesterov (DiLoCo, outer momentum 0.9)")
     parser.add_argument("--outer-learning-rate", type=float, default=None,
                         help="with --local-steps: the outer step's rate (default 1 for average, 0.7 for nesterov)")
-
-
-def add_memory_arguments(parser: argparse.ArgumentParser) -> None:
-    """--recompute K, --accumulate K, --precision (--strategy fsdp is one of JOB_STRATEGIES)."""
+    parser.add_argument("--asynchronous", action="store_true",
+                        help="rank 0 is a parameter server applying each worker's gradient as it arrives; the "
+                             "workers (ranks 1..N-1) sample their own shards; plain SGD (no momentum)")
+    parser.add_argument("--staleness", type=int, default=None,
+                        help="with --asynchronous: no worker more than S steps ahead of the slowest (0: synchronous; "
+                             "default: unbounded)")
+    parser.add_argument("--slow", default=None, metavar="RANK:SECONDS",
+                        help="make rank RANK a straggler: SECONDS more per step")
     parser.add_argument("--recompute", type=int, default=0, metavar="K",
                         help="keep every K-th layer's activations, recompute the rest in backward (0: keep all)")
     parser.add_argument("--accumulate", type=int, default=1, metavar="K",
@@ -139,14 +131,6 @@ def parse_slow(text):
     except (ValueError, IndexError):
         raise ValueError(f"--slow must be RANK:SECONDS with SECONDS from 0 to 60 (e.g. 1:0.05); got {text!r}") from None
     return {rank: seconds}
-
-
-def job_settings(args):
-    """The training settings of the job (nnlib.lesson03_training.training.Settings), checked with its other options."""
-    from nnlib.lesson03_training.training import Settings
-
-    return Settings(epochs=args.epochs, learning_rate=args.learning_rate, batch_size=args.batch_size or None,
-                    momentum=args.momentum, seed=args.seed)
 
 
 # -- what combines with what ---------------------------------------------------------------------------------
@@ -199,38 +183,36 @@ def combination_problem(args) -> str | None:
 
 # -- the checks ------------------------------------------------------------------------------------------------
 
-def check_settings(args, ranks: int) -> None:
-    """ValueError for options that are wrong or cannot go together on ``ranks`` ranks (no I/O, no MPI: every rank
-    reaches the same verdict from the same arguments, before any collective): each option's own values and what
-    it needs first, then the table of what combines."""
-    problems = job_settings(args).problems()  # epochs, rate, batch, momentum, seed: lesson 03's Settings
-    problems += [message for wrong, message in value_problems(args, ranks) if wrong]
-    problems += [message for wrong, message in needs_problems(args) if wrong]
+def check_settings(args, ranks: int):
+    """The job's training settings (lesson 03's Settings), or ValueError for options that are wrong or cannot go
+    together on ``ranks`` ranks (no I/O, no MPI: every rank reaches the same verdict from the same arguments, before
+    any collective): each option's own values and what it needs first, then the table of what combines."""
+    from nnlib.lesson03_training.training import Settings
+
+    settings = Settings(epochs=args.epochs, learning_rate=args.learning_rate, batch_size=args.batch_size or None,
+                        momentum=args.momentum, seed=args.seed)
+    problems = settings.problems()  # epochs, rate, batch, momentum, seed
+    problems += [message for wrong, message in option_problems(args, ranks) if wrong]
     problem = problems[0] if problems else combination_problem(args)
     if problem:
         raise ValueError(problem)
-    if args.precision != "float32":
-        from nnlib.lesson12_memory.mixed_precision import low_precision
-
-        low_precision(args.precision)  # bfloat16 without ml_dtypes: a clear error
+    return settings
 
 
-def value_problems(args, ranks: int) -> list[tuple[bool, str]]:
-    """(wrong?, what to do) for each option's own value."""
+def option_problems(args, ranks: int) -> list[tuple[bool, str]]:
+    """(wrong?, what to do) for each option's own value, then for the options that belong to another (--staleness
+    to --asynchronous, ...). Lesson 11's asynchronous and local SGD values, and --model-size, are checked on every
+    rank by the lessons' own code when the job starts it."""
     from nnlib.lesson02_network.network import count_parameters
     from nnlib.lesson11_beyond_sync.compression import check_method
-    from nnlib.lesson11_beyond_sync.local_sgd import DILOCO_MOMENTUM, check_local_sgd
     from nnlib.lesson11_beyond_sync.powersgd import check_rank
 
     compression = [] if args.compression == "powersgd" else check_method(args.compression, args.topk,
                                                                           count_parameters((784, *args.hidden, 10)))
-    local = [] if args.local_steps is None else check_local_sgd(args.local_steps, args.outer_optimizer,
-                                                                 args.outer_learning_rate, DILOCO_MOMENTUM)
-    slow = parse_slow(args.slow)
+    slow, _ = parse_slow(args.slow), parse_fault(args.fault)
     return [
         (args.checkpoint_every < 0, f"--checkpoint-every must be 0 (once per epoch) or a number of steps; "
                                     f"got {args.checkpoint_every}"),
-        (args.model_size < 0, f"--model-size must be 0 (all ranks) or a positive number; got {args.model_size}"),
         (args.dtype not in ("float32", "float64"), f"--dtype must be float32 or float64 (the network's numbers; "
                                                    f"16-bit formats are --compression float16 or bfloat16); got "
                                                    f"{args.dtype!r}"),
@@ -238,32 +220,16 @@ def value_problems(args, ranks: int) -> list[tuple[bool, str]]:
          .replace("needs k", "needs --topk K")),
         (any(rank >= ranks for rank in slow), f"--slow names rank {next(iter(slow), 0)}, but the job has ranks 0 "
                                               f"to {ranks - 1}"),
-        (args.staleness is not None and args.staleness < 0,
-         f"--staleness must be a whole number of steps, 0 or more; got {args.staleness}"),
-        (args.asynchronous and ranks < 2, "--asynchronous needs a server and at least one worker: run with mpiexec "
-                                          "-n 2 or more"),
-        (args.asynchronous and 0 in slow, "--slow with --asynchronous must name a worker (rank 1 or more): rank 0 "
-                                          "is the server"),
         (args.compression == "powersgd" and bool(check_rank(args.rank)),
          f"--compression powersgd needs --rank R, a whole number, 1 or more; got {args.rank}"),
-        (bool(local), "; ".join(local).replace("the local steps H", "--local-steps H")
-         .replace("the outer learning rate", "--outer-learning-rate")),
         (args.virtual_stages is not None and args.virtual_stages < 1,
          f"--virtual-stages must be a positive number; got {args.virtual_stages}"),
         (args.recompute < 0, f"--recompute must be 0 (keep every activation) or K >= 1; got {args.recompute}"),
         (args.accumulate < 1, f"--accumulate must be at least 1 (micro-batches per step); got {args.accumulate}"),
-    ]
-
-
-def needs_problems(args) -> list[tuple[bool, str]]:
-    """(missing?, what to add) for the options that belong to another: --staleness to --asynchronous, ..."""
-    return [
         (args.resume and not args.checkpoint_dir,
          "--resume needs --checkpoint-dir (the folder of the run to continue)"),
         (args.staleness is not None and not args.asynchronous,
          "--staleness bounds the asynchronous parameter server: add --asynchronous"),
-        (args.asynchronous and not args.batch_size,
-         "--asynchronous needs mini-batches: give --batch-size (the global batch, shared by the workers)"),
         (args.rank is not None and args.compression != "powersgd",
          "--rank is PowerSGD's: add --compression powersgd, or drop --rank"),
         (args.local_steps is None and (args.outer_optimizer != "average" or args.outer_learning_rate is not None),
@@ -285,7 +251,3 @@ def needs_problems(args) -> list[tuple[bool, str]]:
 def memory_options_used(args) -> bool:
     return args.strategy == "fsdp" or args.recompute > 0 or args.accumulate > 1 or args.precision != "float32"
 
-
-def pipeline_chunks(args) -> int:
-    """v, the model chunks per pipeline rank: --virtual-stages, 2 for interleaved by default, else 1."""
-    return (args.virtual_stages or 2) if args.schedule == "interleaved" else 1

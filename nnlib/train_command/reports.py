@@ -72,12 +72,10 @@ def report(args, ranks, history, phases, test_accuracy, params, layer_sizes, mor
     print("rank " + "".join(f"{phase:>12s}" for phase in PHASES))
     for rank_number, row in enumerate(phases):
         print(f"{rank_number:4d} " + "".join(f"{value:12.3f}" for value in row))
-    if args.output:
-        save_npz(args.output, params=params, layer_sizes=np.array(layer_sizes), loss=np.array(history.loss),
-                 train_accuracy=np.array(history.train_accuracy), epoch_seconds=np.array(history.seconds),
-                 phase_seconds=phases, phases=np.array(PHASES), test_accuracy=np.array(test_accuracy),
-                 ranks=np.array(ranks), **more)
-        print(f"wrote {args.output}")
+    save_output(args, params=params, layer_sizes=np.array(layer_sizes), loss=np.array(history.loss),
+                train_accuracy=np.array(history.train_accuracy), epoch_seconds=np.array(history.seconds),
+                phase_seconds=phases, phases=np.array(PHASES), test_accuracy=np.array(test_accuracy),
+                ranks=np.array(ranks), **more)
 
 
 def save_trace(path, spans, instants=()) -> None:
@@ -88,7 +86,9 @@ def save_trace(path, spans, instants=()) -> None:
     print(f"wrote the trace {path} (open it in ui.perfetto.dev or chrome://tracing)")
 
 
-def save_npz(path, **arrays) -> None:
-    """Write arrays to ``path`` (.npz) atomically (see nnlib.lesson01_mnist.files.atomic_write)."""
-    with atomic_write(path) as stream:
-        np.savez(stream, **arrays)
+def save_output(args, **arrays) -> None:
+    """Write arrays to --output (.npz), if given, atomically (see nnlib.lesson01_mnist.files.atomic_write)."""
+    if args.output:
+        with atomic_write(args.output) as stream:
+            np.savez(stream, **arrays)
+        print(f"wrote {args.output}")
