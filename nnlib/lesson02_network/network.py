@@ -77,12 +77,6 @@ class Layer:
     grad_weights and grad_biases the same views into its ``grads``: the backward pass writes the
     network's one gradient vector in place, so it can still travel in one message.
     activation: "sigmoid" (every hidden layer) or "softmax" (allowed for the output layer).
-
-    forward (a_in (N, n_in)):    z = a_in @ W + b   (N, n_out),   a = f(z)   (N, n_out)
-    backward, from delta = dJ/dz (N, n_out):
-        weight_gradient:  dJ/dW = a_in.T @ delta  (n_in, n_out),   dJ/db = sum over samples of delta  (n_out,)
-        input_gradient:   dJ/da_in = delta @ W.T  (N, n_in)       (not needed below the first layer)
-    logits_gradient, the activation's backward: dJ/dz = dJ/da * a (1 - a) for the sigmoid.
     """
 
     def __init__(self, weights, biases, grad_weights, grad_biases, activation: str = "sigmoid"):
@@ -224,10 +218,6 @@ class Classifier:
             raise ValueError(
                 f"labels must lie in 0..{self.layer_sizes[-1] - 1}; got values from {low} to {high}"
             )
-
-    def fused(self, function):
-        """``function`` as one kernel on this network's device (nnlib.lesson02_network.arrays.fused)."""
-        return fused(function, self.xp)
 
     def predict(self, inputs):
         """The most likely class for each sample: (N,) integers."""

@@ -22,7 +22,6 @@ import os
 import statistics
 import subprocess
 import sys
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -174,8 +173,8 @@ def summarize(records) -> list[dict]:
 
 
 def format_table(rows, kind: str) -> str:
-    """The original projects' table shape: samples, ranks, time, speedup, efficiency (oversubscribed points
-    marked *). Weak scaling's speedup is the *scaled* speedup P T1 / TP (the work grows with P)."""
+    """A table of samples, ranks, time, speedup, efficiency (oversubscribed points marked *). Weak scaling's
+    speedup is the *scaled* speedup P T1 / TP (the work grows with P)."""
     speedup = "speedup" if kind == "strong" else "scaled speedup"
     rows = [row for row in rows if row["kind"] == kind]
     lines = [f"{'samples':>8s} {'ranks':>5s} {'s/epoch':>9s} {'spread':>8s} {speedup:>14s} {'efficiency':>10s}"]
@@ -233,31 +232,14 @@ def warmup_schedule(base_rate: float, target_rate: float, warmup_epochs: float):
     return schedule
 
 
-@dataclass(frozen=True)
-class LargeBatchSettings:
-    """How :func:`large_batch_accuracy` trains: a batch of per_rank_batch * P samples for ``epochs``.
+def large_batch_accuracy(inputs, labels, test_inputs, test_labels, ranks_list, per_rank_batch: int = 32,
+                         epochs: int = 2, base_rate: float = 0.05, scale_rate: bool = False,
+                         warmup_epochs: float = 1.0, hidden=(64,), momentum: float = 0.9, seed: int = 0):
+    """Test accuracy after ``epochs`` with a global batch of per_rank_batch * P, for each P of ``ranks_list``.
 
-    base_rate: the learning rate of one rank; scale_rate: the linear scaling rule (base_rate * P,
-    reached by a gradual warm-up over warmup_epochs); hidden: the hidden layer sizes.
-    """
-
-    per_rank_batch: int = 32
-    epochs: int = 2
-    base_rate: float = 0.05
-    scale_rate: bool = False
-    warmup_epochs: float = 1.0
-    hidden: tuple = (64,)
-    momentum: float = 0.9
-    seed: int = 0
-
-
-def large_batch_accuracy(inputs, labels, test_inputs, test_labels, ranks_list,
-                         settings: LargeBatchSettings = LargeBatchSettings()):
-    """Test accuracy after ``settings.epochs`` with a global batch of per_rank_batch * P, for each P.
-
-    Without ``scale_rate`` every P uses base_rate: bigger batches mean fewer steps of the same
-    size, and accuracy falls. With it, the linear scaling rule (Goyal et al. 2017): a batch k
-    times larger gets a k times larger rate, reached by a gradual warm-up over warmup_epochs.
+    Without ``scale_rate`` every P uses base_rate (the learning rate of one rank): bigger batches mean fewer
+    steps of the same size, and accuracy falls. With it, the linear scaling rule (Goyal et al. 2017): a batch k
+    times larger gets a k times larger rate (base_rate * P), reached by a gradual warm-up over warmup_epochs.
 
     Simulated in one process: P ranks take exactly the steps of sequential training with the
     global batch (nnlib.lesson05_data_parallel; lesson 05 and the tests show it), so only the global batch matters.
@@ -268,12 +250,11 @@ def large_batch_accuracy(inputs, labels, test_inputs, test_labels, ranks_list,
 
     accuracies = []
     for ranks in ranks_list:
-        target = settings.base_rate * ranks if settings.scale_rate else settings.base_rate
-        warmup = settings.warmup_epochs if settings.scale_rate else 0.0
-        network = Network((inputs.shape[1], *settings.hidden, 10), seed=settings.seed)
-        train(network, inputs, labels, epochs=settings.epochs, batch_size=settings.per_rank_batch * ranks,
-              momentum=settings.momentum, learning_rate=warmup_schedule(settings.base_rate, target, warmup),
-              seed=settings.seed, progress=False)
+        target = base_rate * ranks if scale_rate else base_rate
+        network = Network((inputs.shape[1], *hidden, 10), seed=seed)
+        train(network, inputs, labels, epochs=epochs, batch_size=per_rank_batch * ranks, momentum=momentum,
+              learning_rate=warmup_schedule(base_rate, target, warmup_epochs if scale_rate else 0.0), seed=seed,
+              progress=False)
         accuracies.append(network.accuracy(test_inputs, test_labels))
     return np.array(accuracies)
 
