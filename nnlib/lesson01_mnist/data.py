@@ -77,7 +77,6 @@ class MNIST:
     train_labels: np.ndarray
     test_images: np.ndarray
     test_labels: np.ndarray
-    source: Path
 
 
 # -- Where the files are -----------------------------------------------------------------------------
@@ -213,15 +212,15 @@ def read_idx_rows(path, start: int, stop: int) -> np.ndarray:
 # -- Download ----------------------------------------------------------------------------------------
 
 
-def download_file(url: str, destination: Path, expected_sha256: str | None = None,
-                  timeout: float = 30.0, retries: int = 3, progress: bool = True) -> Path:
+def download_file(url: str, destination: Path, expected_sha256: str | None = None, retries: int = 3,
+                  progress: bool = True) -> Path:
     """Download ``url`` to ``destination`` atomically and verify it.
 
     The bytes go to a temporary file in the destination's folder, which is
     checked (decompressed SHA-256 when ``expected_sha256`` is given) and only then
     renamed to ``destination``; on any failure the temporary file is removed, so
     an interrupted download never leaves a file that looks complete.
-    Retries up to ``retries`` times with a short back-off.
+    Retries up to ``retries`` times with a short back-off; each try waits at most 30 s for the server.
     """
     from tqdm import tqdm
 
@@ -230,7 +229,7 @@ def download_file(url: str, destination: Path, expected_sha256: str | None = Non
     last_error = None
     for attempt in range(1, retries + 1):
         try:
-            with atomic_write(destination) as out, urllib.request.urlopen(url, timeout=timeout) as response:
+            with atomic_write(destination) as out, urllib.request.urlopen(url, timeout=30) as response:
                 total = int(response.headers.get("Content-Length") or 0) or None
                 received = 0
                 with tqdm(total=total, unit="B", unit_scale=True, desc=destination.name,
@@ -252,8 +251,7 @@ def download_file(url: str, destination: Path, expected_sha256: str | None = Non
     raise MNISTError(f"could not download {url} after {retries} tries: {last_error}")
 
 
-def fetch_mnist(directory=None, mirrors=MIRRORS, checksums=None, timeout: float = 30.0,
-                retries: int = 3, progress: bool = True) -> Path:
+def fetch_mnist(directory=None, mirrors=MIRRORS, checksums=None, retries: int = 3, progress: bool = True) -> Path:
     """Make sure every MNIST file is present and verified; download what is missing.
 
     Files already found in the search folders (see module docstring) are verified
@@ -271,8 +269,7 @@ def fetch_mnist(directory=None, mirrors=MIRRORS, checksums=None, timeout: float 
         errors = []
         for mirror in mirrors:
             try:
-                download_file(mirror + name + ".gz", target / (name + ".gz"), expected,
-                              timeout=timeout, retries=retries, progress=progress)
+                download_file(mirror + name + ".gz", target / (name + ".gz"), expected, retries, progress)
                 break
             except MNISTError as error:
                 errors.append(str(error))
@@ -296,7 +293,7 @@ def load_mnist(data_dir=None, download: bool = True, progress: bool = True) -> M
                 + how_to_fetch(missing, MIRRORS[0]))
         fetch_mnist(progress=progress)
     arrays = [load_idx(find_file(name, search), SHA256[name]) for name in SHA256]
-    return MNIST(*arrays, source=find_file("train-images-idx3-ubyte", search).parent)  # (SHA256: MNIST's order)
+    return MNIST(*arrays)  # (SHA256 lists the files in MNIST's order)
 
 
 # -- Preparing arrays for the network ----------------------------------------------------------------

@@ -262,15 +262,13 @@ def large_batch_accuracy(inputs, labels, test_inputs, test_labels, ranks_list, p
 # -- CSV ---------------------------------------------------------------------------------------------
 
 
-def load_csv(path, where: str | None = None) -> list[dict]:
-    """Records from a CSV of RECORD_FIELDS (main's ``--output``), numbers converted; ``where`` labels their origin."""
+def load_csv(path) -> list[dict]:
+    """Records from a CSV of RECORD_FIELDS (main's ``--output``), numbers converted."""
     records = read_csv(path, RECORD_FIELDS, integers=("ranks", "samples", "repeat", "physical_cores"),
                        floats=("epoch_seconds", "load_seconds", "data_seconds", "compute_seconds",
                                "communicate_seconds", "update_seconds", "accuracy"), what="scaling records")
     for row in records:
         row["oversubscribed"] = row["oversubscribed"] in ("True", "true", "1")
-        if where is not None:
-            row["where"] = where
     return records
 
 

@@ -165,8 +165,7 @@ class HostStaging:
         from mpi4py import MPI
 
         if self.direct:
-            self.synchronize()
-            return self.comm.Iallreduce(sendbuf, recvbuf, op=op or MPI.SUM)
+            return self.call(self.comm.Iallreduce, (sendbuf, recvbuf), {"op": op or MPI.SUM})
         self.call(self.comm.Allreduce, (sendbuf, recvbuf), {"op": op or MPI.SUM})
         return MPI.REQUEST_NULL
 
