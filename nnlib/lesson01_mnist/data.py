@@ -251,14 +251,13 @@ def download_file(url: str, destination: Path, expected_sha256: str | None = Non
     raise MNISTError(f"could not download {url} after {retries} tries: {last_error}")
 
 
-def fetch_mnist(directory=None, mirrors=MIRRORS, checksums=None, retries: int = 3, progress: bool = True) -> Path:
+def fetch_mnist(directory=None, mirrors=MIRRORS, checksums=SHA256, retries: int = 3, progress: bool = True) -> Path:
     """Make sure every MNIST file is present and verified; download what is missing.
 
     Files already found in the search folders (see module docstring) are verified
     in place; missing ones are downloaded into ``directory`` (default: the user
     cache), trying each mirror in turn. Returns the download folder.
     """
-    checksums = SHA256 if checksums is None else checksums
     target = Path(directory).expanduser() if directory is not None else cache_dir()
     search = candidate_dirs(directory)
     for name, expected in checksums.items():

@@ -182,11 +182,8 @@ def backward_layers(layers, activations, delta, accumulate: bool, on_layer_done=
 
 
 class Classifier:
-    """What every classifier of nnlib shares: checking its inputs and labels, predicting classes.
-
-    Needs ``layer_sizes`` (n_0, ..., n_L), ``xp`` (its arrays' namespace) and a method
-    ``predict_probabilities(inputs)`` giving a_L (N, n_L). Network, the tensor-parallel network and
-    the pipeline stages (nnlib.lesson09_model_parallel) all are one.
+    """What every classifier of nnlib shares: checking its inputs and labels, predicting classes. Needs
+    ``layer_sizes`` (n_0, ..., n_L), ``xp`` (its arrays' namespace) and ``predict_probabilities(inputs)``: a_L (N, n_L).
     """
 
     def check_inputs(self, inputs):
@@ -231,11 +228,8 @@ class Classifier:
 
 
 class LayerStack(Classifier):
-    """A network as a list of layers over one flat parameter vector, trained a batch at a time.
-
-    Network is one (all of the layers, on one process); so is nnlib.lesson09_model_parallel.tensor's network (the
-    same batch on every rank, each holding a slice of every layer). The trainer uses: params and
-    grads (flat), loss_and_gradient, last_correct, and the evaluation methods.
+    """A network as a list of layers over one flat parameter vector, trained a batch at a time. The trainer
+    uses: params and grads (flat), loss_and_gradient, last_correct, and the evaluation methods.
     """
 
     def __init__(self, layer_sizes, output: str, layers, params, grads, xp=None):

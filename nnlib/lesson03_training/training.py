@@ -327,8 +327,7 @@ def end_epoch(run: Run, began: float) -> None:
     history.seconds.append(time.perf_counter() - began)  # after float(): a GPU has finished the epoch's work
     loss = float(totals[0]) / num_samples
     if not math.isfinite(loss):
-        on_host = run.network.xp is np
-        where = f"in epoch {run.epoch + 1}" + ("" if on_host else " (checked once per epoch on the GPU)")
+        where = f"in epoch {run.epoch + 1}" + ("" if run.network.xp is np else " (checked once per epoch on the GPU)")
         raise run.sync.raised_on_every_rank(diverged(loss, where, run.rate))
     history.loss.append(loss)
     history.train_accuracy.append(float(totals[1]) / num_samples)

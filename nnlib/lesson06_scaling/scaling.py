@@ -2,12 +2,7 @@
 
 Each point of the grid is one ``mpiexec -n P`` job (one BLAS thread per rank), repeated a few
 times; each run returns a *record* (a flat dict, one CSV row): the point, the epoch time, the time
-per phase, the test accuracy, and the machine. From a notebook:
-
-    records = scaling.measure([1, 2, 4], kind="strong", samples=20000, repeats=3)
-    table = scaling.summarize(records)          # median, spread, speedup, efficiency per point
-
-and from the command line (``python -m nnlib scaling --help``), which can write a CSV.
+per phase, the test accuracy, and the machine (:func:`measure`; notebook 06, or ``python -m nnlib scaling``).
 
 Strong scaling keeps the total work fixed (N samples for any P): ideal time T1 / P.
 Weak scaling keeps the work *per rank* fixed (N = n P): ideal time T1 for every P.
@@ -35,19 +30,14 @@ RECORD_FIELDS = ["kind", "ranks", "samples", "strategy", "repeat", "epoch_second
                  "oversubscribed", "physical_cores", "blas", "mpi_library", "machine", "where"]
 
 
-def physical_cores() -> int:
-    """Physical cores of this machine (psutil), falling back to logical CPUs."""
+def machine_fields() -> dict:
+    """The machine-description part of a record: physical cores (psutil; else logical CPUs), BLAS, MPI, machine."""
     import psutil
 
-    return psutil.cpu_count(logical=False) or os.cpu_count() or 1
-
-
-def machine_fields(where: str = "live") -> dict:
-    """The machine-description part of a record."""
     from nnlib.course.environment import blas, describe, mpi_library
 
-    return {"physical_cores": physical_cores(), "blas": blas(), "mpi_library": mpi_library(),
-            "machine": describe()["machine"], "where": where}
+    return {"physical_cores": psutil.cpu_count(logical=False) or os.cpu_count() or 1, "blas": blas(),
+            "mpi_library": mpi_library(), "machine": describe()["machine"], "where": "live"}
 
 
 # -- One point: an mpiexec job -----------------------------------------------------------------------
@@ -126,7 +116,7 @@ def measure(ranks_list, kind: str = "strong", samples: int = 20000, strategy: st
     """
     if kind not in ("strong", "weak"):
         raise ValueError(f"kind must be 'strong' or 'weak'; got {kind!r}")
-    cores, machine = physical_cores(), machine_fields()
+    machine = machine_fields()
     records = []
     for ranks in ranks_list:
         total = samples if kind == "strong" else samples * ranks
@@ -134,7 +124,8 @@ def measure(ranks_list, kind: str = "strong", samples: int = 20000, strategy: st
             point = dict(POINT_SETTINGS, samples=total, strategy=strategy, **settings)
             measured = _run_job(ranks, dict(point, hidden=list(point["hidden"])), timeout=600)
             records.append({"kind": kind, "ranks": ranks, "samples": total, "strategy": strategy,
-                            "repeat": repeat, **measured, "oversubscribed": ranks > cores, **machine})
+                            "repeat": repeat, **measured, "oversubscribed": ranks > machine["physical_cores"],
+                            **machine})
             if progress:
                 print(f"{kind} P={ranks} N={total} repeat {repeat + 1}/{repeats}: "
                       f"{measured['epoch_seconds']:.3f} s/epoch", flush=True)

@@ -144,8 +144,8 @@ def format_records(records) -> str:
     whats = {"matmul": "A ({m} x {k}) @ B ({k} x {n})", "epoch": "epoch, 784-{hidden}-10, {samples} samples",
              "forward": "forward {variant}, {samples} samples"}
     for r in records:
-        what = whats[r["kind"]].format(**r)
-        copies = " " * 13 if np.isnan(r["gpu_with_copies_seconds"]) else f"{r['gpu_with_copies_seconds'] * 1e3:10.3f} ms"
+        what, copies = whats[r["kind"]].format(**r), r["gpu_with_copies_seconds"] * 1e3
+        copies = " " * 13 if np.isnan(copies) else f"{copies:10.3f} ms"
         lines.append(f"{what:>34s} {r['cpu_seconds'] * 1e3:10.3f} ms {r['gpu_seconds'] * 1e3:8.3f} ms {copies} "
                      f"{r['cpu_seconds'] / r['gpu_seconds']:9.1f}x")
     return "\n".join(lines)
