@@ -231,15 +231,13 @@ def download_file(url: str, destination: Path, expected_sha256: str | None = Non
         try:
             with atomic_write(destination) as out, urllib.request.urlopen(url, timeout=30) as response:
                 total = int(response.headers.get("Content-Length") or 0) or None
-                received = 0
                 with tqdm(total=total, unit="B", unit_scale=True, desc=destination.name,
                           disable=not progress, leave=False) as bar:
                     while chunk := response.read(1 << 16):
                         out.write(chunk)
-                        received += len(chunk)
                         bar.update(len(chunk))
-                if total is not None and received != total:
-                    raise MNISTError(f"{url}: the download was interrupted ({received} of {total} bytes)")
+                if total is not None and out.tell() != total:
+                    raise MNISTError(f"{url}: the download was interrupted ({out.tell()} of {total} bytes)")
                 if expected_sha256 is not None:
                     out.flush()
                     verify_sha256(read_bytes(out.name, destination.suffix == ".gz"), expected_sha256, Path(url))

@@ -216,6 +216,10 @@ class Classifier:
                 f"labels must lie in 0..{self.layer_sizes[-1] - 1}; got values from {low} to {high}"
             )
 
+    def fused(self, function):
+        """``function`` as one kernel on this network's device (arrays.fused, for the trainer, which imports no arrays)."""
+        return fused(function, self.xp)
+
     def predict(self, inputs):
         """The most likely class for each sample: (N,) integers."""
         return self.xp.argmax(self.predict_probabilities(inputs), axis=1)
@@ -314,11 +318,10 @@ class LayerStack(Classifier):
         inputs, labels = self.xp.asarray(inputs), self.xp.asarray(labels)
         self.check_inputs(inputs)
         self.check_labels(labels, inputs.shape[0])
-        total = 0.0
+        total, classes = 0.0, constant_vector("classes", self.layer_sizes[-1], self.xp)
         for start, end in self.chunks(inputs.shape[0]):
             self.forward(inputs[start:end, ...])
-            targets = one_hot(labels[start:end, None], constant_vector("classes", self.layer_sizes[-1], self.xp),
-                              self.dtype)
+            targets = one_hot(labels[start:end, None], classes, self.dtype)
             total += float(cross_entropy_from_logits(self.output_logits, targets, self.output, self.xp))
         return total / inputs.shape[0]
 

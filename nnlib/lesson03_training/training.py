@@ -29,8 +29,6 @@ from typing import Callable
 
 import numpy as np
 
-from nnlib.lesson02_network.arrays import fused
-
 LESSON = 3
 
 
@@ -47,7 +45,7 @@ class SGD:
     def step(self) -> None:
         """Update ``network.params`` in place from ``network.grads`` (on a GPU in one fused kernel)."""
         network = self.network
-        fused(sgd_update, network.xp)(network.params, network.grads, self.velocity, self.learning_rate, self.momentum)
+        network.fused(sgd_update)(network.params, network.grads, self.velocity, self.learning_rate, self.momentum)
 
 
 def sgd_update(params, grads, velocity, learning_rate: float, momentum: float) -> None:
@@ -310,8 +308,8 @@ def train_step(run: Run, inputs, labels, rows, divide_by: int) -> None:
                                      on_layer_done=run.sync.layer_done)
     if run.sync.size == 1 and xp is np and not math.isfinite(loss):
         raise diverged(loss, f"at epoch {run.epoch + 1}, step {run.step + 1}", run.rate)
-    run.loss_sum, run.correct_sum = fused(add_to_sums, xp)(run.loss_sum, run.correct_sum, loss, network.last_correct,
-                                                           divide_by)
+    run.loss_sum, run.correct_sum = network.fused(add_to_sums)(run.loss_sum, run.correct_sum, loss,
+                                                               network.last_correct, divide_by)
     run.sync.step(run)
     run.phase(None)
     run.total_steps += 1

@@ -102,16 +102,13 @@ def forward_batched(network, inputs) -> np.ndarray:
 
 def forward_comparison(inputs, hidden: int = 1024, gpu=None, repeats: int = 3) -> list[dict]:
     """Forward passes of 784-hidden-10 over ``inputs``: one sample at a time versus batched, CPU and GPU."""
-    records = []
     cpu_network = Network((inputs.shape[1], hidden, 10), seed=0)
     gpu_network = Network((inputs.shape[1], hidden, 10), seed=0, device=gpu) if gpu is not None else None
-    for variant, forward in (("per_sample", forward_one_sample_at_a_time), ("batched", forward_batched)):
-        records.append({
-            "kind": "forward", "variant": variant, "hidden": hidden, "samples": inputs.shape[0],
-            "cpu_seconds": device_seconds(lambda: forward(cpu_network, inputs), np, repeats),
-            "gpu_seconds": device_seconds(lambda: forward(gpu_network, inputs), gpu, repeats) if gpu else float("nan"),
-            "gpu_with_copies_seconds": float("nan")})
-    return records
+    return [{"kind": "forward", "variant": variant, "hidden": hidden, "samples": inputs.shape[0],
+             "cpu_seconds": device_seconds(lambda: forward(cpu_network, inputs), np, repeats),
+             "gpu_seconds": device_seconds(lambda: forward(gpu_network, inputs), gpu, repeats) if gpu else float("nan"),
+             "gpu_with_copies_seconds": float("nan")}
+            for variant, forward in (("per_sample", forward_one_sample_at_a_time), ("batched", forward_batched))]
 
 
 def epoch_seconds(hidden: int, inputs, labels, device: str = "cpu", batch_size: int = 256, seed: int = 0) -> float:
