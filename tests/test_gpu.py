@@ -111,9 +111,9 @@ def stand_in_gpu(monkeypatch):
 def test_recording_command_end_to_end_with_a_stand_in_gpu(stand_in_gpu, mnist, tmp_path, capsys):
     """The recorder's whole path (which otherwise runs only on a GPU machine): sweep, epochs,
     forward comparison, the table, and a CSV in a folder that does not exist yet."""
-    output = tmp_path / "results" / "gpu-stand-in.csv"
+    output = tmp_path / "results" / "gpu-stand-in-gpu-numpy.csv"
     assert gpu.main(["--hidden", "16", "32", "--samples", "512", "--largest", "128", "--repeats", "1",
-                     "--output", str(output)]) == 0
+                     "--results-dir", str(output.parent)]) == 0
     printed = capsys.readouterr().out
     assert "epoch, 784-32-10, 512 samples" in printed and f"wrote 7 records to {output}" in printed
     records = gpu.load_csv(output)

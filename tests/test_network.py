@@ -18,7 +18,7 @@ def batch(sizes, n=7, seed=1, dtype=np.float64):
 def test_gradient_check_float64(sizes, output):
     network = Network(sizes, output=output, dtype="float64", seed=3)
     inputs, labels = batch(sizes)
-    assert gradient_check(network, inputs, labels, verbose=False) < 1e-7
+    assert gradient_check(network, inputs, labels) < 1e-7
 
 
 def test_gradient_check_catches_a_wrong_backward_pass(monkeypatch):
@@ -27,7 +27,7 @@ def test_gradient_check_catches_a_wrong_backward_pass(monkeypatch):
 
     monkeypatch.setattr(module, "sigmoid_backward", lambda activation_gradient, activation: None)
     network = Network((5, 4, 3), dtype="float64", seed=0)
-    assert gradient_check(network, *batch((5, 4, 3)), verbose=False) > 1e-3
+    assert gradient_check(network, *batch((5, 4, 3))) > 1e-3
 
 
 def test_numerical_gradient_of_a_known_function():

@@ -79,10 +79,11 @@ def test_warmup_schedule():
 
 
 def test_csv_round_trip_and_bad_csv(tmp_path):
-    records = [synthetic_record("strong", 1, 1.0), synthetic_record("weak", 4, 1.25)]
+    records = [dict(synthetic_record("strong", 1, 1.0), where="recorded on a test machine"),
+               synthetic_record("weak", 4, 1.25)]
     path = tmp_path / "scaling.csv"
     write_csv(records, path, scaling.RECORD_FIELDS)
-    loaded = scaling.load_csv(path, where="recorded on a test machine")
+    loaded = scaling.load_csv(path)
     assert [r["epoch_seconds"] for r in loaded] == [1.0, 1.25] and loaded[1]["oversubscribed"] is True
     assert loaded[0]["where"] == "recorded on a test machine" and loaded[0]["ranks"] == 1
     (tmp_path / "bad.csv").write_text("ranks,seconds\n1,2\n")

@@ -52,14 +52,6 @@ MIRRORS = (
     "https://storage.googleapis.com/cvdf-datasets/mnist/",
 )
 
-# The shape each file must have: (images, 28, 28) or (labels,).
-EXPECTED_SHAPES = {
-    "train-images-idx3-ubyte": (60000, 28, 28),
-    "train-labels-idx1-ubyte": (60000,),
-    "t10k-images-idx3-ubyte": (10000, 28, 28),
-    "t10k-labels-idx1-ubyte": (10000,),
-}
-
 IDX_TYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
 
 def how_to_fetch(names, mirror: str) -> str:
@@ -85,7 +77,6 @@ class MNIST:
     train_labels: np.ndarray
     test_images: np.ndarray
     test_labels: np.ndarray
-    source: Path
 
 
 # -- Where the files are -----------------------------------------------------------------------------
@@ -167,18 +158,11 @@ def parse_idx_header(data: bytes, path="<bytes>"):
     return np.dtype(IDX_TYPES[type_code]), shape, header_length
 
 
-def parse_idx(data: bytes, path="<bytes>", expected_shape=None) -> np.ndarray:
-    """Parse IDX bytes into an array, checking the header against the contents.
-
-    Raises MNISTError for a bad header (see parse_idx_header), a shape other than
-    ``expected_shape`` (when given), or a length that does not match the header.
+def parse_idx(data: bytes, path="<bytes>") -> np.ndarray:
+    """Parse IDX bytes into an array; raise MNISTError for a bad header (see parse_idx_header) or a
+    length that does not match it. (The shape needs no check of its own: the SHA-256 pins the header.)
     """
     dtype, shape, header_length = parse_idx_header(data, path)
-    if expected_shape is not None and tuple(shape) != tuple(expected_shape):
-        raise MNISTError(
-            f"{path}: the IDX header gives shape {tuple(shape)}, expected {tuple(expected_shape)}. "
-            "The file is not the MNIST file of that name."
-        )
     expected_length = header_length + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     if len(data) != expected_length:
         raise MNISTError(
@@ -189,12 +173,12 @@ def parse_idx(data: bytes, path="<bytes>", expected_shape=None) -> np.ndarray:
     return array.astype(dtype.newbyteorder("="), copy=True)
 
 
-def load_idx(path: Path, expected_sha256: str | None = None, expected_shape=None) -> np.ndarray:
+def load_idx(path: Path, expected_sha256: str | None = None) -> np.ndarray:
     """Read, verify and parse one IDX file (.gz or raw)."""
     data = read_bytes(path)
     if expected_sha256 is not None:
         verify_sha256(data, expected_sha256, path)
-    return parse_idx(data, path, expected_shape)
+    return parse_idx(data, path)
 
 
 def read_idx_rows(path, start: int, stop: int) -> np.ndarray:
@@ -228,15 +212,15 @@ def read_idx_rows(path, start: int, stop: int) -> np.ndarray:
 # -- Download ----------------------------------------------------------------------------------------
 
 
-def download_file(url: str, destination: Path, expected_sha256: str | None = None,
-                  timeout: float = 30.0, retries: int = 3, progress: bool = True) -> Path:
+def download_file(url: str, destination: Path, expected_sha256: str | None = None, retries: int = 3,
+                  progress: bool = True) -> Path:
     """Download ``url`` to ``destination`` atomically and verify it.
 
     The bytes go to a temporary file in the destination's folder, which is
     checked (decompressed SHA-256 when ``expected_sha256`` is given) and only then
     renamed to ``destination``; on any failure the temporary file is removed, so
     an interrupted download never leaves a file that looks complete.
-    Retries up to ``retries`` times with a short back-off.
+    Retries up to ``retries`` times with a short back-off; each try waits at most 30 s for the server.
     """
     from tqdm import tqdm
 
@@ -245,17 +229,15 @@ def download_file(url: str, destination: Path, expected_sha256: str | None = Non
     last_error = None
     for attempt in range(1, retries + 1):
         try:
-            with atomic_write(destination) as out, urllib.request.urlopen(url, timeout=timeout) as response:
+            with atomic_write(destination) as out, urllib.request.urlopen(url, timeout=30) as response:
                 total = int(response.headers.get("Content-Length") or 0) or None
-                received = 0
                 with tqdm(total=total, unit="B", unit_scale=True, desc=destination.name,
                           disable=not progress, leave=False) as bar:
                     while chunk := response.read(1 << 16):
                         out.write(chunk)
-                        received += len(chunk)
                         bar.update(len(chunk))
-                if total is not None and received != total:
-                    raise MNISTError(f"{url}: the download was interrupted ({received} of {total} bytes)")
+                if total is not None and out.tell() != total:
+                    raise MNISTError(f"{url}: the download was interrupted ({out.tell()} of {total} bytes)")
                 if expected_sha256 is not None:
                     out.flush()
                     verify_sha256(read_bytes(out.name, destination.suffix == ".gz"), expected_sha256, Path(url))
@@ -267,15 +249,13 @@ def download_file(url: str, destination: Path, expected_sha256: str | None = Non
     raise MNISTError(f"could not download {url} after {retries} tries: {last_error}")
 
 
-def fetch_mnist(directory=None, mirrors=MIRRORS, checksums=None, timeout: float = 30.0,
-                retries: int = 3, progress: bool = True) -> Path:
+def fetch_mnist(directory=None, mirrors=MIRRORS, checksums=SHA256, retries: int = 3, progress: bool = True) -> Path:
     """Make sure every MNIST file is present and verified; download what is missing.
 
     Files already found in the search folders (see module docstring) are verified
     in place; missing ones are downloaded into ``directory`` (default: the user
     cache), trying each mirror in turn. Returns the download folder.
     """
-    checksums = SHA256 if checksums is None else checksums
     target = Path(directory).expanduser() if directory is not None else cache_dir()
     search = candidate_dirs(directory)
     for name, expected in checksums.items():
@@ -286,8 +266,7 @@ def fetch_mnist(directory=None, mirrors=MIRRORS, checksums=None, timeout: float 
         errors = []
         for mirror in mirrors:
             try:
-                download_file(mirror + name + ".gz", target / (name + ".gz"), expected,
-                              timeout=timeout, retries=retries, progress=progress)
+                download_file(mirror + name + ".gz", target / (name + ".gz"), expected, retries, progress)
                 break
             except MNISTError as error:
                 errors.append(str(error))
@@ -299,11 +278,8 @@ def fetch_mnist(directory=None, mirrors=MIRRORS, checksums=None, timeout: float 
 
 
 def load_mnist(data_dir=None, download: bool = True, progress: bool = True) -> MNIST:
-    """Load the four MNIST files, downloading and verifying them if needed.
-
-    ``data_dir`` is searched first, then $NNLIB_DATA, then the user cache. With
-    ``download=False`` a missing file raises MNISTError saying how to get it.
-    Returns an :class:`MNIST` of uint8 arrays.
+    """The four MNIST files as an :class:`MNIST` of uint8 arrays, found where the module docstring says,
+    downloaded and verified if needed; with ``download=False`` a missing file raises MNISTError saying how to get it.
     """
     search = candidate_dirs(data_dir)
     missing = [name for name in SHA256 if find_file(name, search) is None]
@@ -313,8 +289,8 @@ def load_mnist(data_dir=None, download: bool = True, progress: bool = True) -> M
                 f"MNIST files {', '.join(missing)} not found in {', '.join(map(str, search))}. "
                 + how_to_fetch(missing, MIRRORS[0]))
         fetch_mnist(progress=progress)
-    arrays = [load_idx(find_file(name, search), SHA256[name], EXPECTED_SHAPES[name]) for name in SHA256]
-    return MNIST(*arrays, source=find_file("train-images-idx3-ubyte", search).parent)  # (SHA256: MNIST's order)
+    arrays = [load_idx(find_file(name, search), SHA256[name]) for name in SHA256]
+    return MNIST(*arrays)  # (SHA256 lists the files in MNIST's order)
 
 
 # -- Preparing arrays for the network ----------------------------------------------------------------
@@ -345,21 +321,6 @@ def train_validation_split(images, labels, validation_size: int = 10000, seed: i
     return images[train], labels[train], images[validation], labels[validation]
 
 
-def stratified_subset(images, labels, per_class: int, seed: int = 0):
-    """``per_class`` examples of each class, chosen with ``seed``, in a shuffled order."""
-    if len(images) != len(labels):
-        raise ValueError(f"{len(images)} images but {len(labels)} labels; they must match")
-    rng = np.random.default_rng(seed)
-    chosen = []
-    for digit in np.unique(labels):
-        members = np.flatnonzero(labels == digit)
-        if len(members) < per_class:
-            raise ValueError(f"class {digit} has only {len(members)} examples; asked for {per_class}")
-        chosen.append(rng.choice(members, per_class, replace=False))
-    order = rng.permutation(np.concatenate(chosen))
-    return images[order], labels[order]
-
-
 def crop_center(images: np.ndarray, size: int = 20) -> np.ndarray:
     """The central ``size`` x ``size`` pixels of images (N, H, W)."""
     height, width = images.shape[1:]
@@ -368,10 +329,13 @@ def crop_center(images: np.ndarray, size: int = 20) -> np.ndarray:
 
 
 def course_subset(mnist: MNIST, per_class: int = 500, size: int = 20, seed: int = 0):
-    """The seed experiments' data: 5,000 training digits (500 per class), central 20x20 pixels.
+    """The seed experiments' data: 5,000 training digits (``per_class`` of each, drawn with ``seed``, in a
+    shuffled order), central 20x20 pixels.
 
     Returns (images (5000, 20, 20) uint8, labels (5000,) uint8); flatten with
     :func:`scale_pixels` to get the network's 400 inputs.
     """
-    images, labels = stratified_subset(mnist.train_images, mnist.train_labels, per_class, seed)
-    return np.ascontiguousarray(crop_center(images, size)), labels
+    rng = np.random.default_rng(seed)
+    chosen = [rng.choice(np.flatnonzero(mnist.train_labels == digit), per_class, replace=False) for digit in range(10)]
+    order = rng.permutation(np.concatenate(chosen))
+    return np.ascontiguousarray(crop_center(mnist.train_images[order], size)), mnist.train_labels[order]

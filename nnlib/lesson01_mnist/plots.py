@@ -33,7 +33,7 @@ def learning_curves(histories: dict, against: str = "epoch"):
 
     figure, (loss_axis, accuracy_axis) = plt.subplots(1, 2, figsize=(11, 3.8))
     for name, history in histories.items():
-        x = np.arange(1, history.epochs + 1) if against == "epoch" else history.elapsed
+        x = np.arange(1, history.epochs + 1) if against == "epoch" else np.cumsum(history.seconds)
         loss_axis.plot(x, history.loss, label=name)
         accuracy_axis.plot(x, history.train_accuracy, label=f"{name} (training)")
         if history.validation_accuracy:

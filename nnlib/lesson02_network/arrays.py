@@ -34,10 +34,8 @@ def namespace_of_device(device):
         return device
     if device == "cpu":
         return np
-    if device in ("gpu", "auto"):
-        raise ValueError(f"device={device!r}: pass the array namespace instead, "
-                         f"Network(..., device=nnlib.lesson07_gpu.backend.resolve_backend({device!r})) (lesson 07)")
-    raise ValueError(f"device must be 'cpu' or an array namespace such as numpy or cupy; got {device!r}")
+    raise ValueError(f"device must be 'cpu' or an array namespace such as numpy or cupy (for a GPU, lesson 07's "
+                     f"Network(..., device=nnlib.lesson07_gpu.backend.resolve_backend('gpu'))); got {device!r}")
 
 
 def to_numpy(array) -> np.ndarray:
@@ -97,7 +95,6 @@ def product_into(a, b, out) -> None:
 
     NumPy's and CuPy's matmul take ``out=``, which saves allocating a @ b and copying it over; the array
     API has no ``out=``, so other namespaces (array_api_strict in the tests) compute and copy.
-    tests/test_network.py checks both ways against the plain formula.
     """
     if isinstance(out, np.ndarray) or type(out).__module__.split(".")[0] == "cupy":
         array_namespace(out).matmul(a, b, out=out)

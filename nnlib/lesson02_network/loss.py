@@ -23,11 +23,8 @@ def softplus(z, xp):
 
 
 def cross_entropy_from_logits(logits, targets, output: str, xp):
-    """Summed cross-entropy over the batch, from the output layer's logits z_L (N, K).
-
-    With a = sigmoid(z): -[y log a + (1-y) log(1-a)] = softplus(z) - y z.
-    With a = softmax(z): -sum_k y_k log a_k = logsumexp(z) - sum_k y_k z_k.
-    Both forms stay finite where a rounds to 0 or 1. Returns a 0-d array, on the arrays' device.
+    """Summed cross-entropy J over the batch (the module docstring's forms), from the output layer's logits
+    z_L (N, K) and targets Y (N, K). Both forms stay finite where a rounds to 0 or 1. Returns a 0-d array.
     """
     if output == "sigmoid":
         return xp.sum(softplus(logits, xp) - targets * logits)
@@ -63,12 +60,10 @@ def output_delta(outputs, labels_column, classes, scale):
 
 
 def output_loss(logits, outputs, labels, scale: float, output: str):
-    """Where backpropagation starts, for one batch: (loss, correct, delta_L).
+    """Where backpropagation starts, for one batch: (J * scale, how many argmax(a_L) equal the label, delta_L).
 
-    logits z_L and outputs a_L (N, n_L) of the output layer, labels (N,) integers, ``output``
-    "sigmoid" or "softmax", ``scale`` = 1 / normalizer. Returns loss = J * scale and correct = how
-    many argmax(a_L) equal the label (both 0-d arrays where the arrays live), and
-    delta_L = dJ/dz_L = (a_L - Y) * scale (N, n_L), the same for both outputs.
+    logits z_L and outputs a_L (N, n_L) of the output layer, labels (N,) integers, ``output`` "sigmoid" or
+    "softmax", ``scale`` = 1 / normalizer. The loss and count are 0-d arrays where the arrays live.
     """
     xp = array_namespace(outputs)
     labels_column, classes = labels[:, None], constant_vector("classes", outputs.shape[1], xp)

@@ -77,12 +77,6 @@ class Layer:
     grad_weights and grad_biases the same views into its ``grads``: the backward pass writes the
     network's one gradient vector in place, so it can still travel in one message.
     activation: "sigmoid" (every hidden layer) or "softmax" (allowed for the output layer).
-
-    forward (a_in (N, n_in)):    z = a_in @ W + b   (N, n_out),   a = f(z)   (N, n_out)
-    backward, from delta = dJ/dz (N, n_out):
-        weight_gradient:  dJ/dW = a_in.T @ delta  (n_in, n_out),   dJ/db = sum over samples of delta  (n_out,)
-        input_gradient:   dJ/da_in = delta @ W.T  (N, n_in)       (not needed below the first layer)
-    logits_gradient, the activation's backward: dJ/dz = dJ/da * a (1 - a) for the sigmoid.
     """
 
     def __init__(self, weights, biases, grad_weights, grad_biases, activation: str = "sigmoid"):
@@ -188,11 +182,8 @@ def backward_layers(layers, activations, delta, accumulate: bool, on_layer_done=
 
 
 class Classifier:
-    """What every classifier of nnlib shares: checking its inputs and labels, predicting classes.
-
-    Needs ``layer_sizes`` (n_0, ..., n_L), ``xp`` (its arrays' namespace) and a method
-    ``predict_probabilities(inputs)`` giving a_L (N, n_L). Network, the tensor-parallel network and
-    the pipeline stages (nnlib.lesson09_model_parallel) all are one.
+    """What every classifier of nnlib shares: checking its inputs and labels, predicting classes. Needs
+    ``layer_sizes`` (n_0, ..., n_L), ``xp`` (its arrays' namespace) and ``predict_probabilities(inputs)``: a_L (N, n_L).
     """
 
     def check_inputs(self, inputs):
@@ -226,7 +217,7 @@ class Classifier:
             )
 
     def fused(self, function):
-        """``function`` as one kernel on this network's device (nnlib.lesson02_network.arrays.fused)."""
+        """``function`` as one kernel on this network's device (arrays.fused, for the trainer, which imports no arrays)."""
         return fused(function, self.xp)
 
     def predict(self, inputs):
@@ -241,11 +232,8 @@ class Classifier:
 
 
 class LayerStack(Classifier):
-    """A network as a list of layers over one flat parameter vector, trained a batch at a time.
-
-    Network is one (all of the layers, on one process); so is nnlib.lesson09_model_parallel.tensor's network (the
-    same batch on every rank, each holding a slice of every layer). The trainer uses: params and
-    grads (flat), loss_and_gradient, last_correct, and the evaluation methods.
+    """A network as a list of layers over one flat parameter vector, trained a batch at a time. The trainer
+    uses: params and grads (flat), loss_and_gradient, last_correct, and the evaluation methods.
     """
 
     def __init__(self, layer_sizes, output: str, layers, params, grads, xp=None):
@@ -330,11 +318,10 @@ class LayerStack(Classifier):
         inputs, labels = self.xp.asarray(inputs), self.xp.asarray(labels)
         self.check_inputs(inputs)
         self.check_labels(labels, inputs.shape[0])
-        total = 0.0
+        total, classes = 0.0, constant_vector("classes", self.layer_sizes[-1], self.xp)
         for start, end in self.chunks(inputs.shape[0]):
             self.forward(inputs[start:end, ...])
-            targets = one_hot(labels[start:end, None], constant_vector("classes", self.layer_sizes[-1], self.xp),
-                              self.dtype)
+            targets = one_hot(labels[start:end, None], classes, self.dtype)
             total += float(cross_entropy_from_logits(self.output_logits, targets, self.output, self.xp))
         return total / inputs.shape[0]
 

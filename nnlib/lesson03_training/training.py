@@ -36,8 +36,7 @@ class SGD:
     """Stochastic gradient descent on a network's flat parameter vector, momentum optional."""
 
     def __init__(self, network, learning_rate: float, momentum: float = 0.0):
-        check_learning_rate(learning_rate)
-        check_momentum(momentum)
+        check_rate(learning_rate, momentum)
         self.network = network
         self.learning_rate = float(learning_rate)
         self.momentum = float(momentum)
@@ -45,8 +44,8 @@ class SGD:
 
     def step(self) -> None:
         """Update ``network.params`` in place from ``network.grads`` (on a GPU in one fused kernel)."""
-        self.network.fused(sgd_update)(self.network.params, self.network.grads, self.velocity, self.learning_rate,
-                                       self.momentum)
+        network = self.network
+        network.fused(sgd_update)(network.params, network.grads, self.velocity, self.learning_rate, self.momentum)
 
 
 def sgd_update(params, grads, velocity, learning_rate: float, momentum: float) -> None:
@@ -64,12 +63,6 @@ def add_to_sums(loss_sum, correct_sum, loss, correct, divide_by):
     return loss_sum + loss * divide_by, correct_sum + correct
 
 
-def check_momentum(momentum) -> None:
-    """Raise ValueError unless 0 <= momentum < 1."""
-    if not 0.0 <= momentum < 1.0:
-        raise ValueError(f"momentum must be in [0, 1); got {momentum}")
-
-
 def diverged(loss, where: str, learning_rate) -> FloatingPointError:
     """The error for a NaN or infinite loss: where it happened, and what to try."""
     return FloatingPointError(
@@ -83,16 +76,17 @@ def as_schedule(learning_rate):
     of the progress whose every value is checked, so that a bad schedule fails at its first bad step."""
     def checked(progress: float) -> float:
         rate = learning_rate(progress) if callable(learning_rate) else learning_rate
-        check_learning_rate(rate)
+        check_rate(rate)
         return rate
 
     return checked
 
 
-def check_learning_rate(learning_rate) -> None:
-    """Raise ValueError unless the learning rate is a positive finite number."""
-    if not isinstance(learning_rate, (int, float)) or not math.isfinite(learning_rate) or learning_rate <= 0:
-        raise ValueError(f"learning_rate must be a positive finite number; got {learning_rate!r}")
+def check_rate(learning_rate, momentum: float = 0.0) -> None:
+    """Raise ValueError unless the learning rate is a positive finite number and 0 <= momentum < 1."""
+    problems = Settings(1, learning_rate, momentum=momentum).problems()
+    if problems:
+        raise ValueError("; ".join(problems))
 
 
 @dataclass
@@ -110,11 +104,6 @@ class History:
     @property
     def epochs(self) -> int:
         return len(self.loss)
-
-    @property
-    def elapsed(self) -> np.ndarray:
-        """Cumulative training seconds at the end of each epoch."""
-        return np.cumsum(self.seconds)
 
 
 def batch_ranges(num_samples: int, batch_size: int):
@@ -145,17 +134,15 @@ class Settings:
 
     def problems(self) -> list[str]:
         """Everything wrong with these settings (empty if nothing): the one place they are checked."""
-        found = []
-        if not is_whole(self.epochs) or self.epochs < 1:
-            found.append(f"epochs must be a positive integer; got {self.epochs!r}")
-        if self.batch_size is not None and (not is_whole(self.batch_size) or self.batch_size < 1):
-            found.append(f"batch_size must be at least 1 (or None: the full batch); got {self.batch_size!r}")
-        if not callable(self.learning_rate):
-            found += problem_of(check_learning_rate, self.learning_rate)
-        found += problem_of(check_momentum, self.momentum)
-        if not is_whole(self.seed):
-            found.append(f"seed must be a whole number; got {self.seed!r}")
-        return found
+        rate, epochs, batch = self.learning_rate, self.epochs, self.batch_size
+        fine = {f"epochs must be a positive integer; got {epochs!r}": is_whole(epochs) and epochs >= 1,
+                f"batch_size must be at least 1 (or None: the full batch); got {batch!r}":
+                    batch is None or (is_whole(batch) and batch >= 1),
+                f"learning_rate must be a positive finite number; got {rate!r}":
+                    callable(rate) or (isinstance(rate, (int, float)) and math.isfinite(rate) and rate > 0),
+                f"momentum must be in [0, 1); got {self.momentum}": 0.0 <= self.momentum < 1.0,
+                f"seed must be a whole number; got {self.seed!r}": is_whole(self.seed)}
+        return [problem for problem, ok in fine.items() if not ok]
 
     @classmethod
     def from_keywords(cls, settings: Settings | None, keywords: dict, others=()) -> Settings:
@@ -171,15 +158,6 @@ class Settings:
 def is_whole(value) -> bool:
     """Whether ``value`` is an integer (not a bool)."""
     return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
-
-
-def problem_of(check, value) -> list[str]:
-    """[the ValueError's message] if ``check(value)`` raises one, else []."""
-    try:
-        check(value)
-    except ValueError as error:
-        return [str(error)]
-    return []
 
 
 class Batches:
@@ -347,8 +325,7 @@ def end_epoch(run: Run, began: float) -> None:
     history.seconds.append(time.perf_counter() - began)  # after float(): a GPU has finished the epoch's work
     loss = float(totals[0]) / num_samples
     if not math.isfinite(loss):
-        on_host = run.network.xp is np
-        where = f"in epoch {run.epoch + 1}" + ("" if on_host else " (checked once per epoch on the GPU)")
+        where = f"in epoch {run.epoch + 1}" + ("" if run.network.xp is np else " (checked once per epoch on the GPU)")
         raise run.sync.raised_on_every_rank(diverged(loss, where, run.rate))
     history.loss.append(loss)
     history.train_accuracy.append(float(totals[1]) / num_samples)
@@ -382,12 +359,10 @@ def train(network, inputs, labels, settings: Settings | None = None, *, validati
     settings = Settings.from_keywords(settings, keywords)
     xp = network.xp
     inputs, labels = xp.asarray(inputs), xp.asarray(labels)
-    network.check_inputs(inputs)
-    network.check_labels(labels, inputs.shape[0])
-    if validation is not None:
-        validation = (xp.asarray(validation[0]), xp.asarray(validation[1]))
-        network.check_inputs(validation[0])
-        network.check_labels(validation[1], validation[0].shape[0])
+    validation = None if validation is None else (xp.asarray(validation[0]), xp.asarray(validation[1]))
+    for rows, classes in [(inputs, labels)] + ([validation] if validation else []):
+        network.check_inputs(rows)
+        network.check_labels(classes, rows.shape[0])
     if settings.problems():
         raise ValueError("; ".join(settings.problems()))
     run = Run(network, settings, Batches(inputs.shape[0], settings.batch_size, settings.seed),

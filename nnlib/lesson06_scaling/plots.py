@@ -17,10 +17,8 @@ def scaling_curves(rows, kind: str, serial_fraction=None, law=None, label: str =
     import matplotlib.pyplot as plt
 
     rows = [row for row in rows if row["kind"] == kind]
-    ranks = np.array([row["ranks"] for row in rows])
-    speedup = np.array([row["speedup"] for row in rows])
-    efficiency = np.array([row["efficiency"] for row in rows])
-    over = np.array([row["oversubscribed"] for row in rows])
+    ranks, speedup, efficiency, over = (np.array([row[key] for row in rows])
+                                        for key in ("ranks", "speedup", "efficiency", "oversubscribed"))
     figure, (left, right) = plt.subplots(1, 2, figsize=(10, 3.6))
     line = np.linspace(1, ranks.max(), 50)
     left.plot(line, line, "k:", label="ideal")

@@ -2,12 +2,7 @@
 
 Each point of the grid is one ``mpiexec -n P`` job (one BLAS thread per rank), repeated a few
 times; each run returns a *record* (a flat dict, one CSV row): the point, the epoch time, the time
-per phase, the test accuracy, and the machine. From a notebook:
-
-    records = scaling.measure([1, 2, 4], kind="strong", samples=20000, repeats=3)
-    table = scaling.summarize(records)          # median, spread, speedup, efficiency per point
-
-and from the command line (``python -m nnlib scaling --help``), which can write a CSV.
+per phase, the test accuracy, and the machine (:func:`measure`; notebook 06, or ``python -m nnlib scaling``).
 
 Strong scaling keeps the total work fixed (N samples for any P): ideal time T1 / P.
 Weak scaling keeps the work *per rank* fixed (N = n P): ideal time T1 for every P.
@@ -22,7 +17,6 @@ import os
 import statistics
 import subprocess
 import sys
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -36,19 +30,14 @@ RECORD_FIELDS = ["kind", "ranks", "samples", "strategy", "repeat", "epoch_second
                  "oversubscribed", "physical_cores", "blas", "mpi_library", "machine", "where"]
 
 
-def physical_cores() -> int:
-    """Physical cores of this machine (psutil), falling back to logical CPUs."""
+def machine_fields() -> dict:
+    """The machine-description part of a record: physical cores (psutil; else logical CPUs), BLAS, MPI, machine."""
     import psutil
 
-    return psutil.cpu_count(logical=False) or os.cpu_count() or 1
-
-
-def machine_fields(where: str = "live") -> dict:
-    """The machine-description part of a record."""
     from nnlib.course.environment import blas, describe, mpi_library
 
-    return {"physical_cores": physical_cores(), "blas": blas(), "mpi_library": mpi_library(),
-            "machine": describe()["machine"], "where": where}
+    return {"physical_cores": psutil.cpu_count(logical=False) or os.cpu_count() or 1, "blas": blas(),
+            "mpi_library": mpi_library(), "machine": describe()["machine"], "where": "live"}
 
 
 # -- One point: an mpiexec job -----------------------------------------------------------------------
@@ -127,7 +116,7 @@ def measure(ranks_list, kind: str = "strong", samples: int = 20000, strategy: st
     """
     if kind not in ("strong", "weak"):
         raise ValueError(f"kind must be 'strong' or 'weak'; got {kind!r}")
-    cores, machine = physical_cores(), machine_fields()
+    machine = machine_fields()
     records = []
     for ranks in ranks_list:
         total = samples if kind == "strong" else samples * ranks
@@ -135,7 +124,8 @@ def measure(ranks_list, kind: str = "strong", samples: int = 20000, strategy: st
             point = dict(POINT_SETTINGS, samples=total, strategy=strategy, **settings)
             measured = _run_job(ranks, dict(point, hidden=list(point["hidden"])), timeout=600)
             records.append({"kind": kind, "ranks": ranks, "samples": total, "strategy": strategy,
-                            "repeat": repeat, **measured, "oversubscribed": ranks > cores, **machine})
+                            "repeat": repeat, **measured, "oversubscribed": ranks > machine["physical_cores"],
+                            **machine})
             if progress:
                 print(f"{kind} P={ranks} N={total} repeat {repeat + 1}/{repeats}: "
                       f"{measured['epoch_seconds']:.3f} s/epoch", flush=True)
@@ -174,8 +164,8 @@ def summarize(records) -> list[dict]:
 
 
 def format_table(rows, kind: str) -> str:
-    """The original projects' table shape: samples, ranks, time, speedup, efficiency (oversubscribed points
-    marked *). Weak scaling's speedup is the *scaled* speedup P T1 / TP (the work grows with P)."""
+    """A table of samples, ranks, time, speedup, efficiency (oversubscribed points marked *). Weak scaling's
+    speedup is the *scaled* speedup P T1 / TP (the work grows with P)."""
     speedup = "speedup" if kind == "strong" else "scaled speedup"
     rows = [row for row in rows if row["kind"] == kind]
     lines = [f"{'samples':>8s} {'ranks':>5s} {'s/epoch':>9s} {'spread':>8s} {speedup:>14s} {'efficiency':>10s}"]
@@ -233,31 +223,14 @@ def warmup_schedule(base_rate: float, target_rate: float, warmup_epochs: float):
     return schedule
 
 
-@dataclass(frozen=True)
-class LargeBatchSettings:
-    """How :func:`large_batch_accuracy` trains: a batch of per_rank_batch * P samples for ``epochs``.
+def large_batch_accuracy(inputs, labels, test_inputs, test_labels, ranks_list, scale_rate: bool = False,
+                         warmup_epochs: float = 1.0):
+    """Test accuracy after 2 epochs with a global batch of 32 P (32 per rank), for each P of ``ranks_list``:
+    a 784-64-10 network (seed 0), SGD with momentum 0.9 from the learning rate 0.05 of one rank.
 
-    base_rate: the learning rate of one rank; scale_rate: the linear scaling rule (base_rate * P,
-    reached by a gradual warm-up over warmup_epochs); hidden: the hidden layer sizes.
-    """
-
-    per_rank_batch: int = 32
-    epochs: int = 2
-    base_rate: float = 0.05
-    scale_rate: bool = False
-    warmup_epochs: float = 1.0
-    hidden: tuple = (64,)
-    momentum: float = 0.9
-    seed: int = 0
-
-
-def large_batch_accuracy(inputs, labels, test_inputs, test_labels, ranks_list,
-                         settings: LargeBatchSettings = LargeBatchSettings()):
-    """Test accuracy after ``settings.epochs`` with a global batch of per_rank_batch * P, for each P.
-
-    Without ``scale_rate`` every P uses base_rate: bigger batches mean fewer steps of the same
-    size, and accuracy falls. With it, the linear scaling rule (Goyal et al. 2017): a batch k
-    times larger gets a k times larger rate, reached by a gradual warm-up over warmup_epochs.
+    Without ``scale_rate`` every P uses that rate: bigger batches mean fewer steps of the same size, and
+    accuracy falls. With it, the linear scaling rule (Goyal et al. 2017): a batch k times larger gets a
+    k times larger rate (0.05 P), reached by a gradual warm-up over ``warmup_epochs``.
 
     Simulated in one process: P ranks take exactly the steps of sequential training with the
     global batch (nnlib.lesson05_data_parallel; lesson 05 and the tests show it), so only the global batch matters.
@@ -268,12 +241,10 @@ def large_batch_accuracy(inputs, labels, test_inputs, test_labels, ranks_list,
 
     accuracies = []
     for ranks in ranks_list:
-        target = settings.base_rate * ranks if settings.scale_rate else settings.base_rate
-        warmup = settings.warmup_epochs if settings.scale_rate else 0.0
-        network = Network((inputs.shape[1], *settings.hidden, 10), seed=settings.seed)
-        train(network, inputs, labels, epochs=settings.epochs, batch_size=settings.per_rank_batch * ranks,
-              momentum=settings.momentum, learning_rate=warmup_schedule(settings.base_rate, target, warmup),
-              seed=settings.seed, progress=False)
+        network = Network((inputs.shape[1], 64, 10), seed=0)
+        rate = warmup_schedule(0.05, 0.05 * ranks, warmup_epochs) if scale_rate else 0.05
+        train(network, inputs, labels, epochs=2, batch_size=32 * ranks, momentum=0.9, learning_rate=rate, seed=0,
+              progress=False)
         accuracies.append(network.accuracy(test_inputs, test_labels))
     return np.array(accuracies)
 
@@ -281,15 +252,13 @@ def large_batch_accuracy(inputs, labels, test_inputs, test_labels, ranks_list,
 # -- CSV ---------------------------------------------------------------------------------------------
 
 
-def load_csv(path, where: str | None = None) -> list[dict]:
-    """Records from a CSV of RECORD_FIELDS (main's ``--output``), numbers converted; ``where`` labels their origin."""
+def load_csv(path) -> list[dict]:
+    """Records from a CSV of RECORD_FIELDS (main's ``--output``), numbers converted."""
     records = read_csv(path, RECORD_FIELDS, integers=("ranks", "samples", "repeat", "physical_cores"),
                        floats=("epoch_seconds", "load_seconds", "data_seconds", "compute_seconds",
                                "communicate_seconds", "update_seconds", "accuracy"), what="scaling records")
     for row in records:
         row["oversubscribed"] = row["oversubscribed"] in ("True", "true", "1")
-        if where is not None:
-            row["where"] = where
     return records
 
 

@@ -112,8 +112,7 @@ class HostStaging:
     finished writing them (MPI must not read a half-written buffer). With an ordinary MPI, GPU arrays
     are *staged*: copied to host memory, communicated, copied back. It wraps any communicator (MPI's, or
     a WatchedComm: ``HostStaging(watch(comm), xp)``, never the other way round); everything else is the
-    wrapped one's: ``train_parallel(HostStaging(comm, network.xp), network, ...)``. Staged, an Iallreduce
-    runs at once (it cannot overlap). ``cuda_aware``: None asks MPI (:func:`cuda_aware_mpi`).
+    wrapped one's. ``cuda_aware``: None asks MPI (:func:`cuda_aware_mpi`).
     """
 
     BUFFER_METHODS = ("Allgather", "Allgatherv", "Allreduce", "Bcast", "Gather", "Gatherv", "Isend", "Recv", "Reduce",
@@ -121,8 +120,7 @@ class HostStaging:
 
     def __init__(self, comm, xp, cuda_aware=None):
         self.comm, self.xp = comm, xp
-        on_gpu = hasattr(xp, "cuda")
-        self.direct = is_numpy(xp) or (on_gpu and (cuda_aware_mpi() if cuda_aware is None else cuda_aware))
+        self.direct = is_numpy(xp) or (hasattr(xp, "cuda") and (cuda_aware_mpi() if cuda_aware is None else cuda_aware))
         self.synchronize = synchronizer(xp)
 
     def __getattr__(self, name):
@@ -165,8 +163,7 @@ class HostStaging:
         from mpi4py import MPI
 
         if self.direct:
-            self.synchronize()
-            return self.comm.Iallreduce(sendbuf, recvbuf, op=op or MPI.SUM)
+            return self.call(self.comm.Iallreduce, (sendbuf, recvbuf), {"op": op or MPI.SUM})
         self.call(self.comm.Allreduce, (sendbuf, recvbuf), {"op": op or MPI.SUM})
         return MPI.REQUEST_NULL
 

@@ -102,16 +102,13 @@ def forward_batched(network, inputs) -> np.ndarray:
 
 def forward_comparison(inputs, hidden: int = 1024, gpu=None, repeats: int = 3) -> list[dict]:
     """Forward passes of 784-hidden-10 over ``inputs``: one sample at a time versus batched, CPU and GPU."""
-    records = []
     cpu_network = Network((inputs.shape[1], hidden, 10), seed=0)
     gpu_network = Network((inputs.shape[1], hidden, 10), seed=0, device=gpu) if gpu is not None else None
-    for variant, forward in (("per_sample", forward_one_sample_at_a_time), ("batched", forward_batched)):
-        records.append({
-            "kind": "forward", "variant": variant, "hidden": hidden, "samples": inputs.shape[0],
-            "cpu_seconds": device_seconds(lambda: forward(cpu_network, inputs), np, repeats),
-            "gpu_seconds": device_seconds(lambda: forward(gpu_network, inputs), gpu, repeats) if gpu else float("nan"),
-            "gpu_with_copies_seconds": float("nan")})
-    return records
+    return [{"kind": "forward", "variant": variant, "hidden": hidden, "samples": inputs.shape[0],
+             "cpu_seconds": device_seconds(lambda: forward(cpu_network, inputs), np, repeats),
+             "gpu_seconds": device_seconds(lambda: forward(gpu_network, inputs), gpu, repeats) if gpu else float("nan"),
+             "gpu_with_copies_seconds": float("nan")}
+            for variant, forward in (("per_sample", forward_one_sample_at_a_time), ("batched", forward_batched))]
 
 
 def epoch_seconds(hidden: int, inputs, labels, device: str = "cpu", batch_size: int = 256, seed: int = 0) -> float:
@@ -141,14 +138,11 @@ def device_slug(name: str) -> str:
 def format_records(records) -> str:
     """A plain-text table of benchmark records, with the CPU / GPU ratio of each."""
     lines = [f"{'what':>34s} {'CPU (1 core)':>13s} {'GPU':>11s} {'GPU + copies':>13s} {'CPU / GPU':>10s}"]
+    whats = {"matmul": "A ({m} x {k}) @ B ({k} x {n})", "epoch": "epoch, 784-{hidden}-10, {samples} samples",
+             "forward": "forward {variant}, {samples} samples"}
     for r in records:
-        if r["kind"] == "matmul":
-            what = f"A ({r['m']} x {r['k']}) @ B ({r['k']} x {r['n']})"
-        elif r["kind"] == "epoch":
-            what = f"epoch, 784-{r['hidden']}-10, {r['samples']} samples"
-        else:
-            what = f"forward {r['variant']}, {r['samples']} samples"
-        copies = f"{r['gpu_with_copies_seconds'] * 1e3:10.3f} ms" if r["gpu_with_copies_seconds"] == r["gpu_with_copies_seconds"] else " " * 13
+        what, copies = whats[r["kind"]].format(**r), r["gpu_with_copies_seconds"] * 1e3
+        copies = " " * 13 if np.isnan(copies) else f"{copies:10.3f} ms"
         lines.append(f"{what:>34s} {r['cpu_seconds'] * 1e3:10.3f} ms {r['gpu_seconds'] * 1e3:8.3f} ms {copies} "
                      f"{r['cpu_seconds'] / r['gpu_seconds']:9.1f}x")
     return "\n".join(lines)
@@ -169,10 +163,8 @@ def main(argv=None) -> int:
     parser.add_argument("--largest", type=int, default=4096,
                         help="largest matrix side in the product sweep (default 4096)")
     parser.add_argument("--repeats", type=int, default=10, help="timed calls per product (their median counts)")
-    where = parser.add_mutually_exclusive_group()
-    where.add_argument("--output", help="write the records here as CSV (e.g. notebooks/results/gpu-h100.csv)")
-    where.add_argument("--results-dir", help="write them to RESULTS_DIR/gpu-<device name>.csv "
-                                             "(notebook 07 reads notebooks/results)")
+    parser.add_argument("--results-dir", help="write the records to RESULTS_DIR/gpu-<device name>.csv "
+                                              "(notebook 07 reads notebooks/results)")
     args = parser.parse_args(argv)
     usable, reason = gpu_status()
     if not usable:
@@ -198,8 +190,8 @@ def main(argv=None) -> int:
     for record in records:
         record.update(device=device, date=date)
     print(format_records(records))
-    output = args.output or (args.results_dir and f"{args.results_dir}/gpu-{device_slug(device)}.csv")
-    if output:
+    if args.results_dir:
+        output = f"{args.results_dir}/gpu-{device_slug(device)}.csv"
         write_csv(records, output, CSV_FIELDS)
         print(f"wrote {len(records)} records to {output}")
     return 0

@@ -25,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 from nnlib.lesson02_network.arrays import through_host, to_numpy
-from nnlib.lesson03_training.training import check_learning_rate, check_momentum, sgd_update
+from nnlib.lesson03_training.training import check_rate, sgd_update
 from nnlib.lesson05_data_parallel.data_parallel import DataParallel
 from nnlib.lesson08_inside_allreduce.allreduce import chunk_bounds, ring_allgather, ring_reduce_scatter
 
@@ -60,8 +60,7 @@ class ShardedSGD:
     sharded = True  # a checkpoint gathers the velocity from every rank's slice
 
     def __init__(self, network, learning_rate: float, momentum: float, size: int, rank: int):
-        check_learning_rate(learning_rate)
-        check_momentum(momentum)
+        check_rate(learning_rate, momentum)
         self.network = network
         self.learning_rate, self.momentum = float(learning_rate), float(momentum)
         self.counts, self.starts = chunk_bounds(network.num_params, size)  # the ring's chunks
