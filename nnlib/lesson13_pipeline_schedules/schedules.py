@@ -35,8 +35,7 @@ from nnlib.lesson02_network.arrays import to_numpy
 from nnlib.lesson02_network.network import dense_layers, parameter_offsets
 from nnlib.lesson04_collectives.collectives import (allgather_rows, raised_on_every_rank, require_same_on_every_rank,
                                                     split_evenly)
-from nnlib.lesson09_model_parallel.bubbles import (bubble_fraction, idle_fraction, random_batch, seconds_per_kind,
-                                                   simulate, summary, timed_steps)
+from nnlib.lesson09_model_parallel.bubbles import bubble_fraction, idle_fraction, measured, random_batch, simulate
 from nnlib.lesson09_model_parallel.instructions import COMPUTE, SCHEDULES, Instruction, program
 from nnlib.lesson09_model_parallel.pipeline import PipelineMLP, Stage
 
@@ -364,10 +363,10 @@ def measure_schedules(comm, layer_sizes, batch: int, micro_batches: int, schedul
     """Each schedule's measured bubble beside its formula and its simulation, and its micro-batches alive.
 
     schedules: names of ALL_SCHEDULES (interleaved with ``chunks``), or {name: its ScheduledPipeline
-    chunks}: v, or the layer counts of its virtual stages (balanced_split). Every rank runs ``repeats`` steps
-    (after one warm-up) on the same random batch. Returns, on rank 0, {name: lesson 09's summary (measured,
-    simulated, step_seconds, spread, timelines) with formula (with the measured mean F, B, W), peak_alive per
-    stage and layers per virtual stage}; None elsewhere.
+    chunks}: v, or the layer counts of its virtual stages (balanced_split). Every rank runs lesson 09's
+    ``measured`` steps on the same random batch. Returns, on rank 0, {name: its dict (measured, simulated, formula
+    with the measured mean F, B, W, step_seconds, spread, timelines, peak_alive per stage) with layers per virtual
+    stage}; None elsewhere.
     """
     if not isinstance(schedules, dict):
         schedules = {name: chunks if name == "interleaved" else 1 for name in schedules}
@@ -376,11 +375,18 @@ def measure_schedules(comm, layer_sizes, batch: int, micro_batches: int, schedul
     for name, layout in schedules.items():
         pipeline = ScheduledPipeline(comm, layer_sizes, dtype=dtype, micro_batches=micro_batches, schedule=name,
                                      chunks=layout)
-        steps = timed_steps(pipeline, inputs, labels, repeats)
-        alive = comm.gather(pipeline.peak_alive, root=0)
-        if comm.rank == 0:
-            results[name] = summarize(name, steps, micro_batches, pipeline.chunks)
-            results[name].update(peak_alive=alive, layers=[stop - first for first, stop in virtual_stage_layers(
+
+        def predict(stages):  # (called within this iteration)
+            # a whole stage's F, B, W: a chunk's median x v (a backward not split counts as B, with W = 0)
+            v = pipeline.chunks
+            whole = [{letter: stage.get(letter, 0.0) * v for letter in "FBW"} for stage in stages]
+            mean = [float(np.mean([stage[letter] for stage in whole])) for letter in "FBW"]
+            return (schedule_bubble(name, whole, micro_batches, v),
+                    bubble_formula(name, comm.size, micro_batches, mean, v))
+
+        row = measured(pipeline, inputs, labels, repeats, predict)
+        if row:
+            results[name] = dict(row, layers=[stop - first for first, stop in virtual_stage_layers(
                 pipeline.num_layers, comm.size * pipeline.chunks, pipeline.split)])
     return results if comm.rank == 0 else None
 
@@ -414,17 +420,3 @@ def live_peak(pipeline, inputs, labels) -> tuple[int, int]:
         for layer in firsts:
             del layer.forward  # (Layer's own method again)
     return peak[0], alive[0]
-
-
-def summarize(name: str, steps, micro_batches: int, chunks: int) -> dict:
-    """Lesson 09's summary of one schedule's steps, its simulation and formula from each step's own times."""
-    simulated, formula = [], []
-    for timelines in steps:
-        # a whole stage's F, B, W: a chunk's median x v (a backward not split counts as B, with W = 0)
-        per_stage = [{letter: seconds_per_kind(timeline).get(letter, 0.0) * chunks for letter in "FBW"}
-                     for timeline in timelines]
-        simulated.append(schedule_bubble(name, per_stage, micro_batches, chunks))
-        mean = [float(np.mean([stage[letter] for stage in per_stage])) for letter in "FBW"]
-        formula.append(bubble_formula(name, len(timelines), micro_batches, mean, chunks))
-    return dict(summary(steps, simulated), formula=float(np.median(formula)))
-
