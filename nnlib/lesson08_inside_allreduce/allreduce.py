@@ -70,7 +70,7 @@ def check_buffer(comm, buffer, op: str = "sum", min_elements: int = 1) -> None:
     fail_together(comm, problem and f"{problem}.")
     lengths, dtypes = zip(*comm.allgather((int(buffer.size), buffer.dtype.name)))
     for what, values, advice in [("lengths", lengths, "every rank must pass a buffer of the same length"),
-                                 ("dtypes", dtypes, "convert them to one dtype first (e.g. buffer.astype(np.float64))")]:
+                                 ("dtypes", dtypes, "convert them to one dtype first (e.g. astype(np.float64))")]:
         if len(set(values)) > 1:
             listing = ", ".join(f"rank {rank}: {value}" for rank, value in enumerate(values))
             raise raised_on_every_rank(ValueError(f"the buffers have different {what} on different ranks ({listing}); "

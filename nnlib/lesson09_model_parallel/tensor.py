@@ -29,7 +29,7 @@ from mpi4py import MPI
 
 from nnlib.lesson02_network.arrays import namespace_of_device, to_numpy
 from nnlib.lesson02_network.network import Layer, LayerStack, Network, layer_views
-from nnlib.lesson04_collectives.collectives import allgather_rows, offsets, require_same_on_every_rank, split_counts
+from nnlib.lesson04_collectives.collectives import allgather_rows, require_same_on_every_rank, row_range
 
 LESSON = 9
 
@@ -89,8 +89,7 @@ def split_pieces(whole: Network, kinds, size: int, rank: int):
         weights, biases = whole.weights[layer], whole.biases[layer]
         n_out = whole.shapes[layer][1]
         if kind == "column":
-            counts = split_counts(n_out, size)
-            start, stop = int(offsets(counts)[rank]), int(offsets(counts)[rank] + counts[rank])
+            start, stop = row_range(n_out, size, rank)
             columns.append((start, stop))
             pieces += [weights[:, start:stop], biases[start:stop]]
         elif kind == "row":

@@ -73,33 +73,21 @@ def chunk_program(stage: int, stages: int, order, chunks: int = 1) -> list[Chunk
     return instructions
 
 
-def interleaved_order(stages: int, micro_batches: int, chunks: int, backward: bool) -> list[tuple[int, int]]:
-    """The (micro-batch, chunk) units every rank runs forward (or backward) in the interleaved schedule.
-
-    Micro-batches go in groups of about P (m // P groups, as even as possible; one group if m < P);
-    a group runs through chunk 0, then chunk 1, ... (backward: the last chunk first).
-    """
-    units, start = [], 0
-    for size in split_evenly(micro_batches, max(1, micro_batches // stages))[0]:
-        group = range(start, start + size)
-        start += size
-        for chunk in range(chunks):
-            units += [(k, chunks - 1 - chunk if backward else chunk) for k in group]
-    return units
-
-
 def interleaved(stages: int, micro_batches: int, chunks: int = 2):
     """Interleaved 1F1B with v = ``chunks`` chunks per rank: warm-up, one forward one backward, drain.
 
-    Rank s first runs w = (v - 1) G + 2 (P - s - 1) forward units (G: the first group's size; at
-    most v m), then alternates forward unit w + i and backward unit i, then drains.
+    Every rank runs the same (micro-batch, chunk) units: micro-batches go in groups of about P (m // P groups, as
+    even as possible; one group if m < P), and a group runs forward through chunk 0, then chunk 1, ..., backward
+    the last chunk first. Rank s first runs w = (v - 1) G + 2 (P - s - 1) forward units (G: the first group's
+    size; at most v m), then alternates forward unit w + i and backward unit i, then drains.
     """
-    forwards = interleaved_order(stages, micro_batches, chunks, backward=False)
-    backwards = interleaved_order(stages, micro_batches, chunks, backward=True)
-    first_group = split_evenly(micro_batches, max(1, micro_batches // stages))[0][0]
+    counts, starts = split_evenly(micro_batches, max(1, micro_batches // stages))
+    forwards = [(k, chunk) for count, start in zip(counts, starts) for chunk in range(chunks)
+                for k in range(start, start + count)]
+    backwards = [(k, chunks - 1 - chunk) for k, chunk in forwards]
     programs = []
     for stage in range(stages):
-        warmup = min((chunks - 1) * first_group + 2 * (stages - stage - 1), len(forwards))
+        warmup = min((chunks - 1) * counts[0] + 2 * (stages - stage - 1), len(forwards))
         order = [("forward", k, chunk) for k, chunk in forwards[:warmup]]
         for (k, chunk), (j, back_chunk) in zip(forwards[warmup:], backwards):
             order += [("forward", k, chunk), ("backward", j, back_chunk)]
