@@ -43,7 +43,6 @@ def check_pipeline_depth(kind: str, layer_sizes, ranks: int) -> None:
 def allreduce_messages(kind: str, layer_sizes, batch: int, ranks: int, itemsize: int = 4) -> list[int]:
     """The bytes of each Allreduce one step makes (data: the gradient; tensor: the pairs' activations and
     input gradients; pipeline: none), in the order the step makes them."""
-    check_pipeline_depth(kind, layer_sizes, ranks)
     if kind == "data":
         return [count_parameters(layer_sizes) * itemsize]
     if kind == "pipeline":
@@ -66,9 +65,9 @@ def handed_bytes(kind: str, layer_sizes, batch: int, ranks: int, itemsize: int =
     collective: buffers given to Allreduce (:func:`allreduce_messages`); point_to_point: bytes a
     pipeline stage sends (forward and backward). Both per step.
     """
-    collective = sum(allreduce_messages(kind, layer_sizes, batch, ranks, itemsize))
+    check_pipeline_depth(kind, layer_sizes, ranks)
     if kind != "pipeline":
-        return {"collective": collective, "point_to_point": 0}
+        return {"collective": sum(allreduce_messages(kind, layer_sizes, batch, ranks, itemsize)), "point_to_point": 0}
     shapes = list(zip(layer_sizes[:-1], layer_sizes[1:]))
     sent = [batch * ((shapes[stop - 1][1] if stage < ranks - 1 else 0) + (shapes[first][0] if stage > 0 else 0))
             for stage, (first, stop) in enumerate(stage_layers(len(shapes), ranks))]  # forward + backward
@@ -86,7 +85,6 @@ def parallel_step_time(kind: str, layer_sizes, batch: int, ranks: int, machine: 
     pipeline, the busiest stage's point-to-point bytes in 2 m messages (m forward, m backward),
     each alpha + n beta, and the bubble (P - 1) / (m + P - 1).
     """
-    check_pipeline_depth(kind, layer_sizes, ranks)
     compute = flops_per_sample(layer_sizes) * batch / machine.flops_per_second
     if ranks == 1:
         return float(step_time(1, compute))

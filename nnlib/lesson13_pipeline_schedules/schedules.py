@@ -198,25 +198,17 @@ def simulated_timelines(programs, seconds):
 
 def virtual_stage_layers(num_layers: int, virtual_stages: int, split=None) -> list[tuple[int, int]]:
     """[(first, stop)] weight layers of each virtual stage: as even as possible, or ``split`` layers each, e.g.
-    (3, 2, 2, 3) for 10 layers on 4 virtual stages (ValueError, split_problem's, if that cannot be)."""
-    problem = split_problem(split, num_layers, virtual_stages)
-    if problem:
-        raise ValueError(problem)
-    counts = split_evenly(num_layers, virtual_stages)[0] if split is None else [int(count) for count in split]
-    return [(sum(counts[:stage]), sum(counts[:stage + 1])) for stage in range(virtual_stages)]
-
-
-def split_problem(split, num_layers: int, stages: int) -> str | None:
-    """Why ``split`` (layers per stage, or None: as even as possible) cannot cut ``num_layers`` into ``stages``."""
-    if split is None:
-        return None
-    if (not isinstance(split, (tuple, list)) or len(split) != stages or not all(
+    (3, 2, 2, 3) for 10 layers on 4 virtual stages (the same ValueError on every rank if that cannot be)."""
+    if split is not None and (not isinstance(split, (tuple, list)) or len(split) != virtual_stages or not all(
             isinstance(count, (int, np.integer)) and not isinstance(count, bool) and count >= 1 for count in split)):
-        return (f"split must give each of the {stages} (virtual) stages a positive number of layers, e.g. "
-                f"{tuple(split_evenly(num_layers, stages)[0])}; got {split!r}")
-    if sum(split) != num_layers:
-        return f"split {tuple(split)} holds {sum(split)} layers but the network has {num_layers} weight layers"
-    return None
+        raise raised_on_every_rank(ValueError(
+            f"split must give each of the {virtual_stages} (virtual) stages a positive number of layers, e.g. "
+            f"{tuple(split_evenly(num_layers, virtual_stages)[0])}; got {split!r}"))
+    counts = split_evenly(num_layers, virtual_stages)[0] if split is None else [int(count) for count in split]
+    if sum(counts) != num_layers:
+        raise raised_on_every_rank(ValueError(
+            f"split {tuple(split)} holds {sum(split)} layers but the network has {num_layers} weight layers"))
+    return [(sum(counts[:stage]), sum(counts[:stage + 1])) for stage in range(virtual_stages)]
 
 
 def balanced_split(num_layers: int, virtual_stages: int) -> tuple[int, ...]:
@@ -298,9 +290,7 @@ class ScheduledPipeline(PipelineMLP):
     def check_settings(self, pieces: int, num_layers: int, micro_batches, schedule) -> None:
         """Lesson 09's checks on the v P virtual stages, and the split's (the same verdict on every rank)."""
         super().check_settings(pieces * self.chunks, num_layers, micro_batches, schedule)
-        problem = split_problem(self.split, num_layers, pieces * self.chunks)
-        if problem:
-            raise raised_on_every_rank(ValueError(problem))
+        virtual_stage_layers(num_layers, pieces * self.chunks, self.split)  # (raises the split's problem)
 
     def hold_layers(self, whole) -> list[ZeroBubbleStage]:
         """This rank's v stages: virtual stage c P + s's layers for chunk c, over slices of one params vector."""
