@@ -37,7 +37,6 @@ LESSON = 8
 
 
 REDUCE = {"sum": np.add, "max": np.maximum, "min": np.minimum, "prod": np.multiply}
-ALGORITHMS = ("ring", "recursive_doubling", "reduce_broadcast")
 
 
 # -- checking the buffers, on every rank together ----------------------------------------------
@@ -188,18 +187,20 @@ def reduce_broadcast_allreduce(comm, buffer, op: str = "sum", root: int = 0):
     return buffer
 
 
+ALGORITHMS = {"ring": ring_allreduce, "recursive_doubling": recursive_doubling_allreduce,
+              "reduce_broadcast": reduce_broadcast_allreduce}
+
+
 def allreduce(comm, buffer, algorithm: str = "ring", op: str = "sum", check: bool = True):
     """In-place Allreduce of ``buffer`` (n,) with one of ALGORITHMS, or "mpi" for comm.Allreduce.
 
     ``check=False`` skips :func:`check_buffer` (allgathers), e.g. when timing a buffer checked once already.
     """
-    functions = {"ring": ring_allreduce, "recursive_doubling": recursive_doubling_allreduce,
-                 "reduce_broadcast": reduce_broadcast_allreduce}
-    if algorithm != "mpi" and algorithm not in functions:
+    if algorithm != "mpi" and algorithm not in ALGORITHMS:
         raise ValueError(f"algorithm must be 'mpi' or one of {', '.join(ALGORITHMS)}; got {algorithm!r}")
     if check:
         check_buffer(comm, buffer, op, min_elements=comm.size if algorithm == "ring" else 1)
     if algorithm == "mpi":
         comm.Allreduce(MPI.IN_PLACE, buffer, op={"sum": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN, "prod": MPI.PROD}[op])
         return buffer
-    return functions[algorithm](comm, buffer, op)
+    return ALGORITHMS[algorithm](comm, buffer, op)
