@@ -175,15 +175,13 @@ def reduce_broadcast_allreduce(comm, buffer, op: str = "sum", root: int = 0):
         comm.Send(buffer, dest=root)
         comm.Recv(buffer, source=root)
         return buffer
-    reduce = REDUCE[op]
-    incoming = np.empty_like(buffer)
-    for other in range(size):  # in rank order, so the sum does not depend on who arrives first
-        if other != root:
-            comm.Recv(incoming, source=other)
-            reduce(buffer, incoming, out=buffer)
-    for other in range(size):
-        if other != root:
-            comm.Send(buffer, dest=other)
+    reduce, incoming = REDUCE[op], np.empty_like(buffer)
+    others = [other for other in range(size) if other != root]
+    for other in others:  # in rank order, so the sum does not depend on who arrives first
+        comm.Recv(incoming, source=other)
+        reduce(buffer, incoming, out=buffer)
+    for other in others:
+        comm.Send(buffer, dest=other)
     return buffer
 
 

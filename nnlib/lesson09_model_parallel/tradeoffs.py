@@ -16,6 +16,8 @@ pipeline  consecutive layers per stage (nnlib.lesson09_model_parallel.pipeline).
 
 from __future__ import annotations
 
+from itertools import product
+
 import numpy as np
 
 from nnlib.lesson02_network.network import count_parameters
@@ -34,7 +36,7 @@ KINDS = ("data", "tensor", "pipeline")
 
 
 def check_pipeline_depth(kind: str, layer_sizes, ranks: int) -> None:
-    """A pipeline needs a layer per stage: ValueError otherwise (as nnlib.lesson09_model_parallel.pipeline.PipelineMLP)."""
+    """A pipeline needs a layer per stage: ValueError otherwise (as pipeline.PipelineMLP)."""
     if kind == "pipeline" and ranks > len(layer_sizes) - 1:
         raise ValueError(f"a pipeline of {ranks} stages needs at least {ranks} weight layers; "
                          f"this network has {len(layer_sizes) - 1}")
@@ -76,7 +78,7 @@ def handed_bytes(kind: str, layer_sizes, batch: int, ranks: int, itemsize: int =
 
 def parallel_step_time(kind: str, layer_sizes, batch: int, ranks: int, machine: Machine, itemsize: int = 4,
                        micro_batches: int = 4) -> float:
-    """Predicted seconds per step of ``kind`` parallelism on P ranks, with nnlib.lesson04_collectives.costmodel's formulas:
+    """Predicted seconds per step of ``kind`` parallelism on P ranks, with lesson 04's costmodel formulas:
 
         T = F N / rate / (P (1 - bubble)) + communication
 
@@ -107,13 +109,11 @@ def fastest(layer_sizes_of, hidden_sizes, rank_counts, batch: int, alpha: float,
     """
     machine = Machine(alpha, beta, flops_per_second)
     times = np.full((len(hidden_sizes), len(rank_counts), len(KINDS)), np.inf)
-    for row, hidden in enumerate(hidden_sizes):
-        for column, ranks in enumerate(rank_counts):
-            for index, kind in enumerate(KINDS):
-                if kind == "pipeline" and ranks > len(layer_sizes_of(hidden)) - 1:
-                    continue
-                times[row, column, index] = parallel_step_time(kind, layer_sizes_of(hidden), batch, ranks, machine,
-                                                               micro_batches=micro_batches)
+    for (row, hidden), (column, ranks), (index, kind) in product(enumerate(hidden_sizes), enumerate(rank_counts),
+                                                                 enumerate(KINDS)):
+        if kind != "pipeline" or ranks <= len(layer_sizes_of(hidden)) - 1:
+            times[row, column, index] = parallel_step_time(kind, layer_sizes_of(hidden), batch, ranks, machine,
+                                                           micro_batches=micro_batches)
     return np.argmin(times, axis=2), times
 
 

@@ -324,14 +324,13 @@ class ScheduledPipeline(PipelineMLP):
 
     def full_params(self) -> np.ndarray:
         """Every rank's chunks put back in layer order: Network's flat layout."""
-        gathered, pieces, at = allgather_rows(self.comm, to_numpy(self.params)), [], 0
         starts = parameter_offsets(list(zip(self.layer_sizes[:-1], self.layer_sizes[1:])))
         ranges = virtual_stage_layers(self.num_layers, self.stages * self.chunks, self.split)
-        for stage in range(self.stages):
-            for first, stop in ranges[stage::self.stages]:
-                pieces.append((first, gathered[at:at + starts[stop] - starts[first]]))
-                at += starts[stop] - starts[first]
-        return np.concatenate([piece for _, piece in sorted(pieces, key=lambda first_piece: first_piece[0])])
+        gathered = allgather_rows(self.comm, to_numpy(self.params))  # rank by rank, each rank's chunks in order
+        whole = np.empty_like(gathered)
+        whole[np.concatenate([np.arange(starts[first], starts[stop]) for rank in range(self.stages)
+                              for first, stop in ranges[rank::self.stages]])] = gathered
+        return whole
 
 
 # -- measured ------------------------------------------------------------------------------------------------
