@@ -60,13 +60,9 @@ def allreduce_messages(kind: str, layer_sizes, batch: int, ranks: int, itemsize:
 
 
 def handed_bytes(kind: str, layer_sizes, batch: int, ranks: int, itemsize: int = 4) -> dict:
-    """What one step hands to MPI on the busiest rank: {"collective": bytes, "point_to_point": bytes}.
-
-    (Besides the pipeline's 16-byte broadcast of the loss at the end of each step.)
-
-    collective: buffers given to Allreduce (:func:`allreduce_messages`); point_to_point: bytes a
-    pipeline stage sends (forward and backward). Both per step.
-    """
+    """What one step hands to MPI on the busiest rank: {"collective": the bytes given to Allreduce
+    (:func:`allreduce_messages`), "point_to_point": the bytes a pipeline stage sends, forward and backward}
+    (besides the pipeline's 16-byte broadcast of the loss at the end of each step)."""
     check_pipeline_depth(kind, layer_sizes, ranks)
     if kind != "pipeline":
         return {"collective": sum(allreduce_messages(kind, layer_sizes, batch, ranks, itemsize)), "point_to_point": 0}
