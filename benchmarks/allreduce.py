@@ -23,13 +23,14 @@ import numpy as np
 
 def one_run(ranks: int, folder: Path, index: int) -> list[dict]:
     from nnlib.course.environment import mpiexec_path
-    from nnlib.lesson08_inside_allreduce.allreduce_timing import read_timings
+    from nnlib.lesson01_mnist.files import read_csv
+    from nnlib.lesson08_inside_allreduce.allreduce_timing import TIMING_FIELDS
 
     csv = folder / f"run-{ranks}-{index}.csv"
     subprocess.run([mpiexec_path(), "-n", str(ranks), sys.executable, "-m", "nnlib", "allreduce-timing",
                     "--smallest", str(2**20), "--csv", str(csv)], check=True, capture_output=True, text=True,
                    timeout=600)
-    return read_timings(csv)
+    return read_csv(csv, TIMING_FIELDS, integers=("bytes", "ranks"), floats=("seconds", "bus_bandwidth"))
 
 
 def main() -> None:

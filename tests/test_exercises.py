@@ -288,9 +288,9 @@ def bucket_starts_by_nnlib_overlap(layer_bytes, bucket_bytes):
     hook = overlap.BucketedAllreduce(NoTransfer(), network, bucket_bytes)
     started = []
     for layer in range(network.num_layers - 1, -1, -1):  # as backpropagation calls it
-        calls = len(hook.calls)
+        before = len(hook.pending)  # the buckets started so far: the next one's number
         hook.layer_done(layer)
-        started.append(hook.calls[-1][1] if len(hook.calls) > calls else -1)
+        started.append(before if len(hook.pending) > before else -1)
     hook.finish()
     return np.array(started)
 

@@ -22,7 +22,7 @@ from nnlib.course.environment import mpiexec_path
 from nnlib.course.trace import (Span, phase_spans, pipeline_spans, trace_events, update_instants,
                                               write_trace)
 from nnlib.lesson05_data_parallel.data_parallel import train_parallel
-from nnlib.lesson08_inside_allreduce.overlap import CALL_THREADS, BucketedAllreduce, bucket_spans
+from nnlib.lesson08_inside_allreduce.overlap import BucketedAllreduce
 from nnlib.lesson10_faults.watchdog import record_waits, train_watched, wait_spans
 from nnlib.lesson13_pipeline_schedules.pictures import chunks_of
 from nnlib.lesson13_pipeline_schedules.schedules import schedule_programs, simulated_timelines
@@ -122,24 +122,19 @@ def test_an_interleaved_batch_job_traces_its_chunks_under_mpiexec(tmp_path):
         assert all(e["name"].endswith(f"(chunk {e['args']['chunk']})") for e in mine)
 
 
-def test_overlaps_bucket_calls_of_the_last_step(tmp_path):
+def test_overlap_starts_each_bucket_during_backpropagation():
     network = Network((20, 16, 12, 8, 3), dtype="float64", seed=0)
     rng = np.random.default_rng(0)
     inputs, labels = rng.random((30, 20)), rng.integers(0, 3, 30)
     overlap = BucketedAllreduce(MPI.COMM_SELF, network, bucket_bytes=0)  # a bucket per layer: 4
+    started = []
     for _ in range(2):
-        network.loss_and_gradient(inputs, labels, on_layer_done=overlap.layer_done)
+        network.loss_and_gradient(inputs, labels, on_layer_done=lambda layer: (
+            overlap.layer_done(layer), started.append(len(overlap.pending))))
+        expected = network.grads.copy()
         overlap.finish()
-    calls = overlap.calls
-    assert [(call, bucket) for call, bucket, _, _ in calls] == \
-        [("Iallreduce", b) for b in range(4)] + [("wait", b) for b in range(4)]  # the last step's only
-    assert all(start <= end for *_, start, end in calls) and calls[4][2] >= calls[3][3]
-    events = load_checked(write_trace(tmp_path / "buckets.json", bucket_spans([calls], overlap.buckets)))["traceEvents"]
-    zero = min(start for *_, start, _ in calls)
-    recorded = sorted((0, CALL_THREADS[call], f"bucket {bucket}", (start - zero) * 1e6, (end - start) * 1e6,
-                       (("bucket", bucket), ("lowest_layer", overlap.buckets[bucket][0])))
-                      for call, bucket, start, end in calls)
-    assert spans_by_thread(events) == recorded
+        assert overlap.pending == [] and np.array_equal(network.grads, expected)  # one rank: the sum is its own
+    assert started == [1, 2, 3, 4] * 2  # one request per layer, started as its gradient is final, each step anew
     assert [layer for layer, _, _ in overlap.buckets] == [3, 2, 1, 0]  # completed last layer first
 
 

@@ -31,13 +31,12 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
-from nnlib.lesson04_collectives.collectives import raised_on_every_rank, split_evenly
+from nnlib.lesson04_collectives.collectives import fail_together, raised_on_every_rank, split_evenly
 
 LESSON = 8
 
 
 REDUCE = {"sum": np.add, "max": np.maximum, "min": np.minimum, "prod": np.multiply}
-ALGORITHMS = ("ring", "recursive_doubling", "reduce_broadcast")
 
 
 # -- checking the buffers, on every rank together ----------------------------------------------
@@ -63,23 +62,14 @@ def local_problem(buffer) -> str | None:
 def check_buffer(comm, buffer, op: str = "sum", min_elements: int = 1) -> None:
     """Raise the same ValueError on every rank unless every rank's buffer is usable and alike.
 
-    One small ``allgather`` of (problem, length, dtype) per call: every rank sees every rank's
-    answer and reaches the same verdict. ``min_elements``: the fewest elements the algorithm
-    needs (the ring needs one per rank).
+    Small allgathers: every rank sees every rank's answer and reaches the same verdict.
+    ``min_elements``: the fewest elements the algorithm needs (the ring needs one per rank).
     """
-    problem = local_problem(buffer)
-    if problem is None and op not in REDUCE:
-        problem = f"op must be one of {', '.join(REDUCE)}; got {op!r}"
-    length = None if problem else int(buffer.size)
-    dtype = None if problem else buffer.dtype.str
-    reports = comm.allgather((problem, length, dtype))
-    for rank, (problem, _, _) in enumerate(reports):
-        if problem is not None:
-            raise raised_on_every_rank(ValueError(f"rank {rank}: {problem}."))
-    lengths = [length for _, length, _ in reports]
+    problem = local_problem(buffer) or (None if op in REDUCE else f"op must be one of {', '.join(REDUCE)}; got {op!r}")
+    fail_together(comm, problem and f"{problem}.")
+    lengths, dtypes = zip(*comm.allgather((int(buffer.size), buffer.dtype.name)))
     for what, values, advice in [("lengths", lengths, "every rank must pass a buffer of the same length"),
-                                 ("dtypes", [np.dtype(dtype).name for _, _, dtype in reports],
-                                  "convert them to one dtype first (e.g. buffer.astype(np.float64))")]:
+                                 ("dtypes", dtypes, "convert them to one dtype first (e.g. astype(np.float64))")]:
         if len(set(values)) > 1:
             listing = ", ".join(f"rank {rank}: {value}" for rank, value in enumerate(values))
             raise raised_on_every_rank(ValueError(f"the buffers have different {what} on different ranks ({listing}); "
@@ -93,17 +83,10 @@ def check_buffer(comm, buffer, op: str = "sum", min_elements: int = 1) -> None:
 
 # -- the three algorithms --------------------------------------------------------------------
 
-def ring_allreduce(comm, buffer, op: str = "sum", check: bool = True):
-    """Ring Allreduce of ``buffer`` (n,) in place: :func:`ring_reduce_scatter`, then :func:`ring_allgather`.
-
-    ``check=False`` skips :func:`check_buffer` (one allgather), e.g. when timing a buffer that
-    was checked once already.
-    """
-    if check:
-        check_buffer(comm, buffer, op, min_elements=comm.size)
+def ring_allreduce(comm, buffer, op: str = "sum"):
+    """Ring Allreduce of ``buffer`` (n,) in place: :func:`ring_reduce_scatter`, then :func:`ring_allgather`."""
     ring_reduce_scatter(comm, buffer, op)
-    ring_allgather(comm, buffer)
-    return buffer
+    return ring_allgather(comm, buffer)
 
 
 def ring_reduce_scatter(comm, buffer, op: str = "sum"):
@@ -111,36 +94,32 @@ def ring_reduce_scatter(comm, buffer, op: str = "sum"):
     complete sum on rank r, the other chunks partial sums. Returns (start, stop) of this rank's complete chunk.
     (Unchecked: the callers check the buffers.)
     """
-    size, rank = comm.size, comm.rank
-    counts, starts = chunk_bounds(buffer.size, size)
-    if size > 1:
-        reduce = REDUCE[op]
-        chunk = [buffer[start:start + count] for start, count in zip(starts, counts)]
-        incoming = np.empty(counts[0], dtype=buffer.dtype)  # the first chunk is the longest
-        right, left = (rank + 1) % size, (rank - 1) % size
-        for step in range(size - 1):
-            send, receive = (rank - step - 1) % size, (rank - step - 2) % size
-            arrived = incoming[:counts[receive]]
-            comm.Sendrecv(chunk[send], dest=right, recvbuf=arrived, source=left)
-            reduce(chunk[receive], arrived, out=chunk[receive])
-    return starts[rank], starts[rank] + counts[rank]
+    counts, starts = ring_steps(comm, buffer, 1, REDUCE[op])
+    return starts[comm.rank], starts[comm.rank] + counts[comm.rank]
 
 
 def ring_allgather(comm, buffer):
-    """The ring's second half, in place: rank r's chunk r travels around, so every rank gets every chunk.
-
-    In step s = 0 .. P-2, rank r sends chunk (r - s) mod P to rank r + 1 and receives chunk
-    (r - s - 1) mod P from rank r - 1 (copied, not added).
-    """
-    size, rank = comm.size, comm.rank
-    if size > 1:
-        counts, starts = chunk_bounds(buffer.size, size)
-        chunk = [buffer[start:start + count] for start, count in zip(starts, counts)]
-        right, left = (rank + 1) % size, (rank - 1) % size
-        for step in range(size - 1):
-            send, receive = (rank - step) % size, (rank - step - 1) % size
-            comm.Sendrecv(chunk[send], dest=right, recvbuf=chunk[receive], source=left)
+    """The ring's second half, in place: rank r's chunk r travels around, so every rank gets every chunk."""
+    ring_steps(comm, buffer, 0)
     return buffer
+
+
+def ring_steps(comm, buffer, lag: int, reduce=None):
+    """The P - 1 steps of either half: in step s, rank r sends chunk (r - s - lag) mod P to rank r + 1 and
+    receives chunk (r - s - lag - 1) mod P from rank r - 1, which it adds (``reduce``) or copies (None).
+    Returns the chunks' (counts, starts)."""
+    size, rank = comm.size, comm.rank
+    counts, starts = chunk_bounds(buffer.size, size)
+    chunk = [buffer[start:start + count] for start, count in zip(starts, counts)]
+    incoming = np.empty(counts[0], dtype=buffer.dtype)  # the first chunk is the longest
+    right, left = (rank + 1) % size, (rank - 1) % size
+    for step in range(size - 1):
+        send, receive = (rank - step - lag) % size, (rank - step - lag - 1) % size
+        arrived = incoming[:counts[receive]] if reduce else chunk[receive]
+        comm.Sendrecv(chunk[send], dest=right, recvbuf=arrived, source=left)
+        if reduce:
+            reduce(chunk[receive], arrived, out=chunk[receive])
+    return counts, starts
 
 
 chunk_bounds = split_evenly  # (counts, starts) of the ring's P chunks: nnlib's one split (the first N mod P longer)
@@ -156,10 +135,8 @@ def ring_schedule(size: int):
             for phase, lag in (("reduce-scatter", 1), ("allgather", 0)) for step in range(size - 1)]
 
 
-def recursive_doubling_allreduce(comm, buffer, op: str = "sum", check: bool = True):
+def recursive_doubling_allreduce(comm, buffer, op: str = "sum"):
     """Recursive-doubling Allreduce of ``buffer`` (n,) in place: log2 P rounds of whole-buffer swaps."""
-    if check:
-        check_buffer(comm, buffer, op)
     size, rank = comm.size, comm.rank
     reduce = REDUCE[op]
     power = 1 << (size.bit_length() - 1)  # the largest power of two <= P
@@ -191,37 +168,37 @@ def recursive_doubling_allreduce(comm, buffer, op: str = "sum", check: bool = Tr
     return buffer
 
 
-def reduce_broadcast_allreduce(comm, buffer, op: str = "sum", check: bool = True, root: int = 0):
+def reduce_broadcast_allreduce(comm, buffer, op: str = "sum", root: int = 0):
     """Reduce to ``root`` and broadcast back, with plain Send/Recv: 2 (P - 1) whole-buffer messages."""
-    if check:
-        check_buffer(comm, buffer, op)
     size, rank = comm.size, comm.rank
     if rank != root:
         comm.Send(buffer, dest=root)
         comm.Recv(buffer, source=root)
         return buffer
-    reduce = REDUCE[op]
-    incoming = np.empty_like(buffer)
-    for other in range(size):  # in rank order, so the sum does not depend on who arrives first
-        if other != root:
-            comm.Recv(incoming, source=other)
-            reduce(buffer, incoming, out=buffer)
-    for other in range(size):
-        if other != root:
-            comm.Send(buffer, dest=other)
+    reduce, incoming = REDUCE[op], np.empty_like(buffer)
+    others = [other for other in range(size) if other != root]
+    for other in others:  # in rank order, so the sum does not depend on who arrives first
+        comm.Recv(incoming, source=other)
+        reduce(buffer, incoming, out=buffer)
+    for other in others:
+        comm.Send(buffer, dest=other)
     return buffer
 
 
+ALGORITHMS = {"ring": ring_allreduce, "recursive_doubling": recursive_doubling_allreduce,
+              "reduce_broadcast": reduce_broadcast_allreduce}
+
+
 def allreduce(comm, buffer, algorithm: str = "ring", op: str = "sum", check: bool = True):
-    """In-place Allreduce of ``buffer`` (n,) with one of ALGORITHMS, or "mpi" for comm.Allreduce."""
-    if algorithm == "mpi":
-        if check:
-            check_buffer(comm, buffer, op)
-        mpi_op = {"sum": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN, "prod": MPI.PROD}[op]
-        comm.Allreduce(MPI.IN_PLACE, buffer, op=mpi_op)
-        return buffer
-    functions = {"ring": ring_allreduce, "recursive_doubling": recursive_doubling_allreduce,
-                 "reduce_broadcast": reduce_broadcast_allreduce}
-    if algorithm not in functions:
+    """In-place Allreduce of ``buffer`` (n,) with one of ALGORITHMS, or "mpi" for comm.Allreduce.
+
+    ``check=False`` skips :func:`check_buffer` (allgathers), e.g. when timing a buffer checked once already.
+    """
+    if algorithm != "mpi" and algorithm not in ALGORITHMS:
         raise ValueError(f"algorithm must be 'mpi' or one of {', '.join(ALGORITHMS)}; got {algorithm!r}")
-    return functions[algorithm](comm, buffer, op, check)
+    if check:
+        check_buffer(comm, buffer, op, min_elements=comm.size if algorithm == "ring" else 1)
+    if algorithm == "mpi":
+        comm.Allreduce(MPI.IN_PLACE, buffer, op={"sum": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN, "prod": MPI.PROD}[op])
+        return buffer
+    return ALGORITHMS[algorithm](comm, buffer, op)

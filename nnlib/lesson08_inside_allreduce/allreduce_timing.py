@@ -59,14 +59,6 @@ def time_algorithms(comm, sizes_in_bytes, algorithms=("mpi", *ALGORITHMS), repea
     return times
 
 
-def read_timings(path) -> list[dict]:
-    """The rows of a CSV written by ``allreduce-timing --csv``: TIMING_FIELDS, numbers converted."""
-    from nnlib.lesson01_mnist.files import read_csv
-
-    return read_csv(path, TIMING_FIELDS, integers=("bytes", "ranks"), floats=("seconds", "bus_bandwidth"),
-                    what="Allreduce timings")
-
-
 def main(argv=None) -> int:
     """``mpiexec -n P python -m nnlib allreduce-timing [--csv FILE]``: time every algorithm, 8 B to 16 MB."""
     import argparse

@@ -39,14 +39,10 @@ class CountingComm:
             raise AttributeError(name)
         return getattr(self.comm, name)
 
-    def others(self, whole, own_values: int) -> int:
-        """Bytes of the values of ``whole`` that are not this rank's own: (n - c_r) itemsize."""
-        return (int(whole.size) - int(own_values)) * whole.itemsize
-
     def Allreduce(self, sendbuf, recvbuf, op=MPI.SUM):
-        own = chunk_bounds(int(recvbuf.size), self.comm.size)[0][self.comm.rank]
         message = recvbuf if sendbuf is MPI.IN_PLACE else sendbuf
-        self.calls.append(("Allreduce", int(message.nbytes), 2 * self.others(recvbuf, own)))
+        self.calls.append(("Allreduce", int(message.nbytes), 2 * ring_bytes(int(recvbuf.size), self.comm.size,
+                                                                            self.comm.rank, recvbuf.itemsize)))
         return self.comm.Allreduce(sendbuf, recvbuf, op=op)
 
     def Allgather(self, sendbuf, recvbuf):
@@ -55,11 +51,12 @@ class CountingComm:
 
     def Allgatherv(self, mine, received):
         whole, (counts, _) = received
-        self.calls.append(("Allgatherv", int(mine.nbytes), self.others(whole, counts[self.comm.rank])))
+        self.calls.append(("Allgatherv", int(mine.nbytes), int((whole.size - counts[self.comm.rank]) * whole.itemsize)))
         return self.comm.Allgatherv(mine, received)
 
     def Reduce_scatter(self, whole, mine, recvcounts=None, op=MPI.SUM):
-        self.calls.append(("Reduce_scatter", int(whole.nbytes), self.others(whole, recvcounts[self.comm.rank])))
+        sent = (whole.size - recvcounts[self.comm.rank]) * whole.itemsize  # (n - c_r) itemsize, as ring_bytes
+        self.calls.append(("Reduce_scatter", int(whole.nbytes), int(sent)))
         return self.comm.Reduce_scatter(whole, mine, recvcounts=recvcounts, op=op)
 
     def messages(self) -> Counter:

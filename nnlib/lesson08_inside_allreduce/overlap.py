@@ -22,13 +22,10 @@ plain Allreduce (tests/mpi/check_parallel.py). ``train_parallel(..., strategy=Ov
 
 from __future__ import annotations
 
-import time
-
 from mpi4py import MPI
 
 from nnlib.lesson02_network.arrays import to_numpy
 from nnlib.lesson02_network.network import parameter_offsets
-from nnlib.course.trace import Span
 from nnlib.lesson05_data_parallel.data_parallel import DataParallel
 
 LESSON = 8
@@ -68,37 +65,23 @@ class BucketedAllreduce:
         self.comm, self.network = comm, network
         self.buckets = bucket_ranges(network, BUCKET_BYTES if bucket_bytes is None else bucket_bytes)
         self.starts_at = {layer: (start, stop) for layer, start, stop in self.buckets}
-        self.number = {layer: index for index, (layer, _, _) in enumerate(self.buckets)}  # bucket b: b-th completed
-        self.pending: list = []
-        self.calls: list = []  # the last step's (call, bucket, start, end), time.perf_counter seconds: "Iallreduce"
-        # when bucket b was started, "wait" while finish waited for its sum (bucket_spans: a trace's spans)
-        self._step_over = False
+        self.pending: list = []  # this step's requests, in the order the buckets were started
 
     def layer_done(self, layer: int) -> None:
         """Called by the backward pass when ``layer``'s gradient is final."""
         if layer in self.starts_at:
-            if self._step_over:  # a new step's first bucket: keep only this step's calls
-                self.calls, self._step_over = [], False
             start, stop = self.starts_at[layer]
-            began = time.perf_counter()
             self.pending.append(self.comm.Iallreduce(MPI.IN_PLACE, self.network.grads[start:stop], op=MPI.SUM))
-            self.calls.append(("Iallreduce", self.number[layer], began, time.perf_counter()))
         if self.pending:
             MPI.Request.Testall(self.pending)  # let MPI move the started transfers forward
 
     def finish(self) -> None:
         """Wait until every bucket is reduced (all ranks' gradients summed in ``network.grads``)."""
         pending, self.pending = self.pending, []
-        started = [bucket for call, bucket, _, _ in self.calls if call == "Iallreduce"]  # this step's, in order
-        assert len(started) == len(pending), f"{len(pending)} requests pending for {len(started)} buckets started"
-        for bucket, request in zip(started, pending):
-            began = time.perf_counter()
-            if hasattr(self.comm, "wait_all"):
-                self.comm.wait_all([request], "Iallreduce (overlapped)")
-            else:
-                request.Wait()
-            self.calls.append(("wait", bucket, began, time.perf_counter()))
-        self._step_over = True
+        if hasattr(self.comm, "wait_all"):
+            self.comm.wait_all(pending, "Iallreduce (overlapped)")
+        else:
+            MPI.Request.Waitall(pending)
 
 
 class Overlap(DataParallel):
@@ -116,18 +99,3 @@ class Overlap(DataParallel):
         self.buckets.finish()  # what the backward pass has not already sent
         run.phase("update")
         run.optimizer.step()
-
-
-#: The trace thread of each kind of BucketedAllreduce call.
-CALL_THREADS = {"Iallreduce": "Iallreduce started", "wait": "waiting for a bucket's sum"}
-
-
-def bucket_spans(calls_per_rank, buckets=None) -> list[Span]:
-    """Spans "bucket b" for lesson 04's trace writer: calls_per_rank[rank] = a BucketedAllreduce's ``calls``.
-
-    One process per rank, one thread per kind of call (CALL_THREADS); buckets: the (lowest layer,
-    start, stop) of each bucket (BucketedAllreduce.buckets), put in the args as its lowest layer.
-    """
-    return [Span(rank, CALL_THREADS[call], f"bucket {bucket}", start, end,
-                 dict(bucket=bucket, **({"lowest_layer": buckets[bucket][0]} if buckets else {})))
-            for rank, calls in enumerate(calls_per_rank) for call, bucket, start, end in calls]

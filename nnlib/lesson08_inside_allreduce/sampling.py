@@ -29,7 +29,7 @@ from __future__ import annotations
 import numpy as np
 
 from nnlib.lesson03_training.training import Batches, batches
-from nnlib.lesson04_collectives.collectives import split_counts
+from nnlib.lesson04_collectives.collectives import row_range, split_counts
 
 LESSON = 8
 
@@ -76,8 +76,6 @@ def exact_imbalance(num_samples: int, global_batch: int, size: int, seed: int = 
 
     0.05 means that each step waits, on average, for a rank with 5% more samples than an even share.
     """
-    from nnlib.lesson04_collectives.collectives import row_range
-
     rng = np.random.default_rng(seed)
     bounds = [row_range(num_samples, size, rank) for rank in range(size)]
     ratios = []

@@ -29,11 +29,9 @@ def communication_split(comm, history: ParallelHistory):
     """
     durations = np.array([end - start for _, phase, start, end in history.timeline if phase == "communicate"])
     recorded = {step for step, *_ in history.timeline}
-    problem = None
-    if history.steps == 0 or len(recorded) < history.steps:
-        problem = (f"the timeline holds {len(recorded)} of the run's {history.steps} steps; train with "
-                   f"timeline_steps={max(history.steps, 1)} (or more) to split its communication")
-    fail_together(comm, problem)
+    fail_together(comm, None if history.steps and len(recorded) >= history.steps else
+                  f"the timeline holds {len(recorded)} of the run's {history.steps} steps; train with "
+                  f"timeline_steps={max(history.steps, 1)} (or more) to split its communication")
     counts = comm.allgather(len(durations))
     fail_together(comm, None if len(set(counts)) == 1 else
                   f"the ranks' timelines hold different numbers of communications ({counts}): "

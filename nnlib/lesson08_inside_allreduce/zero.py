@@ -64,8 +64,7 @@ class ShardedSGD:
         self.network = network
         self.learning_rate, self.momentum = float(learning_rate), float(momentum)
         self.counts, self.starts = chunk_bounds(network.num_params, size)  # the ring's chunks
-        self.start = self.starts[rank]
-        self.stop = self.start + self.counts[rank]
+        self.start, self.stop = self.starts[rank], self.starts[rank] + self.counts[rank]
         self.velocity = network.xp.zeros(self.stop - self.start, dtype=network.params.dtype) if momentum else None
 
     @property

@@ -70,52 +70,51 @@ def measure_bubbles(comm, layer_sizes, batch: int, micro_batch_counts=(1, 2, 4, 
                     repeats: int = 5, dtype="float32", seed: int = 0):
     """For each m, the measured idle fraction of a pipeline step beside (P - 1) / (m + P - 1) and the simulated one.
 
-    Every rank runs ``repeats`` steps (after one warm-up) on the same random batch of ``batch`` samples. Returns,
-    on rank 0, a list of :func:`summary` dicts with micro_batches, formula and peak_alive (per stage) added; the
-    simulation (:func:`simulated_bubble`) takes each stage's median forward and backward times of each step.
-    None elsewhere.
+    Every rank runs :func:`measured` steps on the same random batch of ``batch`` samples. Returns, on rank 0, a list
+    of its dicts with micro_batches added, the simulation (:func:`simulated_bubble`) taking each stage's median
+    forward and backward times of each step; None elsewhere.
     """
     inputs, labels = random_batch(layer_sizes, batch, dtype, seed)
     rows = []
     for micro_batches in micro_batch_counts:
         pipeline = PipelineMLP(comm, layer_sizes, dtype=dtype, seed=seed, micro_batches=micro_batches,
                                schedule=schedule)
-        steps = timed_steps(pipeline, inputs, labels, repeats)
-        alive = comm.gather(pipeline.peak_alive, root=0)
-        if comm.rank == 0:
-            times = [[seconds_per_kind(timeline) for timeline in timelines] for timelines in steps]
-            simulated = [simulated_bubble([stage["F"] for stage in step], [stage["B"] for stage in step], schedule,
-                                          micro_batches) for step in times]  # each stage's own median F and B
-            rows.append(dict(micro_batches=micro_batches, formula=bubble_fraction(comm.size, micro_batches),
-                             peak_alive=alive, **summary(steps, simulated)))
+
+        def predict(stages):  # (called within this iteration)
+            return (simulated_bubble([stage["F"] for stage in stages], [stage["B"] for stage in stages], schedule,
+                                     micro_batches), bubble_fraction(comm.size, micro_batches))
+
+        row = measured(pipeline, inputs, labels, repeats, predict)
+        rows += [dict(micro_batches=micro_batches, **row)] if row else []
     return rows if comm.rank == 0 else None
 
 
-def summary(steps, simulated) -> dict:
-    """What the measured ``steps`` (each: every stage's timeline) say: measured (the median idle fraction),
-    simulated (the median of ``simulated``, one per step), step_seconds (the median span) and its spread (min,
-    max), timelines (the last step's)."""
+def measured(pipeline, inputs, labels, repeats: int, predict) -> dict | None:
+    """What ``repeats`` steps of ``pipeline`` (after one warm-up, each begun after a barrier) say, on rank 0 (None
+    elsewhere): measured (the median idle fraction), simulated and formula (the medians of each step's
+    predict(every stage's seconds_per_kind)), step_seconds (the median span) and its spread (min, max), timelines
+    (the last step's every stage's) and peak_alive (per stage)."""
+    comm, steps = pipeline.comm, []
+    for _ in range(repeats + 1):
+        comm.Barrier()
+        pipeline.loss_and_gradient(inputs, labels, check=False)
+        steps.append(comm.gather(pipeline.timeline, root=0))
+    alive = comm.gather(pipeline.peak_alive, root=0)
+    if comm.rank != 0:
+        return None
+    steps = steps[1:]
     spans = [step_span(timelines) for timelines in steps]
+    simulated, formula = zip(*[predict([seconds_per_kind(timeline) for timeline in timelines]) for timelines in steps])
     return dict(measured=float(np.median([idle_fraction(timelines) for timelines in steps])),
-                simulated=float(np.median(simulated)), step_seconds=float(np.median(spans)),
-                spread=(float(min(spans)), float(max(spans))), timelines=steps[-1])
+                simulated=float(np.median(simulated)), formula=float(np.median(formula)),
+                step_seconds=float(np.median(spans)), spread=(float(min(spans)), float(max(spans))),
+                timelines=steps[-1], peak_alive=alive)
 
 
 def random_batch(layer_sizes, batch: int, dtype, seed: int):
     """A random batch to time steps on: inputs (batch, n_0) uniform in [0, 1), labels (batch,) in 0..n_L-1."""
     rng = np.random.default_rng(seed)
     return rng.random((batch, layer_sizes[0])).astype(dtype), rng.integers(0, layer_sizes[-1], batch)
-
-
-def timed_steps(pipeline: PipelineMLP, inputs, labels, repeats: int):
-    """Every stage's timeline of ``repeats`` steps of ``pipeline`` (after one warm-up), each begun after a barrier:
-    a list of steps on rank 0, None elsewhere."""
-    steps = []
-    for _ in range(repeats + 1):
-        pipeline.comm.Barrier()
-        pipeline.loss_and_gradient(inputs, labels, check=False)
-        steps.append(pipeline.comm.gather(pipeline.timeline, root=0))
-    return steps[1:] if pipeline.comm.rank == 0 else None
 
 
 def simulate(programs, seconds, letters=COMPUTE, position=None) -> list[list[tuple]]:

@@ -5,16 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from nnlib.lesson04_collectives.collectives import offsets, split_counts
+from nnlib.lesson04_collectives.collectives import row_range
 
 LESSON = 9
-NOTEBOOKS_ONLY = True  # drawn in the notebook; no other module uses it
-
-
-def split_blocks(units: int, size: int) -> list[tuple[int, int]]:
-    """(start, stop) of each rank's hidden units: tensor.split_pieces's split (lesson 04's split_counts)."""
-    counts = split_counts(units, size)
-    return [(int(start), int(start + count)) for start, count in zip(offsets(counts), counts)]
 
 
 def _matrix(axis, left: float, rows: float, columns: float, label: str, split=None, by: str = "columns"):
@@ -34,7 +27,7 @@ def tensor_split(size: int = 2, inputs: int = 5, hidden: int = 5, outputs: int =
     """Draw X · W1[:, C_r] = a1[:, C_r], then a1[:, C_r] · W2[C_r, :] = partial_r, Allreduce -> z2."""
     import matplotlib.pyplot as plt
 
-    blocks = split_blocks(hidden, size)
+    blocks = [row_range(hidden, size, rank) for rank in range(size)]  # tensor.split_pieces's columns
     figure, axis = plt.subplots(figsize=(11, 2.6))
     x = _matrix(axis, 0, samples, inputs, "X (every rank)")
     axis.text(x + 0.5, samples / 2, "·", fontsize=16, ha="center", va="center")
@@ -57,25 +50,36 @@ def tensor_split(size: int = 2, inputs: int = 5, hidden: int = 5, outputs: int =
     return figure
 
 
-def pipeline_timeline(timelines, title: str):
-    """One row per stage: a bar per forward (F, light) and backward (B, dark) of each micro-batch.
+def draw_timelines(axis, timelines, title: str, unit: float = 1.0, style=None, outlined=None, labels: bool = False):
+    """One row per stage on ``axis``: a bar per computation (letter, micro-batch, start, end) of every stage's
+    timeline (PipelineMLP.timeline), coloured by micro-batch, F light and B dark. The gaps are the bubble.
 
-    timelines: every stage's PipelineMLP.timeline of one step (kind, micro-batch, start, end).
-    The gaps are the bubble: stages waiting while the pipe fills and drains.
+    unit: seconds per unit of the x axis; style: {letter: (alpha, hatch)}, if not F's and B's; outlined[stage][i]:
+    outline computation i of the stage in black; labels: write each bar's letter and micro-batch on it ("F3").
     """
     import matplotlib.pyplot as plt
 
-    zero = min(begin for timeline in timelines for _, _, begin, _ in timeline)
-    figure, axis = plt.subplots(figsize=(11, 0.6 * len(timelines) + 1.2))
-    colours = plt.get_cmap("tab10")
+    colours, style = plt.get_cmap("tab10"), style or {"F": (0.45, ""), "B": (0.95, "")}
+    zero = min(start for timeline in timelines for _, _, start, _ in timeline)
     for stage, timeline in enumerate(timelines):
-        for kind, micro, begin, end in timeline:
-            axis.broken_barh([((begin - zero) * 1e3, (end - begin) * 1e3)], (stage - 0.38, 0.76),
-                             color=colours(micro % 10), alpha=0.45 if kind == "F" else 0.95)
-            axis.text((begin + end - 2 * zero) / 2 * 1e3, stage, f"{kind}{micro}", ha="center", va="center", fontsize=7)
-    axis.set(yticks=range(len(timelines)), yticklabels=[f"stage {s}" for s in range(len(timelines))],
-             xlabel="milliseconds since the step began", title=title)
+        for index, (letter, micro, start, end) in enumerate(timeline):
+            (alpha, hatch), left, width = style[letter], (start - zero) / unit, (end - start) / unit
+            axis.broken_barh([(left, width)], (stage - 0.4, 0.8), hatch=hatch, facecolor=colours(micro % 10),
+                             alpha=alpha, edgecolor="black" if outlined and outlined[stage][index] else "none")
+            if labels:
+                axis.text(left + width / 2, stage, f"{letter}{micro}", ha="center", va="center", fontsize=7)
+    axis.set(yticks=range(len(timelines)), yticklabels=[f"stage {stage}" for stage in range(len(timelines))],
+             title=title)
     axis.invert_yaxis()
+
+
+def pipeline_timeline(timelines, title: str):
+    """One measured step (:func:`draw_timelines`, labelled, in milliseconds) as a figure of its own."""
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(11, 0.6 * len(timelines) + 1.2))
+    draw_timelines(axis, timelines, title, unit=1e-3, labels=True)
+    axis.set_xlabel("milliseconds since the step began")
     figure.tight_layout()
     return figure
 

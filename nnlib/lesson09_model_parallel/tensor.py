@@ -29,7 +29,7 @@ from mpi4py import MPI
 
 from nnlib.lesson02_network.arrays import namespace_of_device, to_numpy
 from nnlib.lesson02_network.network import Layer, LayerStack, Network, layer_views
-from nnlib.lesson04_collectives.collectives import allgather_rows, offsets, require_same_on_every_rank, split_counts
+from nnlib.lesson04_collectives.collectives import allgather_rows, require_same_on_every_rank, row_range
 
 LESSON = 9
 
@@ -48,11 +48,8 @@ class SplitLayer(Layer):
 
 
 class ColumnLayer(SplitLayer):
-    """A layer holding the columns C_r of W (n_in, h) and of b: this rank's h_r hidden units.
-
-    forward: a[:, C_r] = f(a_in @ W[:, C_r] + b[C_r])  (N, h_r), from the whole input; no message.
-    input_gradient: dJ/da_in = sum over ranks of delta[:, C_r] @ W[:, C_r].T  (N, n_in): one Allreduce.
-    """
+    """The columns C_r of W (n_in, h) and of b, this rank's h_r hidden units: the module's column-split layer,
+    whose input gradient one Allreduce completes."""
 
     def input_gradient(self, delta):
         partial = super().input_gradient(delta)  # this rank's hidden units' share
@@ -61,12 +58,8 @@ class ColumnLayer(SplitLayer):
 
 
 class RowLayer(SplitLayer):
-    """A layer holding the rows C_r of W (h, n_out) that match the column layer before it; b whole.
-
-    logits: z = sum over ranks of a[:, C_r] @ W[C_r, :], then + b  (N, n_out): one Allreduce of the
-    partial products completes it (the replicated bias is added once, after the sum).
-    Its weight gradient a[:, C_r].T @ delta and its input gradient delta @ W[C_r, :].T are local.
-    """
+    """The rows C_r of W (h, n_out) that match the column layer before it, b whole: the module's row-split layer,
+    whose logits one Allreduce of the partial products completes (the bias added once, after the sum)."""
 
     def logits(self, inputs):
         logits = inputs @ self.weights
@@ -89,8 +82,7 @@ def split_pieces(whole: Network, kinds, size: int, rank: int):
         weights, biases = whole.weights[layer], whole.biases[layer]
         n_out = whole.shapes[layer][1]
         if kind == "column":
-            counts = split_counts(n_out, size)
-            start, stop = int(offsets(counts)[rank]), int(offsets(counts)[rank] + counts[rank])
+            start, stop = row_range(n_out, size, rank)
             columns.append((start, stop))
             pieces += [weights[:, start:stop], biases[start:stop]]
         elif kind == "row":

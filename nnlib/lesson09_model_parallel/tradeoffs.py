@@ -16,6 +16,8 @@ pipeline  consecutive layers per stage (nnlib.lesson09_model_parallel.pipeline).
 
 from __future__ import annotations
 
+from itertools import product
+
 import numpy as np
 
 from nnlib.lesson02_network.network import count_parameters
@@ -34,7 +36,7 @@ KINDS = ("data", "tensor", "pipeline")
 
 
 def check_pipeline_depth(kind: str, layer_sizes, ranks: int) -> None:
-    """A pipeline needs a layer per stage: ValueError otherwise (as nnlib.lesson09_model_parallel.pipeline.PipelineMLP)."""
+    """A pipeline needs a layer per stage: ValueError otherwise (as pipeline.PipelineMLP)."""
     if kind == "pipeline" and ranks > len(layer_sizes) - 1:
         raise ValueError(f"a pipeline of {ranks} stages needs at least {ranks} weight layers; "
                          f"this network has {len(layer_sizes) - 1}")
@@ -43,7 +45,6 @@ def check_pipeline_depth(kind: str, layer_sizes, ranks: int) -> None:
 def allreduce_messages(kind: str, layer_sizes, batch: int, ranks: int, itemsize: int = 4) -> list[int]:
     """The bytes of each Allreduce one step makes (data: the gradient; tensor: the pairs' activations and
     input gradients; pipeline: none), in the order the step makes them."""
-    check_pipeline_depth(kind, layer_sizes, ranks)
     if kind == "data":
         return [count_parameters(layer_sizes) * itemsize]
     if kind == "pipeline":
@@ -59,16 +60,12 @@ def allreduce_messages(kind: str, layer_sizes, batch: int, ranks: int, itemsize:
 
 
 def handed_bytes(kind: str, layer_sizes, batch: int, ranks: int, itemsize: int = 4) -> dict:
-    """What one step hands to MPI on the busiest rank: {"collective": bytes, "point_to_point": bytes}.
-
-    (Besides the pipeline's 16-byte broadcast of the loss at the end of each step.)
-
-    collective: buffers given to Allreduce (:func:`allreduce_messages`); point_to_point: bytes a
-    pipeline stage sends (forward and backward). Both per step.
-    """
-    collective = sum(allreduce_messages(kind, layer_sizes, batch, ranks, itemsize))
+    """What one step hands to MPI on the busiest rank: {"collective": the bytes given to Allreduce
+    (:func:`allreduce_messages`), "point_to_point": the bytes a pipeline stage sends, forward and backward}
+    (besides the pipeline's 16-byte broadcast of the loss at the end of each step)."""
+    check_pipeline_depth(kind, layer_sizes, ranks)
     if kind != "pipeline":
-        return {"collective": collective, "point_to_point": 0}
+        return {"collective": sum(allreduce_messages(kind, layer_sizes, batch, ranks, itemsize)), "point_to_point": 0}
     shapes = list(zip(layer_sizes[:-1], layer_sizes[1:]))
     sent = [batch * ((shapes[stop - 1][1] if stage < ranks - 1 else 0) + (shapes[first][0] if stage > 0 else 0))
             for stage, (first, stop) in enumerate(stage_layers(len(shapes), ranks))]  # forward + backward
@@ -77,7 +74,7 @@ def handed_bytes(kind: str, layer_sizes, batch: int, ranks: int, itemsize: int =
 
 def parallel_step_time(kind: str, layer_sizes, batch: int, ranks: int, machine: Machine, itemsize: int = 4,
                        micro_batches: int = 4) -> float:
-    """Predicted seconds per step of ``kind`` parallelism on P ranks, with nnlib.lesson04_collectives.costmodel's formulas:
+    """Predicted seconds per step of ``kind`` parallelism on P ranks, with lesson 04's costmodel formulas:
 
         T = F N / rate / (P (1 - bubble)) + communication
 
@@ -86,7 +83,6 @@ def parallel_step_time(kind: str, layer_sizes, batch: int, ranks: int, machine: 
     pipeline, the busiest stage's point-to-point bytes in 2 m messages (m forward, m backward),
     each alpha + n beta, and the bubble (P - 1) / (m + P - 1).
     """
-    check_pipeline_depth(kind, layer_sizes, ranks)
     compute = flops_per_sample(layer_sizes) * batch / machine.flops_per_second
     if ranks == 1:
         return float(step_time(1, compute))
@@ -109,13 +105,11 @@ def fastest(layer_sizes_of, hidden_sizes, rank_counts, batch: int, alpha: float,
     """
     machine = Machine(alpha, beta, flops_per_second)
     times = np.full((len(hidden_sizes), len(rank_counts), len(KINDS)), np.inf)
-    for row, hidden in enumerate(hidden_sizes):
-        for column, ranks in enumerate(rank_counts):
-            for index, kind in enumerate(KINDS):
-                if kind == "pipeline" and ranks > len(layer_sizes_of(hidden)) - 1:
-                    continue
-                times[row, column, index] = parallel_step_time(kind, layer_sizes_of(hidden), batch, ranks, machine,
-                                                               micro_batches=micro_batches)
+    for (row, hidden), (column, ranks), (index, kind) in product(enumerate(hidden_sizes), enumerate(rank_counts),
+                                                                 enumerate(KINDS)):
+        if kind != "pipeline" or ranks <= len(layer_sizes_of(hidden)) - 1:
+            times[row, column, index] = parallel_step_time(kind, layer_sizes_of(hidden), batch, ranks, machine,
+                                                           micro_batches=micro_batches)
     return np.argmin(times, axis=2), times
 
 

@@ -1,13 +1,9 @@
 """Notebook 13's measured case, run in its cluster: every schedule timed on P ranks, in rounds.
 
 Every schedule (1F1B, interleaved with v = 2, ZB-H1, ZB-H2) runs steps with m = 8 micro-batches of
-a network with *balanced stages*: (64,) + (512,) * 9 + (10,), whose 8 wide layers each cost the
-same F, B and W, and whose narrow first and last layers cost little (the first needs no input
-gradient, the last feeds the loss). :func:`~nnlib.lesson13_pipeline_schedules.schedules.balanced_split`
-puts the narrow layers beside wide ones, so that each of the P (or 2P) virtual stages does the same
-work, as the bubble formulas assume. :func:`timed_rounds` repeats
-:func:`nnlib.lesson13_pipeline_schedules.schedules.measure_schedules` in rounds that interleave the
-schedules, so that a slow spell of the machine hits all alike (lesson 08's rule for timings).
+(64,) + (512,) * 9 + (10,), cut by schedules.balanced_split so that each of the P (or 2P) virtual stages
+does the same work, as the bubble formulas assume. The rounds interleave the schedules, so that a slow spell
+of the machine hits all alike (lesson 08's rule for timings).
 """
 
 from __future__ import annotations

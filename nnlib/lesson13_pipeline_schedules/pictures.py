@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from nnlib.lesson09_model_parallel import diagrams
 from nnlib.lesson13_pipeline_schedules.schedules import LETTERS, chunk_of
 
 LESSON = 13
@@ -18,21 +19,7 @@ def chunks_of(programs) -> list[list[int]]:
 
 
 def draw_timelines(axis, timelines, title: str, chunks=None, unit: float = 1.0) -> None:
-    """One row per stage on ``axis``: a bar per computation (letter, micro-batch, start, end), coloured by
-    micro-batch; F light, B dark, W hatched; a second chunk's bars outlined in black.
-
-    chunks: chunks_of(programs) for an interleaved schedule; unit: seconds per unit of the x axis.
+    """Lesson 09's drawing of every stage's timeline on ``axis``, with W hatched and a second chunk's bars
+    outlined in black. chunks: chunks_of(programs) for an interleaved schedule; unit: seconds per unit of the x axis.
     """
-    import matplotlib.pyplot as plt
-
-    colours = plt.get_cmap("tab10")
-    zero = min(start for timeline in timelines for _, _, start, _ in timeline)
-    for stage, timeline in enumerate(timelines):
-        for index, (letter, micro, start, end) in enumerate(timeline):
-            alpha, hatch = STYLE[letter]
-            chunk = chunks[stage][index] if chunks else 0
-            axis.broken_barh([((start - zero) / unit, (end - start) / unit)], (stage - 0.4, 0.8), hatch=hatch,
-                             facecolor=colours(micro % 10), alpha=alpha, edgecolor="black" if chunk else "none")
-    axis.set(yticks=range(len(timelines)), yticklabels=[f"stage {stage}" for stage in range(len(timelines))],
-             title=title)
-    axis.invert_yaxis()
+    diagrams.draw_timelines(axis, timelines, title, unit, STYLE, outlined=chunks)

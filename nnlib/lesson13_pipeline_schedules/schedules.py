@@ -35,8 +35,7 @@ from nnlib.lesson02_network.arrays import to_numpy
 from nnlib.lesson02_network.network import dense_layers, parameter_offsets
 from nnlib.lesson04_collectives.collectives import (allgather_rows, raised_on_every_rank, require_same_on_every_rank,
                                                     split_evenly)
-from nnlib.lesson09_model_parallel.bubbles import (bubble_fraction, idle_fraction, random_batch, seconds_per_kind,
-                                                   simulate, summary, timed_steps)
+from nnlib.lesson09_model_parallel.bubbles import bubble_fraction, idle_fraction, measured, random_batch, simulate
 from nnlib.lesson09_model_parallel.instructions import COMPUTE, SCHEDULES, Instruction, program
 from nnlib.lesson09_model_parallel.pipeline import PipelineMLP, Stage
 
@@ -74,33 +73,21 @@ def chunk_program(stage: int, stages: int, order, chunks: int = 1) -> list[Chunk
     return instructions
 
 
-def interleaved_order(stages: int, micro_batches: int, chunks: int, backward: bool) -> list[tuple[int, int]]:
-    """The (micro-batch, chunk) units every rank runs forward (or backward) in the interleaved schedule.
-
-    Micro-batches go in groups of about P (m // P groups, as even as possible; one group if m < P);
-    a group runs through chunk 0, then chunk 1, ... (backward: the last chunk first).
-    """
-    units, start = [], 0
-    for size in split_evenly(micro_batches, max(1, micro_batches // stages))[0]:
-        group = range(start, start + size)
-        start += size
-        for chunk in range(chunks):
-            units += [(k, chunks - 1 - chunk if backward else chunk) for k in group]
-    return units
-
-
 def interleaved(stages: int, micro_batches: int, chunks: int = 2):
     """Interleaved 1F1B with v = ``chunks`` chunks per rank: warm-up, one forward one backward, drain.
 
-    Rank s first runs w = (v - 1) G + 2 (P - s - 1) forward units (G: the first group's size; at
-    most v m), then alternates forward unit w + i and backward unit i, then drains.
+    Every rank runs the same (micro-batch, chunk) units: micro-batches go in groups of about P (m // P groups, as
+    even as possible; one group if m < P), and a group runs forward through chunk 0, then chunk 1, ..., backward
+    the last chunk first. Rank s first runs w = (v - 1) G + 2 (P - s - 1) forward units (G: the first group's
+    size; at most v m), then alternates forward unit w + i and backward unit i, then drains.
     """
-    forwards = interleaved_order(stages, micro_batches, chunks, backward=False)
-    backwards = interleaved_order(stages, micro_batches, chunks, backward=True)
-    first_group = split_evenly(micro_batches, max(1, micro_batches // stages))[0][0]
+    counts, starts = split_evenly(micro_batches, max(1, micro_batches // stages))
+    forwards = [(k, chunk) for count, start in zip(counts, starts) for chunk in range(chunks)
+                for k in range(start, start + count)]
+    backwards = [(k, chunks - 1 - chunk) for k, chunk in forwards]
     programs = []
     for stage in range(stages):
-        warmup = min((chunks - 1) * first_group + 2 * (stages - stage - 1), len(forwards))
+        warmup = min((chunks - 1) * counts[0] + 2 * (stages - stage - 1), len(forwards))
         order = [("forward", k, chunk) for k, chunk in forwards[:warmup]]
         for (k, chunk), (j, back_chunk) in zip(forwards[warmup:], backwards):
             order += [("forward", k, chunk), ("backward", j, back_chunk)]
@@ -211,25 +198,17 @@ def simulated_timelines(programs, seconds):
 
 def virtual_stage_layers(num_layers: int, virtual_stages: int, split=None) -> list[tuple[int, int]]:
     """[(first, stop)] weight layers of each virtual stage: as even as possible, or ``split`` layers each, e.g.
-    (3, 2, 2, 3) for 10 layers on 4 virtual stages (ValueError, split_problem's, if that cannot be)."""
-    problem = split_problem(split, num_layers, virtual_stages)
-    if problem:
-        raise ValueError(problem)
-    counts = split_evenly(num_layers, virtual_stages)[0] if split is None else [int(count) for count in split]
-    return [(sum(counts[:stage]), sum(counts[:stage + 1])) for stage in range(virtual_stages)]
-
-
-def split_problem(split, num_layers: int, stages: int) -> str | None:
-    """Why ``split`` (layers per stage, or None: as even as possible) cannot cut ``num_layers`` into ``stages``."""
-    if split is None:
-        return None
-    if (not isinstance(split, (tuple, list)) or len(split) != stages or not all(
+    (3, 2, 2, 3) for 10 layers on 4 virtual stages (the same ValueError on every rank if that cannot be)."""
+    if split is not None and (not isinstance(split, (tuple, list)) or len(split) != virtual_stages or not all(
             isinstance(count, (int, np.integer)) and not isinstance(count, bool) and count >= 1 for count in split)):
-        return (f"split must give each of the {stages} (virtual) stages a positive number of layers, e.g. "
-                f"{tuple(split_evenly(num_layers, stages)[0])}; got {split!r}")
-    if sum(split) != num_layers:
-        return f"split {tuple(split)} holds {sum(split)} layers but the network has {num_layers} weight layers"
-    return None
+        raise raised_on_every_rank(ValueError(
+            f"split must give each of the {virtual_stages} (virtual) stages a positive number of layers, e.g. "
+            f"{tuple(split_evenly(num_layers, virtual_stages)[0])}; got {split!r}"))
+    counts = split_evenly(num_layers, virtual_stages)[0] if split is None else [int(count) for count in split]
+    if sum(counts) != num_layers:
+        raise raised_on_every_rank(ValueError(
+            f"split {tuple(split)} holds {sum(split)} layers but the network has {num_layers} weight layers"))
+    return [(sum(counts[:stage]), sum(counts[:stage + 1])) for stage in range(virtual_stages)]
 
 
 def balanced_split(num_layers: int, virtual_stages: int) -> tuple[int, ...]:
@@ -311,9 +290,7 @@ class ScheduledPipeline(PipelineMLP):
     def check_settings(self, pieces: int, num_layers: int, micro_batches, schedule) -> None:
         """Lesson 09's checks on the v P virtual stages, and the split's (the same verdict on every rank)."""
         super().check_settings(pieces * self.chunks, num_layers, micro_batches, schedule)
-        problem = split_problem(self.split, num_layers, pieces * self.chunks)
-        if problem:
-            raise raised_on_every_rank(ValueError(problem))
+        virtual_stage_layers(num_layers, pieces * self.chunks, self.split)  # (raises the split's problem)
 
     def hold_layers(self, whole) -> list[ZeroBubbleStage]:
         """This rank's v stages: virtual stage c P + s's layers for chunk c, over slices of one params vector."""
@@ -347,14 +324,13 @@ class ScheduledPipeline(PipelineMLP):
 
     def full_params(self) -> np.ndarray:
         """Every rank's chunks put back in layer order: Network's flat layout."""
-        gathered, pieces, at = allgather_rows(self.comm, to_numpy(self.params)), [], 0
         starts = parameter_offsets(list(zip(self.layer_sizes[:-1], self.layer_sizes[1:])))
         ranges = virtual_stage_layers(self.num_layers, self.stages * self.chunks, self.split)
-        for stage in range(self.stages):
-            for first, stop in ranges[stage::self.stages]:
-                pieces.append((first, gathered[at:at + starts[stop] - starts[first]]))
-                at += starts[stop] - starts[first]
-        return np.concatenate([piece for _, piece in sorted(pieces, key=lambda first_piece: first_piece[0])])
+        gathered = allgather_rows(self.comm, to_numpy(self.params))  # rank by rank, each rank's chunks in order
+        whole = np.empty_like(gathered)
+        whole[np.concatenate([np.arange(starts[first], starts[stop]) for rank in range(self.stages)
+                              for first, stop in ranges[rank::self.stages]])] = gathered
+        return whole
 
 
 # -- measured ------------------------------------------------------------------------------------------------
@@ -364,10 +340,10 @@ def measure_schedules(comm, layer_sizes, batch: int, micro_batches: int, schedul
     """Each schedule's measured bubble beside its formula and its simulation, and its micro-batches alive.
 
     schedules: names of ALL_SCHEDULES (interleaved with ``chunks``), or {name: its ScheduledPipeline
-    chunks}: v, or the layer counts of its virtual stages (balanced_split). Every rank runs ``repeats`` steps
-    (after one warm-up) on the same random batch. Returns, on rank 0, {name: lesson 09's summary (measured,
-    simulated, step_seconds, spread, timelines) with formula (with the measured mean F, B, W), peak_alive per
-    stage and layers per virtual stage}; None elsewhere.
+    chunks}: v, or the layer counts of its virtual stages (balanced_split). Every rank runs lesson 09's
+    ``measured`` steps on the same random batch. Returns, on rank 0, {name: its dict (measured, simulated, formula
+    with the measured mean F, B, W, step_seconds, spread, timelines, peak_alive per stage) with layers per virtual
+    stage}; None elsewhere.
     """
     if not isinstance(schedules, dict):
         schedules = {name: chunks if name == "interleaved" else 1 for name in schedules}
@@ -376,11 +352,18 @@ def measure_schedules(comm, layer_sizes, batch: int, micro_batches: int, schedul
     for name, layout in schedules.items():
         pipeline = ScheduledPipeline(comm, layer_sizes, dtype=dtype, micro_batches=micro_batches, schedule=name,
                                      chunks=layout)
-        steps = timed_steps(pipeline, inputs, labels, repeats)
-        alive = comm.gather(pipeline.peak_alive, root=0)
-        if comm.rank == 0:
-            results[name] = summarize(name, steps, micro_batches, pipeline.chunks)
-            results[name].update(peak_alive=alive, layers=[stop - first for first, stop in virtual_stage_layers(
+
+        def predict(stages):  # (called within this iteration)
+            # a whole stage's F, B, W: a chunk's median x v (a backward not split counts as B, with W = 0)
+            v = pipeline.chunks
+            whole = [{letter: stage.get(letter, 0.0) * v for letter in "FBW"} for stage in stages]
+            mean = [float(np.mean([stage[letter] for stage in whole])) for letter in "FBW"]
+            return (schedule_bubble(name, whole, micro_batches, v),
+                    bubble_formula(name, comm.size, micro_batches, mean, v))
+
+        row = measured(pipeline, inputs, labels, repeats, predict)
+        if row:
+            results[name] = dict(row, layers=[stop - first for first, stop in virtual_stage_layers(
                 pipeline.num_layers, comm.size * pipeline.chunks, pipeline.split)])
     return results if comm.rank == 0 else None
 
@@ -414,17 +397,3 @@ def live_peak(pipeline, inputs, labels) -> tuple[int, int]:
         for layer in firsts:
             del layer.forward  # (Layer's own method again)
     return peak[0], alive[0]
-
-
-def summarize(name: str, steps, micro_batches: int, chunks: int) -> dict:
-    """Lesson 09's summary of one schedule's steps, its simulation and formula from each step's own times."""
-    simulated, formula = [], []
-    for timelines in steps:
-        # a whole stage's F, B, W: a chunk's median x v (a backward not split counts as B, with W = 0)
-        per_stage = [{letter: seconds_per_kind(timeline).get(letter, 0.0) * chunks for letter in "FBW"}
-                     for timeline in timelines]
-        simulated.append(schedule_bubble(name, per_stage, micro_batches, chunks))
-        mean = [float(np.mean([stage[letter] for stage in per_stage])) for letter in "FBW"]
-        formula.append(bubble_formula(name, len(timelines), micro_batches, mean, chunks))
-    return dict(summary(steps, simulated), formula=float(np.median(formula)))
-
