@@ -24,13 +24,6 @@ from nnlib.lesson12_memory.recompute import Tally, checkpointed_forward, recompu
 LESSON = 12
 
 
-def micro_batch_bounds(rows: int, micro_batches: int):
-    """(start, stop) of each of the k micro-batches of ``rows`` rows (the first rows mod k one row longer;
-    some empty when k > rows, which then add nothing)."""
-    counts, starts = split_evenly(rows, micro_batches)
-    return [(start, start + count) for count, start in zip(counts, starts)]
-
-
 class MicroBatched:
     """``network`` trained k = ``micro_batches`` micro-batches per step (and, with ``recompute_every`` = k_r,
     keeping every k_r-th layer's input only). Everything but :meth:`loss_and_gradient` is the network's own
@@ -62,10 +55,11 @@ class MicroBatched:
             self.network.check_labels(labels, inputs.shape[0])
         scale = self.loss_scale / (inputs.shape[0] if normalizer is None else normalizer)
         loss, self.last_correct = 0.0, 0
-        bounds = micro_batch_bounds(inputs.shape[0], self.micro_batches)
-        for number, (start, stop) in enumerate(bounds):
-            hook = on_layer_done if number == len(bounds) - 1 else None
-            loss += self.micro_batch(inputs[start:stop], labels[start:stop], scale, number > 0, hook)
+        counts, starts = split_evenly(inputs.shape[0], self.micro_batches)  # the first rows mod k one row longer
+        for number, (start, count) in enumerate(zip(starts, counts)):  # (some empty when k > rows: they add 0)
+            hook = on_layer_done if number == self.micro_batches - 1 else None
+            rows = slice(start, start + count)
+            loss += self.micro_batch(inputs[rows], labels[rows], scale, number > 0, hook)
         if on_device:
             return loss
         self.last_correct = int(self.last_correct)
