@@ -21,7 +21,7 @@ from nnlib.lesson09_model_parallel.tensor import TensorParallelMLP
 from nnlib.lesson12_memory.accumulation import MicroBatched
 from nnlib.lesson12_memory.budget import predicted_bytes
 from nnlib.lesson12_memory.fsdp import FullySharded, FullyShardedNetwork
-from nnlib.lesson12_memory.mixed_precision import MixedPrecision, loss_scaled, low_precision
+from nnlib.lesson12_memory.mixed_precision import MixedPrecision, loss_scaled
 
 LESSON = 12
 NOTEBOOKS_ONLY = True  # run by notebook 12, imported by no nnlib module
@@ -75,8 +75,6 @@ def data_parallel_peak(comm, case, rows: int = BUDGET_ROWS) -> tuple:
     split_counts share of every batch (lesson 08's PerRankBatches), the rows the prediction is for."""
     strategy, every, micro_batches, precision = case
     mixed = precision in ("float16", "bfloat16")
-    if mixed:
-        low_precision(precision)  # (bfloat16: ml_dtypes imported before the count starts)
     dtype = "float32" if mixed else precision
     batches = random_batches(rows, dtype)  # on every rank: NumPy's generators set themselves up before the count
     local_inputs, local_labels, start = shard(comm, *(batches if comm.rank == 0 else (None, None)))

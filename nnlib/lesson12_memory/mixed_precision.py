@@ -28,6 +28,7 @@ sum to 2 bytes would lose bits at every one of the P - 1 additions. Memory per p
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 from mpi4py import MPI
 
@@ -43,24 +44,9 @@ HALF, SINGLE = np.float16, np.float32
 
 def low_precision(name: str):
     """The NumPy dtype of ``name``: float16 (NumPy's own) or bfloat16 (the ml_dtypes package, JAX's)."""
-    if name == "float16":
-        return np.dtype(HALF)
-    if name != "bfloat16":
+    if name not in ("float16", "bfloat16"):
         raise ValueError(f"mixed precision stores float16 or bfloat16; got {name!r}")
-    try:
-        import ml_dtypes
-    except ImportError:
-        raise ValueError("bfloat16 arrays need the ml_dtypes package: pip install ml_dtypes") from None
-    return np.dtype(ml_dtypes.bfloat16)
-
-
-def largest_value(low) -> float:
-    """The largest finite value of the dtype ``low``: 65504 for float16, about 3.4e38 for bfloat16."""
-    if low == np.dtype(HALF):
-        return float(np.finfo(HALF).max)
-    import ml_dtypes
-
-    return float(ml_dtypes.finfo(low).max)
+    return np.dtype(HALF if name == "float16" else ml_dtypes.bfloat16)
 
 
 class HalfLayer(Layer):
@@ -143,8 +129,8 @@ class MixedPrecision(MicroBatched):
         (over the sync's ``comm`` for ZeRO) gives every rank the same verdict."""
         grads = self.network.grads[part]
         peak = max(abs(float(grads.max())), abs(float(grads.min()))) if grads.size else 0.0  # (no temporary)
-        xp = self.network.xp
-        local = not (bool(xp.all(xp.isfinite(grads))) and peak * self.loss_scale <= largest_value(self.low))
+        xp, largest = self.network.xp, float(ml_dtypes.finfo(self.low).max)  # 65504 for float16, ~3.4e38 bfloat16
+        local = not (bool(xp.all(xp.isfinite(grads))) and peak * self.loss_scale <= largest)
         comm = self.network.comm if comm is None and self.sharded else comm
         return bool(comm.allreduce(local, op=MPI.LOR)) if comm is not None else local
 
