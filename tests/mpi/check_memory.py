@@ -29,12 +29,11 @@ from nnlib.lesson08_inside_allreduce.allreduce import chunk_bounds
 from nnlib.lesson08_inside_allreduce.overlap import Overlap
 from nnlib.lesson12_memory.accumulation import MicroBatched
 from nnlib.lesson12_memory.budget import MODEL_ERROR
-from nnlib.lesson12_memory.demo import (DATA_PARALLEL_CASES, data_parallel_peak, measured_peak,
+from nnlib.lesson12_memory.demo import (DATA_PARALLEL_CASES, data_parallel_peak, fsdp_bytes, measured_peak,
                                         model_parallel_peak)
 from nnlib.lesson12_memory.fsdp import FullySharded, FullyShardedNetwork
 from nnlib.lesson12_memory.mixed_precision import MixedPrecision, loss_scaled, train_mixed
-from nnlib.lesson08_inside_allreduce.counting import CountingComm
-from nnlib.lesson12_memory.traffic import allreduce_bytes, fsdp_bytes
+from nnlib.lesson08_inside_allreduce.counting import CountingComm, ring_bytes
 
 comm = MPI.COMM_WORLD
 rank, size = comm.rank, comm.size
@@ -123,7 +122,7 @@ def test_fsdp_sends_three_times_the_parameters_and_allreduce_two():
     replica.loss_and_gradient(INPUTS[:20], LABELS[:20])
     counting = CountingComm(comm)
     counting.Allreduce(MPI.IN_PLACE, replica.grads)
-    assert counting.ring_bytes() == allreduce_bytes(replica.num_params, size, rank)
+    assert counting.ring_bytes() == 2 * ring_bytes(replica.num_params, size, rank)
 
 
 def test_accumulation_equals_one_step_on_the_whole_batch():
