@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from nnlib.lesson02_network.network import backward_layers, forward_layers, output_loss
 from nnlib.lesson04_collectives.collectives import split_evenly
-from nnlib.lesson12_memory.recompute import Tally, checkpointed_forward, recomputed_backward
+from nnlib.lesson12_memory.recompute import checkpointed_forward, recomputed_backward
 
 LESSON = 12
 
@@ -27,7 +27,7 @@ LESSON = 12
 class MicroBatched:
     """``network`` trained k = ``micro_batches`` micro-batches per step (and, with ``recompute_every`` = k_r,
     keeping every k_r-th layer's input only). Everything but :meth:`loss_and_gradient` is the network's own
-    (params, grads, layers, accuracy, ...). ``tally``: what recomputation did (nnlib.lesson12_memory.recompute.Tally).
+    (params, grads, layers, accuracy, ...).
     (nnlib.lesson12_memory.mixed_precision.MixedPrecision extends it: its own ``layers``, ``loss_scale``, and
     :meth:`loss_outputs` in float32.)"""
 
@@ -39,7 +39,7 @@ class MicroBatched:
         if recompute_every is not None and (int(recompute_every) != recompute_every or recompute_every < 1):
             raise ValueError(f"recompute_every must be a whole number >= 1 (or None); got {recompute_every!r}")
         self.network, self.micro_batches, self.recompute_every = network, int(micro_batches), recompute_every
-        self.tally, self.last_correct = Tally(), 0
+        self.last_correct = 0
 
     def __getattr__(self, name):  # only for names not found on self: the network's own
         if name == "network":  # not set yet (a copy or an unpickling in progress): no endless recursion
@@ -73,9 +73,9 @@ class MicroBatched:
             loss, correct, delta = output_loss(logits, self.loss_outputs(activations[-1]), labels, scale, self.output)
             backward_layers(layers, activations, delta, accumulate, on_layer_done)
         else:
-            kept, output, logits = checkpointed_forward(layers, inputs, self.recompute_every, self.tally)
+            kept, output, logits = checkpointed_forward(layers, inputs, self.recompute_every)
             loss, correct, delta = output_loss(logits, self.loss_outputs(output), labels, scale, self.output)
-            recomputed_backward(layers, kept, output, delta, accumulate, self.tally, on_layer_done)
+            recomputed_backward(layers, kept, delta, accumulate, on_layer_done)
         self.last_correct += correct
         return loss
 
