@@ -41,12 +41,11 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
-from mpi4py import MPI
 
 from nnlib.lesson01_mnist.files import atomic_write
 from nnlib.lesson02_network.arrays import to_numpy
 from nnlib.lesson03_training.training import Hook
-from nnlib.lesson04_collectives.collectives import fail_together
+from nnlib.lesson04_collectives.collectives import broadcast_new, fail_together
 
 LESSON = 10
 
@@ -285,19 +284,14 @@ class Checkpointing(Hook):
         small = None if saved is None else dict(meta_of(saved), velocity=saved.velocity is not None)
         small = self.comm.bcast(small, root=0)
         dtype = to_numpy(run.network.params[:1]).dtype
-        whole_size = int(getattr(run.network, "total_params", run.network.num_params))  # (a sharded one's: all)
         if hasattr(run.network, "load_full_params"):  # sharded: every rank keeps its chunks of the whole
-            params = saved.params.astype(dtype) if rank == 0 else np.empty(whole_size, dtype)
-            self.comm.Bcast(params, root=0)
-            run.network.load_full_params(params)
+            run.network.load_full_params(broadcast_new(self.comm, saved.params.astype(dtype) if rank == 0 else None))
         elif rank == 0:
             run.network.params[...] = run.network.xp.asarray(saved.params)
         if small["extra"]:
             run.network.restore_checkpoint_state(small["extra"])
         if small["velocity"] and run.settings.momentum:
-            velocity = saved.velocity.astype(dtype) if rank == 0 else np.empty(whole_size, dtype)
-            self.comm.Bcast(velocity, root=0)
-            load_velocity(run.optimizer, velocity)
+            load_velocity(run.optimizer, broadcast_new(self.comm, saved.velocity.astype(dtype) if rank == 0 else None))
         run.epoch, run.step, run.total_steps = small["epoch"], small["step"], small["total_steps"]
         if run.plan.rng is not None:
             run.plan.rng.bit_generator.state = small["rng_state"]
@@ -327,7 +321,7 @@ class Checkpointing(Hook):
             self.comm.at(phase="checkpoint")
         partial = np.array([float(run.loss_sum), float(run.correct_sum)]) if steps_done else np.zeros(2)
         if steps_done:  # mid-epoch: the totals so far, summed over ranks
-            self.comm.Allreduce(MPI.IN_PLACE, partial, op=MPI.SUM)
+            run.sync.sum_over_ranks(partial)
         velocity = self.velocity(run)
         sharded = hasattr(run.network, "load_full_params")  # collective: every rank sends its chunks
         params = run.network.full_params() if sharded else run.network.params
