@@ -13,7 +13,3 @@ from nnlib.lesson05_data_parallel.data_parallel import (PHASES, STRATEGIES, Allr
                                                         gather_phase_seconds, gather_timeline, shard, train_parallel)
 
 LESSON = 5
-
-
-__all__ = ["PHASES", "STRATEGIES", "Allreduce", "ParameterServer", "ReduceBroadcast", "gather_phase_seconds",
-           "gather_timeline", "shard", "train_parallel"]

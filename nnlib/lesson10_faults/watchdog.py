@@ -7,9 +7,8 @@ deadline passes find out who did not arrive), then puts it around a training run
     train_watched(train_parallel, comm, network, inputs, labels, ...)   # a deadline on every collective
     RunNotes(watched)   a hook: the errors say the epoch, the step and the phase the run was in
 
-``watch``, ``WatchedComm`` and ``CollectiveTimeout`` live in nnlib.course.deadline, the course's own tools.
-For a trace, :func:`record_waits` notes every wait of a watched communicator (what, where,
-start, end), and :func:`wait_spans` makes them spans for the course's trace writer.
+``watch``, ``WatchedComm`` and ``CollectiveTimeout`` live in nnlib.course.deadline, the course's own tools;
+:func:`record_waits` and :func:`wait_spans` put a run's waits in a trace.
 """
 
 from __future__ import annotations
@@ -21,8 +20,6 @@ from nnlib.course.trace import Span
 from nnlib.lesson03_training.training import Hook
 
 LESSON = 10
-
-__all__ = ["RunNotes", "record_waits", "train_watched", "wait_spans"]
 
 
 class RunNotes(Hook):
