@@ -37,6 +37,7 @@ import io
 import json
 import os
 import struct
+import time
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
@@ -187,8 +188,6 @@ class CheckpointFolder:
 
     def write(self, checkpoint: Checkpoint) -> Path:
         """Save ``checkpoint`` (atomically), then remove all but the newest ``keep``; return its path."""
-        import time
-
         path = self.folder / f"step-{checkpoint.total_steps:08d}{SUFFIX}"
         began = time.perf_counter()
         try:
