@@ -290,7 +290,11 @@ class Checkpointing(Hook):
         if small["extra"]:
             run.network.restore_checkpoint_state(small["extra"])
         if small["velocity"] and run.settings.momentum:
-            load_velocity(run.optimizer, broadcast_new(self.comm, saved.velocity.astype(dtype) if rank == 0 else None))
+            velocity = broadcast_new(self.comm, saved.velocity.astype(dtype) if rank == 0 else None)
+            if getattr(run.optimizer, "sharded", False):
+                run.optimizer.load_velocity(velocity)  # its own slice
+            elif run.optimizer is not None and run.optimizer.velocity is not None:  # (None: a rank not updating)
+                run.optimizer.velocity[...] = run.optimizer.network.xp.asarray(velocity)
         run.epoch, run.step, run.total_steps = small["epoch"], small["step"], small["total_steps"]
         if run.plan.rng is not None:
             run.plan.rng.bit_generator.state = small["rng_state"]
@@ -321,7 +325,11 @@ class Checkpointing(Hook):
         partial = np.array([float(run.loss_sum), float(run.correct_sum)]) if steps_done else np.zeros(2)
         if steps_done:  # mid-epoch: the totals so far, summed over ranks
             run.sync.sum_over_ranks(partial)
-        velocity = self.velocity(run)
+        if getattr(run.optimizer, "sharded", False):  # ZeRO's or FSDP's: gathered from every rank's slice
+            velocity = run.optimizer.full_velocity(self.comm)
+        else:  # the whole momentum vector on rank 0 (None without momentum)
+            mine = self.comm.rank == 0 and run.optimizer.velocity is not None
+            velocity = to_numpy(run.optimizer.velocity) if mine else None
         sharded = hasattr(run.network, "load_full_params")  # collective: every rank sends its chunks
         params = run.network.full_params() if sharded else run.network.params
         problem = None
@@ -336,19 +344,3 @@ class Checkpointing(Hook):
             except CheckpointError as error:
                 problem = str(error)
         fail_together(self.comm, problem)
-
-    def velocity(self, run):
-        """The whole momentum vector on rank 0 (None without momentum): ZeRO's gathered from every rank."""
-        if getattr(run.optimizer, "sharded", False):
-            return run.optimizer.full_velocity(self.comm)
-        if self.comm.rank != 0 or run.optimizer.velocity is None:
-            return None
-        return to_numpy(run.optimizer.velocity)
-
-
-def load_velocity(optimizer, whole) -> None:
-    """Give ``optimizer`` (SGD, ZeRO's ShardedSGD, or None on a rank that does not update) a whole velocity."""
-    if getattr(optimizer, "sharded", False):
-        optimizer.load_velocity(whole)  # its own slice
-    elif optimizer is not None and optimizer.velocity is not None:
-        optimizer.velocity[...] = optimizer.network.xp.asarray(whole)
