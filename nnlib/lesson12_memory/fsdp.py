@@ -37,16 +37,15 @@ def as_message(array):
 
 
 class GatherLog:
-    """What a rank holds beyond its chunks: ``held`` whole-layer bytes now, ``peak`` the most at once, and
-    (while ``recording``, for a picture of a step) ``events`` [(event, layer, whole bytes held after)], event
-    "gather forward", "gather backward", "free" or "reduce-scatter"."""
+    """What a rank holds beyond its chunks: ``held`` whole-layer bytes now, and (while ``recording``, for a
+    picture of a step) ``events`` [(event, layer, whole bytes held after)], event "gather forward",
+    "gather backward", "free" or "reduce-scatter"."""
 
     def __init__(self):
-        self.events, self.held, self.peak, self.recording = [], 0, 0, False
+        self.events, self.held, self.recording = [], 0, False
 
     def note(self, event: str, layer: int, change: int) -> None:
         self.held += change
-        self.peak = max(self.peak, self.held)
         if self.recording:
             self.events.append((event, layer, self.held))
 
