@@ -243,23 +243,19 @@ class Checkpointing(Hook):
             problem = f"checkpoints need a nnlib.lesson10_faults.checkpoint.CheckpointFolder; got {type(self.folder).__name__}"
         elif getattr(run.sync, "kept_between_steps", None):  # (lesson 11's top-k, PowerSGD, local SGD)
             problem = f"checkpoints do not keep {run.sync.kept_between_steps}: run it without checkpoints"
+        elif self.comm.rank == 0 and not self.resume and self.folder.files():  # (kept by step count, another
+            # run's later files could push out this run's newest, and a later resume would pick up the other run)
+            problem = (f"{self.folder} holds checkpoints already ({self.folder.files()[-1].name} the newest): resume "
+                       "that run (resume=True, --resume), or give this run an empty folder.")
         elif self.comm.rank == 0:
             try:
-                saved = self.newest(run) if self.resume else self.refuse_another_runs_files()
+                saved = self.newest(run) if self.resume else None
                 self.folder.prepare()
             except CheckpointError as error:
                 problem = str(error)
         fail_together(self.comm, problem)
         if self.resume:
             self.restore(run, saved)
-
-    def refuse_another_runs_files(self) -> None:
-        """A new run writes into a folder without checkpoints: among another run's files, its own newest could be
-        the one deleted (they are kept by step count), and a later resume would pick up the other run."""
-        if self.folder.files():
-            newest = self.folder.files()[-1].name
-            raise CheckpointError(f"{self.folder} holds checkpoints already ({newest} the newest): resume that run "
-                                  "(resume=True, --resume), or give this run an empty folder.")
 
     def newest(self, run) -> Checkpoint:
         """Rank 0: the newest checkpoint, checked against this run (CheckpointError if it does not fit)."""
