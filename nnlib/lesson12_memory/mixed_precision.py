@@ -224,7 +224,6 @@ def loss_scaled(sync_class):
             with np.errstate(over="ignore", invalid="ignore"):  # (ZeRO's ring adds infs: what the scaler looks for)
                 super().step(run)
 
-    LossScaled.__name__ = f"LossScaled{sync_class.__name__}"
     return LossScaled
 
 
