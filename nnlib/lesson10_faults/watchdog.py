@@ -1,8 +1,7 @@
 """Deadlines around whole training runs: every collective of a run watched, and the errors saying where it was.
 
 Lesson 10 takes apart the deadline that the course's cluster already gives every ``comm``
-(nnlib.course.deadline: start the collective without blocking, poll it, and when the
-deadline passes find out who did not arrive), then puts it around a training run:
+(nnlib.course.deadline), then puts it around a training run:
 
     train_watched(train_parallel, comm, network, inputs, labels, ...)   # a deadline on every collective
     RunNotes(watched)   a hook: the errors say the epoch, the step and the phase the run was in

@@ -27,9 +27,7 @@ LESSON = 12
 class MicroBatched:
     """``network`` trained k = ``micro_batches`` micro-batches per step (and, with ``recompute_every`` = k_r,
     keeping every k_r-th layer's input only). Everything but :meth:`loss_and_gradient` is the network's own
-    (params, grads, layers, accuracy, ...).
-    (nnlib.lesson12_memory.mixed_precision.MixedPrecision extends it: its own ``layers``, ``loss_scale``, and
-    :meth:`loss_outputs` in float32.)"""
+    (params, grads, layers, accuracy, ...)."""
 
     loss_scale = 1.0  # S: backpropagation starts from S dJ/dz_L (mixed precision's loss scaling; 1 here)
 

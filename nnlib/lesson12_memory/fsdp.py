@@ -104,9 +104,10 @@ class ShardedLayer(Layer):
             self.free()
 
     def reduce_scatter(self, whole, accumulate: bool) -> None:
-        """Chunk r of the sum over ranks of ``whole`` (n_l,) into ``grad_shard`` (or added to it)."""
+        """Chunk r of the sum over ranks of ``whole`` (n_l,) into ``grad_shard`` (or added to it), summed in
+        grad_shard's dtype (mixed precision: a low gradient summed in float32, where an inf stays inf)."""
         summed = self.xp.empty_like(self.grad_shard) if accumulate else self.grad_shard
-        self.comm.Reduce_scatter(whole, summed, recvcounts=self.counts, op=MPI.SUM)
+        self.comm.Reduce_scatter(whole.astype(summed.dtype, copy=False), summed, recvcounts=self.counts, op=MPI.SUM)
         if accumulate:
             self.grad_shard += summed
 

@@ -75,11 +75,8 @@ class HalfLayer(Layer):
 
 class HalfShardedLayer(ShardedLayer, HalfLayer):
     """An FSDP layer in mixed precision: ``shard`` is this rank's low chunk, gathered (in low precision) into the
-    whole W, b; the products are :class:`HalfLayer`'s; the whole low gradient goes to the reduce-scatter as
-    float32, and ``grad_shard`` (float32) receives chunk r of the scaled sum over ranks."""
-
-    def reduce_scatter(self, whole, accumulate: bool) -> None:
-        super().reduce_scatter(whole.astype(SINGLE), accumulate)  # an inf on any rank stays inf in its chunk
+    whole W, b; the products are :class:`HalfLayer`'s; ``grad_shard`` (float32) receives chunk r of the scaled
+    sum over ranks of the whole low gradient (ShardedLayer's reduce-scatter sums it in float32)."""
 
 
 class MixedPrecision(MicroBatched):
