@@ -64,19 +64,17 @@ class MicroBatched:
         return float(loss)
 
     def micro_batch(self, inputs, labels, scale: float, accumulate: bool, on_layer_done):
-        """Forward, loss and backward of one micro-batch, adding its gradient (after the first); its loss."""
-        layers = self.layers
+        """Forward, loss and backward of one micro-batch, adding its gradient (after the first); its loss. The
+        loss is computed in the network's own dtype (mixed precision's float32 master: from its low a_L)."""
+        layers, dtype = self.layers, self.dtype
         if self.recompute_every is None:
             activations, logits = forward_layers(layers, inputs)
-            loss, correct, delta = output_loss(logits, self.loss_outputs(activations[-1]), labels, scale, self.output)
+            loss, correct, delta = output_loss(logits, activations[-1].astype(dtype, copy=False), labels, scale,
+                                               self.output)
             backward_layers(layers, activations, delta, accumulate, on_layer_done)
         else:
             kept, output, logits = checkpointed_forward(layers, inputs, self.recompute_every)
-            loss, correct, delta = output_loss(logits, self.loss_outputs(output), labels, scale, self.output)
+            loss, correct, delta = output_loss(logits, output.astype(dtype, copy=False), labels, scale, self.output)
             recomputed_backward(layers, kept, delta, accumulate, on_layer_done)
         self.last_correct += correct
         return loss
-
-    def loss_outputs(self, outputs):
-        """The output activations a_L (N, n_L) the loss is computed from: as they are here."""
-        return outputs

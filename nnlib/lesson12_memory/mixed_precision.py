@@ -174,10 +174,6 @@ class MixedPrecision(MicroBatched):
             self.network.xp.divide(self.half_grads, SINGLE(self.loss_scale), out=self.network.grads)
         return loss
 
-    def loss_outputs(self, outputs):
-        """The loss (and dJ/dz_L) is computed in float32."""
-        return outputs.astype(SINGLE)
-
     def state_bytes(self, optimizer) -> dict:
         """Bytes held per kind: low weights and gradients, float32 master, gradient and momentum."""
         velocity = 0 if optimizer.velocity is None else optimizer.velocity.nbytes
