@@ -5,8 +5,7 @@
     accumulation     gradient accumulation: k micro-batches per step, nothing sent before the last
     mixed_precision  float16 storage, float32 compute and master weights, dynamic loss scaling
     budget           a rank's memory by kind: lesson 09's count of the arrays the math needs, with these savers
-    demo             the notebook's multi-rank runs as one MPI script: FSDP's bytes sent by formula, the memory
-                     measured with tracemalloc
+    demo             the notebook's multi-rank runs as one MPI script: FSDP's bytes sent, the memory measured
 """
 
 LESSON = 12

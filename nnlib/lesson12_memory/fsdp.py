@@ -56,23 +56,21 @@ class ShardedLayer(Layer):
     from a gather to its free (None otherwise). shape (n_in, n_out); counts, starts: the chunks of n_in n_out + n_out.
     """
 
+    shape = None  # the whole layer's (n_in, n_out), set on each: not Layer's, read from weights that come and go
+
     def __init__(self, comm, index: int, shape, views, activation: str, log: GatherLog):
-        self.comm, self.index, self.full_shape, self.log = comm, index, tuple(shape), log
+        self.comm, self.index, self.shape, self.log = comm, index, tuple(shape), log
         self.shard, self.grad_shard = views
         self.activation, self.xp = activation, array_namespace(self.shard)
-        self.size = self.full_shape[0] * self.full_shape[1] + self.full_shape[1]
+        self.size = self.shape[0] * self.shape[1] + self.shape[1]
         self.counts, self.starts = split_evenly(self.size, comm.size)
         self.weights = self.biases = self.grad_weights = self.grad_biases = None
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        return self.full_shape
 
     def gather(self, why: str) -> None:
         """Allgather the whole [W, b] (n_l,) from every rank's chunk; W and b become views into it."""
         whole = self.xp.empty(self.size, dtype=self.shard.dtype)
         self.comm.Allgatherv(as_message(self.shard), [as_message(whole), (self.counts, self.starts)])
-        (self.weights,), (self.biases,) = layer_views(whole, [self.full_shape], self.xp)
+        (self.weights,), (self.biases,) = layer_views(whole, [self.shape], self.xp)
         self.log.note(f"gather {why}", self.index, whole.nbytes)
 
     def free(self) -> None:
@@ -95,7 +93,7 @@ class ShardedLayer(Layer):
         (layer 0, whose input gradient nobody needs, frees it here)."""
         self.gather("backward")
         whole = self.xp.empty(self.size, dtype=self.shard.dtype)
-        (self.grad_weights,), (self.grad_biases,) = layer_views(whole, [self.full_shape], self.xp)
+        (self.grad_weights,), (self.grad_biases,) = layer_views(whole, [self.shape], self.xp)
         super().weight_gradient(inputs, delta)
         self.reduce_scatter(whole, accumulate)
         self.log.note("reduce-scatter", self.index, 0)

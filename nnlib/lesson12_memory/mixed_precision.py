@@ -74,9 +74,8 @@ class HalfLayer(Layer):
 
 
 class HalfShardedLayer(ShardedLayer, HalfLayer):
-    """An FSDP layer in mixed precision: ``shard`` is this rank's low chunk, gathered (in low precision) into the
-    whole W, b; the products are :class:`HalfLayer`'s; ``grad_shard`` (float32) receives chunk r of the scaled
-    sum over ranks of the whole low gradient (ShardedLayer's reduce-scatter sums it in float32)."""
+    """An FSDP layer in mixed precision: ``shard``, this rank's low chunk, is gathered (in low precision) into the
+    whole W, b; the products are :class:`HalfLayer`'s; ``grad_shard`` is float32 (the module's docstring)."""
 
 
 class MixedPrecision(MicroBatched):
@@ -186,10 +185,8 @@ class MixedPrecision(MicroBatched):
 def scaled_step(optimizer, mixed: MixedPrecision, comm=None):
     """``optimizer`` made to update only when the gradient it is given is finite, telling the loss scaler.
 
-    After lesson 05's Allreduce the gradient is the sum over the ranks, the same on every rank, so every rank
-    skips together with no extra message; FSDP's chunks and ZeRO-1/2's slice [start, stop) (lesson 08's
-    ShardedSGD, agreed over the sync's ``comm``) take :meth:`MixedPrecision.overflow`'s one flag Allreduce.
-    """
+    After lesson 05's Allreduce every rank holds the same sum and skips with no extra message; ZeRO-1/2's slice
+    [start, stop) (lesson 08's ShardedSGD) is judged over the sync's ``comm`` (:meth:`MixedPrecision.overflow`)."""
     sliced = hasattr(optimizer, "start") and hasattr(optimizer, "stop")  # ZeRO-1/2's ShardedSGD
     comm, part = (comm, slice(optimizer.start, optimizer.stop)) if sliced else (None, slice(None))
     update = optimizer.step
@@ -224,8 +221,7 @@ def train_mixed(mixed: MixedPrecision, inputs, labels, settings: Settings) -> tu
     """Train ``mixed`` in one process with lesson 03's loop, skipping overflowed steps: (history, optimizer)."""
     run = Run(mixed, settings, Batches(inputs.shape[0], settings.batch_size, settings.seed),
               sync=loss_scaled(LocalUpdate)())
-    history = train_loop(run, inputs, labels)
-    return history, run.optimizer
+    return train_loop(run, inputs, labels), run.optimizer  # (the optimizer made as the loop began)
 
 
 def underflow_per_layer(network, inputs, labels, loss_scale: float = 1.0, precision: str = "float16") -> list[float]:
