@@ -171,10 +171,5 @@ def reduce_broadcast_time(n_bytes, ranks, alpha: float, beta: float):
     return np.where(ranks > 1, 2 * (ranks - 1) * predicted_time(n_bytes, alpha, beta), 0.0)
 
 
-COMMUNICATION_TIMES = {
-    "allreduce": ring_allreduce_time,          # train_parallel's strategies (lessons 05, 06)
-    "parameter_server": parameter_server_time,
-    "ring": ring_allreduce_time,               # nnlib.lesson08_inside_allreduce.allreduce's algorithms (lesson 08)
-    "recursive_doubling": recursive_doubling_time,
-    "reduce_broadcast": reduce_broadcast_time,
-}
+COMMUNICATION_TIMES = {"allreduce": ring_allreduce_time, "parameter_server": parameter_server_time,
+                       "reduce_broadcast": reduce_broadcast_time}  # train_parallel's strategies (lessons 05, 06)

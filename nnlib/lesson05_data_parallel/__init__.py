@@ -4,16 +4,9 @@
                    ParameterServer, ReduceBroadcast or Allreduce; shard splits the samples
     plots          each rank's phases on a time line, and the time per step by phase (drawn again
                    in lessons 06 and 08)
-
-Later lessons plug into the same loop from their own folders (lessons 07, 08, 10, 11); every mode with
-the sequential run's batches takes exactly its steps (nnlib.train), as the checkers in tests/mpi/ show.
 """
 
 from nnlib.lesson05_data_parallel.data_parallel import (PHASES, STRATEGIES, Allreduce, ParameterServer, ReduceBroadcast,
                                                         gather_phase_seconds, gather_timeline, shard, train_parallel)
 
 LESSON = 5
-
-
-__all__ = ["PHASES", "STRATEGIES", "Allreduce", "ParameterServer", "ReduceBroadcast", "gather_phase_seconds",
-           "gather_timeline", "shard", "train_parallel"]

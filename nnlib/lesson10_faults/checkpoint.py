@@ -37,16 +37,16 @@ import io
 import json
 import os
 import struct
+import time
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
-from mpi4py import MPI
 
 from nnlib.lesson01_mnist.files import atomic_write
 from nnlib.lesson02_network.arrays import to_numpy
 from nnlib.lesson03_training.training import Hook
-from nnlib.lesson04_collectives.collectives import fail_together
+from nnlib.lesson04_collectives.collectives import broadcast_new, fail_together
 
 LESSON = 10
 
@@ -188,8 +188,6 @@ class CheckpointFolder:
 
     def write(self, checkpoint: Checkpoint) -> Path:
         """Save ``checkpoint`` (atomically), then remove all but the newest ``keep``; return its path."""
-        import time
-
         path = self.folder / f"step-{checkpoint.total_steps:08d}{SUFFIX}"
         began = time.perf_counter()
         try:
@@ -245,23 +243,19 @@ class Checkpointing(Hook):
             problem = f"checkpoints need a nnlib.lesson10_faults.checkpoint.CheckpointFolder; got {type(self.folder).__name__}"
         elif getattr(run.sync, "kept_between_steps", None):  # (lesson 11's top-k, PowerSGD, local SGD)
             problem = f"checkpoints do not keep {run.sync.kept_between_steps}: run it without checkpoints"
+        elif self.comm.rank == 0 and not self.resume and self.folder.files():  # (kept by step count, another
+            # run's later files could push out this run's newest, and a later resume would pick up the other run)
+            problem = (f"{self.folder} holds checkpoints already ({self.folder.files()[-1].name} the newest): resume "
+                       "that run (resume=True, --resume), or give this run an empty folder.")
         elif self.comm.rank == 0:
             try:
-                saved = self.newest(run) if self.resume else self.refuse_another_runs_files()
+                saved = self.newest(run) if self.resume else None
                 self.folder.prepare()
             except CheckpointError as error:
                 problem = str(error)
         fail_together(self.comm, problem)
         if self.resume:
             self.restore(run, saved)
-
-    def refuse_another_runs_files(self) -> None:
-        """A new run writes into a folder without checkpoints: among another run's files, its own newest could be
-        the one deleted (they are kept by step count), and a later resume would pick up the other run."""
-        if self.folder.files():
-            newest = self.folder.files()[-1].name
-            raise CheckpointError(f"{self.folder} holds checkpoints already ({newest} the newest): resume that run "
-                                  "(resume=True, --resume), or give this run an empty folder.")
 
     def newest(self, run) -> Checkpoint:
         """Rank 0: the newest checkpoint, checked against this run (CheckpointError if it does not fit)."""
@@ -285,19 +279,18 @@ class Checkpointing(Hook):
         small = None if saved is None else dict(meta_of(saved), velocity=saved.velocity is not None)
         small = self.comm.bcast(small, root=0)
         dtype = to_numpy(run.network.params[:1]).dtype
-        whole_size = int(getattr(run.network, "total_params", run.network.num_params))  # (a sharded one's: all)
         if hasattr(run.network, "load_full_params"):  # sharded: every rank keeps its chunks of the whole
-            params = saved.params.astype(dtype) if rank == 0 else np.empty(whole_size, dtype)
-            self.comm.Bcast(params, root=0)
-            run.network.load_full_params(params)
+            run.network.load_full_params(broadcast_new(self.comm, saved.params.astype(dtype) if rank == 0 else None))
         elif rank == 0:
             run.network.params[...] = run.network.xp.asarray(saved.params)
         if small["extra"]:
             run.network.restore_checkpoint_state(small["extra"])
         if small["velocity"] and run.settings.momentum:
-            velocity = saved.velocity.astype(dtype) if rank == 0 else np.empty(whole_size, dtype)
-            self.comm.Bcast(velocity, root=0)
-            load_velocity(run.optimizer, velocity)
+            velocity = broadcast_new(self.comm, saved.velocity.astype(dtype) if rank == 0 else None)
+            if getattr(run.optimizer, "sharded", False):
+                run.optimizer.load_velocity(velocity)  # its own slice
+            elif run.optimizer is not None and run.optimizer.velocity is not None:  # (None: a rank not updating)
+                run.optimizer.velocity[...] = run.optimizer.network.xp.asarray(velocity)
         run.epoch, run.step, run.total_steps = small["epoch"], small["step"], small["total_steps"]
         if run.plan.rng is not None:
             run.plan.rng.bit_generator.state = small["rng_state"]
@@ -327,8 +320,12 @@ class Checkpointing(Hook):
             self.comm.at(phase="checkpoint")
         partial = np.array([float(run.loss_sum), float(run.correct_sum)]) if steps_done else np.zeros(2)
         if steps_done:  # mid-epoch: the totals so far, summed over ranks
-            self.comm.Allreduce(MPI.IN_PLACE, partial, op=MPI.SUM)
-        velocity = self.velocity(run)
+            run.sync.sum_over_ranks(partial)
+        if getattr(run.optimizer, "sharded", False):  # ZeRO's or FSDP's: gathered from every rank's slice
+            velocity = run.optimizer.full_velocity(self.comm)
+        else:  # the whole momentum vector on rank 0 (None without momentum)
+            mine = self.comm.rank == 0 and run.optimizer.velocity is not None
+            velocity = to_numpy(run.optimizer.velocity) if mine else None
         sharded = hasattr(run.network, "load_full_params")  # collective: every rank sends its chunks
         params = run.network.full_params() if sharded else run.network.params
         problem = None
@@ -343,19 +340,3 @@ class Checkpointing(Hook):
             except CheckpointError as error:
                 problem = str(error)
         fail_together(self.comm, problem)
-
-    def velocity(self, run):
-        """The whole momentum vector on rank 0 (None without momentum): ZeRO's gathered from every rank."""
-        if getattr(run.optimizer, "sharded", False):
-            return run.optimizer.full_velocity(self.comm)
-        if self.comm.rank != 0 or run.optimizer.velocity is None:
-            return None
-        return to_numpy(run.optimizer.velocity)
-
-
-def load_velocity(optimizer, whole) -> None:
-    """Give ``optimizer`` (SGD, ZeRO's ShardedSGD, or None on a rank that does not update) a whole velocity."""
-    if getattr(optimizer, "sharded", False):
-        optimizer.load_velocity(whole)  # its own slice
-    elif optimizer is not None and optimizer.velocity is not None:
-        optimizer.velocity[...] = optimizer.network.xp.asarray(whole)

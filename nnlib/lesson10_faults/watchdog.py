@@ -1,15 +1,13 @@
 """Deadlines around whole training runs: every collective of a run watched, and the errors saying where it was.
 
 Lesson 10 takes apart the deadline that the course's cluster already gives every ``comm``
-(nnlib.course.deadline: start the collective without blocking, poll it, and when the
-deadline passes find out who did not arrive), then puts it around a training run:
+(nnlib.course.deadline), then puts it around a training run:
 
     train_watched(train_parallel, comm, network, inputs, labels, ...)   # a deadline on every collective
     RunNotes(watched)   a hook: the errors say the epoch, the step and the phase the run was in
 
-``watch``, ``WatchedComm`` and ``CollectiveTimeout`` live in nnlib.course.deadline, the course's own tools.
-For a trace, :func:`record_waits` notes every wait of a watched communicator (what, where,
-start, end), and :func:`wait_spans` makes them spans for the course's trace writer.
+``watch``, ``WatchedComm`` and ``CollectiveTimeout`` live in nnlib.course.deadline, the course's own tools;
+:func:`record_waits` and :func:`wait_spans` put a run's waits in a trace.
 """
 
 from __future__ import annotations
@@ -21,8 +19,6 @@ from nnlib.course.trace import Span
 from nnlib.lesson03_training.training import Hook
 
 LESSON = 10
-
-__all__ = ["RunNotes", "record_waits", "train_watched", "wait_spans"]
 
 
 class RunNotes(Hook):

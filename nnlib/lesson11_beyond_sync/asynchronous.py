@@ -35,7 +35,7 @@ import numpy as np
 
 from nnlib.lesson02_network.arrays import through_host, to_numpy
 from nnlib.lesson03_training.training import Settings, sgd_update
-from nnlib.lesson04_collectives.collectives import offsets, raised_on_every_rank, split_counts
+from nnlib.lesson04_collectives.collectives import raised_on_every_rank, row_range, split_counts
 from nnlib.lesson08_inside_allreduce.sampling import PerRankBatches
 from nnlib.course.deadline import watch
 
@@ -117,11 +117,9 @@ def train_async(comm, network, inputs, labels, settings: Settings | None = None,
         if comm.rank == 0:
             history = serve(comm, network, steps, settings, staleness)
         else:
-            worker = comm.rank - 1
-            start = int(offsets(shard_sizes)[worker])
-            stop = start + int(shard_sizes[worker])
-            work(comm, network, (inputs[start:stop], labels[start:stop]), PerRankBatches(shard_sizes, worker, settings),
-                 steps, (slow or {}).get(comm.rank, 0.0))
+            start, stop = row_range(len(inputs), workers, comm.rank - 1)
+            work(comm, network, (inputs[start:stop], labels[start:stop]),
+                 PerRankBatches(shard_sizes, comm.rank - 1, settings), steps, (slow or {}).get(comm.rank, 0.0))
         comm.at(phase="sending the final parameters")
         through_host(network.params, lambda host: comm.Bcast(host, root=0))
     return history

@@ -74,13 +74,14 @@ def check_method(method, k, num_params: int) -> list[str]:
 
 class Compressor:
     """One rank's side of a compressed gradient sum: ``allreduce(comm, grads)`` replaces grads by the sum
-    over ranks of what each rank sent (keeping the top-k residual between steps)."""
+    over ranks of what each rank sent (keeping the top-k residual between steps); ``name`` says how."""
 
     def __init__(self, method: str, num_params: int, dtype, k: int | None = None):
         problems = check_method(method, k, num_params)
         if problems:
             raise ValueError(problems[0])
         self.method, self.k, self.dtype = method, k, np.dtype(dtype)
+        self.name = method if k is None else f"{method} (k = {k})"
         self.residual = np.zeros(num_params, dtype=self.dtype) if method == "topk" else None
         self.kept_between_steps = "top-k compression's residuals" if method == "topk" else None
 
@@ -122,11 +123,8 @@ class CompressedAllreduce(DataParallel):
     def __init__(self, comm, network, method: str, k: int | None = None, compressor=None):
         super().__init__(comm, network)
         self.compression = method
-        if compressor is None:
-            self.name = method if k is None else f"{method} (k = {k})"
-            self.compressor = Compressor(method, network.num_params, to_numpy(network.params[:1]).dtype, k)
-        else:
-            self.name, self.compressor = compressor.name, compressor
+        self.compressor = compressor or Compressor(method, network.num_params, to_numpy(network.params[:1]).dtype, k)
+        self.name = self.compressor.name
         # what it keeps between steps, which lesson 10's checkpoints refuse (None: nothing)
         self.kept_between_steps = getattr(self.compressor, "kept_between_steps", None)
 

@@ -34,8 +34,7 @@ from nnlib.lesson05_data_parallel.data_parallel import DataParallel
 
 LESSON = 11
 
-OUTER_OPTIMIZERS = ("average", "nesterov")
-DEFAULT_OUTER_LEARNING_RATE = {"average": 1.0, "nesterov": 0.7}  # plain averaging; DiLoCo's
+DEFAULT_OUTER_LEARNING_RATE = {"average": 1.0, "nesterov": 0.7}  # the outer optimizers: plain averaging; DiLoCo
 DILOCO_MOMENTUM = 0.9
 
 
@@ -44,8 +43,8 @@ def check_local_sgd(local_steps, outer: str, outer_learning_rate, outer_momentum
     problems = []
     if not is_whole(local_steps) or local_steps < 1:
         problems.append(f"the local steps H must be a whole number, 1 or more; got {local_steps!r}")
-    if outer not in OUTER_OPTIMIZERS:
-        problems.append(f"the outer optimizer must be one of {', '.join(OUTER_OPTIMIZERS)}; got {outer!r}")
+    if outer not in DEFAULT_OUTER_LEARNING_RATE:
+        problems.append(f"the outer optimizer must be one of {', '.join(DEFAULT_OUTER_LEARNING_RATE)}; got {outer!r}")
     if outer_learning_rate is not None and not (isinstance(outer_learning_rate, (int, float))
                                                 and 0 < outer_learning_rate < float("inf")):
         problems.append(f"the outer learning rate must be a positive number; got {outer_learning_rate!r}")

@@ -36,9 +36,7 @@ LESSON = 11
 
 def check_rank(rank) -> list[str]:
     """What is wrong with PowerSGD's rank (an empty list if nothing); the same verdict on every rank."""
-    if not is_whole(rank) or rank < 1:
-        return [f"PowerSGD's rank must be a whole number, 1 or more; got {rank!r}"]
-    return []
+    return [] if is_whole(rank) and rank >= 1 else [f"PowerSGD's rank must be a whole number, 1 or more; got {rank!r}"]
 
 
 def layer_ranks(shapes, rank: int) -> list[int]:

@@ -4,9 +4,8 @@
     recompute        activation recomputation: keep every k-th layer's input, recompute the rest in backward
     accumulation     gradient accumulation: k micro-batches per step, nothing sent before the last
     mixed_precision  float16 storage, float32 compute and master weights, dynamic loss scaling
-    traffic          the bytes each rank sends, by formula (lesson 08's CountingComm counts the real calls)
     budget           a rank's memory by kind: lesson 09's count of the arrays the math needs, with these savers
-    demo             the notebook's multi-rank runs as one MPI script, the memory measured with tracemalloc
+    demo             the notebook's multi-rank runs as one MPI script: FSDP's bytes sent, the memory measured
 """
 
 LESSON = 12

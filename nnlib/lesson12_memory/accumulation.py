@@ -19,24 +19,15 @@ from __future__ import annotations
 
 from nnlib.lesson02_network.network import backward_layers, forward_layers, output_loss
 from nnlib.lesson04_collectives.collectives import split_evenly
-from nnlib.lesson12_memory.recompute import Tally, checkpointed_forward, recomputed_backward
+from nnlib.lesson12_memory.recompute import checkpointed_forward, recomputed_backward
 
 LESSON = 12
-
-
-def micro_batch_bounds(rows: int, micro_batches: int):
-    """(start, stop) of each of the k micro-batches of ``rows`` rows (the first rows mod k one row longer;
-    some empty when k > rows, which then add nothing)."""
-    counts, starts = split_evenly(rows, micro_batches)
-    return [(start, start + count) for count, start in zip(counts, starts)]
 
 
 class MicroBatched:
     """``network`` trained k = ``micro_batches`` micro-batches per step (and, with ``recompute_every`` = k_r,
     keeping every k_r-th layer's input only). Everything but :meth:`loss_and_gradient` is the network's own
-    (params, grads, layers, accuracy, ...). ``tally``: what recomputation did (nnlib.lesson12_memory.recompute.Tally).
-    (nnlib.lesson12_memory.mixed_precision.MixedPrecision extends it: its own ``layers``, ``loss_scale``, and
-    :meth:`loss_outputs` in float32.)"""
+    (params, grads, layers, accuracy, ...)."""
 
     loss_scale = 1.0  # S: backpropagation starts from S dJ/dz_L (mixed precision's loss scaling; 1 here)
 
@@ -46,7 +37,7 @@ class MicroBatched:
         if recompute_every is not None and (int(recompute_every) != recompute_every or recompute_every < 1):
             raise ValueError(f"recompute_every must be a whole number >= 1 (or None); got {recompute_every!r}")
         self.network, self.micro_batches, self.recompute_every = network, int(micro_batches), recompute_every
-        self.tally, self.last_correct = Tally(), 0
+        self.last_correct = 0
 
     def __getattr__(self, name):  # only for names not found on self: the network's own
         if name == "network":  # not set yet (a copy or an unpickling in progress): no endless recursion
@@ -62,29 +53,28 @@ class MicroBatched:
             self.network.check_labels(labels, inputs.shape[0])
         scale = self.loss_scale / (inputs.shape[0] if normalizer is None else normalizer)
         loss, self.last_correct = 0.0, 0
-        bounds = micro_batch_bounds(inputs.shape[0], self.micro_batches)
-        for number, (start, stop) in enumerate(bounds):
-            hook = on_layer_done if number == len(bounds) - 1 else None
-            loss += self.micro_batch(inputs[start:stop], labels[start:stop], scale, number > 0, hook)
+        counts, starts = split_evenly(inputs.shape[0], self.micro_batches)  # the first rows mod k one row longer
+        for number, (start, count) in enumerate(zip(starts, counts)):  # (some empty when k > rows: they add 0)
+            hook = on_layer_done if number == self.micro_batches - 1 else None
+            rows = slice(start, start + count)
+            loss += self.micro_batch(inputs[rows], labels[rows], scale, number > 0, hook)
         if on_device:
             return loss
         self.last_correct = int(self.last_correct)
         return float(loss)
 
     def micro_batch(self, inputs, labels, scale: float, accumulate: bool, on_layer_done):
-        """Forward, loss and backward of one micro-batch, adding its gradient (after the first); its loss."""
-        layers = self.layers
+        """Forward, loss and backward of one micro-batch, adding its gradient (after the first); its loss. The
+        loss is computed in the network's own dtype (mixed precision's float32 master: from its low a_L)."""
+        layers, dtype = self.layers, self.dtype
         if self.recompute_every is None:
             activations, logits = forward_layers(layers, inputs)
-            loss, correct, delta = output_loss(logits, self.loss_outputs(activations[-1]), labels, scale, self.output)
+            loss, correct, delta = output_loss(logits, activations[-1].astype(dtype, copy=False), labels, scale,
+                                               self.output)
             backward_layers(layers, activations, delta, accumulate, on_layer_done)
         else:
-            kept, output, logits = checkpointed_forward(layers, inputs, self.recompute_every, self.tally)
-            loss, correct, delta = output_loss(logits, self.loss_outputs(output), labels, scale, self.output)
-            recomputed_backward(layers, kept, output, delta, accumulate, self.tally, on_layer_done)
+            kept, output, logits = checkpointed_forward(layers, inputs, self.recompute_every)
+            loss, correct, delta = output_loss(logits, output.astype(dtype, copy=False), labels, scale, self.output)
+            recomputed_backward(layers, kept, delta, accumulate, on_layer_done)
         self.last_correct += correct
         return loss
-
-    def loss_outputs(self, outputs):
-        """The output activations a_L (N, n_L) the loss is computed from: as they are here."""
-        return outputs

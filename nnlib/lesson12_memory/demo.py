@@ -1,6 +1,7 @@
 """Lesson 12's measurements on several ranks, run in notebook 12's cluster (``%%px``) and by
-tests/mpi/check_memory.py: the network and settings its FSDP and accumulation cells train (SIZES, SETTINGS), and
-each rank's peak memory over a step (tracemalloc) beside the memory model's prediction, for every case below.
+tests/mpi/check_memory.py: the network and settings its FSDP and accumulation cells train (SIZES, SETTINGS), the
+bytes FSDP sends by lesson 08's ring formulas (for CountingComm to check on the real MPI calls), and each rank's
+peak memory over a step (tracemalloc) beside the memory model's prediction, for every case below.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from nnlib import Network, train
 from nnlib.lesson04_collectives.collectives import split_counts
 from nnlib.lesson05_data_parallel import shard, train_parallel
 from nnlib.lesson05_data_parallel.data_parallel import Allreduce
+from nnlib.lesson08_inside_allreduce.counting import ring_bytes
 from nnlib.lesson08_inside_allreduce.sampling import PerRankBatches
 from nnlib.lesson08_inside_allreduce.zero import ZeRO
 from nnlib.lesson09_model_parallel.memory import rank_bytes
@@ -21,7 +23,7 @@ from nnlib.lesson09_model_parallel.tensor import TensorParallelMLP
 from nnlib.lesson12_memory.accumulation import MicroBatched
 from nnlib.lesson12_memory.budget import predicted_bytes
 from nnlib.lesson12_memory.fsdp import FullySharded, FullyShardedNetwork
-from nnlib.lesson12_memory.mixed_precision import MixedPrecision, loss_scaled, low_precision
+from nnlib.lesson12_memory.mixed_precision import MixedPrecision, loss_scaled
 
 LESSON = 12
 NOTEBOOKS_ONLY = True  # run by notebook 12, imported by no nnlib module
@@ -30,8 +32,12 @@ SIZES = (784, 48, 32, 10)
 SETTINGS = dict(epochs=1, learning_rate=0.5, batch_size=100, momentum=0.9, seed=1)
 
 
-def relative_error(params, expected) -> float:
-    return float(np.abs(params - expected).max() / np.abs(expected).max())
+def fsdp_bytes(layer_sizes, size: int, rank: int, itemsize: int = 8) -> int:
+    """One step of ZeRO-3 on a network whose layers each are sharded on their own: for every layer's
+    n_l = n_in n_out + n_out parameters, two allgathers and one reduce-scatter, 3 (n_l - c_{l,r}) itemsize
+    (data parallelism's one Allreduce: 2 (n - c_r) itemsize, ``2 * ring_bytes(n, P, r)``)."""
+    shapes = zip(layer_sizes[:-1], layer_sizes[1:])
+    return 3 * sum(ring_bytes(n_in * n_out + n_out, size, rank, itemsize) for n_in, n_out in shapes)
 
 
 BUDGET_SIZES, BUDGET_ROWS = (64, 127, 96, 121, 80, 113, 72, 10), 256  # uneven widths: tensor parallelism's 127
@@ -75,8 +81,6 @@ def data_parallel_peak(comm, case, rows: int = BUDGET_ROWS) -> tuple:
     split_counts share of every batch (lesson 08's PerRankBatches), the rows the prediction is for."""
     strategy, every, micro_batches, precision = case
     mixed = precision in ("float16", "bfloat16")
-    if mixed:
-        low_precision(precision)  # (bfloat16: ml_dtypes imported before the count starts)
     dtype = "float32" if mixed else precision
     batches = random_batches(rows, dtype)  # on every rank: NumPy's generators set themselves up before the count
     local_inputs, local_labels, start = shard(comm, *(batches if comm.rank == 0 else (None, None)))

@@ -25,7 +25,7 @@ from mpi4py import MPI
 from nnlib.lesson02_network.arrays import array_namespace, namespace_of_device, to_numpy
 from nnlib.lesson02_network.network import Layer, LayerStack, initial_layers, layer_views, parameter_offsets
 from nnlib.lesson03_training.training import SGD, LocalUpdate, sgd_update
-from nnlib.lesson04_collectives.collectives import raised_on_every_rank, split_evenly
+from nnlib.lesson04_collectives.collectives import raised_on_every_rank, row_range, split_evenly
 
 LESSON = 12
 
@@ -37,16 +37,15 @@ def as_message(array):
 
 
 class GatherLog:
-    """What a rank holds beyond its chunks: ``held`` whole-layer bytes now, ``peak`` the most at once, and
-    (while ``recording``, for a picture of a step) ``events`` [(event, layer, whole bytes held after)], event
-    "gather forward", "gather backward", "free" or "reduce-scatter"."""
+    """What a rank holds beyond its chunks: ``held`` whole-layer bytes now, and (while ``recording``, for a
+    picture of a step) ``events`` [(event, layer, whole bytes held after)], event "gather forward",
+    "gather backward", "free" or "reduce-scatter"."""
 
     def __init__(self):
-        self.events, self.held, self.peak, self.recording = [], 0, 0, False
+        self.events, self.held, self.recording = [], 0, False
 
     def note(self, event: str, layer: int, change: int) -> None:
         self.held += change
-        self.peak = max(self.peak, self.held)
         if self.recording:
             self.events.append((event, layer, self.held))
 
@@ -57,25 +56,21 @@ class ShardedLayer(Layer):
     from a gather to its free (None otherwise). shape (n_in, n_out); counts, starts: the chunks of n_in n_out + n_out.
     """
 
+    shape = None  # the whole layer's (n_in, n_out), set on each: not Layer's, read from weights that come and go
+
     def __init__(self, comm, index: int, shape, views, activation: str, log: GatherLog):
-        if activation not in ("sigmoid", "softmax"):
-            raise ValueError(f"a layer's activation must be 'sigmoid' or 'softmax'; got {activation!r}")
-        self.comm, self.index, self.full_shape, self.log = comm, index, tuple(shape), log
+        self.comm, self.index, self.shape, self.log = comm, index, tuple(shape), log
         self.shard, self.grad_shard = views
         self.activation, self.xp = activation, array_namespace(self.shard)
-        self.size = self.full_shape[0] * self.full_shape[1] + self.full_shape[1]
+        self.size = self.shape[0] * self.shape[1] + self.shape[1]
         self.counts, self.starts = split_evenly(self.size, comm.size)
         self.weights = self.biases = self.grad_weights = self.grad_biases = None
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        return self.full_shape
 
     def gather(self, why: str) -> None:
         """Allgather the whole [W, b] (n_l,) from every rank's chunk; W and b become views into it."""
         whole = self.xp.empty(self.size, dtype=self.shard.dtype)
         self.comm.Allgatherv(as_message(self.shard), [as_message(whole), (self.counts, self.starts)])
-        (self.weights,), (self.biases,) = layer_views(whole, [self.full_shape], self.xp)
+        (self.weights,), (self.biases,) = layer_views(whole, [self.shape], self.xp)
         self.log.note(f"gather {why}", self.index, whole.nbytes)
 
     def free(self) -> None:
@@ -98,7 +93,7 @@ class ShardedLayer(Layer):
         (layer 0, whose input gradient nobody needs, frees it here)."""
         self.gather("backward")
         whole = self.xp.empty(self.size, dtype=self.shard.dtype)
-        (self.grad_weights,), (self.grad_biases,) = layer_views(whole, [self.full_shape], self.xp)
+        (self.grad_weights,), (self.grad_biases,) = layer_views(whole, [self.shape], self.xp)
         super().weight_gradient(inputs, delta)
         self.reduce_scatter(whole, accumulate)
         self.log.note("reduce-scatter", self.index, 0)
@@ -107,9 +102,10 @@ class ShardedLayer(Layer):
             self.free()
 
     def reduce_scatter(self, whole, accumulate: bool) -> None:
-        """Chunk r of the sum over ranks of ``whole`` (n_l,) into ``grad_shard`` (or added to it)."""
+        """Chunk r of the sum over ranks of ``whole`` (n_l,) into ``grad_shard`` (or added to it), summed in
+        grad_shard's dtype (mixed precision: a low gradient summed in float32, where an inf stays inf)."""
         summed = self.xp.empty_like(self.grad_shard) if accumulate else self.grad_shard
-        self.comm.Reduce_scatter(whole, summed, recvcounts=self.counts, op=MPI.SUM)
+        self.comm.Reduce_scatter(whole.astype(summed.dtype, copy=False), summed, recvcounts=self.counts, op=MPI.SUM)
         if accumulate:
             self.grad_shard += summed
 
@@ -136,10 +132,8 @@ class FullyShardedNetwork(LayerStack):
             raise ValueError(f"need at least two positive layer sizes and output 'sigmoid' or 'softmax'; "
                              f"got {layer_sizes}, {output!r}")
         shapes = list(zip(layer_sizes[:-1], layer_sizes[1:]))
-        pieces = []
-        for whole in initial_layers(shapes, seed):  # one whole layer at a time: keep this rank's chunk
-            counts, starts = split_evenly(whole.size, comm.size)
-            pieces.append(whole[starts[comm.rank]:starts[comm.rank] + counts[comm.rank]].astype(np.dtype(dtype)))
+        pieces = [whole[slice(*row_range(whole.size, comm.size, comm.rank))].astype(np.dtype(dtype))
+                  for whole in initial_layers(shapes, seed)]  # one whole layer at a time: keep this rank's chunk
         xp = namespace_of_device(device)
         params = xp.asarray(np.concatenate(pieces))
         grads = xp.zeros_like(params)

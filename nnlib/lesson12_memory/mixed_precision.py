@@ -22,12 +22,13 @@ mantissa bits instead (8 significant bits against float16's 11): the same gradie
 scaling, so bfloat16 runs with S = 1 and no scaler (an overflow still skips the step).
 
 With FSDP the gradient is reduce-scattered in float32: MPI has no 16-bit float sum, and rounding each partial
-sum to 2 bytes would lose bits at every one of the P - 1 additions. Memory per parameter:
-:data:`SGD_MOMENTUM_BYTES` (the ZeRO paper counts 2 + 2 + 12 for Adam).
+sum to 2 bytes would lose bits at every one of the P - 1 additions. Memory per parameter with momentum:
+2 + 2 bytes low, 4 + 4 + 4 float32 (:meth:`MixedPrecision.state_bytes`; the ZeRO paper counts 2 + 2 + 12 for Adam).
 """
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 from mpi4py import MPI
 
@@ -43,24 +44,9 @@ HALF, SINGLE = np.float16, np.float32
 
 def low_precision(name: str):
     """The NumPy dtype of ``name``: float16 (NumPy's own) or bfloat16 (the ml_dtypes package, JAX's)."""
-    if name == "float16":
-        return np.dtype(HALF)
-    if name != "bfloat16":
+    if name not in ("float16", "bfloat16"):
         raise ValueError(f"mixed precision stores float16 or bfloat16; got {name!r}")
-    try:
-        import ml_dtypes
-    except ImportError:
-        raise ValueError("bfloat16 arrays need the ml_dtypes package: pip install ml_dtypes") from None
-    return np.dtype(ml_dtypes.bfloat16)
-
-
-def largest_value(low) -> float:
-    """The largest finite value of the dtype ``low``: 65504 for float16, about 3.4e38 for bfloat16."""
-    if low == np.dtype(HALF):
-        return float(np.finfo(HALF).max)
-    import ml_dtypes
-
-    return float(ml_dtypes.finfo(low).max)
+    return np.dtype(HALF if name == "float16" else ml_dtypes.bfloat16)
 
 
 class HalfLayer(Layer):
@@ -88,44 +74,60 @@ class HalfLayer(Layer):
 
 
 class HalfShardedLayer(ShardedLayer, HalfLayer):
-    """An FSDP layer in mixed precision: ``shard`` is this rank's low chunk, gathered (in low precision) into the
-    whole W, b; the products are :class:`HalfLayer`'s; the whole low gradient goes to the reduce-scatter as
-    float32, and ``grad_shard`` (float32) receives chunk r of the scaled sum over ranks."""
-
-    def reduce_scatter(self, whole, accumulate: bool) -> None:
-        super().reduce_scatter(whole.astype(SINGLE), accumulate)  # an inf on any rank stays inf in its chunk
+    """An FSDP layer in mixed precision: ``shard``, this rank's low chunk, is gathered (in low precision) into the
+    whole W, b; the products are :class:`HalfLayer`'s; ``grad_shard`` is float32 (the module's docstring)."""
 
 
-class LossScaler:
-    """Dynamic loss scaling (Micikevicius et al. 2018), as :class:`MixedPrecision` uses it: the scale S, the verdict
-    on each step's float32 gradient ``network.grads``, and the scaler's state for checkpoints.
+class MixedPrecision(MicroBatched):
+    """``network`` (a float32 lesson 02 Network or a FullyShardedNetwork: its params are the master weights, its
+    grads the unscaled float32 gradient) trained in mixed precision, ``precision`` "float16" or "bfloat16".
 
-    S defaults to 2^15 for float16 and 1 for bfloat16 (float32's range: nothing to scale); ``dynamic`` (default
-    for float16 only): halved on overflow, doubled after ``growth_interval`` good steps in a row.
+    half_params: the low copy of params; half_grads: the scaled gradient, low (float32 chunks for FSDP); layers:
+    HalfLayer (HalfShardedLayer); micro_batches, recompute_every: as
+    :class:`~nnlib.lesson12_memory.accumulation.MicroBatched`. The loss scale S defaults to 2^15 for float16 and
+    1 for bfloat16 (float32's range: nothing to scale); ``dynamic`` (default for float16 only): halved on
+    overflow, doubled after ``growth_interval`` good steps in a row. overflowed: the last step's verdict;
+    skipped: how many steps were skipped; verdicts: every step's (overflowed, S used).
     """
 
-    split_over_ranks = False  # True where each rank holds a different part of the gradient
-
-    def start_scaling(self, precision: str, loss_scale: float | None, growth_interval: int, dynamic: bool | None):
-        self.precision, self.low = precision, low_precision(precision)
-        scaled = precision == "float16"
+    def __init__(self, network, loss_scale: float | None = None, growth_interval: int = 100,
+                 dynamic: bool | None = None, precision: str = "float16", micro_batches: int = 1,
+                 recompute_every: int | None = None):
+        if str(network.params.dtype) != "float32":
+            raise ValueError(f"the master weights must be float32; got {network.params.dtype}")
+        super().__init__(network, micro_batches, recompute_every)
+        self.precision, self.low, scaled = precision, low_precision(precision), precision == "float16"
         self.loss_scale = float(loss_scale if loss_scale is not None else 2.0 ** 15 if scaled else 1.0)
         self.growth_interval, self.dynamic = int(growth_interval), scaled if dynamic is None else bool(dynamic)
         self.good_steps, self.skipped, self.overflowed, self.verdicts = 0, 0, False, []
+        self.sharded = all(isinstance(layer, ShardedLayer) for layer in network.layers)  # each rank: its chunks
+        self.half_params = network.params.astype(self.low)
+        self.half_grads = network.xp.zeros(network.params.size, SINGLE if self.sharded else self.low)
+        if self.sharded:  # HalfShardedLayers over this rank's chunks, else HalfLayers over views of the low copies
+            bounds = np.cumsum([0] + [layer.shard.size for layer in network.layers])
+            self.layers = [HalfShardedLayer(network.comm, layer.index, layer.shape,
+                                            (self.half_params[start:stop], self.half_grads[start:stop]),
+                                            layer.activation, network.log)
+                           for layer, start, stop in zip(network.layers, bounds, bounds[1:])]
+        else:
+            self.layers = [HalfLayer(view.weights, view.biases, view.grad_weights, view.grad_biases, view.activation)
+                           for view in dense_layers(self.half_params, self.half_grads, network.shapes, network.output,
+                                                    network.xp)]
+        for layer in self.layers:
+            layer.low_dtype = self.low
 
     def overflow(self, comm=None, part=slice(None)) -> bool:
         """The verdict on the step's summed float32 gradient g: overflow if g has an inf or NaN (a piece
         overflowed on its way) or if S max|g| is beyond the low precision's largest value (the sum itself would
         not fit). The second test depends on the sum only, not on how it was cut into micro-batches and ranks:
         two cuttings can disagree only where one piece overflowed alone while the sum fits. FSDP's ranks hold
-        chunks of g (``split_over_ranks``), ZeRO-1/2 (lesson 08) sums only this rank's slice ``part`` of g: one
-        Allreduce of the flag (over the sync's ``comm`` for ZeRO) gives every rank the same verdict."""
+        chunks of g, ZeRO-1/2 (lesson 08) sums only this rank's slice ``part`` of g: one Allreduce of the flag
+        (over the sync's ``comm`` for ZeRO) gives every rank the same verdict."""
         grads = self.network.grads[part]
         peak = max(abs(float(grads.max())), abs(float(grads.min()))) if grads.size else 0.0  # (no temporary)
-        xp = self.network.xp
-        local = not (bool(xp.all(xp.isfinite(grads))) and peak * self.loss_scale <= largest_value(self.low))
-        if comm is None and self.split_over_ranks:
-            comm = self.network.comm
+        xp, largest = self.network.xp, float(ml_dtypes.finfo(self.low).max)  # 65504 for float16, ~3.4e38 bfloat16
+        local = not (bool(xp.all(xp.isfinite(grads))) and peak * self.loss_scale <= largest)
+        comm = self.network.comm if comm is None and self.sharded else comm
         return bool(comm.allreduce(local, op=MPI.LOR)) if comm is not None else local
 
     def scaler_update(self, overflowed: bool) -> None:
@@ -149,41 +151,6 @@ class LossScaler:
         self.loss_scale, self.good_steps = float(state["loss_scale"]), int(state["good_steps"])
         self.skipped = int(state["skipped"])
 
-
-class MixedPrecision(LossScaler, MicroBatched):
-    """``network`` (a float32 lesson 02 Network or a FullyShardedNetwork: its params are the master weights, its
-    grads the unscaled float32 gradient) trained in mixed precision, ``precision`` "float16" or "bfloat16".
-
-    half_params: the low copy of params; half_grads: the scaled gradient, low (float32 chunks for FSDP); layers:
-    HalfLayer (HalfShardedLayer); the loss scale, :class:`LossScaler`'s (overflowed: the last step's verdict;
-    skipped: how many steps were skipped; verdicts: every step's (overflowed, S used)).
-    micro_batches, recompute_every: as :class:`~nnlib.lesson12_memory.accumulation.MicroBatched`.
-    """
-
-    def __init__(self, network, loss_scale: float | None = None, growth_interval: int = 100,
-                 dynamic: bool | None = None, precision: str = "float16", micro_batches: int = 1,
-                 recompute_every: int | None = None):
-        if str(network.params.dtype) != "float32":
-            raise ValueError(f"the master weights must be float32; got {network.params.dtype}")
-        super().__init__(network, micro_batches, recompute_every)
-        self.start_scaling(precision, loss_scale, growth_interval, dynamic)
-        self.sharded = all(isinstance(layer, ShardedLayer) for layer in network.layers)
-        self.split_over_ranks = self.sharded  # each rank holds FSDP's chunks of the gradient
-        self.half_params = network.params.astype(self.low)
-        self.half_grads = network.xp.zeros(network.params.size, SINGLE if self.sharded else self.low)
-        if self.sharded:  # HalfShardedLayers over this rank's chunks, else HalfLayers over views of the low copies
-            bounds = np.cumsum([0] + [layer.shard.size for layer in network.layers])
-            self.layers = [HalfShardedLayer(network.comm, layer.index, layer.shape,
-                                            (self.half_params[start:stop], self.half_grads[start:stop]),
-                                            layer.activation, network.log)
-                           for layer, start, stop in zip(network.layers, bounds, bounds[1:])]
-        else:
-            self.layers = [HalfLayer(view.weights, view.biases, view.grad_weights, view.grad_biases, view.activation)
-                           for view in dense_layers(self.half_params, self.half_grads, network.shapes, network.output,
-                                                    network.xp)]
-        for layer in self.layers:
-            layer.low_dtype = self.low
-
     def loss_and_gradient(self, inputs, labels, normalizer=None, check: bool = True, on_device: bool = False,
                           on_layer_done=None):
         """Low-precision forwards and backwards from S dJ/dz_L (micro-batch by micro-batch), unscaled into the
@@ -206,10 +173,6 @@ class MixedPrecision(LossScaler, MicroBatched):
             self.network.xp.divide(self.half_grads, SINGLE(self.loss_scale), out=self.network.grads)
         return loss
 
-    def loss_outputs(self, outputs):
-        """The loss (and dJ/dz_L) is computed in float32."""
-        return outputs.astype(SINGLE)
-
     def state_bytes(self, optimizer) -> dict:
         """Bytes held per kind: low weights and gradients, float32 master, gradient and momentum."""
         velocity = 0 if optimizer.velocity is None else optimizer.velocity.nbytes
@@ -222,10 +185,8 @@ class MixedPrecision(LossScaler, MicroBatched):
 def scaled_step(optimizer, mixed: MixedPrecision, comm=None):
     """``optimizer`` made to update only when the gradient it is given is finite, telling the loss scaler.
 
-    After lesson 05's Allreduce the gradient is the sum over the ranks, the same on every rank, so every rank
-    skips together with no extra message; FSDP's chunks and ZeRO-1/2's slice [start, stop) (lesson 08's
-    ShardedSGD, agreed over the sync's ``comm``) take :meth:`LossScaler.overflow`'s one flag Allreduce.
-    """
+    After lesson 05's Allreduce every rank holds the same sum and skips with no extra message; ZeRO-1/2's slice
+    [start, stop) (lesson 08's ShardedSGD) is judged over the sync's ``comm`` (:meth:`MixedPrecision.overflow`)."""
     sliced = hasattr(optimizer, "start") and hasattr(optimizer, "stop")  # ZeRO-1/2's ShardedSGD
     comm, part = (comm, slice(optimizer.start, optimizer.stop)) if sliced else (None, slice(None))
     update = optimizer.step
@@ -253,7 +214,6 @@ def loss_scaled(sync_class):
             with np.errstate(over="ignore", invalid="ignore"):  # (ZeRO's ring adds infs: what the scaler looks for)
                 super().step(run)
 
-    LossScaled.__name__ = f"LossScaled{sync_class.__name__}"
     return LossScaled
 
 
@@ -261,8 +221,7 @@ def train_mixed(mixed: MixedPrecision, inputs, labels, settings: Settings) -> tu
     """Train ``mixed`` in one process with lesson 03's loop, skipping overflowed steps: (history, optimizer)."""
     run = Run(mixed, settings, Batches(inputs.shape[0], settings.batch_size, settings.seed),
               sync=loss_scaled(LocalUpdate)())
-    history = train_loop(run, inputs, labels)
-    return history, run.optimizer
+    return train_loop(run, inputs, labels), run.optimizer  # (the optimizer made as the loop began)
 
 
 def underflow_per_layer(network, inputs, labels, loss_scale: float = 1.0, precision: str = "float16") -> list[float]:
@@ -278,7 +237,3 @@ def underflow_per_layer(network, inputs, labels, loss_scale: float = 1.0, precis
         flushed = nonzero & ((gradient * loss_scale).astype(low) == 0)
         fractions.append(float(flushed.sum() / max(1, nonzero.sum())))
     return fractions
-
-
-SGD_MOMENTUM_BYTES = {"float16 weights": 2, "float16 gradients": 2, "float32 master": 4, "float32 gradient": 4,
-                      "float32 momentum": 4}  # the prediction, per parameter

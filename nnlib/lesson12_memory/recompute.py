@@ -27,9 +27,7 @@ LESSON = 12
 
 
 def checkpoint_layers(num_layers: int, every: int) -> list[int]:
-    """The layers whose input a_l is kept: 0, k, 2k, ... below L (every = k >= 1)."""
-    if every < 1:
-        raise ValueError(f"checkpoint every k >= 1 layers; got {every}")
+    """The layers whose input a_l is kept: 0, k, 2k, ... below L (every = k >= 1, as MicroBatched checks)."""
     return list(range(0, num_layers, every))
 
 
@@ -38,26 +36,14 @@ def sqrt_every(num_layers: int) -> int:
     return min(range(1, num_layers + 1), key=lambda every: (math.ceil(num_layers / every) + every - 1, every))
 
 
-def forward_flops(rows: int, shapes) -> int:
-    """The matrix products' FLOPs of a forward pass through layers of ``shapes`` [(n_in, n_out)]: sum 2 N n_in n_out."""
-    return sum(2 * rows * n_in * n_out for n_in, n_out in shapes)
-
-
 def extra_forward_flops(rows: int, shapes, every: int) -> int:
-    """The formula: every layer whose input is not a checkpoint runs forward once more."""
+    """The formula: every layer (n_in, n_out) of ``shapes`` whose input is not a checkpoint runs forward once
+    more, its matrix product's 2 N n_in n_out FLOPs."""
     kept = set(checkpoint_layers(len(shapes), every))
-    return forward_flops(rows, [shape for layer, shape in enumerate(shapes) if layer not in kept])
+    return sum(2 * rows * n_in * n_out for layer, (n_in, n_out) in enumerate(shapes) if layer not in kept)
 
 
-class Tally:
-    """What a recomputing pass did: ``recomputed_flops`` (FLOPs of the forward runs in backward) and
-    ``peak_bytes`` (the most bytes of activations a_1 .. a_L held at once)."""
-
-    def __init__(self):
-        self.recomputed_flops, self.peak_bytes = 0, 0
-
-
-def checkpointed_forward(layers, inputs, every: int, tally: Tally):
+def checkpointed_forward(layers, inputs, every: int):
     """Forward through ``layers``, keeping only the checkpoints: ({l: a_l for l in checkpoints}, a_L, z_L)."""
     kept, activation, logits = {}, inputs, None
     positions = set(checkpoint_layers(len(layers), every))
@@ -65,23 +51,19 @@ def checkpointed_forward(layers, inputs, every: int, tally: Tally):
         if index in positions:
             kept[index] = activation
         logits, activation = layer.forward(activation)
-    tally.peak_bytes = max(tally.peak_bytes, sum(kept[index].nbytes for index in kept if index) + activation.nbytes)
     return kept, activation, logits
 
 
-def recomputed_backward(layers, kept, output, delta, accumulate: bool, tally: Tally, on_layer_done=None) -> None:
+def recomputed_backward(layers, kept, delta, accumulate: bool, on_layer_done=None) -> None:
     """Backpropagation segment by segment, last first: recompute a_start .. a_{stop-1} from the checkpoint
     a_start, run ``backward_layers`` on the segment, and carry dJ/da_start down as the next delta.
 
-    kept: the checkpoints of :func:`checkpointed_forward`; output a_L (N, n_L); delta = dJ/dz_L (N, n_L).
+    kept: the checkpoints of :func:`checkpointed_forward`; delta = dJ/dz_L (N, n_L).
     ``on_layer_done(l)`` as in ``backward_layers``, with the whole network's layer numbers.
     """
     starts = sorted(kept)
-    held = sum(kept[index].nbytes for index in starts if index) + output.nbytes
     for start, stop in reversed(list(zip(starts, starts[1:] + [len(layers)]))):
         segment, _ = forward_layers(layers[start:stop - 1], kept[start])  # [a_start, ..., a_{stop-1}]
-        tally.recomputed_flops += forward_flops(kept[start].shape[0], [layer.shape for layer in layers[start:stop - 1]])
-        tally.peak_bytes = max(tally.peak_bytes, held + sum(array.nbytes for array in segment[1:]))
         hook = None if on_layer_done is None else (lambda index, start=start: on_layer_done(start + index))
         gradient = backward_layers(layers[start:stop], segment, delta, accumulate, hook, input_gradient=start > 0)
         if start > 0:
