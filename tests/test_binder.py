@@ -13,7 +13,6 @@ from importlib import metadata
 from pathlib import Path
 
 from packaging.requirements import Requirement
-from uv import find_uv_bin
 from test_environment_files import environment_pins
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -93,6 +92,8 @@ def test_post_build_succeeds_in_a_fresh_environment(tmp_path):
     copy of the repository: nnlib installs, MNIST is found ($NNLIB_DATA), and every module the series
     imports can be imported there. uv resolves and installs the pins (with pip this test took 92 of
     make test's 1,691 worker-seconds, with uv about 10); postBuild itself runs the venv's pip, as on Binder."""
+    from uv import find_uv_bin  # (make test's environment has it: pyproject's test extra)
+
     pins, _ = environment_pins(ROOT / "binder" / "environment.yml")
     venv = tmp_path / "binder-venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)

@@ -119,5 +119,13 @@ def test_the_tensor_split_diagram_draws_the_split_the_code_makes():
 
     for hidden, size in [(5, 2), (7, 3), (4, 4), (3, 1)]:
         whole = Network((6, hidden, 3), dtype="float64", seed=0)
-        made = [split_pieces(whole, ["column", "row"], size, rank)[1][0] for rank in range(size)]
-        assert [row_range(hidden, size, rank) for rank in range(size)] == made  # the blocks diagrams.tensor_split draws
+        drawn = [row_range(hidden, size, rank) for rank in range(size)]  # the blocks diagrams.tensor_split draws
+        # the drawn blocks tile the hidden units in rank order, as even as possible (earlier ranks larger)
+        assert drawn[0][0] == 0 and drawn[-1][1] == hidden and all(a[1] == b[0] for a, b in zip(drawn, drawn[1:]))
+        widths = [stop - start for start, stop in drawn]
+        assert widths == sorted(widths, reverse=True) and widths[0] - widths[-1] <= 1
+        for rank, (start, stop) in enumerate(drawn):  # and each rank holds exactly its drawn block of W1 and W2
+            pieces, columns = split_pieces(whole, ["column", "row"], size, rank)
+            assert columns[0] == (start, stop)
+            assert np.array_equal(pieces[0], whole.weights[0][:, start:stop])
+            assert np.array_equal(pieces[2], whole.weights[1][start:stop, :])

@@ -269,6 +269,7 @@ def test_the_batch_job_splits_the_model_and_equals_the_one_rank_run(tmp_path, ra
 
 @pytest.mark.parametrize("options, message", [
     (("--model-parallel", "tensor", "--model-size", "3"), "model_size must divide the number of ranks (2)"),
+    (("--model-parallel", "tensor", "--model-size", "-1"), "--model-size must be 0 (all ranks) or a positive number"),
     (("--model-parallel", "pipeline", "--checkpoint-dir", "somewhere"),
      "--model-parallel pipeline does not combine with --checkpoint-dir in the batch job. What combines:"),
     (("--model-parallel", "tensor", "--strategy", "zero"), "--strategy zero does not combine with --model-parallel tensor"),
@@ -308,14 +309,14 @@ def test_a_rank_whose_mpi_abort_never_returns_ends_itself():
     (2, ["--compression", "float16", "--topk", "5"], "k is only for top-k compression"),
     (4, ["--compression", "float16", "--strategy", "zero"], "--strategy zero does not combine with --compression"),
     (2, ["--staleness", "2"], "--staleness bounds the asynchronous parameter server: add --asynchronous"),
-    (3, ["--asynchronous", "--staleness", "-1"], "the staleness bound must be a whole number of steps, 0 or more"),
-    (1, ["--asynchronous"], "asynchronous training needs a server and at least one worker"),
-    (2, ["--asynchronous", "--slow", "0:0.1"], "a slowed rank must be a worker, 1 to 1; got 0"),
+    (3, ["--asynchronous", "--staleness", "-1"], "--staleness must be a whole number of steps, 0 or more"),
+    (1, ["--asynchronous"], "--asynchronous needs a server and at least one worker"),
+    (2, ["--asynchronous", "--slow", "0:0.1"], "--slow's rank must be a worker, 1 to 1; got 0"),
     (2, ["--slow", "5:0.1"], "--slow names rank 5, but the job has ranks 0 to 1"),
     (2, ["--slow", "1:fast"], "--slow must be RANK:SECONDS"),
     (3, ["--asynchronous", "--compression", "float16"], "--compression float16/bfloat16/topk does not combine with "
                                                         "--asynchronous"),
-    (2, ["--asynchronous", "--batch-size", "0"], "asynchronous training needs mini-batches"),
+    (2, ["--asynchronous", "--batch-size", "0"], "--asynchronous needs mini-batches: give --batch-size"),
     (3, ["--dtype", "float16"], "--dtype must be float32 or float64"),
 ])
 def test_lesson_11_settings_are_refused_on_every_rank_at_once(ranks, arguments, message):

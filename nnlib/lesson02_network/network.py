@@ -217,7 +217,8 @@ class Classifier:
             )
 
     def fused(self, function):
-        """``function`` as one kernel on this network's device (arrays.fused, for the trainer, which imports no arrays)."""
+        """``function`` as one kernel on this network's device (arrays.fused, for the trainer, which imports no
+        arrays)."""
         return fused(function, self.xp)
 
     def predict(self, inputs):

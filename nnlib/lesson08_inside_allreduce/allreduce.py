@@ -84,7 +84,8 @@ def check_buffer(comm, buffer, op: str = "sum", min_elements: int = 1) -> None:
 # -- the three algorithms --------------------------------------------------------------------
 
 def ring_allreduce(comm, buffer, op: str = "sum"):
-    """Ring Allreduce of ``buffer`` (n,) in place: :func:`ring_reduce_scatter`, then :func:`ring_allgather`."""
+    """Ring Allreduce of ``buffer`` (n,) in place: :func:`ring_reduce_scatter`, then :func:`ring_allgather`.
+    (Unchecked: :func:`allreduce` checks the buffers on every rank first.)"""
     ring_reduce_scatter(comm, buffer, op)
     return ring_allgather(comm, buffer)
 
@@ -111,7 +112,7 @@ def ring_steps(comm, buffer, lag: int, reduce=None):
     size, rank = comm.size, comm.rank
     counts, starts = chunk_bounds(buffer.size, size)
     chunk = [buffer[start:start + count] for start, count in zip(starts, counts)]
-    incoming = np.empty(counts[0], dtype=buffer.dtype)  # the first chunk is the longest
+    incoming = np.empty(counts[0], dtype=buffer.dtype) if reduce else None  # the first chunk is the longest
     right, left = (rank + 1) % size, (rank - 1) % size
     for step in range(size - 1):
         send, receive = (rank - step - lag) % size, (rank - step - lag - 1) % size
@@ -136,7 +137,8 @@ def ring_schedule(size: int):
 
 
 def recursive_doubling_allreduce(comm, buffer, op: str = "sum"):
-    """Recursive-doubling Allreduce of ``buffer`` (n,) in place: log2 P rounds of whole-buffer swaps."""
+    """Recursive-doubling Allreduce of ``buffer`` (n,) in place: log2 P rounds of whole-buffer swaps.
+    (Unchecked: :func:`allreduce` checks the buffers on every rank first.)"""
     size, rank = comm.size, comm.rank
     reduce = REDUCE[op]
     power = 1 << (size.bit_length() - 1)  # the largest power of two <= P
@@ -169,7 +171,8 @@ def recursive_doubling_allreduce(comm, buffer, op: str = "sum"):
 
 
 def reduce_broadcast_allreduce(comm, buffer, op: str = "sum", root: int = 0):
-    """Reduce to ``root`` and broadcast back, with plain Send/Recv: 2 (P - 1) whole-buffer messages."""
+    """Reduce to ``root`` and broadcast back, with plain Send/Recv: 2 (P - 1) whole-buffer messages.
+    (Unchecked: :func:`allreduce` checks the buffers on every rank first.)"""
     size, rank = comm.size, comm.rank
     if rank != root:
         comm.Send(buffer, dest=root)

@@ -69,7 +69,14 @@ class AsyncHistory:
 
 def check_settings(size: int, settings: Settings, staleness, slow) -> None:
     """Raise the same ValueError on every rank (the checks use only arguments every rank has)."""
-    problems = settings.problems()
+    problems = settings.problems() + asynchronous_problems(size, settings, staleness, slow)
+    if problems:
+        raise raised_on_every_rank(ValueError("; ".join(problems)))
+
+
+def asynchronous_problems(size: int, settings: Settings, staleness, slow) -> list[str]:
+    """What is wrong for asynchronous training in particular (an empty list if nothing)."""
+    problems = []
     if size < 2:
         problems.append(f"asynchronous training needs a server and at least one worker: 2 or more ranks, got {size}")
     if settings.batch_size is None:
@@ -85,8 +92,7 @@ def check_settings(size: int, settings: Settings, staleness, slow) -> None:
             problems.append(f"a slowed rank must be a worker, 1 to {size - 1}; got {rank!r}")
         if not (isinstance(seconds, (int, float)) and 0 <= seconds < 60):
             problems.append(f"the delay of slowed rank {rank} must be 0 to 60 seconds per step; got {seconds!r}")
-    if problems:
-        raise raised_on_every_rank(ValueError("; ".join(problems)))
+    return problems
 
 
 def train_async(comm, network, inputs, labels, settings: Settings | None = None, *, staleness: int | None = None,

@@ -112,7 +112,8 @@ def load_data(args, comm):
 
 
 def model_parallel_job(args, comm, settings, data, test) -> int:
-    """--model-parallel tensor|pipeline: nnlib.lesson09_model_parallel.grid's grid; every rank gets the data from rank 0."""
+    """--model-parallel tensor|pipeline: nnlib.lesson09_model_parallel.grid's grid; every rank gets the data from
+    rank 0."""
     from nnlib.lesson04_collectives.collectives import broadcast_new
     from nnlib.lesson05_data_parallel import gather_phase_seconds
     from nnlib.lesson07_gpu.backend import HostStaging

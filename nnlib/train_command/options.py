@@ -193,16 +193,44 @@ def check_settings(args, ranks: int):
                         momentum=args.momentum, seed=args.seed)
     problems = settings.problems()  # epochs, rate, batch, momentum, seed
     problems += [message for wrong, message in option_problems(args, ranks) if wrong]
+    problems += [in_flags(problem) for problem in lesson_11_problems(args, settings, ranks)]
     problem = problems[0] if problems else combination_problem(args)
     if problem:
         raise ValueError(problem)
     return settings
 
 
+# The lessons' names for what the job's flags set, as a command-line user reads them (lesson 11's checks).
+FLAG_NAMES = (("asynchronous training needs", "--asynchronous needs"), ("give batch_size", "give --batch-size"),
+              ("the staleness bound", "--staleness"),
+              ("(or None: unbounded)", "(or leave it out: unbounded)"), ("a slowed rank", "--slow's rank"),
+              ("the delay of slowed rank", "--slow's delay for rank"), ("the local steps H", "--local-steps H"),
+              ("the outer learning rate", "--outer-learning-rate"))
+
+
+def in_flags(problem: str) -> str:
+    """``problem`` with the lessons' names for settings replaced by the job's flags (FLAG_NAMES)."""
+    for name, flag in FLAG_NAMES:
+        problem = problem.replace(name, flag)
+    return problem
+
+
+def lesson_11_problems(args, settings, ranks: int) -> list[str]:
+    """What lesson 11's own checks refuse in --asynchronous's and --local-steps' values (in its words)."""
+    from nnlib.lesson11_beyond_sync.asynchronous import asynchronous_problems
+    from nnlib.lesson11_beyond_sync.local_sgd import DILOCO_MOMENTUM, check_local_sgd
+
+    problems = []
+    if args.asynchronous:
+        problems += asynchronous_problems(ranks, settings, args.staleness, parse_slow(args.slow))
+    if args.local_steps is not None:
+        problems += check_local_sgd(args.local_steps, args.outer_optimizer, args.outer_learning_rate, DILOCO_MOMENTUM)
+    return problems
+
+
 def option_problems(args, ranks: int) -> list[tuple[bool, str]]:
     """(wrong?, what to do) for each option's own value, then for the options that belong to another (--staleness
-    to --asynchronous, ...). Lesson 11's asynchronous and local SGD values, and --model-size, are checked on every
-    rank by the lessons' own code when the job starts it."""
+    to --asynchronous, ...)."""
     from nnlib.lesson02_network.network import count_parameters
     from nnlib.lesson11_beyond_sync.compression import check_method
     from nnlib.lesson11_beyond_sync.powersgd import check_rank
@@ -213,6 +241,7 @@ def option_problems(args, ranks: int) -> list[tuple[bool, str]]:
     return [
         (args.checkpoint_every < 0, f"--checkpoint-every must be 0 (once per epoch) or a number of steps; "
                                     f"got {args.checkpoint_every}"),
+        (args.model_size < 0, f"--model-size must be 0 (all ranks) or a positive number; got {args.model_size}"),
         (args.dtype not in ("float32", "float64"), f"--dtype must be float32 or float64 (the network's numbers; "
                                                    f"16-bit formats are --compression float16 or bfloat16); got "
                                                    f"{args.dtype!r}"),
