@@ -8,7 +8,8 @@ stage 0, 3 on stage 1), SPEED_STEPS steps of a random float32 data set, in S int
 the whole network in one process (rank 0; rank 1 waits without spinning), then a 2-stage GPipe with 4
 micro-batches. It prints the medians over the rounds, with their ranges, of: each one's seconds, the pipeline's
 speed over the one process's (samples per second), and the seconds each spent computing (inside
-loss_and_gradient for the one process; the stages' timelines, waits excluded, for the pipeline).
+loss_and_gradient for the one process; the stages' timelines, waits excluded, for the pipeline). Then
+:func:`stage_costs`: where that speed's limit is (stage 0's layers on micro-batches against the whole network).
 
 Starts itself under ``mpiexec -n 2`` (one BLAS thread per rank) and, for GPipe and 1F1B and
 m = 1, 2, 4, 8, 16 micro-batches, runs pipeline steps on a random float32 batch (a warm-up step,
@@ -115,6 +116,60 @@ def speed_report(rounds: list) -> None:
     print(f"  pipeline speed / one process's: {spread(speedups, 3)}\n", flush=True)
 
 
+def stage_costs(rounds: int = 12, steps: int = 40) -> None:
+    """Where the speed's limit is, in this one process: medians over interleaved rounds of one step's seconds of the
+    whole network on SPEED_BATCH rows, and of stage 0's layers (forward, then backward, as GPipe runs them) on
+    SPEED_MICRO_BATCHES micro-batches, on one batch, and on the micro-batches with each weight gradient taken once
+    over the whole batch (lesson 13's B/W split: dJ/dW = sum_k a_k.T delta_k = A.T D, A and D the stacked rows)."""
+    import time
+
+    import numpy as np
+
+    from nnlib import Network
+    from nnlib.lesson02_network.network import backward_layers, forward_layers
+
+    network, rng = Network(SPEED_SIZES, dtype="float32"), np.random.default_rng(0)
+    inputs, labels = rng.random((SPEED_BATCH, SPEED_SIZES[0])).astype(np.float32), rng.integers(0, 10, SPEED_BATCH)
+    stage, rows = network.layers[:4], SPEED_BATCH // SPEED_MICRO_BATCHES
+    received = np.full((SPEED_BATCH, SPEED_SIZES[4]), 0.01, np.float32)  # a stand-in for stage 1's dJ/da
+
+    def stage_zero(micro_batches: int, defer_weights: bool = False) -> None:
+        parts = [slice(k * SPEED_BATCH // micro_batches, (k + 1) * SPEED_BATCH // micro_batches)
+                 for k in range(micro_batches)]
+        kept = [forward_layers(stage, inputs[part])[0] for part in parts]
+        deltas = [[] for _ in stage]
+        for k, part in enumerate(parts):
+            delta = stage[-1].logits_gradient(received[part].copy(), kept[k][-1])
+            if not defer_weights:
+                backward_layers(stage, kept[k], delta, k > 0)
+                continue
+            for index in range(len(stage) - 1, -1, -1):  # input gradients now, weight gradients below
+                deltas[index].append(delta)
+                if index:
+                    delta = stage[index - 1].logits_gradient(stage[index].input_gradient(delta), kept[k][index])
+        for index, layer in enumerate(stage if defer_weights else []):
+            layer.weight_gradient(np.concatenate([a[index] for a in kept]), np.concatenate(deltas[index]))
+
+    cases = {"whole network, 1 batch": lambda: network.loss_and_gradient(inputs, labels, check=False),
+             f"stage 0, {SPEED_MICRO_BATCHES} micro-batches of {rows}": lambda: stage_zero(SPEED_MICRO_BATCHES),
+             f"stage 0, 1 batch of {SPEED_BATCH}": lambda: stage_zero(1),
+             f"stage 0, {SPEED_MICRO_BATCHES} micro-batches, dJ/dW once": lambda: stage_zero(SPEED_MICRO_BATCHES, True)}
+    seconds = {name: [] for name in cases}
+    for _ in range(rounds):
+        for name, run in cases.items():
+            run()
+            began = time.perf_counter()
+            for _ in range(steps):
+                run()
+            seconds[name].append((time.perf_counter() - began) / steps)
+    whole = median(seconds["whole network, 1 batch"])
+    print(f"one step in one process, medians of {rounds} interleaved rounds of {steps} steps (range), and / the whole:")
+    for name, values in seconds.items():
+        print(f"  {name:38s} {median(values) * 1e3:6.2f} ms ({min(values) * 1e3:.2f}-{max(values) * 1e3:.2f})"
+              f"  {median(values) / whole:5.2f}")
+    print(flush=True)
+
+
 def worker(rounds: int, speed_rounds: int, only: str | None = None) -> None:
     from mpi4py import MPI
 
@@ -126,6 +181,8 @@ def worker(rounds: int, speed_rounds: int, only: str | None = None) -> None:
         speeds = [speed_round(comm) for _ in range(speed_rounds)]
         if comm.rank == 0:
             speed_report(speeds)
+            stage_costs()
+        quiet_wait(comm)
     if only == "speed":
         return
     results = {}  # (network, schedule, m) -> that case's row from each round
