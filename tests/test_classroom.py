@@ -210,6 +210,20 @@ def test_the_settle_runs_on_an_engine_still_dropping_requests_after_an_error(ker
     assert_it_works_again(client)
 
 
+def test_an_engine_whose_cell_raised_drops_no_later_cell(kernel):
+    """Right after a cell raised, ipykernel (stop_on_error) would drop the execute requests that reach the engine
+    before it has finished replying: a rank's share of a quick next %%px cell was lost ('rank 2 did not arrive in
+    Allreduce', a fresh-clone run). Here every engine runs what ipykernel runs after an error reply, and is then
+    still not dropping requests (it was, without the classroom's install)."""
+    _, client = kernel
+    code = ("def after_an_error():\n    kernel = get_ipython().kernel\n    kernel._abort_queues()\n"
+            "    return kernel._aborting\nprint('dropping on ranks', [rank for rank, dropping in "
+            "enumerate(mpi.view.apply_sync(after_an_error)) if dropping])")
+    status, text, _ = run(client, code)
+    assert status == "ok" and "dropping on ranks []" in text, text
+    assert_it_works_again(client)
+
+
 def test_interrupt_kernel_on_a_cell_stuck_outside_comm_says_what_to_run(kernel):
     manager, client = kernel
     seconds, text = interrupted(manager, client, "%%px\nif rank != 0:\n    comm.world.Barrier()  # MPI's own: no deadline")

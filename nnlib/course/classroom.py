@@ -175,8 +175,15 @@ def install(shell=None) -> ClassroomComm:
         shell = get_ipython()
     if shell is not None:
         shell.events.register("post_run_cell", comm.after_cell)
-        if hasattr(getattr(shell, "kernel", None), "do_apply"):
-            tell_others_after_apply(shell.kernel, comm)
+        kernel = getattr(shell, "kernel", None)
+        if hasattr(kernel, "do_apply"):
+            tell_others_after_apply(kernel, comm)
+        if hasattr(kernel, "_abort_queues"):
+            # After a cell that raised, ipykernel drops the execute requests that reach the engine before it has
+            # finished replying (stop_on_error: Run All stops at the error). On a loaded machine the next %%px
+            # cell can come that soon: that rank never ran it and the others stopped with "rank 2 did not arrive".
+            # The notebook's own kernel still stops Run All; an engine runs every cell it is sent.
+            kernel._abort_queues = lambda *arguments, **keywords: None
     return comm
 
 
