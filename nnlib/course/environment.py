@@ -130,9 +130,10 @@ def kernel_note() -> str | None:
     own = {name: value for name, value in os.environ.items() if name not in FORCING_VARIABLES}
     code = "from nnlib.course import environment as e; print(e.blas_kernel(), e.product_seconds())"
     reply = subprocess.run([sys.executable, "-c", code], env=own, capture_output=True, text=True, timeout=120)
-    if reply.returncode != 0 or reply.stdout.split()[0] == blas_kernel():
+    own_kernel, own_seconds = reply.stdout.split() if reply.returncode == 0 else (blas_kernel(), "0")
+    if own_kernel == blas_kernel():
         return None  # the CPU's own kernel (or nothing to compare with)
-    own_kernel, own_seconds, here = reply.stdout.split()[0], float(reply.stdout.split()[1]), product_seconds()
+    here, own_seconds = product_seconds(), float(own_seconds)
     return (f"{' and '.join(forced)} {'force' if len(forced) > 1 else 'forces'} OpenBLAS's {blas_kernel()} kernel on a "
             f"CPU with {cpu_instruction_set()}: a float32 768x768 product takes {here * 1e3:.1f} ms on it against "
             f"{own_seconds * 1e3:.1f} ms on the CPU's own {own_kernel} kernel ({here / own_seconds:.1f}x as long). "

@@ -82,9 +82,19 @@ def as_schedule(learning_rate):
     return checked
 
 
+def rate_problems(learning_rate, momentum: float = 0.0) -> list[str]:
+    """What is wrong with a learning rate (a positive finite number) and a momentum (0 <= momentum < 1)."""
+    problems = []
+    if not (isinstance(learning_rate, (int, float)) and math.isfinite(learning_rate) and learning_rate > 0):
+        problems.append(f"learning_rate must be a positive finite number; got {learning_rate!r}")
+    if not 0.0 <= momentum < 1.0:
+        problems.append(f"momentum must be in [0, 1); got {momentum}")
+    return problems
+
+
 def check_rate(learning_rate, momentum: float = 0.0) -> None:
-    """Raise ValueError unless the learning rate is a positive finite number and 0 <= momentum < 1."""
-    problems = Settings(1, learning_rate, momentum=momentum).problems()
+    """Raise ValueError for what :func:`rate_problems` finds (as_schedule calls it every step: it must be cheap)."""
+    problems = rate_problems(learning_rate, momentum)
     if problems:
         raise ValueError("; ".join(problems))
 
@@ -134,15 +144,16 @@ class Settings:
 
     def problems(self) -> list[str]:
         """Everything wrong with these settings (empty if nothing): the one place they are checked."""
-        rate, epochs, batch = self.learning_rate, self.epochs, self.batch_size
-        fine = {f"epochs must be a positive integer; got {epochs!r}": is_whole(epochs) and epochs >= 1,
-                f"batch_size must be at least 1 (or None: the full batch); got {batch!r}":
-                    batch is None or (is_whole(batch) and batch >= 1),
-                f"learning_rate must be a positive finite number; got {rate!r}":
-                    callable(rate) or (isinstance(rate, (int, float)) and math.isfinite(rate) and rate > 0),
-                f"momentum must be in [0, 1); got {self.momentum}": 0.0 <= self.momentum < 1.0,
-                f"seed must be a whole number; got {self.seed!r}": is_whole(self.seed)}
-        return [problem for problem, ok in fine.items() if not ok]
+        found = []
+        if not is_whole(self.epochs) or self.epochs < 1:
+            found.append(f"epochs must be a positive integer; got {self.epochs!r}")
+        if self.batch_size is not None and (not is_whole(self.batch_size) or self.batch_size < 1):
+            found.append(f"batch_size must be at least 1 (or None: the full batch); got {self.batch_size!r}")
+        rate = 1.0 if callable(self.learning_rate) else self.learning_rate  # (a schedule's values: as_schedule)
+        found += rate_problems(rate, self.momentum)
+        if not is_whole(self.seed):
+            found.append(f"seed must be a whole number; got {self.seed!r}")
+        return found
 
     @classmethod
     def from_keywords(cls, settings: Settings | None, keywords: dict, others=()) -> Settings:

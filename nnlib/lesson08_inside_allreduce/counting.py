@@ -51,13 +51,16 @@ class CountingComm:
 
     def Allgatherv(self, mine, received):
         whole, (counts, _) = received
-        self.calls.append(("Allgatherv", int(mine.nbytes), int((whole.size - counts[self.comm.rank]) * whole.itemsize)))
+        self.calls.append(("Allgatherv", int(mine.nbytes), self.others(whole, counts)))
         return self.comm.Allgatherv(mine, received)
 
     def Reduce_scatter(self, whole, mine, recvcounts=None, op=MPI.SUM):
-        sent = (whole.size - recvcounts[self.comm.rank]) * whole.itemsize  # (n - c_r) itemsize, as ring_bytes
-        self.calls.append(("Reduce_scatter", int(whole.nbytes), int(sent)))
+        self.calls.append(("Reduce_scatter", int(whole.nbytes), self.others(whole, recvcounts)))
         return self.comm.Reduce_scatter(whole, mine, recvcounts=recvcounts, op=op)
+
+    def others(self, whole, counts) -> int:
+        """Bytes of ``whole`` that are not this rank's own c_r values (its count in ``counts``): (n - c_r) itemsize."""
+        return int((whole.size - counts[self.comm.rank]) * whole.itemsize)
 
     def messages(self) -> Counter:
         """{(collective, bytes of the message): how many calls}."""
