@@ -9,7 +9,8 @@ the whole network in one process (rank 0; rank 1 waits without spinning), then a
 micro-batches. It prints the medians over the rounds, with their ranges, of: each one's seconds, the pipeline's
 speed over the one process's (samples per second), and the seconds each spent computing (inside
 loss_and_gradient for the one process; the stages' timelines, waits excluded, for the pipeline). Then
-:func:`stage_costs`: where that speed's limit is (stage 0's layers on micro-batches against the whole network).
+:func:`stage_costs`: where that speed's limit is (stage 0's layers on micro-batches against the whole network),
+and :func:`second_core_busy`: whether the machine gives the two ranks two independent cores.
 
 Starts itself under ``mpiexec -n 2`` (one BLAS thread per rank) and, for GPipe and 1F1B and
 m = 1, 2, 4, 8, 16 micro-batches, runs pipeline steps on a random float32 batch (a warm-up step,
@@ -170,6 +171,44 @@ def stage_costs(rounds: int = 12, steps: int = 40) -> None:
     print(flush=True)
 
 
+def second_core_busy(comm, rounds: int = 15, steps: int = 60) -> None:
+    """Whether the two ranks' cores are independent (a pipeline needs both): rank 0 times ``steps`` steps of the
+    whole network while rank 1 sleeps, then while rank 1 computes the same steps without pause, in interleaved
+    rounds; prints the median (range) of the paired ratios busy / sleeping (1.00: the cores do not slow each other)."""
+    import time
+
+    import numpy as np
+
+    from nnlib import Network
+
+    network, rng = Network(SPEED_SIZES, dtype="float32"), np.random.default_rng(0)
+    inputs, labels = rng.random((SPEED_BATCH, SPEED_SIZES[0])).astype(np.float32), rng.integers(0, 10, SPEED_BATCH)
+    seconds, raw = {"sleeping": [], "busy": []}, getattr(comm, "comm", comm)  # (the MPI communicator)
+    for _ in range(rounds):
+        for neighbour in seconds:
+            quiet_wait(comm)
+            if comm.rank == 0:
+                began = time.perf_counter()
+                for _ in range(steps):
+                    network.loss_and_gradient(inputs, labels, check=False)
+                seconds[neighbour].append(time.perf_counter() - began)
+                raw.send(None, dest=1)
+                continue
+            done = raw.irecv(source=0)
+            while not done.test()[0]:  # rank 1: the same work until rank 0 is done, or sleep
+                if neighbour == "busy":
+                    network.loss_and_gradient(inputs, labels, check=False)
+                else:
+                    time.sleep(0.001)
+    if comm.rank == 0:
+        ratios = [busy / alone for busy, alone in zip(seconds["busy"], seconds["sleeping"])]
+        print(f"the second core: rank 0's {steps} steps with rank 1 computing / with rank 1 sleeping, medians of "
+              f"{rounds} interleaved rounds: {median(ratios):.3f} ({min(ratios):.3f}-{max(ratios):.3f}); "
+              f"rank 0 alone {median(seconds['sleeping']) / steps * 1e3:.2f} ms a step "
+              f"({min(seconds['sleeping']) / steps * 1e3:.2f}-{max(seconds['sleeping']) / steps * 1e3:.2f})\n",
+              flush=True)
+
+
 def worker(rounds: int, speed_rounds: int, only: str | None = None) -> None:
     from mpi4py import MPI
 
@@ -182,7 +221,7 @@ def worker(rounds: int, speed_rounds: int, only: str | None = None) -> None:
         if comm.rank == 0:
             speed_report(speeds)
             stage_costs()
-        quiet_wait(comm)
+        second_core_busy(comm)
     if only == "speed":
         return
     results = {}  # (network, schedule, m) -> that case's row from each round
