@@ -39,6 +39,15 @@ OWNER = textwrap.dedent("""
         mpi.stop()
         print("stopped", flush=True)
         sys.exit(0)
+    if mode == "failing close":  # the client cannot close: stop still ends everything, then says why
+        def close():
+            raise RuntimeError("the client could not close")
+        mpi.client.close = close
+        try:
+            mpi.stop()
+        except RuntimeError as error:
+            print("stopped, raising", error, flush=True)
+        time.sleep(600)  # alive: neither the reaper nor an exit handler can be what ends the cluster
     if mode == "stuck":  # rank 1 fails, rank 0 waits in MPI's own blocking Barrier (no deadline) for ever
         mpi.view.execute("if rank == 1:\\n    raise RuntimeError('rank 1 failed')\\ncomm.world.Barrier()", block=False)
         time.sleep(2)
@@ -120,6 +129,13 @@ def test_stopping_or_leaving_the_with_block_leaves_nothing(owner, mode):
     assert process.stdout.readline().strip() == "stopped"
     assert process.wait(30) == 0
     assert wait_until_gone(tag, within=5), describe(leftovers(tag))
+
+
+def test_a_stop_whose_first_step_fails_still_ends_every_process_and_then_raises(owner):
+    process, tag = owner("failing close")
+    assert process.stdout.readline().strip() == "stopped, raising the client could not close"
+    assert wait_until_gone(tag, within=5), describe(leftovers(tag))
+    assert process.poll() is None  # the owner still runs
 
 
 @pytest.mark.parametrize("signal_number", [signal.SIGKILL, signal.SIGTERM])
