@@ -102,11 +102,13 @@ def quiet_wait(comm) -> None:
         time.sleep(0.001)
 
 
+def spread(values, digits: int = 2) -> str:
+    """'median (min-max)' of ``values``."""
+    return f"{median(values):.{digits}f} ({min(values):.{digits}f}-{max(values):.{digits}f})"
+
+
 def speed_report(rounds: list) -> None:
     """Medians over the rounds (ranges in brackets): seconds, speed-up, seconds computing."""
-    def spread(values, digits=2):
-        return f"{median(values):.{digits}f} ({min(values):.{digits}f}-{max(values):.{digits}f})"
-
     speedups = [row["one"][0] / row["pipeline"][0] for row in rounds]
     print(f"speed, {'-'.join(map(str, SPEED_SIZES))} (4 layers | 3), batch {SPEED_BATCH}, {SPEED_STEPS} steps, "
           f"GPipe with {SPEED_MICRO_BATCHES} micro-batches; medians of {len(rounds)} interleaved rounds (range):")
@@ -173,8 +175,9 @@ def stage_costs(rounds: int = 12, steps: int = 40) -> None:
 
 def second_core_busy(comm, rounds: int = 15, steps: int = 60) -> None:
     """Whether the two ranks' cores are independent (a pipeline needs both): rank 0 times ``steps`` steps of the
-    whole network while rank 1 sleeps, then while rank 1 computes the same steps without pause, in interleaved
-    rounds; prints the median (range) of the paired ratios busy / sleeping (1.00: the cores do not slow each other)."""
+    whole network while rank 1 sleeps, and while rank 1 computes the same steps without pause, in interleaved
+    rounds (the two in turn first); prints the median (range) of the paired ratios busy / sleeping (1.00: the
+    cores do not slow each other)."""
     import time
 
     import numpy as np
@@ -184,8 +187,9 @@ def second_core_busy(comm, rounds: int = 15, steps: int = 60) -> None:
     network, rng = Network(SPEED_SIZES, dtype="float32"), np.random.default_rng(0)
     inputs, labels = rng.random((SPEED_BATCH, SPEED_SIZES[0])).astype(np.float32), rng.integers(0, 10, SPEED_BATCH)
     seconds, raw = {"sleeping": [], "busy": []}, getattr(comm, "comm", comm)  # (the MPI communicator)
-    for _ in range(rounds):
-        for neighbour in seconds:
+    network.loss_and_gradient(inputs, labels, check=False)  # (a first step, untimed)
+    for round_ in range(rounds):
+        for neighbour in sorted(seconds, reverse=round_ % 2 == 1):  # the two orders in turn
             quiet_wait(comm)
             if comm.rank == 0:
                 began = time.perf_counter()

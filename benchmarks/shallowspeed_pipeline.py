@@ -21,13 +21,14 @@ import argparse
 import sys
 import time
 import types
-from statistics import median
 
-from pipeline import SPEED_BATCH, SPEED_MICRO_BATCHES, SPEED_SIZES, SPEED_STEPS, launch, quiet_wait, speed_round
+from pipeline import (SPEED_BATCH, SPEED_MICRO_BATCHES, SPEED_SIZES, SPEED_STEPS, launch, quiet_wait, speed_round,
+                      spread)
 
 
 def shallowspeed_seconds(world, stages: int, micro_batches: int) -> float | None:
-    """Seconds of SPEED_STEPS steps of ShallowSpeed's GPipe on ``stages`` ranks (the slowest's), on rank 0."""
+    """Seconds of SPEED_STEPS steps of ShallowSpeed on ``stages`` ranks (the slowest's), on rank 0: its GPipe on
+    2 stages; on one, its train.py's default schedule (NaiveParallelSchedule: each micro-batch forward, then back)."""
     import numpy as np
     from mpi4py import MPI
 
@@ -37,7 +38,7 @@ def shallowspeed_seconds(world, stages: int, micro_batches: int) -> float | None
         sys.modules["pandas"] = types.ModuleType("pandas")
     from shallowspeed.layers import MLP
     from shallowspeed.optimizer import SGD
-    from shallowspeed.pipe import GPipeSchedule, Worker
+    from shallowspeed.pipe import GPipeSchedule, NaiveParallelSchedule, Worker
 
     pipe = world.Split(0 if world.rank < stages else MPI.UNDEFINED)
     if pipe == MPI.COMM_NULL:
@@ -60,11 +61,15 @@ def shallowspeed_seconds(world, stages: int, micro_batches: int) -> float | None
     model.train()
     for parameter in model.parameters():
         parameter.data = parameter.data.astype(np.float32)
-    worker = Worker(pipe.Split(pipe.rank), pipe, model, InMemory(), SGD(model.parameters(), lr=0.006))
+    replicas, schedule = pipe.Split(pipe.rank), GPipeSchedule if stages > 1 else NaiveParallelSchedule
+    worker = Worker(replicas, pipe, model, InMemory(), SGD(model.parameters(), lr=0.006))
     began = time.perf_counter()
     for batch in range(SPEED_STEPS):
-        worker.execute(GPipeSchedule(num_micro_batches=micro_batches, num_stages=stages, stage_id=pipe.rank), batch)
-    return pipe.allreduce(time.perf_counter() - began, op=MPI.MAX)
+        worker.execute(schedule(num_micro_batches=micro_batches, num_stages=stages, stage_id=pipe.rank), batch)
+    seconds = pipe.allreduce(time.perf_counter() - began, op=MPI.MAX)
+    replicas.Free()
+    pipe.Free()
+    return seconds
 
 
 def nnlib_micro_batched_seconds(comm) -> float | None:
@@ -93,6 +98,7 @@ def nnlib_micro_batched_seconds(comm) -> float | None:
 
 
 def worker(rounds: int) -> None:
+    """Both libraries' rounds on 2 ranks (ShallowSpeed's three cases in a rotating order); rank 0 prints."""
     import contextlib
     import io
 
@@ -104,10 +110,12 @@ def worker(rounds: int) -> None:
     cases = {"one process, 1 micro-batch": (1, 1), f"one process, {m} micro-batches": (1, m),
              f"2-stage GPipe, {m} micro-batches": (2, m)}
     seconds, ours, ours_micro = {name: [] for name in cases}, [], []
-    for _ in range(rounds):
+    for round_ in range(rounds):
         ours.append(speed_round(comm))
         ours_micro.append(nnlib_micro_batched_seconds(comm))
-        for name, (stages, micro_batches) in cases.items():
+        names = list(cases)[round_ % 3:] + list(cases)[:round_ % 3]
+        for name in names:
+            stages, micro_batches = cases[name]
             quiet_wait(comm)
             with contextlib.redirect_stdout(io.StringIO()):  # (ShallowSpeed's MLP prints its layers)
                 seconds[name].append(shallowspeed_seconds(MPI.COMM_WORLD, stages, micro_batches))
@@ -124,10 +132,6 @@ def worker(rounds: int) -> None:
             over_whole, over_micro = [w / v for w, v in zip(whole, values)], [u / v for u, v in zip(micro, values)]
             print(f"  {library:12s} {name:30s} {spread(values)} s   {spread(over_whole, 3)}   {spread(over_micro, 3)}")
     print(flush=True)
-
-
-def spread(values, digits: int = 2) -> str:
-    return f"{median(values):.{digits}f} ({min(values):.{digits}f}-{max(values):.{digits}f})"
 
 
 def main() -> None:

@@ -97,6 +97,33 @@ def test_silent_mpiexec_times_out_within_the_bound(tmp_path):
     assert time.monotonic() - start < 3 + 20
 
 
+def test_a_stop_interrupted_by_ctrl_c_raises_the_interrupt_with_the_other_failures_in_its_notes():
+    """Every step of stop() runs; a KeyboardInterrupt wins over an ordinary error, which is told in its notes; a
+    failed engine stop keeps the cluster (a second stop() can try again). No processes: stand-ins for ipyparallel."""
+    import logging
+    import types
+
+    steps = []
+
+    def step(name, error=None):
+        def run():
+            steps.append(name)
+            if error is not None:
+                raise error
+        return run
+
+    stand_in = types.SimpleNamespace(log=logging.getLogger("stand-in"), engines={}, controller=None,
+                                     stop_engines_sync=step("engines", KeyboardInterrupt()),
+                                     stop_controller_sync=step("controller"))
+    client = types.SimpleNamespace(close=step("client", RuntimeError("the client could not close")))
+    handle = cluster.MPICluster(stand_in, client, n=2, timeout=1.0)
+    with pytest.raises(KeyboardInterrupt) as raised:
+        handle.stop()
+    assert steps == ["client", "engines", "controller"]
+    assert raised.value.__notes__ == ["while stopping the cluster, also: RuntimeError('the client could not close')"]
+    assert handle.cluster is stand_in  # kept for a second stop()
+
+
 def test_open_mpi_gets_its_root_and_oversubscribe_settings(tmp_path):
     fake = tmp_path / "mpiexec"
     fake.write_text("#!/bin/sh\necho 'mpiexec (Open MPI) 5.0.8'\n")

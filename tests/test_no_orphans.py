@@ -47,7 +47,25 @@ OWNER = textwrap.dedent("""
             mpi.stop()
         except RuntimeError as error:
             print("stopped, raising", error, flush=True)
+        else:
+            print("stopped without an error", flush=True)
         time.sleep(600)  # alive: neither the reaper nor an exit handler can be what ends the cluster
+    if mode == "failing engines":  # the engines' first stop fails: the cluster stays, and a second stop ends it
+        real, calls = mpi.cluster.stop_engines_sync, []
+        def stop_engines_once_failing():
+            calls.append(1)
+            if len(calls) == 1:
+                raise RuntimeError("the engines could not be stopped")
+            return real()
+        mpi.cluster.stop_engines_sync = stop_engines_once_failing
+        try:
+            mpi.stop()
+        except RuntimeError as error:
+            print("raising", error, "and keeping the cluster:", mpi.cluster is not None, flush=True)
+        sys.stdin.readline()  # (the test looks at the processes now)
+        mpi.stop()
+        print("stopped", flush=True)
+        time.sleep(600)
     if mode == "stuck":  # rank 1 fails, rank 0 waits in MPI's own blocking Barrier (no deadline) for ever
         mpi.view.execute("if rank == 1:\\n    raise RuntimeError('rank 1 failed')\\ncomm.world.Barrier()", block=False)
         time.sleep(2)
@@ -104,8 +122,8 @@ def owner(tmp_path):
     def start(mode):
         environment = dict(os.environ, IPYTHONDIR=str(tmp_path / "ipython"))
         environment.pop(TAG, None)
-        process = subprocess.Popen([sys.executable, "-c", OWNER, mode], stdout=subprocess.PIPE, text=True,
-                                   env=environment, cwd=tmp_path)
+        process = subprocess.Popen([sys.executable, "-c", OWNER, mode], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                   text=True, env=environment, cwd=tmp_path)
         started.append(process)
         line = process.stdout.readline().split()
         assert line[:1] == ["started"], f"the cluster did not start: {line}"
@@ -136,6 +154,17 @@ def test_a_stop_whose_first_step_fails_still_ends_every_process_and_then_raises(
     assert process.stdout.readline().strip() == "stopped, raising the client could not close"
     assert wait_until_gone(tag, within=5), describe(leftovers(tag))
     assert process.poll() is None  # the owner still runs
+
+
+def test_a_stop_that_cannot_stop_the_engines_keeps_the_cluster_and_its_reaper_for_a_second_stop(owner):
+    process, tag = owner("failing engines")
+    assert process.stdout.readline().strip() == "raising the engines could not be stopped and keeping the cluster: True"
+    engines = [proc for proc, _ in tagged_processes(tag) if "ipyparallel.engine" in command_line(proc)]
+    assert engines and len(reapers(tag)) == 1, describe(leftovers(tag))  # still running, still watched
+    process.stdin.write("\n")
+    process.stdin.flush()
+    assert process.stdout.readline().strip() == "stopped"
+    assert wait_until_gone(tag, within=5), describe(leftovers(tag))
 
 
 @pytest.mark.parametrize("signal_number", [signal.SIGKILL, signal.SIGTERM])
