@@ -7,9 +7,10 @@ ShallowSpeed's train.py trains 784-128-127-126-125-124-123-10 (ReLU, softmax, MS
 micro-batches, 4 layers | 3 on 2 stages: the network and split of benchmarks/pipeline.py's speed comparison. Here its
 own MLP, Worker, GPipeSchedule and SGD run as train.py runs them (data parallelism 1) for 200 steps of random float32
 data held in memory (its Dataset reads parquet files; nothing else of it is replaced), in three ways: one process
-with the whole batch (1 micro-batch), one process with 4 micro-batches (what train.py does with --pp 1), and the
-2-stage GPipe. Each round also runs nnlib's comparison (pipeline.speed_round) and nnlib's one process in 4
-micro-batches (a PipelineMLP of one stage), so that both libraries are measured in the same interleaved rounds.
+with the whole batch (1 micro-batch), one process with 4 micro-batches (what train.py does with --pp 1: its default
+naive schedule, each micro-batch forward, then back), and the 2-stage GPipe. Each round also runs nnlib's comparison
+(pipeline.speed_round) and nnlib's one process in 4 micro-batches (a PipelineMLP of one stage, 1F1B: on one stage
+the same order), so that both libraries are measured in the same interleaved rounds.
 Prints the medians over R rounds (default 9), with their ranges, of the seconds and of each one's speed over the same
 library's one process with the whole batch, and with 4 micro-batches. ShallowSpeed's weights are cast to float32
 after it makes them: under NumPy 2, float32 / np.sqrt(n) is float64 (NumPy 1, which it was written for, kept float32).
@@ -73,8 +74,8 @@ def shallowspeed_seconds(world, stages: int, micro_batches: int) -> float | None
 
 
 def nnlib_micro_batched_seconds(comm) -> float | None:
-    """Seconds of nnlib's one process stepping through the batch in micro-batches (a PipelineMLP of one stage), on
-    rank 0; as speed_round's runs: the same data, settings and steps."""
+    """Seconds of nnlib's one process stepping through the batch in micro-batches (a PipelineMLP of one stage, each
+    micro-batch forward, then back), on rank 0; as speed_round's runs: the same data, settings and steps."""
     import numpy as np
     from mpi4py import MPI
 
@@ -89,7 +90,7 @@ def nnlib_micro_batched_seconds(comm) -> float | None:
     inputs = rng.random((SPEED_BATCH * SPEED_STEPS, SPEED_SIZES[0])).astype(np.float32)
     labels = rng.integers(0, SPEED_SIZES[-1], SPEED_BATCH * SPEED_STEPS)
     network = PipelineMLP(MPI.COMM_SELF, SPEED_SIZES, dtype="float32", micro_batches=SPEED_MICRO_BATCHES,
-                          schedule="gpipe")
+                          schedule="1f1b")  # (on one stage: each micro-batch forward, then back, as ShallowSpeed's)
     began = time.perf_counter()
     train(network, inputs, labels, epochs=1, learning_rate=0.1, batch_size=SPEED_BATCH, momentum=0.9, progress=False)
     seconds = time.perf_counter() - began
