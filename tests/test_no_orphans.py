@@ -62,6 +62,8 @@ OWNER = textwrap.dedent("""
             mpi.stop()
         except RuntimeError as error:
             print("raising", error, "and keeping the cluster:", mpi.cluster is not None, flush=True)
+        else:
+            print("stopped without an error", flush=True)
         sys.stdin.readline()  # (the test looks at the processes now)
         mpi.stop()
         print("stopped", flush=True)
