@@ -3,7 +3,7 @@
 Run:   make benchmark        (or: .venv/bin/python benchmarks/pipeline.py [--rounds R] [--speed-rounds S]
                                                                      [--only speed|bubbles])
 
-Speed: lesson 03's training loop, batch 128, on SPEED_SIZES (784-128-127-126-125-124-123-10, 7 layers: 4 on
+Speed: lesson 03's training loop, batch 128 (or --speed-batch B), on SPEED_SIZES (784-128-127-126-125-124-123-10, 7 layers: 4 on
 stage 0, 3 on stage 1), SPEED_STEPS steps of a random float32 data set, in S interleaved rounds (default 7):
 the whole network in one process (rank 0; rank 1 waits without spinning), then a 2-stage GPipe with 4
 micro-batches. It prints the medians over the rounds, with their ranges, of: each one's seconds, the pipeline's
@@ -42,7 +42,7 @@ COUNTS = (1, 2, 4, 8, 16)  # micro-batches per step (measure_bubbles' default)
 SPEED_SIZES, SPEED_BATCH, SPEED_STEPS, SPEED_MICRO_BATCHES = (784, 128, 127, 126, 125, 124, 123, 10), 128, 200, 4
 
 
-def speed_round(comm) -> dict | None:
+def speed_round(comm, batch: int = SPEED_BATCH) -> dict | None:
     """One round: the whole network trained in one process (rank 0), then the 2-stage GPipe; rank 0 gets
     {"one", "pipeline"}: (seconds, seconds computing) and "stages": each stage's seconds computing."""
     import time
@@ -53,9 +53,9 @@ def speed_round(comm) -> dict | None:
     from nnlib.lesson09_model_parallel.pipeline import PipelineMLP
 
     rng = np.random.default_rng(0)
-    inputs = rng.random((SPEED_BATCH * SPEED_STEPS, SPEED_SIZES[0])).astype(np.float32)
-    labels = rng.integers(0, SPEED_SIZES[-1], SPEED_BATCH * SPEED_STEPS)
-    settings = dict(epochs=1, learning_rate=0.1, batch_size=SPEED_BATCH, momentum=0.9, progress=False)
+    inputs = rng.random((batch * SPEED_STEPS, SPEED_SIZES[0])).astype(np.float32)
+    labels = rng.integers(0, SPEED_SIZES[-1], batch * SPEED_STEPS)
+    settings = dict(epochs=1, learning_rate=0.1, batch_size=batch, momentum=0.9, progress=False)
     result = {}
     for kind in ("one", "pipeline"):
         comm.Barrier()
@@ -107,10 +107,10 @@ def spread(values, digits: int = 2) -> str:
     return f"{median(values):.{digits}f} ({min(values):.{digits}f}-{max(values):.{digits}f})"
 
 
-def speed_report(rounds: list) -> None:
+def speed_report(rounds: list, batch: int = SPEED_BATCH) -> None:
     """Medians over the rounds (ranges in brackets): seconds, speed-up, seconds computing."""
     speedups = [row["one"][0] / row["pipeline"][0] for row in rounds]
-    print(f"speed, {'-'.join(map(str, SPEED_SIZES))} (4 layers | 3), batch {SPEED_BATCH}, {SPEED_STEPS} steps, "
+    print(f"speed, {'-'.join(map(str, SPEED_SIZES))} (4 layers | 3), batch {batch}, {SPEED_STEPS} steps, "
           f"GPipe with {SPEED_MICRO_BATCHES} micro-batches; medians of {len(rounds)} interleaved rounds (range):")
     print(f"  one process      {spread([row['one'][0] for row in rounds])} s, computing "
           f"{spread([row['one'][1] for row in rounds])} s")
@@ -119,9 +119,9 @@ def speed_report(rounds: list) -> None:
     print(f"  pipeline speed / one process's: {spread(speedups, 3)}\n", flush=True)
 
 
-def stage_costs(rounds: int = 12, steps: int = 40) -> None:
+def stage_costs(batch: int = SPEED_BATCH, rounds: int = 12, steps: int = 40) -> None:
     """Where the speed's limit is, in this one process: medians over interleaved rounds of one step's seconds of the
-    whole network on SPEED_BATCH rows, and of stage 0's layers (forward, then backward, as GPipe runs them) on
+    whole network on ``batch`` rows, and of stage 0's layers (forward, then backward, as GPipe runs them) on
     SPEED_MICRO_BATCHES micro-batches, on one batch, and on the micro-batches with each weight gradient taken once
     over the whole batch (lesson 13's B/W split: dJ/dW = sum_k a_k.T delta_k = A.T D, A and D the stacked rows)."""
     import time
@@ -132,12 +132,12 @@ def stage_costs(rounds: int = 12, steps: int = 40) -> None:
     from nnlib.lesson02_network.network import backward_layers, forward_layers
 
     network, rng = Network(SPEED_SIZES, dtype="float32"), np.random.default_rng(0)
-    inputs, labels = rng.random((SPEED_BATCH, SPEED_SIZES[0])).astype(np.float32), rng.integers(0, 10, SPEED_BATCH)
-    stage, rows = network.layers[:4], SPEED_BATCH // SPEED_MICRO_BATCHES
-    received = np.full((SPEED_BATCH, SPEED_SIZES[4]), 0.01, np.float32)  # a stand-in for stage 1's dJ/da
+    inputs, labels = rng.random((batch, SPEED_SIZES[0])).astype(np.float32), rng.integers(0, 10, batch)
+    stage, rows = network.layers[:4], batch // SPEED_MICRO_BATCHES
+    received = np.full((batch, SPEED_SIZES[4]), 0.01, np.float32)  # a stand-in for stage 1's dJ/da
 
     def stage_zero(micro_batches: int, defer_weights: bool = False) -> None:
-        parts = [slice(k * SPEED_BATCH // micro_batches, (k + 1) * SPEED_BATCH // micro_batches)
+        parts = [slice(k * batch // micro_batches, (k + 1) * batch // micro_batches)
                  for k in range(micro_batches)]
         kept = [forward_layers(stage, inputs[part])[0] for part in parts]
         deltas = [[] for _ in stage]
@@ -155,7 +155,7 @@ def stage_costs(rounds: int = 12, steps: int = 40) -> None:
 
     cases = {"whole network, 1 batch": lambda: network.loss_and_gradient(inputs, labels, check=False),
              f"stage 0, {SPEED_MICRO_BATCHES} micro-batches of {rows}": lambda: stage_zero(SPEED_MICRO_BATCHES),
-             f"stage 0, 1 batch of {SPEED_BATCH}": lambda: stage_zero(1),
+             f"stage 0, 1 batch of {batch}": lambda: stage_zero(1),
              f"stage 0, {SPEED_MICRO_BATCHES} micro-batches, dJ/dW once": lambda: stage_zero(SPEED_MICRO_BATCHES, True)}
     seconds = {name: [] for name in cases}
     for _ in range(rounds):
@@ -213,7 +213,7 @@ def second_core_busy(comm, rounds: int = 15, steps: int = 60) -> None:
               flush=True)
 
 
-def worker(rounds: int, speed_rounds: int, only: str | None = None) -> None:
+def worker(rounds: int, speed_rounds: int, only: str | None = None, batch: int = SPEED_BATCH) -> None:
     from mpi4py import MPI
 
     from nnlib.course.deadline import watch
@@ -221,10 +221,10 @@ def worker(rounds: int, speed_rounds: int, only: str | None = None) -> None:
 
     comm = watch(MPI.COMM_WORLD)  # every message under the default deadline, as in a batch job
     if only != "bubbles":
-        speeds = [speed_round(comm) for _ in range(speed_rounds)]
+        speeds = [speed_round(comm, batch) for _ in range(speed_rounds)]
         if comm.rank == 0:
-            speed_report(speeds)
-            stage_costs()
+            speed_report(speeds, batch)
+            stage_costs(batch)
         second_core_busy(comm)
     if only == "speed":
         return
@@ -259,14 +259,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3, help="times every bubble case is measured (medians)")
     parser.add_argument("--speed-rounds", type=int, default=7, help="rounds of the speed comparison (medians)")
+    parser.add_argument("--speed-batch", type=int, default=SPEED_BATCH,
+                        help="the speed comparison's batch (issue 36's bar: 128); its 4 micro-batches are a quarter of it")
     parser.add_argument("--only", choices=("speed", "bubbles"), default=None, help="one of the two measurements")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        worker(args.rounds, args.speed_rounds, args.only)
+        worker(args.rounds, args.speed_rounds, args.only, args.speed_batch)
         return
     launch(__file__, args.rounds, f"2 stages, float32; medians of {args.rounds} rounds", seconds_per_round=900,
-           extra=["--speed-rounds", str(args.speed_rounds)] + (["--only", args.only] if args.only else []))
+           extra=["--speed-rounds", str(args.speed_rounds), "--speed-batch", str(args.speed_batch)] + (["--only", args.only] if args.only else []))
 
 
 def launch(script: str, rounds: int, what: str, seconds_per_round: int, extra=()) -> None:
