@@ -1,7 +1,7 @@
 """The pipeline on 2 stages: its speed against one process, and its idle time ("bubble").
 
 Run:   make benchmark        (or: .venv/bin/python benchmarks/pipeline.py [--rounds R] [--speed-rounds S]
-                                                                     [--only speed|bubbles])
+                                                                     [--speed-batch B] [--only speed|bubbles])
 
 Speed: lesson 03's training loop, batch 128 (or --speed-batch B), on SPEED_SIZES (784-128-127-126-125-124-123-10, 7 layers: 4 on
 stage 0, 3 on stage 1), SPEED_STEPS steps of a random float32 data set, in S interleaved rounds (default 7):
