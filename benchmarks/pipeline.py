@@ -3,8 +3,9 @@
 Run:   make benchmark        (or: .venv/bin/python benchmarks/pipeline.py [--rounds R] [--speed-rounds S]
                                                                      [--speed-batch B] [--only speed|bubbles])
 
-Speed: lesson 03's training loop, batch 128 (or --speed-batch B), on SPEED_SIZES (784-128-127-126-125-124-123-10, 7 layers: 4 on
-stage 0, 3 on stage 1), SPEED_STEPS steps of a random float32 data set, in S interleaved rounds (default 7):
+Speed: lesson 03's training loop, batch 128 (or --speed-batch B), on SPEED_SIZES (784-128-127-126-125-124-123-10,
+7 layers: 4 on stage 0, 3 on stage 1), SPEED_STEPS steps of a random float32 data set, in S interleaved rounds
+(default 7):
 the whole network in one process (rank 0; rank 1 waits without spinning), then a 2-stage GPipe with 4
 micro-batches. It prints the medians over the rounds, with their ranges, of: each one's seconds, the pipeline's
 speed over the one process's (samples per second), and the seconds each spent computing (inside
