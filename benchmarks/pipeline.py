@@ -261,7 +261,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="times every bubble case is measured (medians)")
     parser.add_argument("--speed-rounds", type=int, default=7, help="rounds of the speed comparison (medians)")
     parser.add_argument("--speed-batch", type=int, default=SPEED_BATCH,
-                        help="the speed comparison's batch (issue 36's bar: 128); its 4 micro-batches are a quarter of it")
+                        help="the speed comparison's batch (default 128); its 4 micro-batches are a quarter of it")
     parser.add_argument("--only", choices=("speed", "bubbles"), default=None, help="one of the two measurements")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -269,7 +269,8 @@ def main() -> None:
         worker(args.rounds, args.speed_rounds, args.only, args.speed_batch)
         return
     launch(__file__, args.rounds, f"2 stages, float32; medians of {args.rounds} rounds", seconds_per_round=900,
-           extra=["--speed-rounds", str(args.speed_rounds), "--speed-batch", str(args.speed_batch)] + (["--only", args.only] if args.only else []))
+           extra=["--speed-rounds", str(args.speed_rounds), "--speed-batch", str(args.speed_batch)]
+           + (["--only", args.only] if args.only else []))
 
 
 def launch(script: str, rounds: int, what: str, seconds_per_round: int, extra=()) -> None:
