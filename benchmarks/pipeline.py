@@ -265,6 +265,8 @@ def main() -> None:
     parser.add_argument("--only", choices=("speed", "bubbles"), default=None, help="one of the two measurements")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.speed_batch < SPEED_MICRO_BATCHES:
+        parser.error(f"--speed-batch {args.speed_batch}: give at least {SPEED_MICRO_BATCHES} rows, one per micro-batch")
     if args.worker:
         worker(args.rounds, args.speed_rounds, args.only, args.speed_batch)
         return
