@@ -1,6 +1,7 @@
 # nnlib: every target does its own setup (virtual environment, packages, MNIST).
 #   make lab        open the series in JupyterLab
 #   make test       run every test (pytest over tests/ and nbval over every notebook)
+#   make quick      the inner loop: every test except nbval, the browser, the book and Binder (a few minutes)
 #   make rehearse   execute every notebook headless into build/rehearsal (a classroom rehearsal)
 #   make book       the series as a static HTML book in build/book (offline; the notebooks' saved outputs)
 #   make browser-test  every notebook run from JupyterLab's menu in headless Chromium (screenshots in
@@ -31,7 +32,7 @@ GPU_PYTHON_VERSION ?= 3.12
 # Processes make test runs the tests in (pytest-xdist): one per core of the 2-core machines it is sized for.
 TEST_WORKERS ?= 2
 
-.PHONY: setup data browser lab test browser-test rehearse book benchmark multihost gpu gpu-wheels clean
+.PHONY: setup data browser lab test quick browser-test rehearse book benchmark multihost gpu gpu-wheels clean
 
 $(VENV)/.installed: pyproject.toml scripts/make-venv.sh
 	sh scripts/make-venv.sh $(PYTHON) $(VENV)
@@ -56,10 +57,16 @@ lab: data
 
 # pytest-xdist runs the tests in TEST_WORKERS processes; --dist loadgroup keeps each notebook's cells, and
 # the test modules that tests/conftest.py names, together in one worker, in order.
+# --durations=25 and the summary at the end (tests/conftest.py) say where the time and the processes went.
+PYTEST := IPYTHONDIR=$(TEST_IPYTHONDIR) $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=25
 test: data browser
 	mkdir -p $(TEST_IPYTHONDIR)
-	IPYTHONDIR=$(TEST_IPYTHONDIR) $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup tests notebooks \
-	    --nbval --nbval-current-env --nbval-sanitize-with notebooks/nbval_sanitize.cfg
+	$(PYTEST) tests notebooks --nbval --nbval-current-env --nbval-sanitize-with notebooks/nbval_sanitize.cfg
+
+# The inner loop: every test but nbval of the notebooks, the browser, the book and Binder's environment.
+quick: data
+	mkdir -p $(TEST_IPYTHONDIR)
+	$(PYTEST) tests --ignore=tests/test_browser.py --ignore=tests/test_book.py --ignore=tests/test_binder.py
 
 browser-test: data browser
 	NNLIB_BROWSER_NOTEBOOKS=all $(BIN)/python -m pytest -v -rs tests/test_browser.py

@@ -5,9 +5,12 @@ import gzip
 import hashlib
 import http.server
 import os
+import shlex
+import shutil
 import struct
 import subprocess
 import sys
+import tempfile
 import threading
 from pathlib import Path
 
@@ -30,20 +33,106 @@ threadpool_limits(1)  # this process: OpenBLAS read the variables when NumPy loa
 if os.environ.get("PYTEST_XDIST_WORKER") and os.environ.get("IPYTHONDIR"):
     os.environ["IPYTHONDIR"] = str(Path(os.environ["IPYTHONDIR"]) / os.environ["PYTEST_XDIST_WORKER"])
 
+# -- one folder for the whole test session, shared by pytest-xdist's workers ------------------------------------------
+#
+# The process that starts the session (xdist's controller, or pytest alone) makes it and names it in
+# $NNLIB_TEST_SESSION before the workers start, so they inherit it; it is removed when that process ends. It holds:
+#   bin/mpiexec      a wrapper that notes each launch in launches.log, then runs this environment's mpiexec; every
+#                    launch made through nnlib.course.environment.mpiexec_path() goes through it ($NNLIB_MPIEXEC);
+#   launches.log     one line per launch: the test that made it, then the arguments (read by the summary below);
+#   mnist-arrays/    MNIST verified once, each file's array saved as <sha256>.npy ($NNLIB_MNIST_ARRAYS): jobs load
+#                    these instead of decompressing and hashing the files again (nnlib.lesson01_mnist.data).
+SESSION = "NNLIB_TEST_SESSION"
+MADE_SESSION = SESSION not in os.environ
+
+
+def make_session_folder() -> Path:
+    """The session's folder, its counting mpiexec and its MNIST arrays: made once, by the first process."""
+    from nnlib.course.environment import mpiexec_path
+
+    folder = Path(tempfile.mkdtemp(prefix="nnlib-tests-"))
+    real = mpiexec_path()
+    (folder / "bin").mkdir()
+    wrapper = folder / "bin" / "mpiexec"
+    wrapper.write_text(f"#!/bin/sh\nprintf '%s\\t%s\\n' \"$PYTEST_CURRENT_TEST\" \"$*\" >> {shlex.quote(str(folder))}"
+                       f"/launches.log\nexec {shlex.quote(str(real))} \"$@\"\n")
+    wrapper.chmod(0o755)
+    os.environ.update({SESSION: str(folder), "NNLIB_MPIEXEC": str(wrapper),
+                       "NNLIB_MNIST_ARRAYS": str(folder / "mnist-arrays")})
+    (folder / "mnist-arrays").mkdir()
+    try:  # decompress and verify MNIST once (a test that needs it says so if it is missing)
+        from nnlib.lesson01_mnist.data import MNISTError, load_mnist
+
+        load_mnist(download=False, progress=False)
+    except MNISTError:
+        pass
+    return folder
+
+
+if MADE_SESSION:
+    SESSION_FOLDER = make_session_folder()
+
+
+def pytest_unconfigure(config):
+    if MADE_SESSION:
+        shutil.rmtree(SESSION_FOLDER, ignore_errors=True)
+
+
+def launches() -> list[tuple[str, str]]:
+    """(the test, mpiexec's arguments) of every launch so far in this session, --version and the like left out."""
+    log = Path(os.environ[SESSION]) / "launches.log"
+    lines = log.read_text().splitlines() if log.exists() else []
+    pairs = [tuple(line.split("\t", 1)) for line in lines if "\t" in line]
+    return [(test, arguments) for test, arguments in pairs if arguments.split()[:1] not in (["--version"], ["-info"])]
+
+
+def pytest_terminal_summary(terminalreporter):
+    """What the session spent its time and processes on: worker-seconds of nbval and of the rest, mpiexec
+    launches and cluster start-ups outside nbval (a cluster's engines are one launch; a restart launches them
+    again for the same cluster, whose --cluster-id stays)."""
+    if not MADE_SESSION:
+        return
+    seconds = {True: 0.0, False: 0.0}
+    for reports in terminalreporter.stats.values():
+        for report in reports:
+            if getattr(report, "nodeid", None) and hasattr(report, "duration"):
+                seconds[".ipynb" in report.nodeid] += report.duration
+    outside = [(test, arguments) for test, arguments in launches() if ".ipynb" not in test]
+    engines = [arguments for _, arguments in outside if "ipyparallel" in arguments]
+    clusters = {next((word for word in arguments.split() if word.startswith("--cluster-id")), arguments)
+                for arguments in engines}
+    by_file = {}
+    for test, _ in outside:
+        name = test.split("::")[0].split("/")[-1] or "(outside a test)"
+        by_file[name] = by_file.get(name, 0) + 1
+    write = terminalreporter.write_line
+    terminalreporter.section("where the time and the processes went")
+    write(f"worker-seconds: {seconds[False]:.0f} outside nbval, {seconds[True]:.0f} in nbval of the notebooks")
+    write(f"mpiexec launches outside nbval: {len(outside)}, of which {len(engines)} started a cluster's engines "
+          f"({len(clusters)} cluster start-ups, {len(engines) - len(clusters)} restarts)")
+    write("launches by file: " + (", ".join(f"{name} {count}" for name, count in sorted(by_file.items())) or "none"))
+
+
 # Test modules whose tests must run one after another in one worker, and why.
 ONE_WORKER = {
     "test_browser.py": "one JupyterLab server and one Chromium for the module (module fixtures)",
     "test_book.py": "one book build for the module, into build/book-src (a fixed folder)",
     "test_classroom.py": "one kernel and its cluster for the module, its cells run in order",
+    "test_cluster.py": "one cluster for the module (a module fixture)",
     "test_multihost.py": "the virtual hosts have fixed names and addresses",
 }
 
 
 def work_unit(nodeid: str) -> str:
     """What must run in one worker, in order, with the test ``nodeid``: its notebook (nbval runs a
-    notebook's cells in one kernel, one after another), its module if ONE_WORKER names it, else itself."""
+    notebook's cells in one kernel, one after another), its module if ONE_WORKER names it, the MPI checkers of one
+    rank count (test_mpi.py's cases "[P-checker]" share one mpiexec launch of P ranks), else itself."""
     path = nodeid.split("::")[0]
-    return path if path.endswith(".ipynb") or Path(path).name in ONE_WORKER else nodeid
+    if path.endswith(".ipynb") or Path(path).name in ONE_WORKER:
+        return path
+    if Path(path).name == "test_mpi.py" and "::test_mpi_checker[" in nodeid:
+        return path + "[" + nodeid.split("[", 1)[1].split("-", 1)[0] + " ranks]"
+    return nodeid
 
 
 def pytest_xdist_make_scheduler(config, log):
@@ -131,6 +220,7 @@ def isolated_cache(tmp_path, monkeypatch):
     """An empty user cache and no NNLIB_DATA, so only what a test provides is found."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.delenv("NNLIB_DATA", raising=False)
+    monkeypatch.delenv("NNLIB_MNIST_ARRAYS", raising=False)
     return tmp_path / "cache" / "nnlib" / "mnist"
 
 

@@ -63,6 +63,30 @@ def test_truncated_gzip_is_reported(tmp_path, tiny_mnist):
         data.load_idx(path, digest)
 
 
+def test_verified_arrays_are_saved_by_digest_and_read_instead_of_the_file(tmp_path, tiny_mnist, isolated_cache,
+                                                                          monkeypatch):
+    """$NNLIB_MNIST_ARRAYS (the tests' session sets it): a verified file's array is saved as <sha256>.npy, and the
+    next load reads it instead of the file; a file that fails its check is never saved."""
+    monkeypatch.setattr(data, "SHA256", checksums(tiny_mnist))
+    for name, (_, raw, _) in tiny_mnist.items():
+        (tmp_path / (name + ".gz")).write_bytes(gzip_bytes(raw))
+    arrays = tmp_path / "arrays"
+    arrays.mkdir()
+    monkeypatch.setenv("NNLIB_MNIST_ARRAYS", str(arrays))
+    first = data.load_mnist(tmp_path, download=False)
+    assert sorted(path.name for path in arrays.iterdir()) == sorted(f"{digest}.npy" for _, _, digest in
+                                                                     tiny_mnist.values())
+    images = tmp_path / "train-images-idx3-ubyte.gz"
+    images.write_bytes(b"not read again")
+    again = data.load_mnist(tmp_path, download=False)
+    for field in ("train_images", "train_labels", "test_images", "test_labels"):
+        np.testing.assert_array_equal(getattr(again, field), getattr(first, field))
+    (arrays / f"{data.SHA256['train-images-idx3-ubyte']}.npy").unlink()
+    with pytest.raises(MNISTError, match="truncated or corrupt"):
+        data.load_mnist(tmp_path, download=False)
+    assert len(list(arrays.iterdir())) == 3  # nothing saved for the damaged file, nothing half-written
+
+
 def test_missing_data_offline_says_how_to_fetch(tmp_path, isolated_cache):
     with pytest.raises(MNISTError) as caught:
         data.load_mnist(tmp_path, download=False)

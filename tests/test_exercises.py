@@ -3,10 +3,8 @@ with nnlib's own function or with values worked out by hand; every notebook show
 and docstring; every untouched exercise fails its check with "not written yet"; half-finished answers
 get the message meant for them; and checking a lesson's exercise loads no later lesson's code."""
 
-import queue
 import subprocess
 import sys
-import threading
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -15,6 +13,7 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 from layout import PACKAGE, lesson_of, modules
+from thread_comm import ThreadRanks
 
 from nnlib.check import check, solution, verdict, worked_answer_source
 from nnlib.exercises import all_exercises, find, lesson_exercises, lessons
@@ -155,63 +154,20 @@ def diloco_outer_step_by_nnlib(anchor, worker_params, velocity, learning_rate, m
     return anchor, velocity
 
 
-def on_every_rank(ranks, work, on_error=lambda: None):
-    """work(rank) on P threads, one a rank, as MPI's ranks run at once; a rank's error is raised here, in the
-    test's thread, after on_error() has let the other ranks stop waiting for it."""
-    failures = []
-
-    def run(rank):
-        try:
-            work(rank)
-        except Exception as error:  # noqa: BLE001 (raised below, in the test's thread)
-            failures.append(error)
-            on_error()
-
-    threads = [threading.Thread(target=run, args=(rank,)) for rank in range(ranks)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert not failures, failures
-
-
 # ---- lesson 12 (exercise 12.1, one FSDP layer): nnlib's ShardedLayer on threads, its wrong answers ----
 def fsdp_layer_step_by_nnlib(shards, inputs, deltas, n_in, n_out):
     """nnlib.lesson12_memory.fsdp's ShardedLayer (a sigmoid layer) on every rank at once: P threads, one a rank,
     whose Allgatherv and Reduce_scatter meet at a barrier, an in-process stand-in for MPI's."""
-    ranks, results = len(shards), [None] * len(shards)
-    meeting, posted = threading.Barrier(ranks, timeout=60), [None] * ranks
-
-    class ThreadComm:
-        size = ranks
-
-        def __init__(self, rank):
-            self.rank = rank
-
-        def everyones(self, buffer):
-            posted[self.rank] = buffer.copy()
-            meeting.wait()
-            values = list(posted)
-            meeting.wait()  # nobody posts again before everyone has read
-            return values
-
-        def Allgatherv(self, sendbuf, recvbuf):
-            whole, (counts, starts) = recvbuf
-            for piece, count, start in zip(self.everyones(sendbuf), counts, starts):
-                whole[start:start + count] = piece
-
-        def Reduce_scatter(self, sendbuf, recvbuf, recvcounts, op):
-            start = sum(recvcounts[:self.rank])
-            recvbuf[...] = sum(self.everyones(sendbuf))[start:start + recvcounts[self.rank]]
+    ranks, results = ThreadRanks(len(shards)), [None] * len(shards)
 
     def run(rank):
         views = (shards[rank].copy(), np.zeros_like(shards[rank]))
-        layer = fsdp.ShardedLayer(ThreadComm(rank), 0, (n_in, n_out), views, "sigmoid", fsdp.GatherLog())
+        layer = fsdp.ShardedLayer(ranks.comm(rank), 0, (n_in, n_out), views, "sigmoid", fsdp.GatherLog())
         _, output = layer.forward(inputs[rank])
         layer.weight_gradient(inputs[rank], deltas[rank])
         results[rank] = output, layer.grad_shard, layer.weights  # weights: None once freed
 
-    on_every_rank(ranks, run, on_error=meeting.abort)  # abort: the other ranks stop waiting at the barrier
+    ranks.run(run)
     assert all(weights is None for _, _, weights in results), "a rank kept the gathered layer"
     return tuple(output for output, _, _ in results), tuple(chunk for _, chunk, _ in results)
 
@@ -299,28 +255,17 @@ def zero_step_by_nnlib(params, grads, velocity, learning_rate, momentum):
     """zero.ZeRO.step (the ring's two halves around ShardedSGD.step) on P threads, one per rank, whose
     Sendrecv passes copies through queues: nnlib's own ZeRO step, every rank at once."""
     ranks = grads.shape[0]
-    mailboxes = {(sender, receiver): queue.Queue() for sender in range(ranks) for receiver in range(ranks)}
-
-    class ThreadComm:
-        size = ranks
-
-        def __init__(self, rank):
-            self.rank = rank
-
-        def Sendrecv(self, sendbuf, dest, recvbuf, source):
-            mailboxes[self.rank, dest].put(sendbuf.copy())
-            recvbuf[...] = mailboxes[source, self.rank].get(timeout=60)  # a loaded CI machine
-
+    threads = ThreadRanks(ranks)
     networks = [SimpleNamespace(params=params.copy(), grads=grads[rank].copy(), num_params=params.size, xp=np)
                 for rank in range(ranks)]
     optimizers = [zero.ShardedSGD(network, learning_rate, momentum, ranks, rank) for rank, network in enumerate(networks)]
     for optimizer, mine in zip(optimizers, velocity):
         optimizer.velocity[...] = mine
     def run(rank):
-        zero.ZeRO(ThreadComm(rank), networks[rank]).step(SimpleNamespace(phase=lambda name: None,
+        zero.ZeRO(threads.comm(rank), networks[rank]).step(SimpleNamespace(phase=lambda name: None,
                                                                         optimizer=optimizers[rank]))
 
-    on_every_rank(ranks, run)
+    threads.run(run)
     return np.array([network.params for network in networks]), tuple(optimizer.velocity for optimizer in optimizers)
 
 

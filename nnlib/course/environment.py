@@ -167,9 +167,12 @@ def describe() -> dict:
 
 
 def mpiexec_path() -> str | None:
-    """The ``mpiexec`` of the running Python's environment (beside its interpreter), else on PATH."""
+    """The ``mpiexec`` named by ``$NNLIB_MPIEXEC`` (a site's own, or a wrapper such as the tests' counting one),
+    else the running Python's environment's (beside its interpreter), else the one on PATH."""
     import shutil
 
+    if os.environ.get("NNLIB_MPIEXEC"):
+        return os.environ["NNLIB_MPIEXEC"]
     beside = os.path.join(os.path.dirname(sys.executable), "mpiexec")
     return beside if os.access(beside, os.X_OK) else shutil.which("mpiexec")
 

@@ -289,8 +289,27 @@ def load_mnist(data_dir=None, download: bool = True, progress: bool = True) -> M
                 f"MNIST files {', '.join(missing)} not found in {', '.join(map(str, search))}. "
                 + how_to_fetch(missing, MIRRORS[0]))
         fetch_mnist(progress=progress)
-    arrays = [load_idx(find_file(name, search), SHA256[name]) for name in SHA256]
+    arrays = [load_verified(find_file(name, search), SHA256[name], os.environ.get("NNLIB_MNIST_ARRAYS"))
+              for name in SHA256]
     return MNIST(*arrays)  # (SHA256 lists the files in MNIST's order)
+
+
+def load_verified(path: Path, expected_sha256: str, arrays_dir=None) -> np.ndarray:
+    """Like :func:`load_idx`, with a folder of arrays already verified (``$NNLIB_MNIST_ARRAYS``; None: none).
+
+    Many short jobs on one machine (a test session, a sweep of batch jobs) would each decompress and hash the same
+    files again. With ``arrays_dir``, a file whose SHA-256 was verified is saved there as ``<sha256>.npy``, and a
+    later load reads that array instead: it is named by the digest its bytes had, so it stands for that file only.
+    """
+    if arrays_dir is None:
+        return load_idx(path, expected_sha256)
+    saved = Path(arrays_dir) / f"{expected_sha256}.npy"
+    if saved.is_file():
+        return np.load(saved)
+    array = load_idx(path, expected_sha256)
+    with atomic_write(saved) as stream:
+        np.save(stream, array)
+    return array
 
 
 # -- Preparing arrays for the network ----------------------------------------------------------------
