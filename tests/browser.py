@@ -42,8 +42,10 @@ def playwright_or_why():
 class Lab:
     """A JupyterLab server over notebooks/ (in a with block), and a page driver for it."""
 
-    def __init__(self, notebooks: Path = ROOT / "notebooks"):
+    def __init__(self, notebooks: Path = ROOT / "notebooks", environment: dict | None = None):
+        """``environment``: variables to set for the server and its kernels, beside this process's own."""
         self.token = secrets.token_hex(16)
+        self.environment = dict(environment or {})
         self.folder = Path(tempfile.mkdtemp(prefix="nnlib-lab-"))
         # JupyterLab saves a notebook it has run (autosave): it serves a copy, never the saved lessons
         self.root_dir = self.folder / "notebooks"
@@ -65,6 +67,7 @@ class Lab:
                            JUPYTER_DATA_DIR=str(self.folder / "data"), JUPYTER_RUNTIME_DIR=str(self.folder / "runtime"),
                            JUPYTERLAB_SETTINGS_DIR=str(settings), JUPYTERLAB_WORKSPACES_DIR=str(self.folder / "ws"),
                            IPYTHONDIR=str(self.folder / "ipython"))
+        environment.update(self.environment)
         self.log = open(self.folder / "server.log", "w")
         self.server = subprocess.Popen(
             [sys.executable, "-m", "jupyterlab", "--no-browser", "--allow-root", "--ip=127.0.0.1",

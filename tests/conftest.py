@@ -39,7 +39,8 @@ if os.environ.get("PYTEST_XDIST_WORKER") and os.environ.get("IPYTHONDIR"):
 # $NNLIB_TEST_SESSION before the workers start, so they inherit it; it is removed when that process ends. It holds:
 #   bin/mpiexec      a wrapper that notes each launch in launches.log, then runs this environment's mpiexec; every
 #                    launch made through nnlib.course.environment.mpiexec_path() goes through it ($NNLIB_MPIEXEC);
-#   launches.log     one line per launch: the test that made it, then the arguments (read by the summary below);
+#   launches.log     one line per launch: the test that made it, ipyparallel's cluster id for a cluster's engines,
+#                    then the arguments (read by the summary below);
 #   mnist-arrays/    MNIST verified once, each file's array saved as <sha256>.npy ($NNLIB_MNIST_ARRAYS): jobs load
 #                    these instead of decompressing and hashing the files again (nnlib.lesson01_mnist.data).
 SESSION = "NNLIB_TEST_SESSION"
@@ -54,8 +55,8 @@ def make_session_folder() -> Path:
     real = mpiexec_path()
     (folder / "bin").mkdir()
     wrapper = folder / "bin" / "mpiexec"
-    wrapper.write_text(f"#!/bin/sh\nprintf '%s\\t%s\\n' \"$PYTEST_CURRENT_TEST\" \"$*\" >> {shlex.quote(str(folder))}"
-                       f"/launches.log\nexec {shlex.quote(str(real))} \"$@\"\n")
+    wrapper.write_text(f"#!/bin/sh\nprintf '%s\\t%s\\t%s\\n' \"$PYTEST_CURRENT_TEST\" \"$IPP_CLUSTER_ID\" \"$*\" >> "
+                       f"{shlex.quote(str(folder))}/launches.log\nexec {shlex.quote(str(real))} \"$@\"\n")
     wrapper.chmod(0o755)
     os.environ.update({SESSION: str(folder), "NNLIB_MPIEXEC": str(wrapper),
                        "NNLIB_MNIST_ARRAYS": str(folder / "mnist-arrays")})
@@ -78,31 +79,36 @@ def pytest_unconfigure(config):
         shutil.rmtree(SESSION_FOLDER, ignore_errors=True)
 
 
-def launches() -> list[tuple[str, str]]:
-    """(the test, mpiexec's arguments) of every launch so far in this session, --version and the like left out."""
+def launches() -> list[tuple[str, str, str]]:
+    """(the test, the cluster id or '', mpiexec's arguments) of every launch so far in this session, --version and
+    the like left out."""
     log = Path(os.environ[SESSION]) / "launches.log"
     lines = log.read_text().splitlines() if log.exists() else []
-    pairs = [tuple(line.split("\t", 1)) for line in lines if "\t" in line]
-    return [(test, arguments) for test, arguments in pairs if arguments.split()[:1] not in (["--version"], ["-info"])]
+    rows = [tuple(line.split("\t", 2)) for line in lines if line.count("\t") >= 2]
+    return [row for row in rows if row[2].split()[:1] not in (["--version"], ["-info"])]
+
+
+def in_nbval(nodeid: str) -> bool:
+    """Whether ``nodeid`` is a notebook's cell under nbval (a browser test may name a notebook in its parameters)."""
+    return nodeid.split("::")[0].endswith(".ipynb")
 
 
 def pytest_terminal_summary(terminalreporter):
     """What the session spent its time and processes on: worker-seconds of nbval and of the rest, mpiexec
     launches and cluster start-ups outside nbval (a cluster's engines are one launch; a restart launches them
-    again for the same cluster, whose --cluster-id stays)."""
+    again for the same cluster, whose $IPP_CLUSTER_ID stays)."""
     if not MADE_SESSION:
         return
     seconds = {True: 0.0, False: 0.0}
     for reports in terminalreporter.stats.values():
         for report in reports:
             if getattr(report, "nodeid", None) and hasattr(report, "duration"):
-                seconds[".ipynb" in report.nodeid] += report.duration
-    outside = [(test, arguments) for test, arguments in launches() if ".ipynb" not in test]
-    engines = [arguments for _, arguments in outside if "ipyparallel" in arguments]
-    clusters = {next((word for word in arguments.split() if word.startswith("--cluster-id")), arguments)
-                for arguments in engines}
+                seconds[in_nbval(report.nodeid)] += report.duration
+    outside = [(test, cluster, arguments) for test, cluster, arguments in launches() if not in_nbval(test)]
+    engines = [cluster for _, cluster, arguments in outside if "ipyparallel" in arguments]
+    clusters = set(engines)
     by_file = {}
-    for test, _ in outside:
+    for test, _, _ in outside:
         name = test.split("::")[0].split("/")[-1] or "(outside a test)"
         by_file[name] = by_file.get(name, 0) + 1
     write = terminalreporter.write_line

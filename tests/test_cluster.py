@@ -1,5 +1,12 @@
-"""nnlib.course.cluster: MPI engines start, map to ranks, recover, stop cleanly, and fail clearly."""
+"""nnlib.course.cluster: MPI engines start, map to ranks, recover, stop cleanly, and fail clearly.
 
+One cluster of ENGINES engines serves the module (the ``running`` fixture; conftest's ONE_WORKER keeps the module in
+one worker, so it is started once): its tests run on it in order, two of them restart its engines, and the last
+stops it and checks that nothing is left. The tests of a start that fails use stand-in mpiexecs; the test of stop's
+steps uses stand-ins for ipyparallel.
+"""
+
+import os
 import stat
 import time
 
@@ -9,22 +16,40 @@ import pytest
 from nnlib.course import cluster
 from nnlib.course.environment import ONE_BLAS_THREAD
 
+ENGINES = 3
 
-@pytest.fixture(autouse=True)
+
+@pytest.fixture
 def private_ipython_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("IPYTHONDIR", str(tmp_path / "ipython"))
 
 
+@pytest.fixture(scope="module")
+def running(tmp_path_factory):
+    """The module's cluster. It starts, and restarts, without the ONE_BLAS_THREAD variables that conftest sets for
+    the tests (removed until the module ends), so the engines' values can only come from the cluster itself."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("IPYTHONDIR", str(tmp_path_factory.mktemp("ipython")))
+        for name in ONE_BLAS_THREAD:
+            patch.delenv(name, raising=False)
+        handle = cluster.start(n=ENGINES, activate=False)
+        try:
+            yield handle
+        finally:
+            handle.stop()  # (safe twice: the last test has stopped it)
+
+
 def cluster_processes():
-    """Our descendant processes that belong to a cluster (controller, mpiexec, engines)."""
-    found = []
+    """{pid: command line} of our descendant processes that belong to a cluster (controller, mpiexec, hydra's
+    proxy, engines, reaper)."""
+    found = {}
     for process in psutil.Process().children(recursive=True):
         try:
             command = " ".join(process.cmdline())
         except psutil.Error:
             continue
-        if "ipyparallel" in command or "mpiexec" in command or "hydra_pmi_proxy" in command:
-            found.append(command)
+        if any(word in command for word in ("ipyparallel", "mpiexec", "hydra_pmi_proxy", "nnlib.course.reaper")):
+            found[process.pid] = command
     return found
 
 
@@ -34,34 +59,28 @@ def on_engines(view, expression):
     return view.pull("_value", block=True)
 
 
-def wait_until_gone(seconds=10):
+def wait_until_gone(seconds=10, besides=()):
+    """The command lines of the cluster processes still running after up to ``seconds`` (those whose pid is in
+    ``besides`` left out: they ran before the test began)."""
     deadline = time.monotonic() + seconds
-    while cluster_processes() and time.monotonic() < deadline:
+    while (left := [command for pid, command in cluster_processes().items() if pid not in besides]) \
+            and time.monotonic() < deadline:
         time.sleep(0.2)
-    return cluster_processes()
+    return left
 
 
-@pytest.mark.parametrize("engines", [2, 4])
-def test_start_map_ranks_and_stop_leaves_nothing(engines, monkeypatch):
-    for name in ONE_BLAS_THREAD:  # conftest sets them for the tests: the engines' 1 must come from the cluster
-        monkeypatch.delenv(name, raising=False)
-    with cluster.start(n=engines, activate=False) as running:
-        assert sorted(running.rank_of.values()) == list(range(engines))
-        # The view is in rank order: engine k of the view is rank k.
-        assert on_engines(running.view, "rank") == list(range(engines))
-        assert on_engines(running.view, "comm.allreduce(rank)") == [sum(range(engines))] * engines
-        assert on_engines(running.view, "__import__('os').environ['OMP_NUM_THREADS']") == ["1"] * engines
-    assert wait_until_gone() == []
+def assert_ranks_in_order(running):
+    """Every engine has one rank of 0..ENGINES-1, and the view's engine k is rank k (after a start or a restart)."""
+    assert sorted(running.rank_of.values()) == list(range(ENGINES))
+    assert on_engines(running.view, "rank") == list(range(ENGINES))
+    assert on_engines(running.view, "comm.allreduce(1)") == [ENGINES] * ENGINES
 
 
-def test_restart_recovers_from_a_rank_that_raised_before_a_collective():
-    with cluster.start(n=2, activate=False) as running:
-        stuck = running.view.execute("if rank == 1:\n    raise RuntimeError('boom')\ncomm.Barrier()", block=False)
-        stuck.wait(2)
-        assert not stuck.ready()  # rank 0 waits in Barrier for rank 1, which will never come
-        running.restart()
-        assert on_engines(running.view, "comm.allreduce(1)") == [2, 2]
-    assert wait_until_gone() == []
+def assert_one_blas_thread(running):
+    """Every engine has the ONE_BLAS_THREAD variables (OMP_NUM_THREADS=1 and the others)."""
+    names = sorted(ONE_BLAS_THREAD)
+    assert on_engines(running.view, f"[__import__('os').environ.get(name) for name in {names}]") == \
+        [[ONE_BLAS_THREAD[name] for name in names]] * ENGINES
 
 
 def test_missing_mpiexec_fails_at_once():
@@ -71,10 +90,11 @@ def test_missing_mpiexec_fails_at_once():
     assert time.monotonic() - start < 5
 
 
-def test_failing_mpiexec_reports_command_output_and_fix_within_the_bound(tmp_path):
+def test_failing_mpiexec_reports_command_output_and_fix_within_the_bound(tmp_path, private_ipython_dir):
     fake = tmp_path / "mpiexec"
     fake.write_text("#!/bin/sh\necho 'fake mpiexec: no ranks for you' >&2\nexit 3\n")
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    before = set(cluster_processes())  # the module's cluster, if it runs already
     start = time.monotonic()
     with pytest.raises(cluster.ClusterStartError) as caught:
         cluster.start(n=2, mpiexec=str(fake), timeout=15, activate=False)
@@ -82,10 +102,10 @@ def test_failing_mpiexec_reports_command_output_and_fix_within_the_bound(tmp_pat
     message = str(caught.value)
     assert f"{fake} -n 2" in message and "fake mpiexec: no ranks for you" in message
     assert "Likely fixes" in message
-    assert wait_until_gone() == []
+    assert wait_until_gone(besides=before) == []
 
 
-def test_silent_mpiexec_times_out_within_the_bound(tmp_path):
+def test_silent_mpiexec_times_out_within_the_bound(tmp_path, private_ipython_dir):
     """An mpiexec that neither starts engines nor exits: the timeout bounds the wait."""
     fake = tmp_path / "mpiexec"
     fake.write_text("#!/bin/sh\necho 'waiting for a scheduler...'\nsleep 60\n")
@@ -170,39 +190,60 @@ def errors_by_rank(running, failed_result):
             for index, (name, _, _, info) in enumerate(caught.value.elist)}
 
 
-def test_engines_have_the_classroom_deadline():
-    with cluster.start(n=2, activate=False) as running:
-        from nnlib.course.cluster import CLASSROOM_TIMEOUT
 
-        assert on_engines(running.view, "__import__('importlib').import_module('nnlib.course.deadline').default_timeout()") == \
-            [CLASSROOM_TIMEOUT] * 2
-    assert wait_until_gone() == []
+# -- the module's cluster: these tests run in this order on the one cluster, the last stops it ----------------------
 
 
-def test_a_rank_failing_in_training_stops_every_rank_at_once_and_the_next_run_needs_no_restart():
-    with cluster.start(n=3, activate=False) as running:
-        running.view.push({"FAULT": "raise"}, block=True)
-        began = time.monotonic()
-        failed = running.view.execute(TRAINING, block=False)
-        failed.wait(15)
-        assert failed.ready() and time.monotonic() - began < 15  # not the 20 s deadline: rank 2 told them
-        assert errors_by_rank(running, failed) == {0: "CollectiveTimeout", 1: "CollectiveTimeout", 2: "RuntimeError"}
-        running.view.push({"FAULT": None}, block=True)
-        running.view.execute(TRAINING, block=True)  # the same engines, no restart
-        import numpy as np
-
-        params = running.view.pull("_params", block=True)
-        assert all(np.array_equal(params[0], other) for other in params[1:])  # the same trained network
-    assert wait_until_gone() == []
+def test_ranks_are_mapped_in_order_and_the_cluster_gives_one_blas_thread(running):
+    assert not set(ONE_BLAS_THREAD) & set(os.environ)  # not inherited: the fixture removed them
+    assert_ranks_in_order(running)
+    assert_one_blas_thread(running)
 
 
-def test_a_killed_engine_ends_the_cell_and_restart_recovers():
-    with cluster.start(n=3, activate=False) as running:
-        running.view.push({"FAULT": "kill"}, block=True)
-        failed = running.view.execute(TRAINING, block=False)
-        failed.wait(25)
-        assert failed.ready()  # hydra ends the whole MPI job when one rank dies
-        assert set(errors_by_rank(running, failed).values()) == {"EngineError"}
-        running.restart()
-        assert on_engines(running.view, "comm.allreduce(1)") == [3, 3, 3]
+def test_engines_have_the_classroom_deadline(running):
+    deadline = "__import__('importlib').import_module('nnlib.course.deadline').default_timeout()"
+    assert on_engines(running.view, deadline) == [cluster.CLASSROOM_TIMEOUT] * ENGINES
+
+
+def test_restart_recovers_from_a_rank_that_raised_before_a_collective(running):
+    """A silent execute (no post_run_cell: rank 1 tells nobody) leaves the others waiting in Barrier; restart
+    ends that at once, and the restarted engines again have their ranks in order and one BLAS thread."""
+    stuck = running.view.execute("if rank == 1:\n    raise RuntimeError('boom')\ncomm.Barrier()", block=False)
+    stuck.wait(2)
+    assert not stuck.ready()  # rank 0 waits in Barrier for rank 1, which will never come
+    running.restart()
+    assert_ranks_in_order(running)
+    assert_one_blas_thread(running)
+
+
+def test_a_rank_failing_in_training_stops_every_rank_at_once_and_the_next_run_needs_no_restart(running):
+    running.view.push({"FAULT": "raise"}, block=True)
+    began = time.monotonic()
+    failed = running.view.execute(TRAINING, block=False)
+    failed.wait(15)
+    assert failed.ready() and time.monotonic() - began < 15  # not the 20 s deadline: rank 2 told them
+    assert errors_by_rank(running, failed) == {0: "CollectiveTimeout", 1: "CollectiveTimeout", 2: "RuntimeError"}
+    running.view.push({"FAULT": None}, block=True)
+    running.view.execute(TRAINING, block=True)  # the same engines, no restart
+    import numpy as np
+
+    params = running.view.pull("_params", block=True)
+    assert all(np.array_equal(params[0], other) for other in params[1:])  # the same trained network
+
+
+def test_a_killed_engine_ends_the_cell_and_restart_recovers(running):
+    running.view.push({"FAULT": "kill"}, block=True)
+    failed = running.view.execute(TRAINING, block=False)
+    failed.wait(25)
+    assert failed.ready()  # hydra ends the whole MPI job when one rank dies
+    assert set(errors_by_rank(running, failed).values()) == {"EngineError"}
+    running.restart()
+    assert_ranks_in_order(running)
+
+
+def test_stop_leaves_nothing(running):
+    """Last: stop ends the engines, mpiexec, the controller and the reaper; the handle says it is stopped."""
+    assert cluster_processes()  # (it ran until now)
+    running.stop()
+    assert repr(running) == "<MPICluster: stopped>"
     assert wait_until_gone() == []

@@ -3,9 +3,10 @@
 Each test starts a cluster (2 MPI engines) from a separate "kernel" process: a plain Python
 process, or a real Jupyter kernel driven with jupyter_client. It checks that the cluster's
 processes exist (the controller, mpiexec, hydra's proxy, the engines: all carry the owner's
-NNLIB_CLUSTER_OWNER tag), ends the owner one way, and requires that none of them, and no
-reaper, is left within GONE_WITHIN seconds. Being killed by the out-of-memory killer is a
-SIGKILL, the case tested here.
+NNLIB_CLUSTER_OWNER tag), ends the cluster or its owner one way (stop() failing in one step,
+leaving a with block, SIGTERM, SIGKILL while a rank is stuck, a kernel restart), and requires that
+none of them, and no reaper, is left within GONE_WITHIN seconds. Being killed by the out-of-memory
+killer is a SIGKILL, the case tested here.
 """
 
 import os
@@ -27,18 +28,30 @@ OWNER = textwrap.dedent("""
     from nnlib.course import cluster
 
     mode = sys.argv[1]
-    if mode == "with":
+    if mode == "with, its stop failing once":
+        # Inside the block, stop() cannot stop the engines: it raises and keeps the cluster (and its reaper);
+        # leaving the block stops everything (__exit__ is stop()); the owner lives on until told to exit.
         with cluster.start(n=2, timeout=90, activate=False) as mpi:
             print("started", os.environ["NNLIB_CLUSTER_OWNER"], flush=True)
-            time.sleep(1)
+            real, calls = mpi.cluster.stop_engines_sync, []
+            def stop_engines_once_failing():
+                calls.append(1)
+                if len(calls) == 1:
+                    raise RuntimeError("the engines could not be stopped")
+                return real()
+            mpi.cluster.stop_engines_sync = stop_engines_once_failing
+            try:
+                mpi.stop()
+            except RuntimeError as error:
+                print("raising", error, "and keeping the cluster:", mpi.cluster is not None, flush=True)
+            else:
+                print("stopped without an error", flush=True)
+            sys.stdin.readline()  # (the test looks at the processes now)
         print("stopped", flush=True)
+        sys.stdin.readline()  # alive: neither the reaper nor an exit handler can be what ended the cluster
         sys.exit(0)
     mpi = cluster.start(n=2, timeout=90, activate=False)
     print("started", os.environ["NNLIB_CLUSTER_OWNER"], flush=True)
-    if mode == "stop":
-        mpi.stop()
-        print("stopped", flush=True)
-        sys.exit(0)
     if mode == "failing close":  # the client cannot close: stop still ends everything, then says why
         def close():
             raise RuntimeError("the client could not close")
@@ -50,24 +63,6 @@ OWNER = textwrap.dedent("""
         else:
             print("stopped without an error", flush=True)
         time.sleep(600)  # alive: neither the reaper nor an exit handler can be what ends the cluster
-    if mode == "failing engines":  # the engines' first stop fails: the cluster stays, and a second stop ends it
-        real, calls = mpi.cluster.stop_engines_sync, []
-        def stop_engines_once_failing():
-            calls.append(1)
-            if len(calls) == 1:
-                raise RuntimeError("the engines could not be stopped")
-            return real()
-        mpi.cluster.stop_engines_sync = stop_engines_once_failing
-        try:
-            mpi.stop()
-        except RuntimeError as error:
-            print("raising", error, "and keeping the cluster:", mpi.cluster is not None, flush=True)
-        else:
-            print("stopped without an error", flush=True)
-        sys.stdin.readline()  # (the test looks at the processes now)
-        mpi.stop()
-        print("stopped", flush=True)
-        time.sleep(600)
     if mode == "stuck":  # rank 1 fails, rank 0 waits in MPI's own blocking Barrier (no deadline) for ever
         mpi.view.execute("if rank == 1:\\n    raise RuntimeError('rank 1 failed')\\ncomm.world.Barrier()", block=False)
         time.sleep(2)
@@ -104,6 +99,12 @@ def wait_until_gone(tag, within=GONE_WITHIN):
             return True
         time.sleep(0.25)
     return False
+
+
+def tell(process):
+    """Send the owner a line: it goes on to its next step."""
+    process.stdin.write("\n")
+    process.stdin.flush()
 
 
 def describe(pids):
@@ -143,12 +144,19 @@ def owner(tmp_path):
         process.wait()
 
 
-@pytest.mark.parametrize("mode", ["stop", "with"])
-def test_stopping_or_leaving_the_with_block_leaves_nothing(owner, mode):
-    process, tag = owner(mode)
+def test_a_with_block_whose_stop_fails_once_keeps_the_cluster_then_its_exit_ends_everything(owner):
+    """stop() that cannot stop the engines raises and keeps the cluster and its reaper (a second stop can try
+    again); the block's exit (stop() again) then ends every process while the owner still runs, and it exits 0."""
+    process, tag = owner("with, its stop failing once")
+    assert process.stdout.readline().strip() == "raising the engines could not be stopped and keeping the cluster: True"
+    engines = [proc for proc, _ in tagged_processes(tag) if "ipyparallel.engine" in command_line(proc)]
+    assert engines and len(reapers(tag)) == 1, describe(leftovers(tag))  # still running, still watched
+    tell(process)
     assert process.stdout.readline().strip() == "stopped"
-    assert process.wait(30) == 0
     assert wait_until_gone(tag, within=5), describe(leftovers(tag))
+    assert process.poll() is None  # the owner still runs: the block's exit ended them
+    tell(process)
+    assert process.wait(30) == 0
 
 
 def test_a_stop_whose_first_step_fails_still_ends_every_process_and_then_raises(owner):
@@ -158,22 +166,11 @@ def test_a_stop_whose_first_step_fails_still_ends_every_process_and_then_raises(
     assert process.poll() is None  # the owner still runs
 
 
-def test_a_stop_that_cannot_stop_the_engines_keeps_the_cluster_and_its_reaper_for_a_second_stop(owner):
-    process, tag = owner("failing engines")
-    assert process.stdout.readline().strip() == "raising the engines could not be stopped and keeping the cluster: True"
-    engines = [proc for proc, _ in tagged_processes(tag) if "ipyparallel.engine" in command_line(proc)]
-    assert engines and len(reapers(tag)) == 1, describe(leftovers(tag))  # still running, still watched
-    process.stdin.write("\n")
-    process.stdin.flush()
-    assert process.stdout.readline().strip() == "stopped"
-    assert wait_until_gone(tag, within=5), describe(leftovers(tag))
-
-
-@pytest.mark.parametrize("signal_number", [signal.SIGKILL, signal.SIGTERM])
-def test_a_killed_owner_leaves_nothing(owner, signal_number):
+def test_an_owner_ended_by_sigterm_leaves_nothing(owner):
+    """(SIGKILL, the out-of-memory killer's: test_an_owner_killed_while_a_rank_is_stuck_in_a_collective_...)"""
     process, tag = owner("idle")
     assert process.stdout.readline().strip() == "waiting"
-    process.send_signal(signal_number)
+    process.send_signal(signal.SIGTERM)
     process.wait(10)
     assert wait_until_gone(tag), describe(leftovers(tag))
 
@@ -206,10 +203,10 @@ def test_orphans_of_a_dead_owner_are_cleaned_up_by_the_next_start(tmp_path):
         orphan.kill()
 
 
-@pytest.mark.parametrize("how", ["restart", "shutdown"])
-def test_a_jupyter_kernel_restarted_or_shut_down_while_a_cell_is_stuck_leaves_nothing(tmp_path, how):
+def test_a_jupyter_kernel_restarted_while_a_cell_is_stuck_leaves_nothing(tmp_path):
     """As JupyterLab does: a kernel starts a cluster, a %%px cell hangs in a collective, then the kernel is
-    restarted (or shut down) from the menu."""
+    restarted from the menu. (Shut down takes the same path: jupyter_client's restart_kernel is shutdown_kernel
+    with restart=True, then a new kernel; the kernel only echoes restart in its reply, ipykernel's do_shutdown.)"""
     from jupyter_client.manager import start_new_kernel
 
     environment = dict(os.environ, IPYTHONDIR=str(tmp_path / "ipython"))
@@ -224,10 +221,7 @@ def test_a_jupyter_kernel_restarted_or_shut_down_while_a_cell_is_stuck_leaves_no
         assert len(tagged_processes(tag)) >= 4
         client.execute("%%px\nif rank == 1:\n    raise RuntimeError('rank 1 failed')\ncomm.world.Barrier()")
         time.sleep(3)  # the cell is stuck: rank 0 waits in MPI's own Barrier (no deadline) for rank 1
-        if how == "restart":
-            manager.restart_kernel(now=False)
-        else:
-            manager.shutdown_kernel(now=False)
+        manager.restart_kernel(now=False)
         assert wait_until_gone(tag), describe(leftovers(tag))
     finally:
         client.stop_channels()
