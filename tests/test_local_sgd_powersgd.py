@@ -1,11 +1,13 @@
 """Lesson 11's ways of talking less, in one process and as batch-job flags: PowerSGD's bytes and power iteration,
-local SGD / DiLoCo's outer step and rounds, the byte counter and its alpha-beta time. The equalities under
-mpiexec on 1 to 4 ranks are in tests/mpi/check_communication_light.py (run by test_mpi.py)."""
+local SGD / DiLoCo's outer step and rounds, the byte counter and its alpha-beta time; the flags' refusals, where the
+job's settings check decides them; the jobs' byte counts (one launch of 3 ranks). The equalities under mpiexec on 1
+to 4 ranks are in tests/mpi/check_communication_light.py (run by test_mpi.py)."""
 
 import numpy as np
 import pytest
 from mpi4py import MPI
-from test_train_command import run_training
+from shared_runs import Job, jobs_run_once
+from test_train_command import settings_refusal
 
 from nnlib.lesson02_network.network import count_parameters
 from nnlib.lesson04_collectives.costmodel import ETHERNET_1G, ring_allgather_time, ring_allreduce_time
@@ -121,7 +123,10 @@ def test_counting_comm_counts_the_messages_and_their_alpha_beta_time():
     assert counted_seconds(calls, 1, alpha, beta) == 0.0
 
 
-@pytest.mark.parametrize("ranks, arguments, message", [
+#: What the new flags' checks refuse (in-process, where it is decided: tests/test_train_command.py's settings_refusal);
+#: the pairs the table refuses (--local-steps with --asynchronous, --checkpoint-dir or --compression float16, and
+#: --compression powersgd with --checkpoint-dir) are among test_train_command.py's REFUSED.
+NEW_FLAGS_REFUSED = [
     (2, ["--compression", "powersgd"], "--compression powersgd needs --rank R, a whole number, 1 or more; got None"),
     (2, ["--compression", "powersgd", "--rank", "0"], "needs --rank R, a whole number, 1 or more; got 0"),
     (2, ["--rank", "2"], "--rank is PowerSGD's: add --compression powersgd"),
@@ -130,34 +135,29 @@ def test_counting_comm_counts_the_messages_and_their_alpha_beta_time():
     (2, ["--local-steps", "0", "--sampler", "per_rank"], "--local-steps H must be a whole number, 1 or more"),
     (2, ["--local-steps", "4", "--sampler", "per_rank", "--outer-learning-rate", "-1"],
      "--outer-learning-rate must be a positive number"),
-    (3, ["--local-steps", "4", "--sampler", "per_rank", "--asynchronous"],
-     "--local-steps does not combine with --asynchronous in the batch job"),
-    (2, ["--local-steps", "4", "--sampler", "per_rank", "--compression", "float16"],
-     "--compression float16/bfloat16/topk does not combine with --local-steps in the batch job"),
-    (2, ["--local-steps", "4", "--sampler", "per_rank", "--checkpoint-dir", "/tmp/never"],
-     "--local-steps does not combine with --checkpoint-dir in the batch job"),
-    (2, ["--compression", "powersgd", "--rank", "2", "--checkpoint-dir", "/tmp/never"],
-     "--compression powersgd does not combine with --checkpoint-dir in the batch job"),
-    (3, ["--compression", "powersgd", "--rank", "2", "--asynchronous"], "--compression powersgd does not combine with --asynchronous in the batch job"),
+    (3, ["--compression", "powersgd", "--rank", "2", "--asynchronous"],
+     "--compression powersgd does not combine with --asynchronous in the batch job"),
     (2, ["--compression", "powersgd", "--rank", "2", "--model-parallel", "tensor"],
      "--compression powersgd does not combine with --model-parallel tensor in the batch job"),
-])
-def test_the_new_flags_are_refused_on_every_rank_at_once(ranks, arguments, message):
-    run = run_training(ranks, *SMALL, *arguments, timeout=60)
-    assert run.returncode == 2, run.stdout + run.stderr
-    assert run.stderr.count(message) == 1, run.stderr
-    assert "Traceback" not in run.stderr
+]
 
 
-def test_the_jobs_count_their_bytes_and_one_local_step_equals_the_synchronous_job(tmp_path):
+@pytest.mark.parametrize("ranks, arguments, message", NEW_FLAGS_REFUSED)
+def test_the_new_flags_are_refused_by_the_check_every_rank_makes_first(ranks, arguments, message):
+    assert message in settings_refusal(ranks, *SMALL, *arguments)
+
+
+def test_the_jobs_count_their_bytes_and_one_local_step_equals_the_synchronous_job():
+    """The synchronous, local-SGD (H = 1) and PowerSGD jobs on 3 ranks: one launch, once per session."""
     settings = (*SMALL, "--dtype", "float64", "--sampler", "per_rank")
-    synchronous = run_training(3, *settings, "--output", str(tmp_path / "s.npz"))
-    local = run_training(3, *settings, "--local-steps", "1", "--output", str(tmp_path / "l.npz"))
-    power = run_training(3, *settings, "--compression", "powersgd", "--rank", "2", "--output", str(tmp_path / "p.npz"))
+    runs = jobs_run_once("test_local_sgd_powersgd-3-ranks", 3, {
+        "s": Job(settings), "l": Job((*settings, "--local-steps", "1")),
+        "p": Job((*settings, "--compression", "powersgd", "--rank", "2"))})
+    synchronous, local, power = runs["s"], runs["l"], runs["p"]
     assert synchronous.returncode == local.returncode == power.returncode == 0, local.stderr + power.stderr
     first, second = message_bytes((784, 16, 10), 2, itemsize=8)
     assert f"two Allreduces of {first:,} and {second:,} bytes per rank per step instead of 101,840" in power.stdout
-    saved = {name: dict(np.load(tmp_path / f"{name}.npz")) for name in "slp"}
+    saved = {name: run.saved() for name, run in runs.items()}
     assert np.abs(saved["l"]["params"] - saved["s"]["params"]).max() / np.abs(saved["s"]["params"]).max() <= 1e-10
     steps = 2 * 16  # ceil(1001 / 64) steps in each of 2 epochs
     assert int(saved["s"]["sent_bytes"]) == int(saved["l"]["sent_bytes"]) == steps * 8 * count_parameters(
