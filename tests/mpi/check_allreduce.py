@@ -117,4 +117,5 @@ def test_bad_buffers():
     bad_buffer_fails_everywhere(lambda: np.ones(size), "ring-of-fire", "algorithm must be")
 
 
-run_checks(globals())
+if __name__ == "__main__":
+    run_checks(globals())

@@ -1,7 +1,7 @@
 """Run under mpiexec with any number of ranks: every nnlib.lesson04_collectives.collectives helper, exact values on every rank.
 
 Exits 0 when every check passed on every rank; prints the failures and exits 1 otherwise.
-Used by tests/test_collectives.py with 1, 2, 3 and 4 ranks.
+Run by tests/test_mpi.py (through run_checkers.py) with 1, 2, 3 and 4 ranks.
 """
 
 import numpy as np
@@ -111,4 +111,5 @@ def test_what_runs_before_a_timed_call_is_not_timed():
     expect_equal(np.array(comm.allgather(float(cold[0]))), np.full(size, cold[0]))
 
 
-run_checks(globals())
+if __name__ == "__main__":
+    run_checks(globals())

@@ -58,4 +58,5 @@ def test_a_model_size_that_does_not_divide_fails_everywhere():
     comm.Barrier()
 
 
-run_checks(globals())
+if __name__ == "__main__":
+    run_checks(globals())

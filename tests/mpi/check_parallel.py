@@ -26,6 +26,7 @@ N = 997
 INPUTS, LABELS = rng.random((N, 12)), rng.integers(0, 4, N)
 TOLERANCE = {"float64": 1e-10, "float32": 1e-5}
 STRATEGIES = [*LESSON_05, ZeRO, Overlap]  # lesson 05's three by name, lesson 08's two as classes
+CHECK_PREFIX = "check_"  # the checks' names (run_checkers.py reads it too)
 
 
 def sequential(dtype, **settings):
@@ -235,4 +236,5 @@ def check_communication_split_into_waiting_and_transfer():
     expect_error_everywhere(lambda: communication_split(comm, short), "timeline_steps=8")
 
 
-run_checks(globals(), prefix="check_")
+if __name__ == "__main__":
+    run_checks(globals(), prefix=CHECK_PREFIX)

@@ -133,4 +133,5 @@ def test_a_stalled_stage_is_caught_when_the_communicator_is_watched():
         comm.Barrier()  # the world communicator is still fine
 
 
-run_checks(globals())
+if __name__ == "__main__":
+    run_checks(globals())

@@ -115,4 +115,5 @@ def test_bad_settings_fail_on_every_rank():
                                 "the ranks disagree on the schedule and chunks")
 
 
-run_checks(globals())
+if __name__ == "__main__":
+    run_checks(globals())

@@ -98,4 +98,5 @@ def test_a_mismatched_network_fails_on_every_rank():
     comm.Barrier()
 
 
-run_checks(globals())
+if __name__ == "__main__":
+    run_checks(globals())

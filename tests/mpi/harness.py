@@ -2,6 +2,8 @@
 
 A failing check is recorded on its rank (with its traceback) and the others go on, so that no
 rank leaves a collective early; rank 0 prints everything and every rank exits with the same code.
+A checker run alone (``mpiexec -n P python check_x.py``) calls run_checks; run_checkers.py runs several checkers
+in one job through failures_here and gathered, one verdict each.
 """
 
 import sys
@@ -10,20 +12,32 @@ import traceback
 from mpi4py import MPI
 
 
-def run_checks(namespace: dict, prefix: str = "test_") -> None:
-    """Call each function of ``namespace`` (a checker's globals()) named ``prefix``..., then exit 0 or 1 everywhere."""
-    comm = MPI.COMM_WORLD
+def failures_here(namespace: dict, prefix: str = "test_") -> list[str]:
+    """Call each function of ``namespace`` (a checker's globals()) named ``prefix``..., in order: this rank's
+    failures, each with its traceback (a failing check does not stop the others)."""
+    rank = MPI.COMM_WORLD.rank
     failures = []
     for name, function in list(namespace.items()):
         if name.startswith(prefix) and callable(function):
             try:
                 function()
             except Exception:
-                failures.append(f"rank {comm.rank}: {name}\n{traceback.format_exc()}")
-    everyone = comm.gather(failures, root=0)
+                failures.append(f"rank {rank}: {name}\n{traceback.format_exc()}")
+    return failures
+
+
+def gathered(failures: list[str]) -> list[str]:
+    """Every rank's ``failures`` on rank 0, in rank order (an empty list on the other ranks)."""
+    everyone = MPI.COMM_WORLD.gather(failures, root=0)
+    return [failure for rank_failures in everyone for failure in rank_failures] if everyone else []
+
+
+def run_checks(namespace: dict, prefix: str = "test_") -> None:
+    """Call each function of ``namespace`` (a checker's globals()) named ``prefix``..., then exit 0 or 1 everywhere."""
+    comm = MPI.COMM_WORLD
+    flat = gathered(failures_here(namespace, prefix))
     code = 0
     if comm.rank == 0:
-        flat = [failure for rank_failures in everyone for failure in rank_failures]
         for failure in flat:
             print(failure, file=sys.stderr)
         print(f"{comm.size} ranks: {'all checks passed' if not flat else f'{len(flat)} failures'}")
