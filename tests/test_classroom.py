@@ -87,8 +87,9 @@ def test_comm_and_mpi_comm_world_are_one_classroom_comm(kernel):
 
 
 RAISING = [  # (the communicator, the collective, the rank that raises before it: the root, if any); one per path
-    # unrooted: ClassroomComm.__getattr__ gives the WatchedComm's (Barrier, Reduce_scatter_block... take this path)
-    ("comm", "Allreduce(np.ones(3), np.zeros(3))", 2),
+    # unrooted: ClassroomComm.__getattr__ gives the WatchedComm's (Allreduce, Barrier... take this path; Allreduce is
+    # also the stalled rank's collective below)
+    ("comm", "Reduce_scatter_block(np.ones(8), np.zeros(2))", 1),
     # rooted: the others wait in same_root's Allgather (Bcast, Reduce, Gather... take this path)
     ("MPI.COMM_WORLD", "Scatterv([np.ones(10), [3, 3, 2, 2]], np.zeros(3 if rank < 2 else 2), root=0)", 0),
 ]
