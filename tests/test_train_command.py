@@ -4,8 +4,9 @@ Each refusal is tested where it is decided, in this process: the settings check 
 collective (nnlib.train_command.check_settings, then the deadline's check of --timeout), with the job's parser and
 the rank count; what the job refuses later (rank 0's data checks, lesson 09's pipeline and grid, lesson 05's check
 of the run, the GPU check, a resume's checkpoint checks) through the job's entry point on this process's one rank,
-or with a stand-in communicator where the rank count decides. One launch remains for each way a job ends: a refused
-setting, rank 0's shared verdict, an error on one rank (MPI_Abort), a hang, a resume that does not fit.
+or with a stand-in communicator where the rank count decides. Each way a job ends is launched once: a refusal (the
+settings check's, lesson 05's check of the run's and lesson 13's pipeline's, in the launch of the 2-rank jobs), rank
+0's shared verdict, an error on one rank (MPI_Abort), a hang, a resume that does not fit.
 
 Jobs whose results are compared run several to a launch, once per test session (tests/shared_runs.py,
 tests/job_driver.py): a one-rank reference run (in this process) against the data-parallel strategies, the model
@@ -13,6 +14,7 @@ splits and lesson 13's schedules; each stand-in GPU mode against the CPU. Notebo
 a float64 job and resumes it on 2 and on 3 ranks; the float32 kill is here.
 """
 
+import contextlib
 import json
 import os
 import re
@@ -76,7 +78,19 @@ ASYNCHRONOUS = ("--samples", "1001", "--epochs", "2", "--batch-size", "50", "--h
 COMPRESSED = ("--samples", "1001", "--epochs", "2", "--batch-size", "64", "--hidden", "16", "--dtype", "float64")
 ZERO_PER_RANK = (*SMALL, "--dtype", "float64", "--strategy", "zero", "--sampler", "per_rank")
 
-#: The jobs whose results the tests compare, by number of ranks: each group runs once per session, in one launch.
+#: Each way a job on 2 ranks refuses, run in JOBS_ON[2]'s launch: the settings check (before any collective), lesson
+#: 05's check of the run (check_run, then fail_together, in train_parallel), lesson 13's pipeline (ScheduledPipeline
+#: with the job's own number of virtual stages: 2 ranks, 2 chunks each, 2 weight layers): {name: (Job, message)}.
+REFUSED_ON_2_RANKS = {
+    "refused setting": (Job((*SMALL, "--slow", "5:0.1")), "error: --slow names rank 5, but the job has ranks 0 to 1"),
+    "global batch below the ranks": (Job(("--epochs", "1", "--samples", "500", "--batch-size", "1")),
+                                     "the global batch (1) is smaller than the number of ranks (2)"),
+    "interleaved deeper than the network": (Job(("--epochs", "1", "--samples", "500", "--model-parallel", "pipeline",
+                                                 "--schedule", "interleaved", "--hidden", "16")),
+                                            "every stage needs at least one"),
+}
+#: The jobs whose results the tests compare (and REFUSED_ON_2_RANKS), by number of ranks: each group runs once per
+#: session, in one launch.
 JOBS_ON = {
     1: {"reference": Job(REFERENCE), "synchronous": Job((*ASYNCHRONOUS, "--sampler", "per_rank"))},
     2: {"tensor": Job((*REFERENCE, "--model-parallel", "tensor")),
@@ -86,7 +100,8 @@ JOBS_ON = {
         "zb-h2": Job((*PIPELINE, "--schedule", "zb-h2", "--trace", "{folder}/zb-h2.json")),
         "asynchronous": Job((*ASYNCHRONOUS, "--asynchronous", "--staleness", "0")),
         "synchronous": Job((*ASYNCHRONOUS, "--sampler", "per_rank")),
-        "whole float32": Job((*SMALL, "--dtype", "float32"))},
+        "whole float32": Job((*SMALL, "--dtype", "float32")),
+        **{name: job for name, (job, _) in REFUSED_ON_2_RANKS.items()}},  # last: a refusal that aborted would stop
     3: {"allreduce": Job(REFERENCE), "zero": Job((*REFERENCE, "--strategy", "zero")),
         "overlap": Job((*REFERENCE, "--strategy", "overlap")), "fsdp": Job((*REFERENCE, "--strategy", "fsdp")),
         "per_rank": Job((*REFERENCE, "--sampler", "per_rank")),
@@ -183,12 +198,14 @@ def test_each_refused_setting_gets_its_message_from_the_check_every_rank_makes_f
     assert message in settings_refusal(ranks, *SMALL, *arguments)
 
 
-def test_a_refused_setting_ends_every_rank_with_exit_2_said_once_by_rank_0():
-    """The way every refusal of the settings check ends the job (their messages: the test above): the job's number
-    of ranks reaches the check, every rank refuses, rank 0 says it once, no traceback, exit status 2."""
-    run = run_training(2, *SMALL, "--slow", "5:0.1", timeout=60)
+@pytest.mark.parametrize("name", REFUSED_ON_2_RANKS)
+def test_a_refusal_on_2_ranks_ends_every_rank_with_exit_2_said_once_by_rank_0(name):
+    """Each way the job refuses (REFUSED_ON_2_RANKS; the settings check's messages: the test above), run on 2 ranks
+    (tests/job_driver.py, through the job's entry point): every rank refuses, rank 0 says it once, no traceback,
+    exit status 2. (The process's own exit status 2: test_rank_0s_verdict_on_its_data_ends_every_rank...)"""
+    run, message = runs_on(2)[name], REFUSED_ON_2_RANKS[name][1]
     assert run.returncode == 2, run.stdout + run.stderr
-    assert run.stderr.count("error: --slow names rank 5, but the job has ranks 0 to 1") == 1, run.stderr
+    assert run.stderr.startswith("error: ") and run.stderr.count(message) == 1, run.stderr
     assert "Traceback" not in run.stderr
 
 
@@ -229,7 +246,8 @@ class SameOnEveryRank:
 
 
 def test_a_global_batch_smaller_than_the_ranks_is_refused_by_lesson_05s_check_of_the_run():
-    """Decided on every rank as training begins (check_run, then fail_together), for 2 ranks here."""
+    """Decided on every rank as training begins (check_run, then fail_together), for 2 ranks here (on 2 real ranks,
+    through the job: REFUSED_ON_2_RANKS)."""
     from nnlib import Network
     from nnlib.lesson05_data_parallel.data_parallel import check_run
     from nnlib.train_command import check_settings
@@ -248,17 +266,6 @@ def test_a_model_size_that_does_not_divide_the_ranks_is_refused_by_lesson_09s_gr
     args = job_arguments("--model-parallel", "tensor", "--model-size", "3")
     with pytest.raises(ValueError, match=r"model_size must divide the number of ranks \(2\)") as refused:
         grid(SameOnEveryRank(2), args.model_size)
-    assert refused.value.on_every_rank
-
-
-def test_an_interleaved_pipeline_with_more_virtual_stages_than_layers_is_refused_by_lesson_13s_pipeline():
-    """2 ranks, 2 chunks each (the job's default v), and 2 weight layers (hidden 16)."""
-    from nnlib.lesson13_pipeline_schedules.schedules import ScheduledPipeline
-
-    args = job_arguments("--model-parallel", "pipeline", "--schedule", "interleaved", "--hidden", "16")
-    with pytest.raises(ValueError, match="every stage needs at least one") as refused:
-        ScheduledPipeline(SameOnEveryRank(2), (784, *args.hidden, 10), micro_batches=args.micro_batches,
-                          schedule=args.schedule, chunks=args.virtual_stages or 2)
     assert refused.value.on_every_rank
 
 
@@ -482,6 +489,86 @@ def test_compressed_job_reports_its_bytes_and_top_k_of_everything_equals_the_pla
         in everything.stdout
     assert "gradients compressed: bfloat16, 25,460 bytes per rank per step instead of 101,840" in half.stdout
     assert relative_difference(everything.params(), plain.params()) <= 1e-10
+
+
+# -- the shared runs themselves (tests/shared_runs.py, tests/job_driver.py): in this process ---------------------------
+
+def test_after_a_job_that_aborts_the_driver_runs_no_later_job_and_says_why(tmp_path):
+    """The ranks' verdict on each job (here of this process's one rank): the job that aborted keeps its message,
+    the later ones are noted as not run, naming it; the launch would end with exit status 1 (run_jobs: False)."""
+    import job_driver
+    from shared_runs import job_run
+
+    spec = [dict(name="raises", arguments=[*SMALL, "--fault", "0:2:raise"], cupy=None),
+            dict(name="later", arguments=list(SMALL), cupy=None)]
+    assert job_driver.run_jobs(spec, tmp_path) is False
+    raised, later = job_run(tmp_path, 0, 1), job_run(tmp_path, 1, 1)
+    assert raised.returncode == 1 and "injected fault: rank 0 raised after step 2" in raised.stderr, raised.stderr
+    assert (later.returncode, later.stderr) == (1, "not run because job 'raises' failed before it in the same launch")
+    assert not (tmp_path / "job1.rank0.json").exists()
+
+
+def test_a_launch_past_its_deadline_is_ended_with_everything_it_started(tmp_path, monkeypatch):
+    """A process that the launch started in a session of its own (as Hydra starts its proxies and ranks), and that
+    ignores SIGTERM, is killed too."""
+    import psutil
+    import shared_runs
+
+    monkeypatch.setattr(shared_runs, "KILL_GRACE", 1)
+    child = ("import os, signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+             "open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(120)")
+    program = (f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {child!r}, sys.argv[1]], "
+               "start_new_session=True); time.sleep(120)")
+    began = time.monotonic()
+    with pytest.raises(TimeoutError, match="ran past 4 s: ended, with everything it started"):
+        shared_runs.launch(tmp_path, [sys.executable, "-c", program, str(tmp_path / "child.pid")], 4)
+    assert time.monotonic() - began < 20
+    with contextlib.suppress(psutil.NoSuchProcess):  # (gone: as it should be)
+        child = psutil.Process(int((tmp_path / "child.pid").read_text()))
+        with contextlib.suppress(psutil.TimeoutExpired):
+            child.wait(5)
+        outlived = child.status() != psutil.STATUS_ZOMBIE
+        child.kill()  # (if it outlived the launch: not past this test)
+        assert not outlived, "the launch's child outlived it"
+
+
+def test_a_shared_make_that_is_interrupted_is_not_made_again_and_later_asks_say_so(tmp_path, monkeypatch):
+    """A BaseException (KeyboardInterrupt; pytest's outcomes are ones too) is noted as the make's failure."""
+    import shared_runs
+
+    monkeypatch.setenv("NNLIB_TEST_SESSION", str(tmp_path))
+    made = []
+
+    def make(folder):
+        made.append(folder)
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        shared_runs.once_per_session("runs", make, 10)
+    with pytest.raises(RuntimeError, match=r"runs, made once for the test session, failed:(.|\n)*KeyboardInterrupt"):
+        shared_runs.once_per_session("runs", make, 10)
+    assert len(made) == 1
+
+
+def test_a_process_waits_for_another_processs_shared_make_only_until_its_deadline(tmp_path, monkeypatch):
+    import fcntl
+
+    import shared_runs
+
+    monkeypatch.setenv("NNLIB_TEST_SESSION", str(tmp_path))
+    monkeypatch.setattr(shared_runs, "LOCK_MARGIN", 0)
+    with open(tmp_path / "runs.lock", "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # as another process that is making it (each open file has its own lock)
+        with pytest.raises(TimeoutError, match="another process of the test session has been making it for more"):
+            shared_runs.once_per_session("runs", lambda folder: None, 1)
+
+
+def test_two_groups_of_one_name_with_other_jobs_do_not_share_results(tmp_path, monkeypatch):
+    """A group is kept under its name and its jobs' hash: the second group runs its own job."""
+    monkeypatch.setenv("NNLIB_TEST_SESSION", str(tmp_path))
+    one = jobs_run_once("group", 1, {"job": Job((*SMALL, "--dtype", "float16"))})["job"]
+    other = jobs_run_once("group", 1, {"job": Job((*SMALL, "--slow", "5:0.1"))})["job"]
+    assert "--dtype must be float32 or float64" in one.stderr and "--slow names rank 5" in other.stderr
 
 
 def test_a_rank_whose_mpi_abort_never_returns_ends_itself():
