@@ -10,6 +10,11 @@ stop waiting for it; a receive that never comes fails after ``timeout`` seconds.
 import queue
 import threading
 
+import numpy as np
+from mpi4py import MPI
+
+REDUCTIONS = [(MPI.SUM, np.add), (MPI.MAX, np.maximum), (MPI.MIN, np.minimum), (MPI.PROD, np.multiply)]
+
 
 class ThreadRanks:
     def __init__(self, ranks: int, timeout: float = 60):  # 60 s: a loaded CI machine
@@ -58,9 +63,12 @@ class ThreadComm:
         for piece, count, start in zip(self.everyones(sendbuf), counts, starts):
             whole[start:start + count] = piece
 
-    def Reduce_scatter(self, sendbuf, recvbuf, recvcounts, op):
+    def Reduce_scatter(self, sendbuf, recvbuf, recvcounts, op=MPI.SUM):
+        """Every rank's ``sendbuf`` reduced with ``op`` (as MPI would: a MAX where a SUM belongs shows), then this
+        rank's part."""
+        reduce = next(function for mpi_op, function in REDUCTIONS if mpi_op == op)
         start = sum(recvcounts[:self.rank])
-        recvbuf[...] = sum(self.everyones(sendbuf))[start:start + recvcounts[self.rank]]
+        recvbuf[...] = reduce.reduce(self.everyones(sendbuf))[start:start + recvcounts[self.rank]]
 
     def Sendrecv(self, sendbuf, dest, recvbuf, source):
         self.ranks.mailboxes[self.rank, dest].put(sendbuf.copy())
