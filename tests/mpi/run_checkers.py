@@ -200,31 +200,12 @@ class Launch:
     hung: bool
 
 
-def stop(process: subprocess.Popen) -> None:
-    """Stop mpiexec and its ranks (they run in sessions of their own): SIGTERM to mpiexec, which stops the
-    ranks; what is left after 10 s is killed."""
-    import psutil
-
-    try:
-        family = psutil.Process(process.pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        family = []
-    process.terminate()
-    try:
-        process.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
-    for child in family:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            child.kill()
-    psutil.wait_procs(family, timeout=10)
-
-
 def launch(paths: list[Path], ranks: int, limit: float, start_limit: float) -> Launch:
     """Run the checkers at ``paths`` in one ``mpiexec -n ranks`` job; stop it if ``limit`` seconds pass without
     a begin line or a verdict (a checker that hangs), or ``start_limit`` before the first (a job that does not
     start)."""
+    from shared_runs import end_launch
+
     from nnlib.course.environment import mpiexec_path
 
     command = [mpiexec_path(), "-n", str(ranks), sys.executable, str(Path(__file__).resolve()), *map(str, paths)]
@@ -244,7 +225,7 @@ def launch(paths: list[Path], ranks: int, limit: float, start_limit: float) -> L
     while process.poll() is None:
         if time.monotonic() > deadline[0]:
             hung = True
-            stop(process)
+            end_launch(process)  # (tests/shared_runs.py: mpiexec and the ranks it started in sessions of their own)
             break
         time.sleep(0.1)
     reader.join(timeout=10)
