@@ -158,7 +158,7 @@ def test_checkpoints_refuse_adam_until_they_keep_its_moments(tmp_path):
     from nnlib.lesson05_data_parallel import train_parallel
 
     rng = np.random.default_rng(1)
-    with pytest.raises(ValueError, match="checkpoints keep SGD's velocity, not adam's moments"):
+    with pytest.raises(ValueError, match="checkpoints keep SGD's velocity, not adam's moments: use SGD, or none"):
         train_parallel(MPI.COMM_WORLD, Network((4, 3)), rng.random((6, 4)), rng.integers(0, 3, 6), num_samples=6,
                        start=0, epochs=1, learning_rate=0.1, optimizer="adam",
                        hooks=[Checkpointing(CheckpointFolder(tmp_path))])

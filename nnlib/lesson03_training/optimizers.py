@@ -24,11 +24,10 @@ LESSON = 3
 
 def problems(learning_rate, momentum=0.0, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0, optimizer=None) -> list:
     """What is wrong with an optimizer's numbers (none: []): each finite, learning_rate and eps above 0, momentum,
-    beta1 and beta2 in [0, 1), weight_decay 0 or more; with the ``optimizer``'s name ("sgd", "adam" or "adamw"), a
-    number given that this optimizer does not use."""
-    in_unit, positive = ("in [0, 1)", lambda x: 0 <= x < 1), ("a positive finite number", lambda x: x > 0)
-    wanted = {"learning_rate": (learning_rate, *positive), "momentum": (momentum, *in_unit), "beta1": (beta1, *in_unit),
-              "beta2": (beta2, *in_unit), "eps": (eps, *positive),
+    beta1 and beta2 in [0, 1), weight_decay 0 or more; and, named, an ``optimizer`` given one that it does not use."""
+    unit, positive = ("in [0, 1)", lambda x: 0 <= x < 1), ("a positive finite number", lambda x: x > 0)
+    wanted = {"learning_rate": (learning_rate, *positive), "momentum": (momentum, *unit), "beta1": (beta1, *unit),
+              "beta2": (beta2, *unit), "eps": (eps, *positive),
               "weight_decay": (weight_decay, "a finite number, 0 or more", lambda x: x >= 0)}
     found = [f"{name} must be {what}; got {value!r}" for name, (value, what, fine) in wanted.items()
              if not (isinstance(value, numbers.Real) and math.isfinite(value) and fine(value))]
@@ -37,7 +36,7 @@ def problems(learning_rate, momentum=0.0, beta1=0.9, beta2=0.999, eps=1e-8, weig
     unused = {"momentum is SGD's (Adam's is beta1)": optimizer in ("adam", "adamw") and momentum,
               "weight_decay is AdamW's": optimizer in ("sgd", "adam") and weight_decay,
               "beta1, beta2 and eps are Adam's": optimizer == "sgd" and (beta1, beta2, eps) != (0.9, 0.999, 1e-8)}
-    return found + [f"{what}: leave it at its default, or choose that optimizer" for what, given in unused.items() if given]
+    return found + [f"{what}: leave it at its default, or use that optimizer" for what, used in unused.items() if used]
 
 
 def check(found: list[str]) -> None:
@@ -47,8 +46,8 @@ def check(found: list[str]) -> None:
 
 
 class Optimizer:
-    """Made for ``params`` (n,) of namespace ``xp`` (numpy, cupy), it keeps the arrays ``names`` (zeros like them); a
-    step counts itself, then runs ``rule`` (element-wise; one kernel where xp fuses) on (params, grads, *arguments())."""
+    """Made for ``params`` (n,) of namespace ``xp`` (numpy, cupy), it keeps the arrays ``names`` (zeros like them);
+    a step counts itself, then runs ``rule`` (element-wise, one kernel where xp fuses) on params, grads, arguments()."""
 
     names = ()
 
@@ -117,13 +116,13 @@ def adam_update(params, grads, m, v, beta1: float, beta2: float, step_size: floa
 
 
 class Adam(Optimizer):
-    """Adam; AdamW if ``weight_decay`` (lambda) is not 0. State: the moments ``m`` and ``v`` (n,), and ``steps`` (t)."""
+    """Adam; AdamW if ``weight_decay`` (lambda) is not 0. State: the moments ``m`` and ``v`` (n,), and ``steps``, t."""
 
     names, rule = ("m", "v"), staticmethod(adam_update)
 
     def __init__(self, params, learning_rate: float, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0, xp=np):
         check(problems(learning_rate, 0.0, beta1, beta2, eps, weight_decay))
-        self.beta1, self.beta2, self.eps, self.weight_decay = float(beta1), float(beta2), float(eps), float(weight_decay)
+        self.beta1, self.beta2, self.eps, self.weight_decay = map(float, (beta1, beta2, eps, weight_decay))
         super().__init__(params, learning_rate, xp)
 
     def step(self, params, grads) -> None:

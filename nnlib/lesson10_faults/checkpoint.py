@@ -244,7 +244,7 @@ class Checkpointing(Hook):
         elif getattr(run.sync, "kept_between_steps", None):  # (lesson 11's top-k, PowerSGD, local SGD)
             problem = f"checkpoints do not keep {run.sync.kept_between_steps}: run it without checkpoints"
         elif run.settings.optimizer != "sgd":
-            problem = f"checkpoints keep SGD's velocity, not {run.settings.optimizer}'s moments: use SGD, or no checkpoints"
+            problem = f"checkpoints keep SGD's velocity, not {run.settings.optimizer}'s moments: use SGD, or none"
         elif self.comm.rank == 0 and not self.resume and self.folder.files():  # (kept by step count, another
             # run's later files could push out this run's newest, and a later resume would pick up the other run)
             problem = (f"{self.folder} holds checkpoints already ({self.folder.files()[-1].name} the newest): resume "

@@ -185,8 +185,8 @@ class MixedPrecision(MicroBatched):
 def scaled_step(optimizer, mixed: MixedPrecision, comm=None):
     """``optimizer`` made to update only when the gradient it is given is finite, telling the loss scaler.
 
-    After lesson 05's Allreduce every rank holds the same sum and skips with no extra message; a part of this
-    rank's gradient (ZeRO-1/2's slice, lesson 08) is judged over the sync's ``comm`` (:meth:`MixedPrecision.overflow`)."""
+    After lesson 05's Allreduce every rank holds the same sum and skips with no extra message; a part of this rank's
+    gradient (ZeRO-1/2's slice, lesson 08) is judged over the sync's ``comm`` (:meth:`MixedPrecision.overflow`)."""
     update = optimizer.step
 
     def step(params, grads) -> None:
