@@ -1,15 +1,14 @@
 """Optimizers: each update rule written once, over a flat parameter vector or any slice of it.
 
-An optimizer is made for the parameters ``params`` (n,) it updates: the whole vector in one process, or the slice a
-rank owns (lessons 08, 12). ``step(params, grads)`` updates them in place from their gradient (n,). It holds no
-communicator and knows no network: a strategy hands it its own slice (parameters that another communicator sums are
-another optimizer's). ``state``: named arrays (n,), zeros at first, and ``steps`` taken: ``state_dict()``. On a GPU
-a rule is one kernel. Element-wise, with the learning rate eta (Kingma and Ba 2015; Loshchilov and Hutter 2019):
+An optimizer is made for the parameters ``params`` (n,) it updates, the whole vector or the slice a rank owns, and
+``step(params, grads)`` updates them in place from their gradient (n,). It holds no communicator and knows no network:
+a strategy hands it its own slice (parameters that another communicator sums are another optimizer's). ``state``:
+named arrays (n,), zeros at first, and ``steps`` taken: ``state_dict()``. Element-wise, with the learning rate eta:
 
     SGD     p <- p - eta g;  with momentum mu (0 <= mu < 1): v <- mu v - eta g, p <- p + v    (state: v)
-    Adam    t <- t + 1,  m <- b1 m + (1 - b1) g,  v <- b2 v + (1 - b2) g^2,                  (state: m, v, t)
+    Adam    t <- t + 1,  m <- b1 m + (1 - b1) g,  v <- b2 v + (1 - b2) g^2,    (state: m, v, t; Kingma and Ba)
             p <- p - eta m_hat / (sqrt(v_hat) + eps),  m_hat = m / (1 - b1^t),  v_hat = v / (1 - b2^t)
-    AdamW   Adam whose weights first decay apart from the gradient: p <- (1 - eta lambda) p
+    AdamW   Adam whose weights first decay apart from the gradient: p <- (1 - eta lambda) p   (Loshchilov, Hutter)
 """
 
 from __future__ import annotations
@@ -54,7 +53,7 @@ class Optimizer:
     def __init__(self, params, learning_rate: float, xp=np):
         self.learning_rate, self.xp, self.steps = float(learning_rate), xp, 0
         self.state = {name: xp.zeros_like(params) for name in self.names}
-        fuse = getattr(xp, "fuse", None)
+        fuse = getattr(xp, "fuse", None)  # (CuPy: the rule as one kernel)
         self.kernel = self.rule if fuse is None else fuse(kernel_name=self.rule.__name__)(self.rule)
 
     def step(self, params, grads) -> None:

@@ -117,9 +117,9 @@ class Settings:
 
     def optimizer_for(self, learning_rate: float):
         """A function (params, xp) -> the optimizer named here (optimizers.py), made for ``params`` (n,) in ``xp``."""
-        if self.optimizer == "sgd":
-            return lambda params, xp: SGD(params, learning_rate, self.momentum, xp)
-        return lambda params, xp: Adam(params, learning_rate, self.beta1, self.beta2, self.eps, self.weight_decay, xp)
+        adam = (self.beta1, self.beta2, self.eps, self.weight_decay)
+        return lambda params, xp: (SGD(params, learning_rate, self.momentum, xp) if self.optimizer == "sgd"
+                                   else Adam(params, learning_rate, *adam, xp=xp))
 
     @classmethod
     def from_keywords(cls, settings: Settings | None, keywords: dict, others=()) -> Settings:

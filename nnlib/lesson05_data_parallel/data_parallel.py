@@ -273,13 +273,3 @@ def train_parallel(comm, network, local_inputs, local_labels, *, num_samples: in
     run = Run(network, settings, plan, sync, hooks, ParallelHistory(), validation)
     return train_loop(run, local_inputs, local_labels)
 
-
-def gather_phase_seconds(comm, history: ParallelHistory, root: int = 0):
-    """Every rank's phase totals on ``root``: an array (ranks, phases) in PHASES order, else None."""
-    mine = np.array([history.phase_seconds[phase] for phase in PHASES])
-    return collectives.gather_rows(comm, mine[None, :], root)
-
-
-def gather_timeline(comm, history: ParallelHistory, root: int = 0):
-    """Every rank's timeline on ``root``: a list (one per rank) of (step, phase, start, end)."""
-    return comm.gather(history.timeline, root=root)
