@@ -85,8 +85,7 @@ class DataParallel(LocalUpdate):
     name = "data parallel"
 
     def __init__(self, comm, network):
-        self.comm, self.network = comm, network
-        self.size, self.rank = comm.size, comm.rank
+        self.comm, self.network, self.size, self.rank = comm, network, comm.size, comm.rank
 
     def begin(self, run) -> None:
         self.comm.Bcast(self.network.params, root=0)  # everyone starts from rank 0's weights
