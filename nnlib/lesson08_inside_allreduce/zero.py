@@ -22,10 +22,9 @@ gradients (within 1e-10 in float64; tests/mpi/check_parallel.py).
 
 from __future__ import annotations
 
-import numpy as np
-
 from nnlib.lesson02_network.arrays import through_host, to_numpy
 from nnlib.lesson03_training.optimizers import SGD
+from nnlib.lesson04_collectives.collectives import allgather_rows
 from nnlib.lesson05_data_parallel.data_parallel import DataParallel
 from nnlib.lesson08_inside_allreduce.allreduce import chunk_bounds, ring_allgather, ring_reduce_scatter
 
@@ -62,11 +61,8 @@ class ZeRO(DataParallel):
 
     def full_velocity(self, optimizer):
         """The whole velocity (num_params,) on every rank, gathered from the slices (for checkpoints; None if none)."""
-        if "velocity" not in optimizer.state:
-            return None
-        whole = np.empty(self.network.num_params, dtype=to_numpy(optimizer.state["velocity"][:1]).dtype)
-        self.comm.Allgatherv(to_numpy(optimizer.state["velocity"]), [whole, chunk_bounds(whole.size, self.size)])
-        return whole
+        velocity = optimizer.state.get("velocity")
+        return None if velocity is None else allgather_rows(self.comm, to_numpy(velocity))
 
     def load_velocity(self, optimizer, whole) -> None:
         """Take this rank's slice of a whole velocity vector (from a checkpoint)."""
