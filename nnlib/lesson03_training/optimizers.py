@@ -14,7 +14,6 @@ named arrays (n,), zeros at first, and ``steps`` taken: ``state_dict()``. Elemen
 from __future__ import annotations
 
 import math
-import numbers
 
 import numpy as np
 
@@ -29,7 +28,7 @@ def problems(learning_rate, momentum=0.0, beta1=0.9, beta2=0.999, eps=1e-8, weig
               "beta2": (beta2, *unit), "eps": (eps, *positive),
               "weight_decay": (weight_decay, "a finite number, 0 or more", lambda x: x >= 0)}
     found = [f"{name} must be {what}; got {value!r}" for name, (value, what, fine) in wanted.items()
-             if not (isinstance(value, numbers.Real) and math.isfinite(value) and fine(value))]
+             if not (isinstance(value, (int, float, np.integer, np.floating)) and math.isfinite(value) and fine(value))]
     if optimizer not in (None, "sgd", "adam", "adamw"):
         return found + [f"optimizer must be 'sgd', 'adam' or 'adamw' (Adam with weight decay); got {optimizer!r}"]
     unused = {"momentum is SGD's (Adam's is beta1)": optimizer in ("adam", "adamw") and momentum,
@@ -47,8 +46,6 @@ def check(found: list[str]) -> None:
 class Optimizer:
     """Made for ``params`` (n,) of namespace ``xp`` (numpy, cupy), it keeps the arrays ``names`` (zeros like them);
     a step counts itself, then runs ``rule`` (element-wise, one kernel where xp fuses) on params, grads, arguments()."""
-
-    names = ()
 
     def __init__(self, params, learning_rate: float, xp=np):
         self.learning_rate, self.xp, self.steps = float(learning_rate), xp, 0
@@ -109,9 +106,7 @@ def adam_update(params, grads, m, v, beta1: float, beta2: float, step_size: floa
     v += (1 - beta2) * grads * grads
     denominator = v ** 0.5
     denominator += eps_hat
-    update = m / denominator
-    update *= step_size
-    params -= update
+    params -= step_size * m / denominator
 
 
 class Adam(Optimizer):

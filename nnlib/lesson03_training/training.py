@@ -188,11 +188,10 @@ class ProgressLines(Hook):
 
 
 class LocalUpdate:
-    """How one process combines its gradients (the loop's ``sync``): there is nothing to combine. Every sync
-    (lesson 05's combine the ranks') has: size (ranks), layer_done (None, or a gradient hook: called as
-    backpropagation finishes each layer), optimizer(network, make): ``make(params, xp)`` for the part this rank
-    updates, begin(run), step(run): communicate and update, sum_over_ranks(values), score(network, validation),
-    raised_on_every_rank(error)."""
+    """How one process combines its gradients (the loop's ``sync``): there is nothing to combine. Every sync (lesson
+    05's combine the ranks') has: size (ranks), layer_done (None, or a gradient hook: called as backpropagation finishes
+    each layer), optimizer(network, make): ``make(params, xp)`` for the part this rank updates, begin(run), step(run):
+    communicate and update, sum_over_ranks(values), score(network, validation), raised_on_every_rank(error)."""
 
     size = 1
     layer_done = None  # nothing to start while backpropagation runs
