@@ -74,7 +74,7 @@ class Optimizer:
 
 
 def sgd_update(params, grads, velocity, learning_rate: float, momentum: float) -> None:
-    """In place: velocity <- mu velocity - eta grads, params <- params + velocity (params -= eta grads if no velocity)."""
+    """In place: velocity <- mu velocity - eta grads, params += velocity (no velocity: params -= eta grads)."""
     if velocity is None:
         params -= learning_rate * grads
     else:
