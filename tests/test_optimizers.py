@@ -163,3 +163,24 @@ def test_checkpoints_refuse_adam_until_they_keep_its_moments(tmp_path):
                        start=0, epochs=1, learning_rate=0.1, optimizer="adam",
                        hooks=[Checkpointing(CheckpointFolder(tmp_path))])
     assert list(tmp_path.iterdir()) == []
+
+
+def test_every_strategy_on_one_process_steps_adam_as_train_does():
+    """In one process (mpi4py's singleton COMM_WORLD): each sync makes the optimizer for its part and steps it there;
+    lesson 05's, ZeRO's and FSDP's runs equal train's bit for bit (one rank: the same sums)."""
+    from mpi4py import MPI
+
+    from nnlib.lesson05_data_parallel import train_parallel
+    from nnlib.lesson08_inside_allreduce.zero import ZeRO
+    from nnlib.lesson12_memory.fsdp import FullySharded, FullyShardedNetwork
+
+    rng = np.random.default_rng(4)
+    inputs, labels = rng.random((40, 6)), rng.integers(0, 3, 40)
+    settings = dict(epochs=2, learning_rate=0.01, batch_size=16, optimizer="adamw", weight_decay=0.1, seed=1)
+    expected = Network((6, 5, 3), dtype="float64", seed=1)
+    train(expected, inputs, labels, progress=False, **settings)
+    for strategy in ("allreduce", "parameter_server", ZeRO, FullySharded):
+        network = (FullyShardedNetwork(MPI.COMM_WORLD, (6, 5, 3), seed=1) if strategy is FullySharded
+                   else Network((6, 5, 3), dtype="float64", seed=1))
+        train_parallel(MPI.COMM_WORLD, network, inputs, labels, num_samples=40, start=0, strategy=strategy, **settings)
+        assert np.array_equal(network.params, expected.params), strategy
