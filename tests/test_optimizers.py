@@ -100,14 +100,18 @@ def test_the_state_dict_round_trip_continues_exactly(make):
     assert np.array_equal(one, other)
 
 
-@pytest.mark.parametrize("make", [lambda p: SGD(p, RATE, 0.9), lambda p: Adam(p, RATE, weight_decay=0.01)])
-def test_slices_stepped_by_their_own_optimizers_equal_the_whole(make):
-    """What ZeRO and FSDP do: each rank's optimizer on its slice only (uneven slices) gives the whole vector's step."""
+@pytest.mark.parametrize("kind, numbers", [(SGD, dict(momentum=0.9)), (Adam, dict(weight_decay=0.01))])
+def test_slices_stepped_by_their_own_optimizers_or_piece_by_piece_equal_the_whole(kind, numbers):
+    """What ZeRO does (each rank's optimizer on its uneven slice only) and FSDP (one optimizer stepping its layers'
+    chunks one after another, ``pieces``) give the whole vector's step."""
     params, grads_list = gradients(n=23)
-    whole = stepped(make(params), params, grads_list)
+    whole = stepped(kind(params, RATE, **numbers), params, grads_list)
     cuts = [0, 8, 16, 23]
-    parts = [stepped(make(params[a:b]), params[a:b], [g[a:b] for g in grads_list]) for a, b in zip(cuts, cuts[1:])]
+    parts = [stepped(kind(params[a:b], RATE, **numbers), params[a:b], [g[a:b] for g in grads_list])
+             for a, b in zip(cuts, cuts[1:])]
     assert np.array_equal(np.concatenate(parts), whole)
+    pieces = [slice(a, b) for a, b in zip(cuts, cuts[1:])]
+    assert np.array_equal(stepped(kind(params, RATE, **numbers, pieces=pieces), params, grads_list), whole)
 
 
 @pytest.mark.parametrize("changes, message", [

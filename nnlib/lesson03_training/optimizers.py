@@ -45,10 +45,11 @@ def check(found: list[str]) -> None:
 
 class Optimizer:
     """Made for ``params`` (n,) of namespace ``xp`` (numpy, cupy), it keeps the arrays ``names`` (zeros like them);
-    a step counts itself, then runs ``rule`` (element-wise, one kernel where xp fuses) on params, grads, arguments()."""
+    a step counts itself, then runs ``rule`` (element-wise, one kernel where xp fuses) on params, grads, arguments()
+    of each of the ``pieces`` in turn (slices of the n values: FSDP's layers, so temporaries are one piece long)."""
 
-    def __init__(self, params, learning_rate: float, xp=np):
-        self.learning_rate, self.xp, self.steps = float(learning_rate), xp, 0
+    def __init__(self, params, learning_rate: float, xp=np, pieces=(slice(None),)):
+        self.learning_rate, self.xp, self.steps, self.pieces = float(learning_rate), xp, 0, pieces
         self.state = {name: xp.zeros_like(params) for name in self.names}
         fuse = getattr(xp, "fuse", None)  # (CuPy: the rule as one kernel)
         self.kernel = self.rule if fuse is None else fuse(kernel_name=self.rule.__name__)(self.rule)
@@ -56,7 +57,8 @@ class Optimizer:
     def step(self, params, grads) -> None:
         """Update ``params`` (n,) in place from ``grads`` (n,)."""
         self.steps += 1
-        self.kernel(params, grads, *self.arguments())
+        for piece in self.pieces:
+            self.kernel(params[piece], grads[piece], *self.arguments(piece))
 
     def state_dict(self) -> dict:
         """The state's arrays (themselves, not copies) by name, and ``steps``."""
@@ -88,13 +90,13 @@ class SGD(Optimizer):
 
     rule = staticmethod(sgd_update)
 
-    def __init__(self, params, learning_rate: float, momentum: float = 0.0, xp=np):
+    def __init__(self, params, learning_rate: float, momentum: float = 0.0, xp=np, pieces=(slice(None),)):
         check(problems(learning_rate, momentum))
         self.names, self.momentum = ("velocity",) if momentum else (), float(momentum)
-        super().__init__(params, learning_rate, xp)
+        super().__init__(params, learning_rate, xp, pieces)
 
-    def arguments(self) -> tuple:
-        return self.state.get("velocity"), self.learning_rate, self.momentum
+    def arguments(self, piece) -> tuple:
+        return self.state["velocity"][piece] if self.names else None, self.learning_rate, self.momentum
 
 
 def adam_update(params, grads, m, v, beta1: float, beta2: float, step_size: float, eps_hat: float) -> None:
@@ -114,17 +116,18 @@ class Adam(Optimizer):
 
     names, rule = ("m", "v"), staticmethod(adam_update)
 
-    def __init__(self, params, learning_rate: float, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0, xp=np):
+    def __init__(self, params, learning_rate: float, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0, xp=np,
+                 pieces=(slice(None),)):
         check(problems(learning_rate, 0.0, beta1, beta2, eps, weight_decay))
         self.beta1, self.beta2, self.eps, self.weight_decay = map(float, (beta1, beta2, eps, weight_decay))
-        super().__init__(params, learning_rate, xp)
+        super().__init__(params, learning_rate, xp, pieces)
 
     def step(self, params, grads) -> None:
         if self.weight_decay:  # AdamW's decay, apart from the gradient
             params *= 1 - self.learning_rate * self.weight_decay
         super().step(params, grads)
 
-    def arguments(self) -> tuple:
+    def arguments(self, piece) -> tuple:
         root = math.sqrt(1 - self.beta2 ** self.steps)  # (steps: t, this step already counted)
-        return (self.state["m"], self.state["v"], self.beta1, self.beta2,
+        return (self.state["m"][piece], self.state["v"][piece], self.beta1, self.beta2,
                 self.learning_rate * root / (1 - self.beta1 ** self.steps), self.eps * root)

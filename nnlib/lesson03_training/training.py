@@ -116,10 +116,10 @@ class Settings:
         return found
 
     def optimizer_for(self, learning_rate: float):
-        """A function (params, xp) -> the optimizer named here (optimizers.py), made for ``params`` (n,) in ``xp``."""
-        adam = (self.beta1, self.beta2, self.eps, self.weight_decay)
-        return lambda params, xp: (SGD(params, learning_rate, self.momentum, xp) if self.optimizer == "sgd"
-                                   else Adam(params, learning_rate, *adam, xp=xp))
+        """A function (params, xp, pieces) -> the optimizer named here (optimizers.py), made for ``params`` (n,)."""
+        sgd, adam = (self.momentum,), (self.beta1, self.beta2, self.eps, self.weight_decay)
+        kind = (SGD, sgd) if self.optimizer == "sgd" else (Adam, adam)
+        return lambda params, xp, pieces=(slice(None),): kind[0](params, learning_rate, *kind[1], xp=xp, pieces=pieces)
 
     @classmethod
     def from_keywords(cls, settings: Settings | None, keywords: dict, others=()) -> Settings:

@@ -8,7 +8,7 @@ where P does not divide n_l), and rank r keeps chunk r of every layer, its gradi
     forward, layer l:   allgather W_l, b_l from the chunks  ->  z_l, a_l = Layer.forward  ->  free them
     backward, layer l:  allgather W_l, b_l again  ->  dJ/dW_l, dJ/db_l (whole, this rank's rows)
                         ->  reduce-scatter: chunk r of sum over ranks  ->  dJ/da_{l-1}  ->  free them
-    update:             the optimizer (lesson 03's) on this rank's chunks only (no communication)
+    update:             the optimizer (lesson 03's) on this rank's chunks only, layer by layer (no communication)
 
 At any moment a rank holds its chunks (about 1/P of the parameters, gradients and optimizer state) plus
 one layer's whole parameters and gradient. :class:`ShardedLayer` is lesson 02's
@@ -180,8 +180,8 @@ class FullyShardedNetwork(LayerStack):
 class FullySharded(LocalUpdate):
     """The sync of a :class:`FullyShardedNetwork` under lesson 05's ``train_parallel(..., strategy=FullySharded)``:
     the gradients arrive reduce-scattered during backpropagation, so a step is one process's (lesson 03's
-    LocalUpdate: the optimizer, here made for and stepping on this rank's chunks ``params``, and scoring on the
-    network, whose forward pass is collective); only the epoch's loss is summed over the ranks."""
+    LocalUpdate: the optimizer, here made for this rank's chunks ``params`` and stepping layer by layer, and scoring
+    on the network, whose forward pass is collective); only the epoch's loss is summed over the ranks."""
 
     name = "fsdp"
     sharded = True  # a checkpoint gathers the velocity from every rank's chunks
@@ -192,6 +192,11 @@ class FullySharded(LocalUpdate):
         if network.comm.size != comm.size:
             raise ValueError(f"the network is sharded over {network.comm.size} ranks but the run has {comm.size}")
         self.comm, self.network, self.size, self.rank = comm, network, comm.size, comm.rank
+
+    def optimizer(self, network, make):
+        """The optimizer of this rank's chunks, stepped one layer's chunk after another (temporaries: one chunk)."""
+        bounds = np.cumsum([0] + [layer.shard.size for layer in network.layers]).tolist()
+        return make(network.params, network.xp, [slice(a, b) for a, b in zip(bounds, bounds[1:])])
 
     def full_velocity(self, optimizer):
         """The whole velocity (total_params,) on every rank (collective; None without momentum)."""
