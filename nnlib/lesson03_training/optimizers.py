@@ -21,8 +21,7 @@ LESSON = 3
 
 
 def problems(learning_rate, momentum=0.0, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0, optimizer=None) -> list:
-    """What is wrong with an optimizer's numbers (none: []): each finite, learning_rate and eps above 0, momentum,
-    beta1 and beta2 in [0, 1), weight_decay 0 or more; and, named, an ``optimizer`` given one that it does not use."""
+    """What is wrong with an optimizer's numbers (none: []); and, with its name, a number that it does not use."""
     unit, positive = ("in [0, 1)", lambda x: 0 <= x < 1), ("a positive finite number", lambda x: x > 0)
     wanted = {"learning_rate": (learning_rate, *positive), "momentum": (momentum, *unit), "beta1": (beta1, *unit),
               "beta2": (beta2, *unit), "eps": (eps, *positive),
@@ -45,8 +44,10 @@ def check(found: list[str]) -> None:
 
 class Optimizer:
     """Made for ``params`` (n,) of namespace ``xp`` (numpy, cupy), it keeps the arrays ``names`` (zeros like them);
-    a step counts itself, then runs ``rule`` (element-wise, one kernel where xp fuses) on params, grads, arguments()
-    of each of the ``pieces`` in turn (slices of the n values: FSDP's layers, so temporaries are one piece long)."""
+    a step counts itself, decays the weights (AdamW's ``weight_decay``), then runs ``rule`` (element-wise, one kernel
+    if xp fuses) on params, grads, arguments() of each of the ``pieces`` in turn (FSDP's layers: short temporaries)."""
+
+    weight_decay = 0.0
 
     def __init__(self, params, learning_rate: float, xp=np, pieces=(slice(None),)):
         self.learning_rate, self.xp, self.steps, self.pieces = float(learning_rate), xp, 0, pieces
@@ -57,6 +58,8 @@ class Optimizer:
     def step(self, params, grads) -> None:
         """Update ``params`` (n,) in place from ``grads`` (n,)."""
         self.steps += 1
+        if self.weight_decay:  # decoupled from the gradient
+            params *= 1 - self.learning_rate * self.weight_decay
         for piece in self.pieces:
             self.kernel(params[piece], grads[piece], *self.arguments(piece))
 
@@ -121,11 +124,6 @@ class Adam(Optimizer):
         check(problems(learning_rate, 0.0, beta1, beta2, eps, weight_decay))
         self.beta1, self.beta2, self.eps, self.weight_decay = map(float, (beta1, beta2, eps, weight_decay))
         super().__init__(params, learning_rate, xp, pieces)
-
-    def step(self, params, grads) -> None:
-        if self.weight_decay:  # AdamW's decay, apart from the gradient
-            params *= 1 - self.learning_rate * self.weight_decay
-        super().step(params, grads)
 
     def arguments(self, piece) -> tuple:
         root = math.sqrt(1 - self.beta2 ** self.steps)  # (steps: t, this step already counted)
