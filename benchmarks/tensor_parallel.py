@@ -36,15 +36,15 @@ def median_step_seconds(comm, model, inputs, labels) -> float:
     """The median over STEPS of the slowest rank's time for one step (after WARM_UP untimed steps)."""
     from mpi4py import MPI
 
-    from nnlib.lesson03_training.training import SGD
+    from nnlib.lesson03_training.optimizers import SGD
 
-    optimizer = SGD(model, learning_rate=0.01, momentum=0.9)
+    optimizer = SGD(model.params, learning_rate=0.01, momentum=0.9, xp=model.xp)
     seconds = []
     for step in range(WARM_UP + STEPS):
         comm.Barrier()
         start = time.perf_counter()
         model.loss_and_gradient(inputs, labels)
-        optimizer.step()
+        optimizer.step(model.params, model.grads)
         elapsed = comm.allreduce(time.perf_counter() - start, op=MPI.MAX)
         if step >= WARM_UP:
             seconds.append(elapsed)

@@ -4,7 +4,8 @@ from nnlib.course.environment import keep_freed_memory
 from nnlib.lesson01_mnist.data import MNISTError, load_mnist, one_hot, scale_pixels
 from nnlib.lesson02_network.gradient_check import gradient_check, numerical_gradient, relative_error
 from nnlib.lesson02_network.network import Network
-from nnlib.lesson03_training.training import SGD, History, train
+from nnlib.lesson03_training.optimizers import SGD
+from nnlib.lesson03_training.training import History, train
 
 LESSON = 3  # the package's face: lessons 01-03
 

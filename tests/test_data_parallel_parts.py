@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from nnlib import Network
-from nnlib.lesson03_training.training import SGD, Settings
+from nnlib.lesson03_training.optimizers import SGD
+from nnlib.lesson03_training.training import Settings
 from nnlib.lesson04_collectives.collectives import row_range
 from nnlib.lesson05_data_parallel.data_parallel import ShardBatches
 from nnlib.lesson08_inside_allreduce.overlap import bucket_ranges
@@ -20,12 +21,13 @@ def test_the_slices_updated_one_by_one_equal_one_whole_sgd_step(ranks):
     whole.grads[...] = rng.normal(size=whole.num_params)
     sliced = [Network((12, 7, 4), dtype="float64", seed=3) for _ in range(ranks)]
     optimizers = [ShardedSGD(network, 0.3, 0.9, ranks, rank) for rank, network in enumerate(sliced)]
-    plain = SGD(whole, 0.3, 0.9)
+    plain = SGD(whole.params, 0.3, 0.9)
     for _ in range(3):  # momentum carries over between steps
-        plain.step()
-        for optimizer in optimizers:
-            optimizer.network.grads[optimizer.start:optimizer.stop] = whole.grads[optimizer.start:optimizer.stop]
-            optimizer.step()
+        plain.step(whole.params, whole.grads)
+        for network, optimizer in zip(sliced, optimizers):
+            mine = slice(optimizer.start, optimizer.stop)
+            network.grads[mine] = whole.grads[mine]
+            optimizer.step(network.params[mine], network.grads[mine])
     result = np.concatenate([network.params[o.start:o.stop] for network, o in zip(sliced, optimizers)])
     np.testing.assert_array_equal(result, whole.params)
     assert sum(o.state_bytes for o in optimizers) == replicated_state_bytes(whole, 0.9) == whole.params.nbytes

@@ -21,7 +21,7 @@ from nnlib.exercises.lesson_02 import layer_backward
 from nnlib.exercises.lesson_08 import ring_step
 from nnlib.lesson01_mnist import data
 from nnlib.lesson02_network.network import count_parameters, cross_entropy_from_logits, sigmoid
-from nnlib.lesson03_training import training
+from nnlib.lesson03_training import optimizers, training
 from nnlib.lesson04_collectives import collectives, costmodel
 from nnlib.lesson06_scaling import scaling
 from nnlib.lesson08_inside_allreduce import allreduce, overlap, zero
@@ -127,7 +127,7 @@ def messages_past_the_ends(stages, stage, micro_batches):
 
 def momentum_step_by_nnlib(params, velocity, grads, learning_rate, momentum):
     params, velocity = params.copy(), velocity.copy()
-    training.sgd_update(params, grads, velocity, learning_rate, momentum)
+    optimizers.sgd_update(params, grads, velocity, learning_rate, momentum)
     return params, velocity
 
 
@@ -260,13 +260,13 @@ def zero_step_by_nnlib(params, grads, velocity, learning_rate, momentum):
                 for rank in range(ranks)]
     optimizers = [zero.ShardedSGD(network, learning_rate, momentum, ranks, rank) for rank, network in enumerate(networks)]
     for optimizer, mine in zip(optimizers, velocity):
-        optimizer.velocity[...] = mine
+        optimizer.state["velocity"][...] = mine
     def run(rank):
         zero.ZeRO(threads.comm(rank), networks[rank]).step(SimpleNamespace(phase=lambda name: None,
                                                                         optimizer=optimizers[rank]))
 
     threads.run(run)
-    return np.array([network.params for network in networks]), tuple(optimizer.velocity for optimizer in optimizers)
+    return np.array([network.params for network in networks]), tuple(optimizer.state["velocity"] for optimizer in optimizers)
 
 
 # nnlib's own function for each exercise that has one: the lesson and the check cannot disagree.

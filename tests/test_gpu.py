@@ -358,7 +358,7 @@ def test_the_gpu_path_on_the_counting_stand_in_trains_as_the_cpu(counting_gpu, m
 def fused_pieces():
     """(piece, arguments) of every element-wise piece nnlib fuses on a GPU, on host arrays (float64)."""
     from nnlib.lesson02_network import loss, network
-    from nnlib.lesson03_training import training
+    from nnlib.lesson03_training import optimizers, training
 
     rng = np.random.default_rng(3)
     z, a, g = rng.normal(0, 3, (6, 4)), rng.random((6, 4)), rng.normal(size=(6, 4))
@@ -367,8 +367,10 @@ def fused_pieces():
             (network.sigmoid_backward, (g, a)), (loss.sigmoid_cross_entropy, (z, labels[:, None], np.arange(4), 0.25)),
             (loss.output_delta, (a, labels[:, None], np.arange(4), 0.25)),
             (loss.count_equal, (rng.integers(0, 4, 6), labels)),
-            (training.sgd_update, (a.ravel().copy(), g.ravel(), None, 0.1, 0.0)),
-            (training.sgd_update, (a.ravel().copy(), g.ravel(), z.ravel().copy(), 0.1, 0.9)),
+            (optimizers.sgd_update, (a.ravel().copy(), g.ravel(), None, 0.1, 0.0)),
+            (optimizers.sgd_update, (a.ravel().copy(), g.ravel(), z.ravel().copy(), 0.1, 0.9)),
+            (optimizers.adam_update, (a.ravel().copy(), g.ravel(), z.ravel().copy(), a.ravel() ** 2, 0.9, 0.999,
+                                      1e-3, 1e-8)),
             (training.add_to_sums, (np.asarray(1.5), np.asarray(3), np.asarray(0.25), np.asarray(2), 4))]
 
 

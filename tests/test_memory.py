@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from nnlib import Network, train
-from nnlib.lesson03_training.training import SGD, Settings
+from nnlib.lesson03_training.optimizers import SGD
+from nnlib.lesson03_training.training import Settings
 from nnlib.lesson12_memory.accumulation import MicroBatched
 from nnlib.lesson12_memory.mixed_precision import MixedPrecision, scaled_step, train_mixed, underflow_per_layer
 from nnlib.lesson12_memory.budget import MODEL_ERROR, activation_widths, predicted_bytes
@@ -112,12 +113,12 @@ def test_accumulation_equals_the_whole_batch_within_1e_12():
 
 def test_the_loss_scaler_skips_and_halves_on_overflow_and_doubles_after_good_steps():
     mixed = MixedPrecision(Network((16, 9, 16)), loss_scale=1024.0, growth_interval=3)
-    step = scaled_step(SGD(mixed, 0.1), mixed)
+    step = scaled_step(SGD(mixed.params, 0.1), mixed)
     verdicts = []
     for gradient in (np.inf, 2.0, 2.0, 2.0, np.nan, 4.0):
         before = mixed.params.copy()
         mixed.grads[...] = gradient
-        step.step()
+        step.step(mixed.params, mixed.grads)
         verdicts.append((mixed.overflowed, mixed.loss_scale, not np.array_equal(before, mixed.params)))
     assert verdicts == [(True, 512.0, False), (False, 512.0, True), (False, 512.0, True), (False, 1024.0, True),
                         (True, 512.0, False), (False, 512.0, True)]

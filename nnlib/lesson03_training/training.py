@@ -1,10 +1,5 @@
-"""Training: full-batch gradient descent and mini-batch SGD with momentum, in one loop.
-
-One step with learning rate eta and momentum mu, on the flat vectors (full-batch gradient descent is
-SGD whose batch is the whole training set: one step per epoch):
-
-    velocity <- mu * velocity - eta * grads
-    params   <- params + velocity           (mu = 0: plain gradient descent)
+"""Training: full-batch gradient descent and mini-batch SGD with momentum (or Adam: optimizers.py), in one loop.
+Full-batch gradient descent is SGD whose batch is the whole training set: one step per epoch.
 
 :func:`train_loop` is the series' one training loop. :func:`train` runs it in one process; lesson 05
 runs the same loop on every rank, with its own way of combining the gradients (the ``sync``)::
@@ -29,33 +24,9 @@ from typing import Callable
 
 import numpy as np
 
+from nnlib.lesson03_training.optimizers import SGD, Adam, check, problems
+
 LESSON = 3
-
-
-class SGD:
-    """Stochastic gradient descent on a network's flat parameter vector, momentum optional."""
-
-    def __init__(self, network, learning_rate: float, momentum: float = 0.0):
-        check_rate(learning_rate, momentum)
-        self.network = network
-        self.learning_rate = float(learning_rate)
-        self.momentum = float(momentum)
-        self.velocity = network.xp.zeros_like(network.params) if momentum else None
-
-    def step(self) -> None:
-        """Update ``network.params`` in place from ``network.grads`` (on a GPU in one fused kernel)."""
-        network = self.network
-        network.fused(sgd_update)(network.params, network.grads, self.velocity, self.learning_rate, self.momentum)
-
-
-def sgd_update(params, grads, velocity, learning_rate: float, momentum: float) -> None:
-    """In place: velocity <- mu velocity - eta grads, params <- params + velocity (params -= eta grads if no velocity)."""
-    if velocity is None:
-        params -= learning_rate * grads
-    else:
-        velocity *= momentum
-        velocity -= learning_rate * grads
-        params += velocity
 
 
 def add_to_sums(loss_sum, correct_sum, loss, correct, divide_by):
@@ -76,27 +47,10 @@ def as_schedule(learning_rate):
     of the progress whose every value is checked, so that a bad schedule fails at its first bad step."""
     def checked(progress: float) -> float:
         rate = learning_rate(progress) if callable(learning_rate) else learning_rate
-        check_rate(rate)
+        check(problems(rate))
         return rate
 
     return checked
-
-
-def rate_problems(learning_rate, momentum: float = 0.0) -> list[str]:
-    """What is wrong with a learning rate (a positive finite number) and a momentum (0 <= momentum < 1)."""
-    problems = []
-    if not (isinstance(learning_rate, (int, float)) and math.isfinite(learning_rate) and learning_rate > 0):
-        problems.append(f"learning_rate must be a positive finite number; got {learning_rate!r}")
-    if not 0.0 <= momentum < 1.0:
-        problems.append(f"momentum must be in [0, 1); got {momentum}")
-    return problems
-
-
-def check_rate(learning_rate, momentum: float = 0.0) -> None:
-    """Raise ValueError for what :func:`rate_problems` finds (as_schedule calls it every step: it must be cheap)."""
-    problems = rate_problems(learning_rate, momentum)
-    if problems:
-        raise ValueError("; ".join(problems))
 
 
 @dataclass
@@ -134,6 +88,7 @@ class Settings:
     learning_rate: a number, or a function of the progress in epochs (0.0, 0.25, ...) giving the rate
                    before every step (a schedule). batch_size: None for full-batch gradient descent, else
                    the (global) batch of mini-batch SGD. momentum: mu in [0, 1). seed: of the shuffling.
+    optimizer:     "sgd" (momentum optional), "adam" or "adamw" (with beta1, beta2, eps; AdamW's weight_decay).
     """
 
     epochs: int
@@ -141,6 +96,11 @@ class Settings:
     batch_size: int | None = None
     momentum: float = 0.0
     seed: int = 0
+    optimizer: str = "sgd"
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    weight_decay: float = 0.0
 
     def problems(self) -> list[str]:
         """Everything wrong with these settings (empty if nothing): the one place they are checked."""
@@ -150,10 +110,16 @@ class Settings:
         if self.batch_size is not None and (not is_whole(self.batch_size) or self.batch_size < 1):
             found.append(f"batch_size must be at least 1 (or None: the full batch); got {self.batch_size!r}")
         rate = 1.0 if callable(self.learning_rate) else self.learning_rate  # (a schedule's values: as_schedule)
-        found += rate_problems(rate, self.momentum)
+        found += problems(rate, self.momentum, self.beta1, self.beta2, self.eps, self.weight_decay, self.optimizer)
         if not is_whole(self.seed):
             found.append(f"seed must be a whole number; got {self.seed!r}")
         return found
+
+    def optimizer_for(self, learning_rate: float):
+        """A function (params, xp, pieces) -> the optimizer named here (optimizers.py), made for ``params`` (n,)."""
+        sgd, adam = (self.momentum,), (self.beta1, self.beta2, self.eps, self.weight_decay)
+        kind = (SGD, sgd) if self.optimizer == "sgd" else (Adam, adam)
+        return lambda params, xp, pieces=(slice(None),): kind[0](params, learning_rate, *kind[1], xp=xp, pieces=pieces)
 
     @classmethod
     def from_keywords(cls, settings: Settings | None, keywords: dict, others=()) -> Settings:
@@ -222,23 +188,23 @@ class ProgressLines(Hook):
 
 
 class LocalUpdate:
-    """How one process combines its gradients (the loop's ``sync``): there is nothing to combine. Every sync
-    (lesson 05's combine the ranks') has: size (ranks), layer_done (None, or a gradient hook: called as
-    backpropagation finishes each layer), optimizer(), begin(run), step(run): communicate and update, sum_over_ranks(values),
-    score(network, validation), raised_on_every_rank(error)."""
+    """How one process combines its gradients (the loop's ``sync``): there is nothing to combine. Every sync (lesson
+    05's combine the ranks') has: size (ranks), layer_done (None, or a gradient hook: called as backpropagation finishes
+    each layer), optimizer(network, make): ``make(params, xp)`` for the part this rank updates, begin(run), step(run):
+    communicate and update, sum_over_ranks(values), score(network, validation), raised_on_every_rank(error)."""
 
     size = 1
     layer_done = None  # nothing to start while backpropagation runs
 
-    def optimizer(self, network, learning_rate: float, momentum: float):
-        return SGD(network, learning_rate, momentum)
+    def optimizer(self, network, make):
+        return make(network.params, network.xp)
 
     def begin(self, run) -> None:
         pass  # nothing to agree on with other ranks
 
     def step(self, run) -> None:
         run.phase("update")
-        run.optimizer.step()
+        run.optimizer.step(run.network.params, run.network.grads)
 
     def sum_over_ranks(self, values: np.ndarray) -> np.ndarray:
         return values
@@ -287,7 +253,7 @@ def train_loop(run: Run, inputs, labels) -> History:
     network, sync, settings, xp = run.network, run.sync, run.settings, run.network.xp
     inputs, labels = xp.asarray(inputs), xp.asarray(labels)
     schedule = as_schedule(settings.learning_rate)
-    run.optimizer = sync.optimizer(network, schedule(0.0), settings.momentum)
+    run.optimizer = sync.optimizer(network, settings.optimizer_for(schedule(0.0)))
     for hook in run.hooks:
         hook.begin(run)
     sync.begin(run)
@@ -374,8 +340,7 @@ def train(network, inputs, labels, settings: Settings | None = None, *, validati
     for rows, classes in [(inputs, labels)] + ([validation] if validation else []):
         network.check_inputs(rows)
         network.check_labels(classes, rows.shape[0])
-    if settings.problems():
-        raise ValueError("; ".join(settings.problems()))
+    check(settings.problems())
     run = Run(network, settings, Batches(inputs.shape[0], settings.batch_size, settings.seed),
               hooks=[ProgressLines(progress)], validation=validation)
     return train_loop(run, inputs, labels)

@@ -2,11 +2,12 @@
 
     data_parallel  train_parallel: lesson 03's loop on every rank, the gradients combined by
                    ParameterServer, ReduceBroadcast or Allreduce; shard splits the samples
-    plots          each rank's phases on a time line, and the time per step by phase (drawn again
-                   in lessons 06 and 08)
+    plots          each rank's phases gathered, on a time line, and the time per step by phase (drawn
+                   again in lessons 06 and 08)
 """
 
 from nnlib.lesson05_data_parallel.data_parallel import (PHASES, STRATEGIES, Allreduce, ParameterServer, ReduceBroadcast,
-                                                        gather_phase_seconds, gather_timeline, shard, train_parallel)
+                                                        shard, train_parallel)
+from nnlib.lesson05_data_parallel.plots import gather_phase_seconds, gather_timeline
 
 LESSON = 5

@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from mpi4py import MPI
 
-from nnlib.lesson03_training.training import SGD, Batches, History, Hook, ProgressLines, Run, Settings, train_loop
+from nnlib.lesson03_training.training import (Batches, History, Hook, LocalUpdate, ProgressLines, Run, Settings,
+                                              train_loop)
 from nnlib.lesson04_collectives import collectives
 from nnlib.lesson04_collectives.collectives import fail_together, raised_on_every_rank, require_same_on_every_rank
 
@@ -76,21 +77,15 @@ class ShardBatches(Batches):
                 for indices, divide_by in super().epoch(epoch)]
 
 
-class DataParallel:
-    """What every way of combining the ranks' gradients (the loop's ``sync``) shares: every rank starts
-    from rank 0's weights, sums the epoch's loss over the ranks, hears rank 0's validation score. A
-    subclass's :meth:`step` communicates and updates."""
+class DataParallel(LocalUpdate):
+    """What every way of combining the ranks' gradients (the loop's ``sync``) shares: lesson 03's LocalUpdate (each
+    rank's optimizer on its whole copy), but every rank starts from rank 0's weights, sums the epoch's loss over the
+    ranks, hears rank 0's validation score. A subclass's :meth:`step` communicates and updates."""
 
     name = "data parallel"
-    layer_done = None  # called as backpropagation finishes each layer (lesson 08's overlap uses it)
 
     def __init__(self, comm, network):
-        self.comm, self.network = comm, network
-        self.size, self.rank = comm.size, comm.rank
-
-    def optimizer(self, network, learning_rate: float, momentum: float):
-        """Every rank updates its own copy (rank 0 alone where only it updates)."""
-        return SGD(network, learning_rate, momentum)
+        self.comm, self.network, self.size, self.rank = comm, network, comm.size, comm.rank
 
     def begin(self, run) -> None:
         self.comm.Bcast(self.network.params, root=0)  # everyone starts from rank 0's weights
@@ -111,8 +106,8 @@ class RootUpdates(DataParallel):
     """Rank 0 alone updates (and keeps the optimizer's state), then broadcasts the parameters. A subclass
     says how the gradients reach rank 0 (:meth:`to_root`) and are summed there (:meth:`sum_on_root`)."""
 
-    def optimizer(self, network, learning_rate: float, momentum: float):
-        return SGD(network, learning_rate, momentum) if self.rank == 0 else None
+    def optimizer(self, network, make):
+        return make(network.params, network.xp) if self.rank == 0 else None
 
     def step(self, run) -> None:
         run.phase("communicate")
@@ -120,7 +115,7 @@ class RootUpdates(DataParallel):
         run.phase("update")
         if self.rank == 0:
             self.sum_on_root(self.network.grads)
-            run.optimizer.step()
+            run.optimizer.step(self.network.params, self.network.grads)
         run.phase("communicate")
         self.comm.Bcast(self.network.params, root=0)
 
@@ -164,7 +159,7 @@ class Allreduce(DataParallel):
         run.phase("communicate")
         self.comm.Allreduce(MPI.IN_PLACE, self.network.grads, op=MPI.SUM)
         run.phase("update")
-        run.optimizer.step()
+        run.optimizer.step(self.network.params, self.network.grads)
 
 
 STRATEGIES = {"parameter_server": ParameterServer, "reduce_broadcast": ReduceBroadcast, "allreduce": Allreduce}
@@ -237,10 +232,9 @@ def agree_on_the_run(comm, network, settings: Settings, sync, options: dict, num
     require_same_on_every_rank(comm, "the network (layer sizes, output, dtype)",
                                (network.layer_sizes, network.output, str(network.params.dtype)))
     learning_rate = "a schedule" if callable(settings.learning_rate) else settings.learning_rate
-    require_same_on_every_rank(comm, "the training settings (samples, epochs, batch, momentum, seed, rate, strategy, "
-                               "batches, validation)", (num_samples, settings.epochs, settings.batch_size,
-                               settings.momentum, settings.seed, learning_rate, sync.name,
-                               getattr(options["batches"], "__name__", None), options["validation"] is not None))
+    run = dict(vars(settings), learning_rate=learning_rate, samples=num_samples, strategy=sync.name,
+               batches=getattr(options["batches"], "__name__", None), validation=options["validation"] is not None)
+    require_same_on_every_rank(comm, "the training settings", run)
     shard_sizes, starts = comm.allgather(rows), comm.allgather(int(start))
     expected_starts = [int(offset) for offset in collectives.offsets(shard_sizes)]
     if sum(shard_sizes) != num_samples or starts != expected_starts:  # the same verdict on every rank
@@ -278,13 +272,3 @@ def train_parallel(comm, network, local_inputs, local_labels, *, num_samples: in
     run = Run(network, settings, plan, sync, hooks, ParallelHistory(), validation)
     return train_loop(run, local_inputs, local_labels)
 
-
-def gather_phase_seconds(comm, history: ParallelHistory, root: int = 0):
-    """Every rank's phase totals on ``root``: an array (ranks, phases) in PHASES order, else None."""
-    mine = np.array([history.phase_seconds[phase] for phase in PHASES])
-    return collectives.gather_rows(comm, mine[None, :], root)
-
-
-def gather_timeline(comm, history: ParallelHistory, root: int = 0):
-    """Every rank's timeline on ``root``: a list (one per rank) of (step, phase, start, end)."""
-    return comm.gather(history.timeline, root=root)

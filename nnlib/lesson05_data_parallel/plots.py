@@ -1,12 +1,25 @@
-"""Lesson 05's pictures of a data-parallel step, also drawn again in lessons 06 and 08: each rank's
-phases on a time line, and the time per step split by phase."""
+"""Lesson 05's pictures of a data-parallel step, also drawn again in lessons 06 and 08: each rank's phases, gathered
+to rank 0 (also for the batch job's report), on a time line, and the time per step split by phase."""
 
 from __future__ import annotations
 
 import numpy as np
 
+from nnlib.lesson04_collectives import collectives
+from nnlib.lesson05_data_parallel.data_parallel import PHASES, ParallelHistory
+
 LESSON = 5
-NOTEBOOKS_ONLY = True  # drawn in the notebooks; no other module uses it
+
+
+def gather_phase_seconds(comm, history: ParallelHistory, root: int = 0):
+    """Every rank's phase totals on ``root``: an array (ranks, phases) in PHASES order, else None."""
+    mine = np.array([history.phase_seconds[phase] for phase in PHASES])
+    return collectives.gather_rows(comm, mine[None, :], root)
+
+
+def gather_timeline(comm, history: ParallelHistory, root: int = 0):
+    """Every rank's timeline on ``root``: a list (one per rank) of (step, phase, start, end)."""
+    return comm.gather(history.timeline, root=root)
 
 
 PHASE_COLOURS = {"data": "#9ecae1", "compute": "#3182bd", "communicate": "#e6550d", "update": "#31a354"}

@@ -243,6 +243,8 @@ class Checkpointing(Hook):
             problem = f"checkpoints need a nnlib.lesson10_faults.checkpoint.CheckpointFolder; got {type(self.folder).__name__}"
         elif getattr(run.sync, "kept_between_steps", None):  # (lesson 11's top-k, PowerSGD, local SGD)
             problem = f"checkpoints do not keep {run.sync.kept_between_steps}: run it without checkpoints"
+        elif run.settings.optimizer != "sgd":
+            problem = f"checkpoints keep SGD's velocity, not {run.settings.optimizer}'s moments: use SGD, or none"
         elif self.comm.rank == 0 and not self.resume and self.folder.files():  # (kept by step count, another
             # run's later files could push out this run's newest, and a later resume would pick up the other run)
             problem = (f"{self.folder} holds checkpoints already ({self.folder.files()[-1].name} the newest): resume "
@@ -287,10 +289,10 @@ class Checkpointing(Hook):
             run.network.restore_checkpoint_state(small["extra"])
         if small["velocity"] and run.settings.momentum:
             velocity = broadcast_new(self.comm, saved.velocity.astype(dtype) if rank == 0 else None)
-            if getattr(run.optimizer, "sharded", False):
-                run.optimizer.load_velocity(velocity)  # its own slice
-            elif run.optimizer is not None and run.optimizer.velocity is not None:  # (None: a rank not updating)
-                run.optimizer.velocity[...] = run.optimizer.network.xp.asarray(velocity)
+            if getattr(run.sync, "sharded", False):
+                run.sync.load_velocity(run.optimizer, velocity)  # its own slice
+            elif run.optimizer is not None:  # (None: a rank not updating)
+                run.optimizer.load_state_dict(dict(velocity=velocity, steps=run.optimizer.steps))
         run.epoch, run.step, run.total_steps = small["epoch"], small["step"], small["total_steps"]
         if run.plan.rng is not None:
             run.plan.rng.bit_generator.state = small["rng_state"]
@@ -321,11 +323,11 @@ class Checkpointing(Hook):
         partial = np.array([float(run.loss_sum), float(run.correct_sum)]) if steps_done else np.zeros(2)
         if steps_done:  # mid-epoch: the totals so far, summed over ranks
             run.sync.sum_over_ranks(partial)
-        if getattr(run.optimizer, "sharded", False):  # ZeRO's or FSDP's: gathered from every rank's slice
-            velocity = run.optimizer.full_velocity(self.comm)
+        if getattr(run.sync, "sharded", False):  # ZeRO's or FSDP's: gathered from every rank's slice
+            velocity = run.sync.full_velocity(run.optimizer)
         else:  # the whole momentum vector on rank 0 (None without momentum)
-            mine = self.comm.rank == 0 and run.optimizer.velocity is not None
-            velocity = to_numpy(run.optimizer.velocity) if mine else None
+            mine = self.comm.rank == 0 and "velocity" in run.optimizer.state
+            velocity = to_numpy(run.optimizer.state["velocity"]) if mine else None
         sharded = hasattr(run.network, "load_full_params")  # collective: every rank sends its chunks
         params = run.network.full_params() if sharded else run.network.params
         problem = None

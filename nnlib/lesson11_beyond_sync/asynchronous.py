@@ -34,7 +34,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from nnlib.lesson02_network.arrays import through_host, to_numpy
-from nnlib.lesson03_training.training import Settings, sgd_update
+from nnlib.lesson03_training.optimizers import sgd_update
+from nnlib.lesson03_training.training import Settings
 from nnlib.lesson04_collectives.collectives import raised_on_every_rank, row_range, split_counts
 from nnlib.lesson08_inside_allreduce.sampling import PerRankBatches
 from nnlib.course.deadline import watch

@@ -1,6 +1,6 @@
 """Lesson 12 (notebooks/12_memory.ipynb): training a network bigger than one rank can hold.
 
-    fsdp             ZeRO stage 3 / FSDP: parameters, gradients and momentum sharded; a layer gathered to compute
+    fsdp             ZeRO stage 3 / FSDP: parameters, gradients and optimizer state sharded; a layer gathered to compute
     recompute        activation recomputation: keep every k-th layer's input, recompute the rest in backward
     accumulation     gradient accumulation: k micro-batches per step, nothing sent before the last
     mixed_precision  float16 storage, float32 compute and master weights, dynamic loss scaling

@@ -8,9 +8,9 @@ where P does not divide n_l), and rank r keeps chunk r of every layer, its gradi
     forward, layer l:   allgather W_l, b_l from the chunks  ->  z_l, a_l = Layer.forward  ->  free them
     backward, layer l:  allgather W_l, b_l again  ->  dJ/dW_l, dJ/db_l (whole, this rank's rows)
                         ->  reduce-scatter: chunk r of sum over ranks  ->  dJ/da_{l-1}  ->  free them
-    update:             SGD on the chunks only, layer by layer (no communication)
+    update:             the optimizer (lesson 03's) on this rank's chunks only, layer by layer (no communication)
 
-At any moment a rank holds its chunks (about 1/P of the parameters, gradients and momentum) plus
+At any moment a rank holds its chunks (about 1/P of the parameters, gradients and optimizer state) plus
 one layer's whole parameters and gradient. :class:`ShardedLayer` is lesson 02's
 :class:`~nnlib.lesson02_network.network.Layer` whose weights are gathered on use, so the forward and
 backward passes are lesson 02's ``forward_layers`` and ``backward_layers`` unchanged. Equal to
@@ -24,7 +24,7 @@ from mpi4py import MPI
 
 from nnlib.lesson02_network.arrays import array_namespace, namespace_of_device, to_numpy
 from nnlib.lesson02_network.network import Layer, LayerStack, initial_layers, layer_views, parameter_offsets
-from nnlib.lesson03_training.training import SGD, LocalUpdate, sgd_update
+from nnlib.lesson03_training.training import LocalUpdate
 from nnlib.lesson04_collectives.collectives import raised_on_every_rank, row_range, split_evenly
 
 LESSON = 12
@@ -177,36 +177,14 @@ class FullyShardedNetwork(LayerStack):
         self.params[...] = self.xp.asarray(self.own_chunks(np.asarray(whole)))
 
 
-class ChunkwiseSGD(SGD):
-    """Lesson 03's SGD on this rank's chunks, one layer's chunk at a time: the update's temporary eta g is one
-    chunk long, not all of them (``velocity`` is still one flat vector, as SGD's: this rank's chunks)."""
-
-    sharded = True  # a checkpoint gathers the velocity from every rank's chunks
-
-    def full_velocity(self, comm):
-        """The whole velocity (total_params,) on every rank (collective; None without momentum)."""
-        return None if self.velocity is None else self.network.full_vector(self.velocity)
-
-    def load_velocity(self, whole) -> None:
-        """Take this rank's chunks of a whole velocity vector (from a checkpoint)."""
-        if self.velocity is not None:
-            self.velocity[...] = self.network.xp.asarray(self.network.own_chunks(np.asarray(whole)))
-
-    def step(self) -> None:
-        offset = 0
-        for layer in self.network.layers:
-            velocity = None if self.velocity is None else self.velocity[offset:offset + layer.shard.size]
-            sgd_update(layer.shard, layer.grad_shard, velocity, self.learning_rate, self.momentum)
-            offset += layer.shard.size
-
-
 class FullySharded(LocalUpdate):
     """The sync of a :class:`FullyShardedNetwork` under lesson 05's ``train_parallel(..., strategy=FullySharded)``:
     the gradients arrive reduce-scattered during backpropagation, so a step is one process's (lesson 03's
-    LocalUpdate: SGD, here on this rank's chunks, and scoring on the network, whose forward pass is collective);
-    only the epoch's loss is summed over the ranks."""
+    LocalUpdate: the optimizer, here made for this rank's chunks ``params`` and stepping layer by layer, and scoring
+    on the network, whose forward pass is collective); only the epoch's loss is summed over the ranks."""
 
     name = "fsdp"
+    sharded = True  # a checkpoint gathers the velocity from every rank's chunks
 
     def __init__(self, comm, network):
         if not all(isinstance(layer, ShardedLayer) for layer in network.layers):  # (maybe wrapped: MicroBatched)
@@ -215,8 +193,19 @@ class FullySharded(LocalUpdate):
             raise ValueError(f"the network is sharded over {network.comm.size} ranks but the run has {comm.size}")
         self.comm, self.network, self.size, self.rank = comm, network, comm.size, comm.rank
 
-    def optimizer(self, network, learning_rate: float, momentum: float):
-        return ChunkwiseSGD(network, learning_rate, momentum)
+    def optimizer(self, network, make):
+        """The optimizer of this rank's chunks, stepped one layer's chunk after another (temporaries: one chunk)."""
+        bounds = np.cumsum([0] + [layer.shard.size for layer in network.layers]).tolist()
+        return make(network.params, network.xp, [slice(a, b) for a, b in zip(bounds, bounds[1:])])
+
+    def full_velocity(self, optimizer):
+        """The whole velocity (total_params,) on every rank (collective; None without momentum)."""
+        velocity = optimizer.state.get("velocity")
+        return None if velocity is None else self.network.full_vector(velocity)
+
+    def load_velocity(self, optimizer, whole) -> None:
+        """Take this rank's chunks of a whole velocity vector (from a checkpoint)."""
+        optimizer.load_state_dict(dict(velocity=self.network.own_chunks(np.asarray(whole)), steps=optimizer.steps))
 
     def sum_over_ranks(self, values: np.ndarray) -> np.ndarray:
         self.comm.Allreduce(MPI.IN_PLACE, values, op=MPI.SUM)

@@ -116,14 +116,14 @@ class MixedPrecision(MicroBatched):
         for layer in self.layers:
             layer.low_dtype = self.low
 
-    def overflow(self, comm=None, part=slice(None)) -> bool:
+    def overflow(self, comm=None, grads=None) -> bool:
         """The verdict on the step's summed float32 gradient g: overflow if g has an inf or NaN (a piece
         overflowed on its way) or if S max|g| is beyond the low precision's largest value (the sum itself would
         not fit). The second test depends on the sum only, not on how it was cut into micro-batches and ranks:
         two cuttings can disagree only where one piece overflowed alone while the sum fits. FSDP's ranks hold
-        chunks of g, ZeRO-1/2 (lesson 08) sums only this rank's slice ``part`` of g: one Allreduce of the flag
-        (over the sync's ``comm`` for ZeRO) gives every rank the same verdict."""
-        grads = self.network.grads[part]
+        chunks of g, ZeRO-1/2 (lesson 08) sums only this rank's slice ``grads`` of g (None: all of it): one Allreduce
+        of the flag (over the sync's ``comm`` for ZeRO) gives every rank the same verdict."""
+        grads = self.network.grads if grads is None else grads
         peak = max(abs(float(grads.max())), abs(float(grads.min()))) if grads.size else 0.0  # (no temporary)
         xp, largest = self.network.xp, float(ml_dtypes.finfo(self.low).max)  # 65504 for float16, ~3.4e38 bfloat16
         local = not (bool(xp.all(xp.isfinite(grads))) and peak * self.loss_scale <= largest)
@@ -174,28 +174,27 @@ class MixedPrecision(MicroBatched):
         return loss
 
     def state_bytes(self, optimizer) -> dict:
-        """Bytes held per kind: low weights and gradients, float32 master, gradient and momentum."""
-        velocity = 0 if optimizer.velocity is None else optimizer.velocity.nbytes
+        """Bytes held per kind: low weights and gradients, float32 master, gradient and optimizer state (SGD's
+        momentum, or Adam's moments)."""
         return {f"{self.precision} weights": self.half_params.nbytes,
                 f"{self.precision} gradients": self.half_grads.nbytes,
                 "float32 master": self.network.params.nbytes, "float32 gradient": self.network.grads.nbytes,
-                "float32 momentum": velocity}
+                "float32 " + ("Adam moments" if "m" in optimizer.state else "momentum"): optimizer.state_bytes}
 
 
 def scaled_step(optimizer, mixed: MixedPrecision, comm=None):
     """``optimizer`` made to update only when the gradient it is given is finite, telling the loss scaler.
 
-    After lesson 05's Allreduce every rank holds the same sum and skips with no extra message; ZeRO-1/2's slice
-    [start, stop) (lesson 08's ShardedSGD) is judged over the sync's ``comm`` (:meth:`MixedPrecision.overflow`)."""
-    sliced = hasattr(optimizer, "start") and hasattr(optimizer, "stop")  # ZeRO-1/2's ShardedSGD
-    comm, part = (comm, slice(optimizer.start, optimizer.stop)) if sliced else (None, slice(None))
+    After lesson 05's Allreduce every rank holds the same sum and skips with no extra message; a part of this rank's
+    gradient (ZeRO-1/2's slice, lesson 08) is judged over the sync's ``comm`` (:meth:`MixedPrecision.overflow`)."""
     update = optimizer.step
 
-    def step() -> None:
-        overflowed = mixed.overflow(comm, part)
+    def step(params, grads) -> None:
+        sliced = grads.size < mixed.network.grads.size  # (ZeRO's slice: the other ranks judge the rest)
+        overflowed = mixed.overflow(comm if sliced else None, grads)
         mixed.scaler_update(overflowed)
         if not overflowed:
-            update()
+            update(params, grads)
 
     optimizer.step = step
     return optimizer
@@ -206,9 +205,8 @@ def loss_scaled(sync_class):
     whose optimizer, the sync's own on the float32 master network, is a :func:`scaled_step`."""
 
     class LossScaled(sync_class):
-        def optimizer(self, network, learning_rate: float, momentum: float):
-            return scaled_step(super().optimizer(network.network, learning_rate, momentum), network,
-                               getattr(self, "comm", None))
+        def optimizer(self, network, make):
+            return scaled_step(super().optimizer(network.network, make), network, getattr(self, "comm", None))
 
         def step(self, run) -> None:
             with np.errstate(over="ignore", invalid="ignore"):  # (ZeRO's ring adds infs: what the scaler looks for)

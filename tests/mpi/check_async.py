@@ -13,7 +13,7 @@ from harness import expect_error_everywhere, run_checks
 from mpi4py import MPI
 
 from nnlib import Network
-from nnlib.lesson03_training.training import sgd_update
+from nnlib.lesson03_training.optimizers import sgd_update
 from nnlib.lesson04_collectives.collectives import offsets, split_counts
 from nnlib.lesson05_data_parallel import train_parallel
 from nnlib.lesson08_inside_allreduce.sampling import PerRankBatches, per_rank_plan

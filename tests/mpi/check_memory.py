@@ -2,7 +2,7 @@
 
 ZeRO-3 / FSDP (every layer's parameters sharded, gathered on use): equal to sequential training within
 1e-10 in float64, for uneven layer sizes (117, 80, 63, 32 parameters per layer) and rank counts, sigmoid
-and softmax, full batch and mini-batch with momentum; a rank holds its chunks and at most one whole layer
+and softmax, full batch and mini-batch with momentum, and with Adam; a rank holds its chunks and at most one whole layer
 (its log, and weak references to what Allgatherv fills);
 the bytes it sends, counted on the real calls, are 3 (n_l - c_{l,r}) per layer, against the Allreduce's
 2 (n - c_r). Gradient accumulation (k micro-batches, with the Allreduce and with lesson 08's overlap):
@@ -70,6 +70,19 @@ def test_fsdp_equals_sequential_training():
             error = relative_error(network.full_params(), expected)
             assert error <= 1e-10, f"fsdp {output} {settings}: relative error {error:.1e}"
             assert np.allclose(got.loss, history.loss, rtol=1e-12) and got.train_accuracy == history.train_accuracy
+
+
+def test_fsdp_with_adam_equals_sequential_adam():
+    """Adam and AdamW, float64: each rank's optimizer is made for its chunks (uneven: 117, 80, 63, 32 parameters per
+    layer) and steps on them; the gathered parameters equal sequential Adam's within 1e-10."""
+    for optimizer in (dict(optimizer="adam"), dict(optimizer="adamw", weight_decay=0.5, beta1=0.8, eps=1e-6)):
+        settings = dict(optimizer, epochs=2, learning_rate=0.01, batch_size=32, seed=5)
+        expected, history = sequential(**settings)
+        network = FullyShardedNetwork(comm, SIZES, seed=3)
+        got = parallel(network, FullySharded, **settings)
+        error = relative_error(network.full_params(), expected)
+        assert error <= 1e-10, f"fsdp {optimizer}: relative error {error:.1e}"
+        assert np.allclose(got.loss, history.loss, rtol=1e-12)
 
 
 class GatherWatching:

@@ -90,18 +90,20 @@ def test_zero_mixed_precision_with_accumulation_and_recomputation_equals_sequent
 def test_zero_ranks_skip_together_when_one_slice_overflowed():
     """Only the last rank's slice holds an inf (what its reduce-scatter summed): every rank skips."""
     mixed = MixedPrecision(Network(SIZES, seed=3))
-    optimizer = loss_scaled(ZeRO)(comm, mixed).optimizer(mixed, 0.1, 0.9)
-    mixed.network.grads[...] = 0.0
+    sync = loss_scaled(ZeRO)(comm, mixed)
+    optimizer = sync.optimizer(mixed, Settings(1, 0.1, momentum=0.9).optimizer_for(0.1))
+    mine, master = sync.mine, mixed.network
+    master.grads[...] = 0.0
     if rank == size - 1:
-        mixed.network.grads[optimizer.stop - 1] = np.inf
-    assert comm.allgather(mixed.overflow(comm, slice(optimizer.start, optimizer.stop))) == [True] * size
+        master.grads[mine.stop - 1] = np.inf
+    assert comm.allgather(mixed.overflow(comm, master.grads[mine])) == [True] * size
     before = mixed.params.copy()
-    optimizer.step()  # scaled_step: asks the scaler over the sync's comm and this rank's slice first
+    optimizer.step(master.params[mine], master.grads[mine])  # scaled_step: the scaler over the sync's comm first
     assert comm.allgather((mixed.skipped, np.array_equal(mixed.params, before))) == [(1, True)] * size
-    mixed.network.grads[...] = 0.0
-    assert comm.allgather(mixed.overflow(comm, slice(optimizer.start, optimizer.stop))) == [False] * size
-    mixed.network.grads[...] = 1.0
-    optimizer.step()
+    master.grads[...] = 0.0
+    assert comm.allgather(mixed.overflow(comm, master.grads[mine])) == [False] * size
+    master.grads[...] = 1.0
+    optimizer.step(master.params[mine], master.grads[mine])
     assert comm.allgather((mixed.skipped, np.array_equal(mixed.params, before))) == [(1, False)] * size
 
 

@@ -1,6 +1,6 @@
 """Run under mpiexec: data-parallel training equals sequential training, and bad setups fail together.
 
-For every strategy, full-batch and mini-batch (momentum), 997 samples (divisible by no P in 2..4):
+For every strategy, full-batch and mini-batch (momentum, and Adam), 997 samples (divisible by no P in 2..4):
 the parameters after k steps equal the sequential run's to 1e-10 in float64 and 1e-5 in float32
 (relative to the largest parameter), and are bit-identical on every rank. Exits 1 on any failure.
 """
@@ -12,6 +12,7 @@ from harness import expect_error_everywhere, run_checks
 from mpi4py import MPI
 
 from nnlib import Network, train
+from nnlib.lesson03_training.training import Hook
 from nnlib.lesson05_data_parallel import shard, train_parallel
 from nnlib.lesson05_data_parallel.data_parallel import STRATEGIES as LESSON_05
 from nnlib.lesson07_gpu.backend import HostStaging, WaitForDevice
@@ -176,6 +177,35 @@ def check_zero_keeps_one_slice_of_the_optimizer_state():
     assert slices[-1][1] == network.num_params
     assert sum(state for _, _, state in slices) == replicated_state_bytes(network, 0.9)
     assert max(state for _, _, state in slices) <= -(-network.num_params // size) * 8
+
+
+class KeepOptimizer(Hook):
+    """Keeps the run's optimizer (made as the loop began) for a check to read."""
+
+    def begin(self, run) -> None:
+        self.optimizer = run.optimizer
+
+
+def check_adam_equals_sequential_adam():
+    """Adam and AdamW in float64 on 140 parameters and 997 samples (uneven over P = 3): every strategy, lesson 08's
+    ZeRO (each rank's optimizer made for and stepped on its slice, and keeping 2 numbers of state per parameter of
+    it) among them, equals sequential Adam within 1e-10; every rank holds the same parameters."""
+    sizes = (12, 8, 4)  # 140 parameters
+    local_inputs, local_labels, start = shard(comm, INPUTS if rank == 0 else None, LABELS if rank == 0 else None)
+    for optimizer in (dict(optimizer="adam"), dict(optimizer="adamw", weight_decay=0.5, beta1=0.8, beta2=0.99)):
+        settings = dict(optimizer, epochs=2, learning_rate=0.01, batch_size=64, seed=5)
+        expected = Network(sizes, dtype="float64", seed=3)
+        train(expected, INPUTS, LABELS, progress=False, **settings)
+        for strategy in STRATEGIES:
+            network, kept = Network(sizes, dtype="float64", seed=3 if rank == 0 else 100 + rank), KeepOptimizer()
+            train_parallel(comm, network, local_inputs, local_labels, num_samples=N, start=start, strategy=strategy,
+                           hooks=[kept], **settings)
+            error = float(np.abs(network.params - expected.params).max() / np.abs(expected.params).max())
+            assert error <= 1e-10, f"{strategy} {optimizer}: relative error {error:.2e}"
+            assert np.array_equal(network.params, comm.bcast(network.params if rank == 0 else None)), strategy
+            state = comm.allgather(0 if kept.optimizer is None else kept.optimizer.state_bytes)
+            copies = 1 if strategy in (ZeRO, "parameter_server", "reduce_broadcast") else size  # (ZeRO: slices)
+            assert sum(state) == copies * 2 * expected.params.nbytes, (strategy, state)
 
 
 def check_the_per_rank_sampler():
