@@ -19,8 +19,10 @@ N = 203
 SETTINGS = dict(epochs=3, learning_rate=0.5, batch_size=16, momentum=0.9, seed=4)
 
 
-def example(**changes) -> Checkpoint:
-    fields = dict(params=np.arange(5.0), velocity=np.ones(5), epoch=1, step=3,
+def example(params=np.arange(5.0), optimizer=None, **changes) -> Checkpoint:
+    state = dict(network=dict(params=params, loss_scale=2.0 ** 15),
+                 optimizer=dict(m=np.ones(5), v=np.full(5, 0.5), steps=7) if optimizer is None else optimizer)
+    fields = dict(state=state, epoch=1, step=3,
                   rng_state={"bit_generator": "PCG64", "state": {"state": 2**100 + 7, "inc": 5}},
                   partial=[1.5, 7.0], history={"loss": [0.9], "train_accuracy": [0.5], "validation_accuracy": [],
                                                "seconds": [0.1]},
@@ -30,13 +32,23 @@ def example(**changes) -> Checkpoint:
 
 
 def same(first: Checkpoint, second: Checkpoint) -> bool:
-    """Every field equal (arrays exactly, with their dtype), the file path aside."""
-    for name in ("params", "velocity"):
-        a, b = getattr(first, name), getattr(second, name)
-        if (a is None) != (b is None) or (a is not None and (a.dtype != b.dtype or not np.array_equal(a, b))):
+    """Every field equal (the state's arrays exactly, with their dtype; its numbers with their type), the path aside."""
+    for part in ("network", "optimizer"):
+        a, b = first.state[part], second.state[part]
+        if set(a) != set(b) or any(type(a[name]) is not type(b[name]) for name in a):
+            return False
+        if not all(np.array_equal(a[name], b[name]) and np.asarray(a[name]).dtype == np.asarray(b[name]).dtype
+                   for name in a):
             return False
     names = ("epoch", "step", "rng_state", "partial", "history", "settings", "ranks", "total_steps")
     return all(getattr(first, name) == getattr(second, name) for name in names)
+
+
+def test_same_can_fail():
+    assert same(example(), example())
+    assert not same(example(), example(params=np.arange(5.0, dtype=np.float32)))
+    assert not same(example(), example(optimizer=dict(velocity=np.ones(5), steps=7)))
+    assert not same(example(), example(total_steps=18))
 
 
 def test_a_checkpoint_round_trips_exactly(tmp_path):
@@ -46,9 +58,10 @@ def test_a_checkpoint_round_trips_exactly(tmp_path):
     again = load(tmp_path / "a")
     assert same(again, original)  # every field, the rng state's 100-bit integer included
     assert again.path == tmp_path / "a"
-    assert load(tmp_path / "a").velocity is not None
-    save(tmp_path / "b", example(velocity=None))
-    assert load(tmp_path / "b").velocity is None
+    assert load(tmp_path / "a").state["optimizer"]["steps"] == 7  # Adam's step count, an int again
+    plain = example(optimizer=dict(steps=3))  # SGD without momentum: no arrays
+    save(tmp_path / "b", plain)
+    assert same(load(tmp_path / "b"), plain)
     assert [path.name for path in tmp_path.iterdir()] in (["a", "b"], ["b", "a"])  # no temporary file left
 
 

@@ -156,17 +156,45 @@ def test_train_with_adam_is_adam_on_the_full_batch_gradient():
     np.testing.assert_allclose(trained.params, by_hand.params, rtol=1e-12, atol=1e-14)
 
 
-def test_checkpoints_refuse_adam_until_they_keep_its_moments(tmp_path):
+@pytest.mark.parametrize("strategy", ["allreduce", "parameter_server", "zero", "fsdp"])
+def test_a_run_with_adamw_resumed_from_a_checkpoint_is_bit_identical(tmp_path, strategy):
+    """Each strategy's state_dict saves the moments and the step count (t: the bias correction) and takes them back;
+    a run stopped mid-epoch and resumed ends where the uninterrupted one does, bit for bit (one rank here; other
+    numbers of ranks: tests/mpi/check_parallel.py)."""
     from mpi4py import MPI
 
     from nnlib.lesson05_data_parallel import train_parallel
+    from nnlib.lesson08_inside_allreduce.zero import ZeRO
+    from nnlib.lesson12_memory.fsdp import FullySharded, FullyShardedNetwork
 
-    rng = np.random.default_rng(1)
-    with pytest.raises(ValueError, match="checkpoints keep SGD's velocity, not adam's moments: use SGD, or none"):
-        train_parallel(MPI.COMM_WORLD, Network((4, 3)), rng.random((6, 4)), rng.integers(0, 3, 6), num_samples=6,
-                       start=0, epochs=1, learning_rate=0.1, optimizer="adam",
-                       hooks=[Checkpointing(CheckpointFolder(tmp_path))])
-    assert list(tmp_path.iterdir()) == []
+    rng = np.random.default_rng(4)
+    inputs, labels = rng.random((40, 6)), rng.integers(0, 3, 40)
+    settings = dict(epochs=2, learning_rate=0.01, batch_size=16, optimizer="adamw", weight_decay=0.1, seed=1)
+    sync = dict(zero=ZeRO, fsdp=FullySharded).get(strategy, strategy)
+
+    def run(folder=None, resume=False, stop_at=None):
+        network = (FullyShardedNetwork(MPI.COMM_WORLD, (6, 5, 3), seed=1) if strategy == "fsdp"
+                   else Network((6, 5, 3), dtype="float64", seed=1))
+
+        def on_step(epoch, step, total_steps):
+            if total_steps == stop_at:
+                raise RuntimeError("stopped")
+
+        hooks = [Checkpointing(CheckpointFolder(folder, every=2), resume)] if folder else []
+        train_parallel(MPI.COMM_WORLD, network, inputs, labels, num_samples=40, start=0, strategy=sync, hooks=hooks,
+                       on_step=on_step, **settings)
+        return network
+
+    expected = run()
+    with pytest.raises(RuntimeError, match="stopped"):
+        run(tmp_path, stop_at=5)  # the checkpoint after step 4: epoch 2, its first step done
+    saved = CheckpointFolder(tmp_path).latest()
+    assert saved.state["optimizer"]["steps"] == 4 and set(saved.state["optimizer"]) == {"m", "v", "steps"}
+    assert saved.settings["optimizer"] == "adamw" and saved.settings["weight_decay"] == 0.1
+    assert np.array_equal(run(tmp_path, resume=True).params, expected.params)
+    with pytest.raises(ValueError, match="beta2: the checkpoint has 0.999, this run 0.99"):
+        settings["beta2"] = 0.99
+        run(tmp_path, resume=True)
 
 
 def test_every_strategy_on_one_process_steps_adam_as_train_does():

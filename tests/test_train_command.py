@@ -77,6 +77,8 @@ ASYNCHRONOUS = ("--samples", "1001", "--epochs", "2", "--batch-size", "50", "--h
                 "--momentum", "0", "--learning-rate", "0.5")
 COMPRESSED = ("--samples", "1001", "--epochs", "2", "--batch-size", "64", "--hidden", "16", "--dtype", "float64")
 ZERO_PER_RANK = (*SMALL, "--dtype", "float64", "--strategy", "zero", "--sampler", "per_rank")
+ADAM = (*COMPRESSED, "--optimizer", "adam", "--learning-rate", "0.01")  # ZeRO's and FSDP's resume on 2, 3, 4 ranks
+ADAMW = (*REFERENCE, "--optimizer", "adamw", "--learning-rate", "0.01")  # the model splits with AdamW
 
 #: Each way a job on 2 ranks refuses, run in JOBS_ON[2]'s launch: the settings check (before any collective), lesson
 #: 05's check of the run (check_run, then fail_together, in train_parallel), lesson 13's pipeline (ScheduledPipeline
@@ -92,7 +94,8 @@ REFUSED_ON_2_RANKS = {
 #: The jobs whose results the tests compare (and REFUSED_ON_2_RANKS), by number of ranks: each group runs once per
 #: session, in one launch.
 JOBS_ON = {
-    1: {"reference": Job(REFERENCE), "synchronous": Job((*ASYNCHRONOUS, "--sampler", "per_rank"))},
+    1: {"reference": Job(REFERENCE), "synchronous": Job((*ASYNCHRONOUS, "--sampler", "per_rank")),
+        "adamw reference": Job(ADAMW)},
     2: {"tensor": Job((*REFERENCE, "--model-parallel", "tensor")),
         "pipeline gpipe": Job((*PIPELINE, "--schedule", "gpipe")),
         "interleaved": Job((*PIPELINE, "--schedule", "interleaved", "--virtual-stages", "2", "--trace",
@@ -101,6 +104,8 @@ JOBS_ON = {
         "asynchronous": Job((*ASYNCHRONOUS, "--asynchronous", "--staleness", "0")),
         "synchronous": Job((*ASYNCHRONOUS, "--sampler", "per_rank")),
         "whole float32": Job((*SMALL, "--dtype", "float32")),
+        "adamw tensor": Job((*ADAMW, "--model-parallel", "tensor")),
+        "adamw zb-h2": Job((*ADAMW, "--model-parallel", "pipeline", "--micro-batches", "3", "--schedule", "zb-h2")),
         **{name: job for name, (job, _) in REFUSED_ON_2_RANKS.items()}},  # last: a refusal that aborted would stop
     3: {"allreduce": Job(REFERENCE), "zero": Job((*REFERENCE, "--strategy", "zero")),
         "overlap": Job((*REFERENCE, "--strategy", "overlap")), "fsdp": Job((*REFERENCE, "--strategy", "fsdp")),
@@ -109,7 +114,9 @@ JOBS_ON = {
         "synchronous": Job((*ASYNCHRONOUS, "--sampler", "per_rank")),
         "plain": Job(COMPRESSED), "topk everything": Job((*COMPRESSED, "--compression", "topk", "--topk", "12730")),
         "bfloat16": Job((*COMPRESSED, "--compression", "bfloat16", "--slow", "1:0.001")),
-        "zero per_rank": Job(ZERO_PER_RANK)},
+        "zero per_rank": Job(ZERO_PER_RANK),
+        **{f"adam {kind}{stop}": Job((*ADAM, "--strategy", kind, *more)) for kind in ("zero", "fsdp")
+           for stop, more in (("", ()), (" epoch 1", ("--epochs", "1", "--checkpoint-dir", f"{{folder}}/{kind}")))}},
     4: {"tensor 2x2": Job((*REFERENCE, "--model-parallel", "tensor", "--model-size", "2")),
         "asynchronous": Job((*ASYNCHRONOUS, "--asynchronous", "--staleness", "0"))},
 }
@@ -430,6 +437,44 @@ def test_zero_with_per_rank_sampling_resumes_bit_identically(tmp_path):
     *_, whole, resumed = interrupted_then_resumed(tmp_path, 3, ZERO_PER_RANK, "2:35:raise",
                                                   runs_on(3)["zero per_rank"])
     assert np.array_equal(resumed, whole)
+
+
+def test_adamw_with_the_model_split_equals_the_one_rank_adamw_run():
+    """Tensor parallelism and a pipeline (zb-h2) on 2 ranks, each rank's optimizer on its own piece: the one-rank
+    AdamW run's parameters within 1e-10 (float64)."""
+    reference = runs_on(1)["adamw reference"]
+    assert reference.returncode == 0, reference.stderr
+    for name in ("adamw tensor", "adamw zb-h2"):
+        split = runs_on(2)[name]
+        assert split.returncode == 0, split.stderr
+        assert relative_difference(split.params(), reference.params()) <= 1e-10, name
+
+
+def test_adam_stopped_after_epoch_1_on_3_ranks_resumes_with_zero_and_fsdp_on_2_3_and_4_ranks(tmp_path):
+    """ZeRO and FSDP with Adam in float64: a 1-epoch run on 3 ranks leaves its checkpoint (the moments and the step
+    count gathered whole from the ranks' slices); resumed for epoch 2 on 3 ranks it ends bit for bit where the
+    uninterrupted 2-epoch run does, on 2 and 4 ranks (each rank takes its slice of the moments) within 1e-10."""
+    import shutil
+
+    runs = runs_on(3)
+    for ranks in (2, 3, 4):
+        jobs = {}
+        for kind in ("zero", "fsdp"):
+            stopped = runs[f"adam {kind} epoch 1"]
+            assert stopped.returncode == 0 and stopped.stdout.count("epoch 1/1:") == 1, stopped.stderr
+            shutil.copytree(stopped.output.parent / kind, tmp_path / f"{kind}-{ranks}")
+            jobs[kind] = Job((*ADAM, "--strategy", kind, "--checkpoint-dir", str(tmp_path / f"{kind}-{ranks}"),
+                              "--resume"))
+        resumed = jobs_run_once(f"test_train_command-adam-resumed-on-{ranks}", ranks, jobs)
+        for kind, run in resumed.items():
+            assert run.returncode == 0 and "16 steps done (epoch 2, step 0), written by 3 ranks" in run.stdout, \
+                run.stdout + run.stderr
+            whole = runs[f"adam {kind}"]
+            assert whole.returncode == 0, whole.stderr
+            if ranks == 3:
+                assert np.array_equal(run.params(), whole.params()), kind
+            else:
+                assert relative_difference(run.params(), whole.params()) <= 1e-10, (kind, ranks)
 
 
 # -- results compared: each group of jobs runs once per session (JOBS_ON) ---------------------------------------

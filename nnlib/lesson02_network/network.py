@@ -237,6 +237,8 @@ class LayerStack(Classifier):
     uses: params and grads (flat), loss_and_gradient, last_correct, and the evaluation methods.
     """
 
+    precision = None  # every array in dtype (lesson 12's mixed precision: "float16" or "bfloat16" copies too)
+
     def __init__(self, layer_sizes, output: str, layers, params, grads, xp=None):
         self.layer_sizes, self.output, self.layers = tuple(layer_sizes), output, list(layers)
         self.params, self.grads = params, grads
@@ -300,6 +302,16 @@ class LayerStack(Classifier):
             return loss
         self.last_correct = int(self.last_correct)
         return float(loss)
+
+    # -- state --------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        """What training changes here, whole and on the host: {"params": a copy of the flat vector (num_params,)}."""
+        return {"params": to_numpy(self.params).copy()}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Take ``state`` (as :meth:`state_dict` gives it) into the parameters, in place (the layers' views stay)."""
+        self.params[...] = self.xp.asarray(state["params"], dtype=self.dtype)
 
     # -- evaluation -----------------------------------------------------------
 

@@ -37,8 +37,7 @@ def problems(learning_rate, momentum=0.0, beta1=0.9, beta2=0.999, eps=1e-8, weig
 
 
 def check(found: list[str]) -> None:
-    """Raise ValueError naming every problem found, if any."""
-    if found:
+    if found:  # every problem found, named
         raise ValueError("; ".join(found))
 
 
@@ -64,12 +63,11 @@ class Optimizer:
             self.kernel(params[piece], grads[piece], *self.arguments(piece))
 
     def state_dict(self) -> dict:
-        """The state's arrays (themselves, not copies) by name, and ``steps``."""
+        """The state's arrays (themselves, not copies) by name, and ``steps``: load_state_dict takes it back."""
         return dict(self.state, steps=self.steps)
 
     def load_state_dict(self, state: dict) -> None:
-        """Take the values of ``state`` (as :meth:`state_dict` gives it; arrays on any device) into this state."""
-        for name in self.names:
+        for name in self.names:  # (arrays from any device, into this state's)
             self.state[name][...] = self.xp.asarray(state[name])
         self.steps = int(state["steps"])
 
@@ -90,7 +88,6 @@ def sgd_update(params, grads, velocity, learning_rate: float, momentum: float) -
 
 class SGD(Optimizer):
     """Stochastic gradient descent; with momentum mu (not 0), its state is ``velocity`` (n,)."""
-
     rule = staticmethod(sgd_update)
 
     def __init__(self, params, learning_rate: float, momentum: float = 0.0, xp=np, pieces=(slice(None),)):
@@ -109,14 +106,11 @@ def adam_update(params, grads, m, v, beta1: float, beta2: float, step_size: floa
     m += (1 - beta1) * grads
     v *= beta2
     v += (1 - beta2) * grads * grads
-    denominator = v ** 0.5
-    denominator += eps_hat
-    params -= step_size * m / denominator
+    params -= step_size * m / (v ** 0.5 + eps_hat)
 
 
 class Adam(Optimizer):
     """Adam; AdamW if ``weight_decay`` (lambda) is not 0. State: the moments ``m`` and ``v`` (n,), and ``steps``, t."""
-
     names, rule = ("m", "v"), staticmethod(adam_update)
 
     def __init__(self, params, learning_rate: float, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0, xp=np,

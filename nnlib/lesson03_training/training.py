@@ -1,8 +1,6 @@
-"""Training: full-batch gradient descent and mini-batch SGD with momentum (or Adam: optimizers.py), in one loop.
-Full-batch gradient descent is SGD whose batch is the whole training set: one step per epoch.
-
-:func:`train_loop` is the series' one training loop. :func:`train` runs it in one process; lesson 05
-runs the same loop on every rank, with its own way of combining the gradients (the ``sync``)::
+"""Training: full-batch gradient descent (SGD whose batch is the whole training set) and mini-batch SGD, with
+momentum or Adam (optimizers.py), in :func:`train_loop`, the series' one training loop. :func:`train` runs it in
+one process; lesson 05 runs it on every rank, with its own way of combining the gradients (the ``sync``)::
 
     for every epoch:
         for every step of the plan (which rows, and the batch size to divide by):
@@ -36,10 +34,8 @@ def add_to_sums(loss_sum, correct_sum, loss, correct, divide_by):
 
 def diverged(loss, where: str, learning_rate) -> FloatingPointError:
     """The error for a NaN or infinite loss: where it happened, and what to try."""
-    return FloatingPointError(
-        f"the loss became {loss} {where} (learning rate {learning_rate}); training diverged. "
-        f"Try a smaller learning rate, e.g. {learning_rate / 10:g}."
-    )
+    return FloatingPointError(f"the loss became {loss} {where} (learning rate {learning_rate}); training diverged. "
+                              f"Try a smaller learning rate, e.g. {learning_rate / 10:g}.")
 
 
 def as_schedule(learning_rate):
@@ -55,9 +51,8 @@ def as_schedule(learning_rate):
 
 @dataclass
 class History:
-    """What happened in each epoch of a training run: loss (mean cost over the epoch's batches),
-    train_accuracy (of the samples as the batches went by), validation_accuracy (after the epoch;
-    empty without validation), seconds (training time of each epoch), and the run's steps."""
+    """Each epoch of a run: loss (mean cost over its batches), train_accuracy (of the samples as the batches went by),
+    validation_accuracy (after it; empty without validation), seconds (its training time); and the run's steps."""
 
     loss: list = field(default_factory=list)
     train_accuracy: list = field(default_factory=list)
@@ -132,15 +127,16 @@ class Settings:
         return cls(**keywords) if settings is None else settings
 
 
-def is_whole(value) -> bool:
-    """Whether ``value`` is an integer (not a bool)."""
+def is_whole(value) -> bool:  # an integer, not a bool
     return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
 
 
 class Batches:
-    """Which rows each step of an epoch trains on: ``epoch(e)`` -> [(rows, divide_by)]: all N rows shuffled
-    by default_rng(seed), cut into batches of b (the last may be smaller), each divided by its length.
+    """Which rows each step of an epoch trains on: ``epoch(e)`` -> [(rows, divide_by)]: all N rows shuffled by
+    default_rng(seed), cut into batches of b (the last may be smaller), each divided by its length.
     Full-batch gradient descent (b None, or b >= N): one step, rows None (all of them), divide_by N."""
+
+    name = "exact"  # the sequential run's batches (lesson 08's samplers have other names)
 
     def __init__(self, num_samples: int, batch_size: int | None, seed: int):
         self.num_samples = int(num_samples)
@@ -191,13 +187,36 @@ class LocalUpdate:
     """How one process combines its gradients (the loop's ``sync``): there is nothing to combine. Every sync (lesson
     05's combine the ranks') has: size (ranks), layer_done (None, or a gradient hook: called as backpropagation finishes
     each layer), optimizer(network, make): ``make(params, xp)`` for the part this rank updates, begin(run), step(run):
-    communicate and update, sum_over_ranks(values), score(network, validation), raised_on_every_rank(error)."""
+    communicate and update, sum_over_ranks(values), score(network, validation), raised_on_every_rank(error), and the
+    run's state whole (lesson 10's checkpoints): state_dict(run), load_state_dict(run, state)."""
 
     size = 1
     layer_done = None  # nothing to start while backpropagation runs
+    kept_between_steps = None  # what it keeps between steps beyond the optimizer (lesson 11's residuals): None
+    compression = "none"  # of its messages (lesson 11's)
 
     def optimizer(self, network, make):
         return make(network.params, network.xp)
+
+    def whole(self, part):
+        """A vector of the optimizer's state, whole (collective where each rank keeps a part); part(): back."""
+        return part
+
+    def part(self, whole):
+        return whole  # (this rank's part of a whole vector: here all of it)
+
+    def state_dict(self, run) -> dict:
+        """The run's state, whole: the network's and the optimizer's (None on a rank without one), by whole()."""
+        own = run.optimizer and run.optimizer.state_dict()
+        return dict(network=run.network.state_dict(), optimizer=own and {
+            name: value if name == "steps" else self.whole(value) for name, value in own.items()})
+
+    def load_state_dict(self, run, state: dict) -> None:
+        """Take a whole ``state`` (as :meth:`state_dict` gives it); each rank keeps its part()."""
+        run.network.load_state_dict(state["network"])
+        if run.optimizer:
+            run.optimizer.load_state_dict({name: value if name == "steps" else self.part(value)
+                                           for name, value in state["optimizer"].items()})
 
     def begin(self, run) -> None:
         pass  # nothing to agree on with other ranks
@@ -245,11 +264,9 @@ class Run:
 
 
 def train_loop(run: Run, inputs, labels) -> History:
-    """Train ``run.network`` on this process's rows (inputs (N, n_0), labels (N,)); return the history.
-
-    The data moves to the network's device once. The loss is checked after every step on the host in
-    one process; otherwise once per epoch, after the sum over ranks, so that every rank stops together.
-    """
+    """Train ``run.network`` on this process's rows (inputs (N, n_0), labels (N,)), moved to its device once; return
+    the history. The loss is checked after every step on the host in one process; otherwise once per epoch, after
+    the sum over ranks, so that every rank stops together."""
     network, sync, settings, xp = run.network, run.sync, run.settings, run.network.xp
     inputs, labels = xp.asarray(inputs), xp.asarray(labels)
     schedule = as_schedule(settings.learning_rate)
@@ -326,13 +343,10 @@ def epoch_on_device(steps: list, inputs, labels, xp) -> list:
 
 def train(network, inputs, labels, settings: Settings | None = None, *, validation=None, progress: bool = True,
           **keywords) -> History:
-    """Train ``network`` in place and return its :class:`History`.
-
-    inputs (N, n_0) floats, labels (N,) integers; ``settings`` a :class:`Settings`, or its fields as
-    keywords (``train(network, inputs, labels, epochs=3, learning_rate=0.1, batch_size=32)``).
-    ``validation=(inputs, labels)`` is scored after each epoch; ``progress`` prints a line per epoch.
-    Raises FloatingPointError as soon as the loss is NaN or infinite.
-    """
+    """Train ``network`` in place and return its :class:`History`. inputs (N, n_0) floats, labels (N,) integers;
+    ``settings`` a :class:`Settings`, or its fields as keywords (``train(network, inputs, labels, epochs=3,
+    learning_rate=0.1, batch_size=32)``). ``validation=(inputs, labels)`` is scored after each epoch; ``progress``
+    prints a line per epoch. Raises FloatingPointError as soon as the loss is NaN or infinite."""
     settings = Settings.from_keywords(settings, keywords)
     xp = network.xp
     inputs, labels = xp.asarray(inputs), xp.asarray(labels)

@@ -78,11 +78,8 @@ def broadcast_new(comm, array, root: int = 0) -> np.ndarray:
 
 
 def scatter_rows(comm, array, root: int = 0) -> np.ndarray:
-    """Split ``array`` (on ``root``) into near-equal blocks of rows, one per rank, with Scatterv.
-
-    Works when the rows do not divide by the number of ranks. Other ranks pass None.
-    Returns this rank's block, (rows_for_this_rank, *array.shape[1:]).
-    """
+    """Split ``array`` (on ``root``; other ranks pass None) into near-equal blocks of rows, one per rank, with
+    Scatterv, whether or not the rows divide by the number of ranks: this rank's block (rows, *array.shape[1:])."""
     meta = (require_contiguous(array).shape, array.dtype.str) if comm.rank == root else None
     shape, dtype = comm.bcast(meta, root=root)
     dtype = np.dtype(dtype)
@@ -95,10 +92,8 @@ def scatter_rows(comm, array, root: int = 0) -> np.ndarray:
 
 
 def gather_rows(comm, local, root: int = 0):
-    """Gatherv every rank's block of rows (any number each, even 0) into one array on ``root``.
-
-    Returns the stacked array on ``root`` (blocks in rank order) and None elsewhere.
-    """
+    """Gatherv every rank's block of rows (any number each, even 0): the blocks stacked in rank order on ``root``,
+    None elsewhere."""
     require_contiguous(local, "local")
     counts = np.array(comm.allgather(local.shape[0]), dtype=np.int64)
     row_size = int(np.prod(local.shape[1:], dtype=np.int64))
@@ -136,11 +131,8 @@ def raised_on_every_rank(error: BaseException) -> BaseException:
 
 
 def require_same_on_every_rank(comm, what: str, value) -> None:
-    """Raise the same ValueError on every rank unless all ranks passed an equal ``value``.
-
-    One small allgather: cheap, and every rank learns the outcome together, so no
-    rank raises alone and leaves the others waiting in a collective.
-    """
+    """Raise the same ValueError on every rank unless all ranks passed an equal ``value``. One small allgather:
+    every rank learns the outcome together, so no rank raises alone and leaves the others waiting in a collective."""
     values = comm.allgather(value)
     differing = [rank for rank, other in enumerate(values) if other != values[0]]
     if differing:

@@ -1,18 +1,14 @@
 """Data-parallel training with MPI: every rank holds a shard of the data and a full copy of the network.
 
-It is lesson 03's training loop (``train_loop``), run on every rank at once. One step:
+It is lesson 03's training loop (``train_loop``), run on every rank at once. One step: 1. **data**: the samples
+of the global batch that this rank holds; 2. **compute**: forward and backward on them, dividing by the *global*
+batch size, so the ranks' gradients add up to exactly the sequential batch gradient (whatever the shard sizes);
+3. **communicate** and **update**: the way the gradients are combined (the loop's ``sync``, the one thing that
+differs from one process): :class:`ParameterServer`, :class:`ReduceBroadcast` or :class:`Allreduce`.
 
-1. **data**: take the samples of the global batch that this rank holds;
-2. **compute**: forward and backward on them, dividing by the *global* batch size, so the
-   ranks' gradients add up to exactly the sequential batch gradient (whatever the shard sizes);
-3. **communicate** and **update**: the one thing that differs from one process, the way the
-   gradients are combined (the loop's ``sync``): :class:`ParameterServer`, :class:`ReduceBroadcast`
-   or :class:`Allreduce`.
-
-Same steps as the sequential run: every rank draws the same seeded permutation of all N samples that
-:func:`nnlib.train` draws, so global batch k holds the same samples for any number of ranks; each rank
-computes the part of it that falls in its shard (:class:`ShardBatches`). Later lessons' ways of combining
-gradients and hooks plug in as ``train_parallel(..., strategy=..., hooks=[...])``.
+Every rank draws the sequential run's seeded permutation of all N samples, so global batch k holds the same
+samples for any number of ranks; each rank computes the part of it in its shard (:class:`ShardBatches`). Later
+lessons' syncs and hooks plug in as ``train_parallel(..., strategy=..., hooks=[...])``.
 """
 
 from __future__ import annotations
@@ -35,18 +31,15 @@ PHASES = ("data", "compute", "communicate", "update")
 
 @dataclass
 class ParallelHistory(History):
-    """History of a data-parallel run, plus where this rank's time went: phase_seconds {phase: seconds
-    summed over the run}, and the timeline (step, phase, start, end) of the first steps."""
+    """History, and where this rank's time went: phase_seconds {phase: seconds}, the first steps' timeline."""
 
     phase_seconds: dict = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
     timeline: list = field(default_factory=list)
 
 
 def shard(comm, inputs, labels, root: int = 0):
-    """Scatter (inputs, labels) from ``root`` (other ranks pass None) in near-equal blocks of rows.
-
-    Returns (local_inputs, local_labels, start): this rank's rows and where they begin in the whole.
-    """
+    """Scatter (inputs, labels) from ``root`` (other ranks pass None) in near-equal blocks of rows: (local_inputs,
+    local_labels, start), this rank's rows and where they begin in the whole."""
     message = None
     if comm.rank == root and len(inputs) != len(labels):
         message = f"{len(inputs)} inputs but {len(labels)} labels on rank {root}; they must match"
@@ -62,13 +55,12 @@ def shard(comm, inputs, labels, root: int = 0):
 
 
 class ShardBatches(Batches):
-    """The sequential run's batches (nnlib.lesson03_training.training.Batches), each cut to this rank's rows [start, stop):
-    ``epoch(e)`` -> [(rows in the shard, possibly none, the whole global batch's size)]."""
+    """The sequential run's batches, each cut to this rank's rows [start, stop): ``epoch(e)`` -> [(rows in the shard,
+    possibly none, the whole global batch's size)]."""
 
     def __init__(self, shard_sizes, rank: int, settings: Settings):
         super().__init__(sum(shard_sizes), settings.batch_size, settings.seed)
-        self.start = sum(shard_sizes[:rank])
-        self.stop = self.start + shard_sizes[rank]
+        self.start, self.stop = sum(shard_sizes[:rank]), sum(shard_sizes[:rank + 1])
 
     def epoch(self, epoch: int) -> list:
         if self.full_batch:
@@ -166,7 +158,7 @@ STRATEGIES = {"parameter_server": ParameterServer, "reduce_broadcast": ReduceBro
 
 
 class EveryStep(Hook):
-    """Calls ``function(epoch, step, total_steps)`` after every step (``on_step``: lessons and tests inject faults)."""
+    """Calls ``function(epoch, step, total_steps)`` after every step (``on_step``: to inject faults, for one)."""
 
     def __init__(self, function):
         self.function = function
@@ -180,8 +172,7 @@ class PhaseTimer(Hook):
     (step, phase, start, end) of the first ``timeline_steps`` steps, in seconds since the run began."""
 
     def __init__(self, timeline_steps: int = 0):
-        self.timeline_steps = timeline_steps
-        self.open, self.began, self.zero = None, 0.0, 0.0
+        self.timeline_steps, self.open, self.began, self.zero = timeline_steps, None, 0.0, 0.0
 
     def begin(self, run) -> None:
         self.zero = time.perf_counter()
@@ -197,10 +188,9 @@ class PhaseTimer(Hook):
 
 def make_sync(comm, network, strategy):
     """The sync of ``strategy`` (a name of STRATEGIES, or a function of (comm, network)), or a problem."""
-    if isinstance(strategy, str):
-        if strategy not in STRATEGIES:
-            return None, f"strategy must be one of {', '.join(STRATEGIES)} or a class; got {strategy!r}"
-        strategy = STRATEGIES[strategy]
+    if isinstance(strategy, str) and strategy not in STRATEGIES:
+        return None, f"strategy must be one of {', '.join(STRATEGIES)} or a class; got {strategy!r}"
+    strategy = STRATEGIES.get(strategy, strategy) if isinstance(strategy, str) else strategy
     try:
         return strategy(comm, network), None
     except Exception as problem:  # (on some ranks only, maybe: fail_together makes it every rank's verdict)
@@ -244,21 +234,20 @@ def agree_on_the_run(comm, network, settings: Settings, sync, options: dict, num
     return shard_sizes
 
 
-#: What train_parallel takes besides the settings, and their defaults. strategy: a name of STRATEGIES, or a class
-#: making the sync from (comm, network), e.g. lesson 08's ZeRO; batches: a class making the plan from (shard_sizes,
-#: rank, settings), None: :class:`ShardBatches`; validation: (inputs, labels), the same on every rank; progress:
-#: rank 0 prints a line per epoch; timeline_steps: the steps whose phases are kept; on_step: a function (epoch,
-#: step, total_steps) called after every step; hooks: more hooks (nnlib.lesson03_training.training.Hook).
+#: What train_parallel takes besides the settings, with defaults. strategy: a name of STRATEGIES, or a class making
+#: the sync from (comm, network) (lesson 08's ZeRO); batches: a class making the plan from (shard_sizes, rank,
+#: settings), None: ShardBatches; validation: (inputs, labels), on every rank; progress: rank 0 prints a line per
+#: epoch; timeline_steps: the steps whose phases are kept; on_step: (epoch, step, total_steps) -> None, after every
+#: step; hooks: more hooks.
 OPTIONS = dict(strategy="allreduce", batches=None, validation=None, progress=False, timeline_steps=0, on_step=None,
                hooks=())
 
 
 def train_parallel(comm, network, local_inputs, local_labels, *, num_samples: int, start: int,
                    settings: Settings | None = None, **keywords) -> ParallelHistory:
-    """Data-parallel training of ``network`` (a full copy on every rank) on this rank's rows [start, start + len)
-    of the N = num_samples samples (:func:`shard`). ``settings``: a Settings, or its fields as keywords (as
-    nnlib.lesson03_training.training.train); the other keywords are :data:`OPTIONS`. Every rank returns the
-    history; a bad setting raises the same ValueError on every rank."""
+    """Data-parallel training of ``network`` (a full copy on every rank) on this rank's rows [start, start + len) of
+    the N = num_samples samples (:func:`shard`). ``settings``: a Settings, or its fields as keywords (as lesson 03's
+    train); the others: :data:`OPTIONS`. Every rank returns the history, or raises the same ValueError."""
     options = {name: keywords.pop(name, default) for name, default in OPTIONS.items()}
     settings = Settings.from_keywords(settings, keywords, others=OPTIONS)
     sync, problem = make_sync(comm, network, options["strategy"])

@@ -42,7 +42,6 @@ class ZeRO(DataParallel):
     is made for that slice only (``mine``), and steps on it."""
 
     name = "zero"
-    sharded = True  # a checkpoint gathers the velocity from every rank's slice
 
     def __init__(self, comm, network):
         super().__init__(comm, network)
@@ -59,14 +58,13 @@ class ZeRO(DataParallel):
         run.phase("communicate")
         through_host(self.network.params, lambda params: ring_allgather(self.comm, params))  # every rank's slice
 
-    def full_velocity(self, optimizer):
-        """The whole velocity (num_params,) on every rank, gathered from the slices (for checkpoints; None if none)."""
-        velocity = optimizer.state.get("velocity")
-        return None if velocity is None else allgather_rows(self.comm, to_numpy(velocity))
+    def whole(self, part):
+        """A vector of the optimizer's state (this rank's slice), whole on every rank: the slices gathered."""
+        return allgather_rows(self.comm, to_numpy(part))
 
-    def load_velocity(self, optimizer, whole) -> None:
-        """Take this rank's slice of a whole velocity vector (from a checkpoint)."""
-        optimizer.load_state_dict(dict(velocity=whole[self.mine], steps=optimizer.steps))
+    def part(self, whole):
+        """This rank's slice of a whole state vector (a checkpoint's, written by any number of ranks)."""
+        return whole[self.mine]
 
 
 class ShardedSGD(SGD):

@@ -172,9 +172,13 @@ class FullyShardedNetwork(LayerStack):
         return np.concatenate([whole[start + layer.starts[rank]:start + layer.starts[rank] + layer.counts[rank]]
                                for start, layer in zip(offsets, self.layers)])
 
-    def load_full_params(self, whole) -> None:
-        """Keep this rank's chunks of a whole parameter vector (total_params,) (from a checkpoint)."""
-        self.params[...] = self.xp.asarray(self.own_chunks(np.asarray(whole)))
+    def state_dict(self) -> dict:
+        """{"params": the whole flat vector (total_params,)}, gathered from every rank's chunks (collective)."""
+        return {"params": self.full_params()}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Keep this rank's chunks of the whole vector ``state["params"]`` (written by any number of ranks)."""
+        self.params[...] = self.xp.asarray(self.own_chunks(np.asarray(state["params"])))
 
 
 class FullySharded(LocalUpdate):
@@ -184,7 +188,6 @@ class FullySharded(LocalUpdate):
     on the network, whose forward pass is collective); only the epoch's loss is summed over the ranks."""
 
     name = "fsdp"
-    sharded = True  # a checkpoint gathers the velocity from every rank's chunks
 
     def __init__(self, comm, network):
         if not all(isinstance(layer, ShardedLayer) for layer in network.layers):  # (maybe wrapped: MicroBatched)
@@ -198,14 +201,13 @@ class FullySharded(LocalUpdate):
         bounds = np.cumsum([0] + [layer.shard.size for layer in network.layers]).tolist()
         return make(network.params, network.xp, [slice(a, b) for a, b in zip(bounds, bounds[1:])])
 
-    def full_velocity(self, optimizer):
-        """The whole velocity (total_params,) on every rank (collective; None without momentum)."""
-        velocity = optimizer.state.get("velocity")
-        return None if velocity is None else self.network.full_vector(velocity)
+    def whole(self, part):
+        """A vector of the optimizer's state (laid out as ``params``: this rank's chunks), whole (collective)."""
+        return self.network.full_vector(part)
 
-    def load_velocity(self, optimizer, whole) -> None:
-        """Take this rank's chunks of a whole velocity vector (from a checkpoint)."""
-        optimizer.load_state_dict(dict(velocity=self.network.own_chunks(np.asarray(whole)), steps=optimizer.steps))
+    def part(self, whole):
+        """This rank's chunks of a whole state vector (a checkpoint's, written by any number of ranks)."""
+        return self.network.own_chunks(np.asarray(whole))
 
     def sum_over_ranks(self, values: np.ndarray) -> np.ndarray:
         self.comm.Allreduce(MPI.IN_PLACE, values, op=MPI.SUM)

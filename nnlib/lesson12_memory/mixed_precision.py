@@ -143,11 +143,13 @@ class MixedPrecision(MicroBatched):
         if self.dynamic and self.good_steps % self.growth_interval == 0:
             self.loss_scale *= 2
 
-    def checkpoint_state(self) -> dict:
-        """What a checkpoint keeps beyond the weights (nnlib.lesson10_faults.checkpoint): the scaler's state."""
-        return dict(loss_scale=self.loss_scale, good_steps=self.good_steps, skipped=self.skipped)
+    def state_dict(self) -> dict:
+        """The master network's state, and the loss scaler's: S, good steps in a row, steps skipped."""
+        return dict(self.network.state_dict(), loss_scale=self.loss_scale, good_steps=self.good_steps,
+                    skipped=self.skipped)
 
-    def restore_checkpoint_state(self, state: dict) -> None:
+    def load_state_dict(self, state: dict) -> None:
+        self.network.load_state_dict(state)
         self.loss_scale, self.good_steps = float(state["loss_scale"]), int(state["good_steps"])
         self.skipped = int(state["skipped"])
 

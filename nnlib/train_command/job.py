@@ -171,7 +171,7 @@ def asynchronous_job(args, comm, settings, data, test) -> int:
     if comm.rank == 0:
         print(f"{comm.size} ranks: a parameter server and {comm.size - 1} workers (staleness {bound}), network "
               f"{'-'.join(map(str, network.layer_sizes))}, {args.samples} samples, global batch {args.batch_size}"
-              + ("; plain SGD, --momentum is not used" if args.momentum else "")
+              + ("; plain SGD, --momentum is not used" if settings.momentum else "")
               + (f"; GPU of each rank: {gpus}" if gpus[0] is not None else ""), flush=True)
     history = train_async(comm, network, inputs, labels, settings, staleness=args.staleness, slow=parse_slow(args.slow))
     if comm.rank == 0:

@@ -30,7 +30,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--batch-size", type=int, default=256, help="global batch (0: full batch)")
     parser.add_argument("--learning-rate", type=float, default=0.1)
-    parser.add_argument("--momentum", type=float, default=0.9)
+    parser.add_argument("--optimizer", choices=("sgd", "momentum", "adam", "adamw"), default="momentum",
+                        help="sgd (plain), momentum (SGD with --momentum), adam, or adamw (Adam with --weight-decay)")
+    parser.add_argument("--momentum", type=float, default=None, help="--optimizer momentum's mu (default 0.9)")
+    parser.add_argument("--beta1", type=float, default=None, help="adam's and adamw's (default 0.9)")
+    parser.add_argument("--beta2", type=float, default=None, help="adam's and adamw's (default 0.999)")
+    parser.add_argument("--eps", type=float, default=None, help="adam's and adamw's (default 1e-8)")
+    parser.add_argument("--weight-decay", type=float, default=None, help="adamw's decoupled decay (default 0.01)")
     parser.add_argument("--hidden", type=int, nargs="+", default=[128], help="hidden layer sizes")
     parser.add_argument("--output-layer", choices=("sigmoid", "softmax"), default="sigmoid")
     parser.add_argument("--dtype", default="float32",
@@ -189,9 +195,13 @@ def check_settings(args, ranks: int):
     any collective): each option's own values and what it needs first, then the table of what combines."""
     from nnlib.lesson03_training.training import Settings
 
+    adam = {name: getattr(args, name) for name in ("beta1", "beta2", "eps", "weight_decay")
+            if getattr(args, name) is not None}  # (the flags given; Settings' defaults for the rest)
     settings = Settings(epochs=args.epochs, learning_rate=args.learning_rate, batch_size=args.batch_size or None,
-                        momentum=args.momentum, seed=args.seed)
-    problems = settings.problems()  # epochs, rate, batch, momentum, seed
+                        momentum=args.momentum if args.momentum is not None else 0.9 * (args.optimizer == "momentum"),
+                        seed=args.seed, optimizer="sgd" if args.optimizer == "momentum" else args.optimizer,
+                        **dict(dict(weight_decay=0.01) if args.optimizer == "adamw" else {}, **adam))
+    problems = [message for wrong, message in optimizer_problems(args) if wrong] or settings.problems()
     problems += [message for wrong, message in option_problems(args, ranks) if wrong]
     problems += [in_flags(problem) for problem in lesson_11_problems(args, settings, ranks)]
     problem = problems[0] if problems else combination_problem(args)
@@ -226,6 +236,21 @@ def lesson_11_problems(args, settings, ranks: int) -> list[str]:
     if args.local_steps is not None:
         problems += check_local_sgd(args.local_steps, args.outer_optimizer, args.outer_learning_rate, DILOCO_MOMENTUM)
     return problems
+
+
+def optimizer_problems(args) -> list[tuple[bool, str]]:
+    """(wrong?, what to do) for a flag of an optimizer that --optimizer does not name."""
+    adams = [flag for flag in ("beta1", "beta2", "eps") if getattr(args, flag) is not None]
+    return [
+        (args.momentum is not None and args.optimizer != "momentum",
+         f"--momentum is --optimizer momentum's (adam's is --beta1); got --optimizer {args.optimizer}"),
+        (bool(adams) and not args.optimizer.startswith("adam"),
+         f"--{', --'.join(adams)}: --optimizer adam's and adamw's; got --optimizer {args.optimizer}"),
+        (args.weight_decay is not None and args.optimizer != "adamw",
+         f"--weight-decay is --optimizer adamw's (Adam with decoupled weight decay); got --optimizer {args.optimizer}"),
+        (args.asynchronous and args.optimizer not in ("sgd", "momentum"),
+         f"--asynchronous trains with plain SGD (lesson 11's server); --optimizer {args.optimizer} does not go with it"),
+    ]
 
 
 def option_problems(args, ranks: int) -> list[tuple[bool, str]]:
