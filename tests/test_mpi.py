@@ -21,7 +21,7 @@ stops the others at once or at the deadline, named; the ranks recover and train 
 check_allreduce.py (1 to 7 ranks): the ring, recursive doubling and reduce-then-broadcast equal
 MPI's Allreduce; bad buffers fail on every rank at once.
 check_tensor_parallel.py, check_pipeline.py (1 to 4 ranks): hidden units split over the ranks, or
-layers over the stages of a pipeline, train exactly as sequential. check_hybrid.py (2 and 4 ranks):
+layers over the stages of a pipeline, train exactly as sequential. check_hybrid.py (2, 4 and 6 ranks):
 every (data x model) grid of both kinds does too. check_schedules.py (1 to 4 ranks): lesson 13's
 interleaved, ZB-H1 and ZB-H2 schedules train exactly as sequential.
 check_async.py (1 to 4 ranks): the parameter server with staleness bound 0 equals synchronous data
@@ -53,7 +53,7 @@ ONE_TO_FOUR = (1, 2, 3, 4)
 RANK_COUNTS = {  # each checker (tests/mpi/<name>.py) and the numbers of ranks it runs with
     "check_collectives": ONE_TO_FOUR, "check_parallel": ONE_TO_FOUR, "check_watchdog": (2, 3),
     "check_allreduce": tuple(range(1, 8)), "check_tensor_parallel": ONE_TO_FOUR, "check_pipeline": ONE_TO_FOUR,
-    "check_hybrid": (2, 4), "check_schedules": ONE_TO_FOUR, "check_async": ONE_TO_FOUR,
+    "check_hybrid": (2, 4, 6), "check_schedules": ONE_TO_FOUR, "check_async": ONE_TO_FOUR,
     "check_compression": ONE_TO_FOUR, "check_communication_light": ONE_TO_FOUR, "check_memory": (1, 2, 3, 4, 7),
     "check_mixed_precision": ONE_TO_FOUR,
 }

@@ -29,7 +29,9 @@ def test_equal_to_sequential_training():
     for schedule, chunks in (("interleaved", 2), ("zb-h1", 1), ("zb-h2", 1)):
         for output, micro_batches, settings in (("sigmoid", 3, dict(epochs=2, learning_rate=0.5)),
                                                 ("softmax", 7, dict(epochs=2, learning_rate=0.5, batch_size=32,
-                                                                    momentum=0.9, seed=5))):
+                                                                    momentum=0.9, seed=5)),
+                                                ("sigmoid", 7, dict(epochs=2, learning_rate=0.01, batch_size=32,
+                                                                    optimizer="adam", seed=5))):  # m >= 2P - 1
             sequential = Network(SIZES, output=output, dtype="float64", seed=3)
             expected = train(sequential, INPUTS, LABELS, progress=False, **settings)
             pipeline = ScheduledPipeline(comm, SIZES, output=output, dtype="float64", seed=3,

@@ -41,7 +41,9 @@ def test_equal_to_sequential_training():
     for sizes in SHAPES:
         for output in ("sigmoid", "softmax"):
             for settings in (dict(epochs=3, learning_rate=0.5),
-                             dict(epochs=2, learning_rate=0.5, batch_size=32, momentum=0.9, seed=5)):
+                             dict(epochs=2, learning_rate=0.5, batch_size=32, momentum=0.9, seed=5),
+                             dict(epochs=2, learning_rate=0.01, batch_size=32, optimizer="adamw", weight_decay=0.1,
+                                  seed=5)):  # each rank's AdamW on its own columns and rows
                 sequential = Network(sizes, output=output, dtype="float64", seed=3)
                 expected = train(sequential, INPUTS, LABELS, progress=False, **settings)
                 parallel = TensorParallelMLP(comm, sizes, output=output, dtype="float64", seed=3)
