@@ -46,13 +46,13 @@ def build(comm, sizes, dtype: str, technique: str):
     from nnlib.lesson08_inside_allreduce.zero import ZeRO
     from nnlib.lesson12_memory.accumulation import MicroBatched
     from nnlib.lesson12_memory.fsdp import FullySharded, FullyShardedNetwork
-    from nnlib.lesson12_memory.mixed_precision import MixedPrecision, loss_scaled
+    from nnlib.lesson12_memory.mixed_precision import MixedPrecision
 
     if technique == "fsdp":
         return FullyShardedNetwork(comm, sizes, dtype=dtype, seed=1), FullySharded
     network = Network(sizes, dtype=dtype, seed=1)
     if technique == "mixed":
-        return MixedPrecision(network), loss_scaled(Allreduce)
+        return MixedPrecision(network), Allreduce
     if technique.startswith("accumulate"):
         return MicroBatched(network, int(technique.split()[1])), "allreduce"
     if technique.startswith("recompute"):
@@ -80,9 +80,11 @@ def seconds_per_step(comm, case, samples: int, steps: int) -> float:
         comm.Barrier()
         began = time.perf_counter()
         train_parallel(comm, network, local_inputs, local_labels, num_samples=count, start=start, strategy=strategy,
-                       epochs=1, learning_rate=0.05, batch_size=samples, momentum=0.9)
+                       scaler=getattr(network, "scaler", None), epochs=1, learning_rate=0.05, batch_size=samples,
+                       momentum=0.9)
         seconds = comm.allreduce(time.perf_counter() - began, op=MPI.MAX)
-    return seconds / steps, getattr(network, "skipped", 0)  # a skipped step does no update: it is faster
+    scaler = getattr(network, "scaler", None)  # (mixed precision's)
+    return seconds / steps, scaler.skipped if scaler else 0  # a skipped step does no update: it is faster
 
 
 def worker(rounds: int, samples: int, steps: int) -> None:

@@ -262,8 +262,9 @@ def zero_step_by_nnlib(params, grads, velocity, learning_rate, momentum):
     for optimizer, mine in zip(optimizers, velocity):
         optimizer.state["velocity"][...] = mine
     def run(rank):
-        zero.ZeRO(threads.comm(rank), networks[rank]).step(SimpleNamespace(phase=lambda name: None,
-                                                                        optimizer=optimizers[rank]))
+        step = optimizers[rank].step  # (lesson 03's Run.update without a scaler)
+        zero.ZeRO(threads.comm(rank), networks[rank]).step(SimpleNamespace(
+            phase=lambda name: None, update=lambda params, grads, comm=None: step(params, grads)))
 
     threads.run(run)
     return np.array([network.params for network in networks]), tuple(optimizer.state["velocity"] for optimizer in optimizers)

@@ -13,7 +13,7 @@ from nnlib import Network, train
 from nnlib.lesson03_training.optimizers import SGD
 from nnlib.lesson03_training.training import Settings
 from nnlib.lesson12_memory.accumulation import MicroBatched
-from nnlib.lesson12_memory.mixed_precision import MixedPrecision, scaled_step, train_mixed, underflow_per_layer
+from nnlib.lesson12_memory.mixed_precision import MixedPrecision, train_mixed, underflow_per_layer
 from nnlib.lesson12_memory.budget import MODEL_ERROR, activation_widths, predicted_bytes
 from nnlib.lesson12_memory.recompute import checkpoint_layers, extra_forward_flops, sqrt_every
 
@@ -113,16 +113,15 @@ def test_accumulation_equals_the_whole_batch_within_1e_12():
 
 def test_the_loss_scaler_skips_and_halves_on_overflow_and_doubles_after_good_steps():
     mixed = MixedPrecision(Network((16, 9, 16)), loss_scale=1024.0, growth_interval=3)
-    step = scaled_step(SGD(mixed.params, 0.1), mixed)
-    verdicts = []
+    optimizer, verdicts = SGD(mixed.params, 0.1), []
     for gradient in (np.inf, 2.0, 2.0, 2.0, np.nan, 4.0):
         before = mixed.params.copy()
         mixed.grads[...] = gradient
-        step.step(mixed.params, mixed.grads)
-        verdicts.append((mixed.overflowed, mixed.loss_scale, not np.array_equal(before, mixed.params)))
+        mixed.scaler.step(optimizer, mixed.params, mixed.grads)  # as Run.update calls it
+        verdicts.append((mixed.scaler.overflowed, mixed.loss_scale, not np.array_equal(before, mixed.params)))
     assert verdicts == [(True, 512.0, False), (False, 512.0, True), (False, 512.0, True), (False, 1024.0, True),
                         (True, 512.0, False), (False, 512.0, True)]
-    assert mixed.skipped == 2
+    assert mixed.scaler.skipped == 2
 
 
 def test_training_from_a_huge_scale_skips_steps_then_learns():
@@ -130,7 +129,7 @@ def test_training_from_a_huge_scale_skips_steps_then_learns():
     before = mixed.params.copy()
     history, _ = train_mixed(mixed, INPUTS.astype(np.float32), LABELS, Settings(epochs=2, learning_rate=0.5,
                                                                                   batch_size=20))
-    assert 1 <= mixed.skipped < history.steps and mixed.loss_scale == 2.0 ** (24 - mixed.skipped)
+    assert 1 <= mixed.scaler.skipped < history.steps and mixed.loss_scale == 2.0 ** (24 - mixed.scaler.skipped)
     assert not np.array_equal(before, mixed.params) and np.isfinite(mixed.params).all()
 
 

@@ -15,7 +15,7 @@ from nnlib.lesson05_data_parallel import train_parallel
 from nnlib.lesson05_data_parallel.data_parallel import Allreduce
 from nnlib.lesson10_faults.checkpoint import CheckpointFolder, Checkpointing
 from nnlib.lesson12_memory.fsdp import FullySharded, FullyShardedNetwork
-from nnlib.lesson12_memory.mixed_precision import (MixedPrecision, loss_scaled, low_precision, train_mixed,
+from nnlib.lesson12_memory.mixed_precision import (MixedPrecision, low_precision, train_mixed,
                                                    underflow_per_layer)
 
 rng = np.random.default_rng(0)
@@ -47,9 +47,9 @@ def test_bfloat16_mixed_precision_learns_as_float32_does_without_loss_scaling():
     single = Network((16, 12, 2), seed=4)
     train(single, inputs, labels, epochs=3, learning_rate=0.5, batch_size=20, momentum=0.9, progress=False)
     brain = MixedPrecision(Network((16, 12, 2), seed=4), precision="bfloat16")
-    assert brain.loss_scale == 1.0 and not brain.dynamic and brain.half_params.dtype == low_precision("bfloat16")
+    assert brain.loss_scale == 1.0 and not brain.scaler.dynamic and brain.half_params.dtype == low_precision("bfloat16")
     history, optimizer = train_mixed(brain, inputs, labels, settings)
-    assert brain.skipped == 0 and brain.loss_scale == 1.0 and len(brain.verdicts) == history.steps
+    assert brain.scaler.skipped == 0 and brain.loss_scale == 1.0 and len(brain.scaler.verdicts) == history.steps
     assert brain.accuracy(inputs, labels) > 0.9
     assert abs(brain.accuracy(inputs, labels) - single.accuracy(inputs, labels)) <= 0.02
     held = brain.state_bytes(optimizer)
@@ -72,7 +72,7 @@ def test_mixed_precision_with_recomputation_is_bit_identical(precision):
     for name, mixed in (("plain", plain), ("recomputed", recomputed)):
         forwards[name] = count_forwards(mixed)
         train_mixed(mixed, INPUTS, LABELS, settings)
-    assert np.array_equal(plain.params, recomputed.params) and plain.verdicts == recomputed.verdicts
+    assert np.array_equal(plain.params, recomputed.params) and plain.scaler.verdicts == recomputed.scaler.verdicts
     assert forwards["recomputed"][0] > forwards["plain"][0]  # the layers between checkpoints ran forward again
 
 
@@ -96,13 +96,13 @@ def test_mixed_precision_with_accumulation_checks_the_scale_once_per_step_on_the
     for k in (1, 3):
         runs[k] = MixedPrecision(Network(SIZES, seed=1), loss_scale=2.0 ** 24, growth_interval=4, micro_batches=k)
         history, _ = train_mixed(runs[k], INPUTS, LABELS, settings)
-        assert len(runs[k].verdicts) == history.steps
-    assert runs[1].verdicts == runs[3].verdicts and runs[3].skipped >= 1
+        assert len(runs[k].scaler.verdicts) == history.steps
+    assert runs[1].scaler.verdicts == runs[3].scaler.verdicts and runs[3].scaler.skipped >= 1
     error = np.abs(runs[3].params - runs[1].params).max() / np.abs(runs[1].params).max()
     assert error <= 1e-2, error
     one = MixedPrecision(Network(SIZES, seed=1), loss_scale=2.0 ** 40, micro_batches=3)
     one.loss_and_gradient(INPUTS[:32], LABELS[:32])  # every micro-batch's float16 gradient overflows
-    assert np.isinf(one.grads).any() and one.overflow()
+    assert np.isinf(one.grads).any() and one.scaler.found_inf(one.grads)
 
 
 @pytest.mark.parametrize("precision", ["float16", "bfloat16"])
@@ -114,12 +114,12 @@ def test_fsdp_in_mixed_precision_on_one_rank_is_the_unsharded_run(precision):
     options = dict(precision=precision, loss_scale=2.0 ** 20 if precision == "float16" else None,
                    growth_interval=3, micro_batches=2, recompute_every=2)
     plain = MixedPrecision(Network(SIZES, seed=1), **options)
-    train_parallel(comm, plain, INPUTS, LABELS, num_samples=203, start=0, strategy=loss_scaled(Allreduce),
+    train_parallel(comm, plain, INPUTS, LABELS, num_samples=203, start=0, strategy=Allreduce, scaler=plain.scaler,
                    **settings)
     sharded = MixedPrecision(FullyShardedNetwork(comm, SIZES, dtype="float32", seed=1), **options)
-    train_parallel(comm, sharded, INPUTS, LABELS, num_samples=203, start=0, strategy=loss_scaled(FullySharded),
-                   **settings)
-    assert np.array_equal(sharded.full_params(), plain.params) and sharded.verdicts == plain.verdicts
+    train_parallel(comm, sharded, INPUTS, LABELS, num_samples=203, start=0, strategy=FullySharded,
+                   scaler=sharded.scaler, **settings)
+    assert np.array_equal(sharded.full_params(), plain.params) and sharded.scaler.verdicts == plain.scaler.verdicts
     comm.Free()
 
 
@@ -137,7 +137,7 @@ def train_checkpointed(folder=None, resume=False, fail_at=None, sharded=False, p
 
     hooks = [] if folder is None else [Checkpointing(folder, resume)]
     history = train_parallel(comm, mixed, INPUTS, LABELS, num_samples=203, start=0, hooks=hooks, on_step=on_step,
-                             strategy=loss_scaled(FullySharded if sharded else Allreduce), epochs=3,
+                             strategy=FullySharded if sharded else Allreduce, scaler=mixed.scaler, epochs=3,
                              learning_rate=0.5, batch_size=16, momentum=0.9, seed=4)
     return mixed, history
 
@@ -145,15 +145,15 @@ def train_checkpointed(folder=None, resume=False, fail_at=None, sharded=False, p
 @pytest.mark.parametrize("sharded", [False, True], ids=["allreduce", "fsdp"])
 def test_a_resumed_mixed_precision_run_is_bit_identical_to_an_uninterrupted_one(tmp_path, sharded):
     expected, expected_history = train_checkpointed(sharded=sharded)
-    assert expected.skipped >= 1 and expected.loss_scale not in (2.0 ** 24, 2.0 ** 24 / 2 ** expected.skipped)
+    assert expected.scaler.skipped >= 1 and expected.loss_scale not in (2.0 ** 24, 2.0 ** 24 / 2 ** expected.scaler.skipped)
     folder = CheckpointFolder(tmp_path, every=5)
     with pytest.raises(RuntimeError, match="stopped on purpose"):
         train_checkpointed(folder, fail_at=22, sharded=sharded)  # mid second epoch (13 steps per epoch)
     resumed, history = train_checkpointed(folder, resume=True, sharded=sharded)
     assert np.array_equal(resumed.full_params() if sharded else resumed.params,
                           expected.full_params() if sharded else expected.params)
-    assert (resumed.loss_scale, resumed.good_steps, resumed.skipped) == \
-        (expected.loss_scale, expected.good_steps, expected.skipped)
+    assert (resumed.loss_scale, resumed.scaler.good_steps, resumed.scaler.skipped) == \
+        (expected.loss_scale, expected.scaler.good_steps, expected.scaler.skipped)
     assert history.loss == pytest.approx(expected_history.loss, rel=1e-12)
 
 

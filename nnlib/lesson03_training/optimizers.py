@@ -62,13 +62,13 @@ class Optimizer:
         for piece in self.pieces:
             self.kernel(params[piece], grads[piece], *self.arguments(piece))
 
-    def state_dict(self) -> dict:
-        """The state's arrays (themselves, not copies) by name, and ``steps``: load_state_dict takes it back."""
-        return dict(self.state, steps=self.steps)
+    def state_dict(self, vector=lambda array: array) -> dict:
+        """The state's arrays by name (themselves, or each through ``vector``: a strategy's whole), and ``steps``."""
+        return dict({name: vector(array) for name, array in self.state.items()}, steps=self.steps)
 
-    def load_state_dict(self, state: dict) -> None:
-        for name in self.names:  # (arrays from any device, into this state's)
-            self.state[name][...] = self.xp.asarray(state[name])
+    def load_state_dict(self, state: dict, vector=lambda array: array) -> None:
+        for name in self.names:  # (each through ``vector``, a strategy's part; from any device, into this state's)
+            self.state[name][...] = self.xp.asarray(vector(state[name]))
         self.steps = int(state["steps"])
 
     @property

@@ -1,6 +1,6 @@
-"""Training: full-batch gradient descent (SGD whose batch is the whole training set) and mini-batch SGD, with
-momentum or Adam (optimizers.py), in :func:`train_loop`, the series' one training loop. :func:`train` runs it in
-one process; lesson 05 runs it on every rank, with its own way of combining the gradients (the ``sync``)::
+"""Training: full-batch gradient descent (SGD whose batch is the whole training set) and mini-batch SGD, with momentum
+or Adam (optimizers.py), in :func:`train_loop`, the series' one training loop. :func:`train` runs it in one process;
+lesson 05 runs it on every rank, with its own way of combining the gradients (the ``sync``)::
 
     for every epoch:
         for every step of the plan (which rows, and the batch size to divide by):
@@ -9,9 +9,8 @@ one process; lesson 05 runs it on every rank, with its own way of combining the 
             sync      combine the gradients and update (here: just the update)
         the epoch's loss and accuracy, summed over the ranks (here: one rank)
 
-Hooks (:class:`Hook`) watch or extend the loop without changing it: progress lines here; the later
-lessons' hooks (phase timing, checkpoints, deadlines) live in those lessons' folders.
-"""
+Hooks (:class:`Hook`) watch or extend the loop without changing it: progress lines here; the later lessons' hooks
+(phase timing, checkpoints, deadlines) live in those lessons' folders."""
 
 from __future__ import annotations
 
@@ -36,17 +35,6 @@ def diverged(loss, where: str, learning_rate) -> FloatingPointError:
     """The error for a NaN or infinite loss: where it happened, and what to try."""
     return FloatingPointError(f"the loss became {loss} {where} (learning rate {learning_rate}); training diverged. "
                               f"Try a smaller learning rate, e.g. {learning_rate / 10:g}.")
-
-
-def as_schedule(learning_rate):
-    """The learning rate (a number, or a function of the progress in epochs: 0.0, 0.25, ...) as a function
-    of the progress whose every value is checked, so that a bad schedule fails at its first bad step."""
-    def checked(progress: float) -> float:
-        rate = learning_rate(progress) if callable(learning_rate) else learning_rate
-        check(problems(rate))
-        return rate
-
-    return checked
 
 
 @dataclass
@@ -104,11 +92,18 @@ class Settings:
             found.append(f"epochs must be a positive integer; got {self.epochs!r}")
         if self.batch_size is not None and (not is_whole(self.batch_size) or self.batch_size < 1):
             found.append(f"batch_size must be at least 1 (or None: the full batch); got {self.batch_size!r}")
-        rate = 1.0 if callable(self.learning_rate) else self.learning_rate  # (a schedule's values: as_schedule)
+        rate = 1.0 if callable(self.learning_rate) else self.learning_rate  # (a schedule's values: rate_at)
         found += problems(rate, self.momentum, self.beta1, self.beta2, self.eps, self.weight_decay, self.optimizer)
         if not is_whole(self.seed):
             found.append(f"seed must be a whole number; got {self.seed!r}")
         return found
+
+    def rate_at(self, progress: float) -> float:
+        """The learning rate at ``progress`` epochs (0.0, 0.25, ...), checked: a bad schedule fails at its first bad
+        step."""
+        rate = self.learning_rate(progress) if callable(self.learning_rate) else self.learning_rate
+        check(problems(rate))
+        return rate
 
     def optimizer_for(self, learning_rate: float):
         """A function (params, xp, pieces) -> the optimizer named here (optimizers.py), made for ``params`` (n,)."""
@@ -185,10 +180,10 @@ class ProgressLines(Hook):
 
 class LocalUpdate:
     """How one process combines its gradients (the loop's ``sync``): there is nothing to combine. Every sync (lesson
-    05's combine the ranks') has: size (ranks), layer_done (None, or a gradient hook: called as backpropagation finishes
-    each layer), optimizer(network, make): ``make(params, xp)`` for the part this rank updates, begin(run), step(run):
-    communicate and update, sum_over_ranks(values), score(network, validation), raised_on_every_rank(error), and the
-    run's state whole (lesson 10's checkpoints): state_dict(run), load_state_dict(run, state)."""
+    05's combine the ranks') has: size (ranks), layer_done (None, or a gradient hook: called as backpropagation
+    finishes each layer), optimizer(network, make): ``make(params, xp)`` for the part this rank updates, begin(run),
+    step(run): communicate, then ``run.update``, sum_over_ranks(values), score(network, validation),
+    raised_on_every_rank(error), and the run's state, whole (lesson 10's checkpoints): state_dict, load_state_dict."""
 
     size = 1
     layer_done = None  # nothing to start while backpropagation runs
@@ -207,23 +202,20 @@ class LocalUpdate:
 
     def state_dict(self, run) -> dict:
         """The run's state, whole: the network's and the optimizer's (None on a rank without one), by whole()."""
-        own = run.optimizer and run.optimizer.state_dict()
-        return dict(network=run.network.state_dict(), optimizer=own and {
-            name: value if name == "steps" else self.whole(value) for name, value in own.items()})
+        return dict(network=run.network.state_dict(), optimizer=run.optimizer and run.optimizer.state_dict(self.whole))
 
     def load_state_dict(self, run, state: dict) -> None:
         """Take a whole ``state`` (as :meth:`state_dict` gives it); each rank keeps its part()."""
         run.network.load_state_dict(state["network"])
         if run.optimizer:
-            run.optimizer.load_state_dict({name: value if name == "steps" else self.part(value)
-                                           for name, value in state["optimizer"].items()})
+            run.optimizer.load_state_dict(state["optimizer"], self.part)
 
     def begin(self, run) -> None:
         pass  # nothing to agree on with other ranks
 
     def step(self, run) -> None:
         run.phase("update")
-        run.optimizer.step(run.network.params, run.network.grads)
+        run.update(run.network.params, run.network.grads)
 
     def sum_over_ranks(self, values: np.ndarray) -> np.ndarray:
         return values
@@ -238,8 +230,8 @@ class LocalUpdate:
 @dataclass
 class Run:
     """Where a training run is, shared by :func:`train_loop` and its hooks. plan: :class:`Batches`; sync: how
-    gradients are combined (:class:`LocalUpdate`); step: the next of ``epoch`` (a resumed run starts later);
-    loss_sum, correct_sum: this epoch's so far."""
+    gradients are combined (:class:`LocalUpdate`; its step calls :meth:`update`); step: the next of ``epoch`` (a
+    resumed run starts later); loss_sum, correct_sum: this epoch's so far."""
 
     network: object
     settings: Settings
@@ -256,6 +248,15 @@ class Run:
     loss_sum: object = 0.0
     correct_sum: object = 0
     rate: float = 0.0
+    scaler: object = None  # lesson 12's loss scaler: it may skip a step whose gradient overflowed
+
+    def update(self, params, grads, comm=None) -> None:
+        """The optimizer's step on ``params`` from ``grads``: all of them, or this rank's part (``comm``'s ranks hold
+        the rest); or the scaler's, which may skip it: ``scaler.step(optimizer, params, grads, comm)``."""
+        if self.scaler is None:
+            self.optimizer.step(params, grads)
+        else:
+            self.scaler.step(self.optimizer, params, grads, comm)
 
     def phase(self, name) -> None:
         """Tell every hook that phase ``name`` begins (None: the step ended)."""
@@ -269,8 +270,7 @@ def train_loop(run: Run, inputs, labels) -> History:
     the sum over ranks, so that every rank stops together."""
     network, sync, settings, xp = run.network, run.sync, run.settings, run.network.xp
     inputs, labels = xp.asarray(inputs), xp.asarray(labels)
-    schedule = as_schedule(settings.learning_rate)
-    run.optimizer = sync.optimizer(network, settings.optimizer_for(schedule(0.0)))
+    run.optimizer = sync.optimizer(network, settings.optimizer_for(settings.rate_at(0.0)))
     for hook in run.hooks:
         hook.begin(run)
     sync.begin(run)
@@ -283,7 +283,7 @@ def train_loop(run: Run, inputs, labels) -> History:
         if run.step == 0:  # (a run restored from a checkpoint may begin part-way, its sums restored)
             run.loss_sum, run.correct_sum = 0.0, 0
         for step in range(run.step, len(steps)):
-            run.step, run.rate = step, schedule(run.epoch + step / len(steps))
+            run.step, run.rate = step, settings.rate_at(run.epoch + step / len(steps))
             train_step(run, *steps[step])
         end_epoch(run, began)
     return run.history

@@ -1,13 +1,12 @@
 """MPI collectives on NumPy arrays, with uneven splits and a guard against bad buffers.
 
-Every helper uses mpi4py's **buffer** (uppercase) methods: the array's memory goes to MPI as it is,
-with no pickling. That is fast, but MPI then sees only raw bytes in memory order: a Fortran-ordered or
-strided array handed to ``Bcast`` arrives scrambled, so every helper first calls :func:`require_contiguous`.
+Every helper uses mpi4py's **buffer** (uppercase) methods: the array's memory goes to MPI as it is, with no
+pickling. That is fast, but MPI then sees only raw bytes in memory order: a Fortran-ordered or strided array handed
+to ``Bcast`` arrives scrambled, so every helper first calls :func:`require_contiguous`.
 
-Uneven splits (:func:`split_evenly`, nnlib's one split of N items over P ranks): ``split_counts(10, 4) ==
-[3, 3, 2, 2]``, the first ``total % parts`` ranks one more. ``Scatterv``/``Gatherv`` take counts and offsets.
-At the end: every rank reaching the same verdict (lesson 05 and after use it before any collective).
-"""
+Uneven splits (:func:`split_evenly`, nnlib's one split of N items over P ranks): ``split_counts(10, 4) == [3, 3, 2,
+2]``, the first ``total % parts`` ranks one more. ``Scatterv``/``Gatherv`` take counts and offsets. At the end:
+every rank reaching the same verdict (lesson 05 and after use it before any collective)."""
 
 from __future__ import annotations
 
@@ -36,10 +35,9 @@ def require_contiguous(array, name: str = "array") -> np.ndarray:
 def split_evenly(total: int, parts: int) -> tuple[list[int], list[int]]:
     """The one split of N items over P ranks (rows, chunks, layers, hidden units): (counts, starts).
 
-    counts[r] = N // P + (1 if r < N % P else 0); starts[r] = counts[0] + ... + counts[r-1]; rank r
-    holds items [starts[r], starts[r] + counts[r]). Plain ints: the hand-built ring Allreduce calls
-    this every time, and NumPy's small-array overhead (about 10 us) would be most of a small message.
-    """
+    counts[r] = N // P + (1 if r < N % P else 0); starts[r] = counts[0] + ... + counts[r-1]; rank r holds items
+    [starts[r], starts[r] + counts[r]). Plain ints: the hand-built ring Allreduce calls this every time, and NumPy's
+    small-array overhead (about 10 us) would be most of a small message."""
     if parts < 1:
         raise ValueError(f"parts must be at least 1; got {parts}")
     base, extra = divmod(int(total), int(parts))

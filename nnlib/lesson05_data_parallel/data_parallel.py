@@ -6,10 +6,9 @@ batch size, so the ranks' gradients add up to exactly the sequential batch gradi
 3. **communicate** and **update**: the way the gradients are combined (the loop's ``sync``, the one thing that
 differs from one process): :class:`ParameterServer`, :class:`ReduceBroadcast` or :class:`Allreduce`.
 
-Every rank draws the sequential run's seeded permutation of all N samples, so global batch k holds the same
-samples for any number of ranks; each rank computes the part of it in its shard (:class:`ShardBatches`). Later
-lessons' syncs and hooks plug in as ``train_parallel(..., strategy=..., hooks=[...])``.
-"""
+Every rank draws the sequential run's seeded permutation of all N samples, so global batch k holds the same samples
+for any number of ranks; each rank computes the part of it in its shard (:class:`ShardBatches`). Later lessons'
+syncs and hooks plug in as ``train_parallel(..., strategy=..., hooks=[...])``."""
 
 from __future__ import annotations
 
@@ -107,7 +106,7 @@ class RootUpdates(DataParallel):
         run.phase("update")
         if self.rank == 0:
             self.sum_on_root(self.network.grads)
-            run.optimizer.step(self.network.params, self.network.grads)
+            run.update(self.network.params, self.network.grads)
         run.phase("communicate")
         self.comm.Bcast(self.network.params, root=0)
 
@@ -151,7 +150,7 @@ class Allreduce(DataParallel):
         run.phase("communicate")
         self.comm.Allreduce(MPI.IN_PLACE, self.network.grads, op=MPI.SUM)
         run.phase("update")
-        run.optimizer.step(self.network.params, self.network.grads)
+        run.update(self.network.params, self.network.grads)
 
 
 STRATEGIES = {"parameter_server": ParameterServer, "reduce_broadcast": ReduceBroadcast, "allreduce": Allreduce}
@@ -238,9 +237,9 @@ def agree_on_the_run(comm, network, settings: Settings, sync, options: dict, num
 #: the sync from (comm, network) (lesson 08's ZeRO); batches: a class making the plan from (shard_sizes, rank,
 #: settings), None: ShardBatches; validation: (inputs, labels), on every rank; progress: rank 0 prints a line per
 #: epoch; timeline_steps: the steps whose phases are kept; on_step: (epoch, step, total_steps) -> None, after every
-#: step; hooks: more hooks.
+#: step; hooks: more hooks; scaler: lesson 12's loss scaler (Run.scaler).
 OPTIONS = dict(strategy="allreduce", batches=None, validation=None, progress=False, timeline_steps=0, on_step=None,
-               hooks=())
+               hooks=(), scaler=None)
 
 
 def train_parallel(comm, network, local_inputs, local_labels, *, num_samples: int, start: int,
@@ -258,6 +257,6 @@ def train_parallel(comm, network, local_inputs, local_labels, *, num_samples: in
     plan = (options["batches"] or ShardBatches)(shard_sizes, comm.rank, settings)
     hooks = [*([EveryStep(options["on_step"])] if options["on_step"] else []), *options["hooks"],
              PhaseTimer(options["timeline_steps"]), ProgressLines(options["progress"] and comm.rank == 0)]
-    run = Run(network, settings, plan, sync, hooks, ParallelHistory(), validation)
+    run = Run(network, settings, plan, sync, hooks, ParallelHistory(), validation, scaler=options["scaler"])
     return train_loop(run, local_inputs, local_labels)
 

@@ -98,4 +98,4 @@ class Overlap(DataParallel):
         run.phase("communicate")
         self.buckets.finish()  # what the backward pass has not already sent
         run.phase("update")
-        run.optimizer.step(self.network.params, self.network.grads)
+        run.update(self.network.params, self.network.grads)

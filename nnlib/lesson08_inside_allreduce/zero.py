@@ -54,7 +54,7 @@ class ZeRO(DataParallel):
         run.phase("communicate")
         through_host(self.network.grads, lambda grads: ring_reduce_scatter(self.comm, grads))  # my slice: its sum
         run.phase("update")
-        run.optimizer.step(self.network.params[self.mine], self.network.grads[self.mine])  # this rank's slice only
+        run.update(self.network.params[self.mine], self.network.grads[self.mine], self.comm)  # this rank's slice
         run.phase("communicate")
         through_host(self.network.params, lambda params: ring_allgather(self.comm, params))  # every rank's slice
 

@@ -132,7 +132,7 @@ class CompressedAllreduce(DataParallel):
         run.phase("communicate")
         through_host(self.network.grads, lambda grads: self.compressor.allreduce(self.comm, grads))
         run.phase("update")
-        run.optimizer.step(self.network.params, self.network.grads)
+        run.update(self.network.params, self.network.grads)
 
 
 def compressed(method: str, k: int | None = None):

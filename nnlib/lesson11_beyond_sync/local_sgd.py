@@ -94,7 +94,7 @@ class LocalSGD(DataParallel):
         """An inner step on this rank's own gradient; the round's end after H of them or at the epoch's end."""
         run.phase("update")
         self.network.grads *= self.size  # P g_r: this rank's own batch's gradient
-        run.optimizer.step(self.network.params, self.network.grads)
+        run.update(self.network.params, self.network.grads)
         self.steps_in_round += 1
         if self.steps_in_round == self.local_steps or run.step == run.steps_in_epoch - 1:
             self.end_round(run)

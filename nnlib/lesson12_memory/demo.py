@@ -23,7 +23,7 @@ from nnlib.lesson09_model_parallel.tensor import TensorParallelMLP
 from nnlib.lesson12_memory.accumulation import MicroBatched
 from nnlib.lesson12_memory.budget import predicted_bytes
 from nnlib.lesson12_memory.fsdp import FullySharded, FullyShardedNetwork
-from nnlib.lesson12_memory.mixed_precision import MixedPrecision, loss_scaled
+from nnlib.lesson12_memory.mixed_precision import MixedPrecision
 
 LESSON = 12
 NOTEBOOKS_ONLY = True  # run by notebook 12, imported by no nnlib module
@@ -94,7 +94,7 @@ def data_parallel_peak(comm, case, rows: int = BUDGET_ROWS) -> tuple:
     sync = {"allreduce": Allreduce, "zero": ZeRO, "fsdp": FullySharded}[strategy]
     peak, _ = measured_peak(build, lambda network: train_parallel(
         comm, network, local_inputs, local_labels, num_samples=2 * rows, start=start,
-        strategy=loss_scaled(sync) if mixed else sync, batches=PerRankBatches, epochs=1, learning_rate=0.1,
+        strategy=sync, scaler=network.scaler if mixed else None, batches=PerRankBatches, epochs=1, learning_rate=0.1,
         batch_size=rows, momentum=0.9))
     mine = int(split_counts(rows, comm.size)[comm.rank])
     return peak, predicted_bytes(BUDGET_SIZES, mine, comm.size, comm.rank, *case)

@@ -201,6 +201,10 @@ class FullySharded(LocalUpdate):
         bounds = np.cumsum([0] + [layer.shard.size for layer in network.layers]).tolist()
         return make(network.params, network.xp, [slice(a, b) for a, b in zip(bounds, bounds[1:])])
 
+    def step(self, run) -> None:
+        run.phase("update")
+        run.update(self.network.params, self.network.grads, self.comm)  # (the other ranks hold the other chunks)
+
     def whole(self, part):
         """A vector of the optimizer's state (laid out as ``params``: this rank's chunks), whole (collective)."""
         return self.network.full_vector(part)

@@ -32,8 +32,9 @@ import ml_dtypes
 import numpy as np
 from mpi4py import MPI
 
+from nnlib.lesson02_network.arrays import array_namespace
 from nnlib.lesson02_network.network import Layer, dense_layers
-from nnlib.lesson03_training.training import Batches, LocalUpdate, Run, Settings, train_loop
+from nnlib.lesson03_training.training import Batches, Run, Settings, train_loop
 from nnlib.lesson12_memory.accumulation import MicroBatched
 from nnlib.lesson12_memory.fsdp import ShardedLayer
 
@@ -78,16 +79,72 @@ class HalfShardedLayer(ShardedLayer, HalfLayer):
     whole W, b; the products are :class:`HalfLayer`'s; ``grad_shard`` is float32 (the module's docstring)."""
 
 
+class LossScaler:
+    """Dynamic loss scaling: the object the training loop calls (lesson 03's ``Run.update``), as PyTorch's GradScaler.
+
+    loss_scale S: backward starts from S dJ/dz_L (the network divides S out, in float32); 2^15 by default for float16,
+    1 for bfloat16 (float32's range: nothing to scale). :meth:`step`: the optimizer's step unless the summed gradient
+    overflowed, a verdict every rank shares (:meth:`found_inf`); then :meth:`update`: S halved on overflow (if
+    ``dynamic``, the default for float16 only), doubled after ``growth_interval`` good steps in a row. overflowed:
+    the last step's verdict; skipped: how many steps were skipped; verdicts: every step's (overflowed, S used).
+    """
+
+    def __init__(self, low, loss_scale: float | None = None, growth_interval: int = 100, dynamic: bool | None = None):
+        scaled = np.dtype(low) == np.dtype(HALF)
+        self.low, self.loss_scale = np.dtype(low), float(loss_scale if loss_scale is not None else
+                                                          2.0 ** 15 if scaled else 1.0)
+        self.growth_interval, self.dynamic = int(growth_interval), scaled if dynamic is None else bool(dynamic)
+        self.good_steps, self.skipped, self.overflowed, self.verdicts = 0, 0, False, []
+
+    def step(self, optimizer, params, grads, comm=None) -> None:
+        """``optimizer.step(params, grads)`` unless the gradient overflowed (``comm``: the ranks holding the rest of
+        it, None: this rank holds all of it); the step count of a skipped step is not advanced."""
+        overflowed = self.found_inf(grads, comm)
+        self.update(overflowed)
+        if not overflowed:
+            optimizer.step(params, grads)
+
+    def found_inf(self, grads, comm=None) -> bool:
+        """The verdict on the step's summed float32 gradient g: overflow if g has an inf or NaN (a piece
+        overflowed on its way) or if S max|g| is beyond the low precision's largest value (the sum itself would
+        not fit). The second test depends on the sum only, not on how it was cut into micro-batches and ranks:
+        two cuttings can disagree only where one piece overflowed alone while the sum fits. ``grads``: all of g,
+        or this rank's part (FSDP's chunks, ZeRO's slice), whose ``comm`` Allreduces the flag: one verdict."""
+        xp = array_namespace(grads)
+        peak = max(abs(float(grads.max())), abs(float(grads.min()))) if grads.size else 0.0  # (no temporary)
+        largest = float(ml_dtypes.finfo(self.low).max)  # 65504 for float16, ~3.4e38 for bfloat16
+        local = not (bool(xp.all(xp.isfinite(grads))) and peak * self.loss_scale <= largest)
+        return bool(comm.allreduce(local, op=MPI.LOR)) if comm is not None else local
+
+    def update(self, overflowed: bool) -> None:
+        """The verdict on the (summed) gradient: overflow: skip, halve S; else double S after enough good steps."""
+        self.overflowed = overflowed
+        self.verdicts.append((overflowed, self.loss_scale))
+        if overflowed:
+            self.skipped += 1
+            self.good_steps = 0
+            self.loss_scale /= 2 if self.dynamic else 1
+            return
+        self.good_steps += 1
+        if self.dynamic and self.good_steps % self.growth_interval == 0:
+            self.loss_scale *= 2
+
+    def state_dict(self) -> dict:
+        return dict(loss_scale=self.loss_scale, good_steps=self.good_steps, skipped=self.skipped)
+
+    def load_state_dict(self, state: dict) -> None:
+        self.loss_scale, self.good_steps = float(state["loss_scale"]), int(state["good_steps"])
+        self.skipped = int(state["skipped"])
+
+
 class MixedPrecision(MicroBatched):
     """``network`` (a float32 lesson 02 Network or a FullyShardedNetwork: its params are the master weights, its
     grads the unscaled float32 gradient) trained in mixed precision, ``precision`` "float16" or "bfloat16".
 
     half_params: the low copy of params; half_grads: the scaled gradient, low (float32 chunks for FSDP); layers:
     HalfLayer (HalfShardedLayer); micro_batches, recompute_every: as
-    :class:`~nnlib.lesson12_memory.accumulation.MicroBatched`. The loss scale S defaults to 2^15 for float16 and
-    1 for bfloat16 (float32's range: nothing to scale); ``dynamic`` (default for float16 only): halved on
-    overflow, doubled after ``growth_interval`` good steps in a row. overflowed: the last step's verdict;
-    skipped: how many steps were skipped; verdicts: every step's (overflowed, S used).
+    :class:`~nnlib.lesson12_memory.accumulation.MicroBatched`. ``scaler``: its :class:`LossScaler` (loss_scale,
+    growth_interval, dynamic: the scaler's), which the training run calls: ``train_parallel(..., scaler=...)``.
     """
 
     def __init__(self, network, loss_scale: float | None = None, growth_interval: int = 100,
@@ -96,10 +153,8 @@ class MixedPrecision(MicroBatched):
         if str(network.params.dtype) != "float32":
             raise ValueError(f"the master weights must be float32; got {network.params.dtype}")
         super().__init__(network, micro_batches, recompute_every)
-        self.precision, self.low, scaled = precision, low_precision(precision), precision == "float16"
-        self.loss_scale = float(loss_scale if loss_scale is not None else 2.0 ** 15 if scaled else 1.0)
-        self.growth_interval, self.dynamic = int(growth_interval), scaled if dynamic is None else bool(dynamic)
-        self.good_steps, self.skipped, self.overflowed, self.verdicts = 0, 0, False, []
+        self.precision, self.low = precision, low_precision(precision)
+        self.scaler = LossScaler(self.low, loss_scale, growth_interval, dynamic)
         self.sharded = all(isinstance(layer, ShardedLayer) for layer in network.layers)  # each rank: its chunks
         self.half_params = network.params.astype(self.low)
         self.half_grads = network.xp.zeros(network.params.size, SINGLE if self.sharded else self.low)
@@ -116,47 +171,23 @@ class MixedPrecision(MicroBatched):
         for layer in self.layers:
             layer.low_dtype = self.low
 
-    def overflow(self, comm=None, grads=None) -> bool:
-        """The verdict on the step's summed float32 gradient g: overflow if g has an inf or NaN (a piece
-        overflowed on its way) or if S max|g| is beyond the low precision's largest value (the sum itself would
-        not fit). The second test depends on the sum only, not on how it was cut into micro-batches and ranks:
-        two cuttings can disagree only where one piece overflowed alone while the sum fits. FSDP's ranks hold
-        chunks of g, ZeRO-1/2 (lesson 08) sums only this rank's slice ``grads`` of g (None: all of it): one Allreduce
-        of the flag (over the sync's ``comm`` for ZeRO) gives every rank the same verdict."""
-        grads = self.network.grads if grads is None else grads
-        peak = max(abs(float(grads.max())), abs(float(grads.min()))) if grads.size else 0.0  # (no temporary)
-        xp, largest = self.network.xp, float(ml_dtypes.finfo(self.low).max)  # 65504 for float16, ~3.4e38 bfloat16
-        local = not (bool(xp.all(xp.isfinite(grads))) and peak * self.loss_scale <= largest)
-        comm = self.network.comm if comm is None and self.sharded else comm
-        return bool(comm.allreduce(local, op=MPI.LOR)) if comm is not None else local
-
-    def scaler_update(self, overflowed: bool) -> None:
-        """The verdict on the (summed) gradient: overflow: skip, halve S; else double S after enough good steps."""
-        self.overflowed = overflowed
-        self.verdicts.append((overflowed, self.loss_scale))
-        if overflowed:
-            self.skipped += 1
-            self.good_steps = 0
-            self.loss_scale /= 2 if self.dynamic else 1
-            return
-        self.good_steps += 1
-        if self.dynamic and self.good_steps % self.growth_interval == 0:
-            self.loss_scale *= 2
+    @property
+    def loss_scale(self) -> float:
+        """S, the scaler's: backpropagation starts from S dJ/dz_L (lesson 12's MicroBatched reads it)."""
+        return self.scaler.loss_scale
 
     def state_dict(self) -> dict:
         """The master network's state, and the loss scaler's: S, good steps in a row, steps skipped."""
-        return dict(self.network.state_dict(), loss_scale=self.loss_scale, good_steps=self.good_steps,
-                    skipped=self.skipped)
+        return dict(self.network.state_dict(), **self.scaler.state_dict())
 
     def load_state_dict(self, state: dict) -> None:
         self.network.load_state_dict(state)
-        self.loss_scale, self.good_steps = float(state["loss_scale"]), int(state["good_steps"])
-        self.skipped = int(state["skipped"])
+        self.scaler.load_state_dict(state)
 
     def loss_and_gradient(self, inputs, labels, normalizer=None, check: bool = True, on_device: bool = False,
                           on_layer_done=None):
         """Low-precision forwards and backwards from S dJ/dz_L (micro-batch by micro-batch), unscaled into the
-        float32 grads (an overflow stays inf for the optimizer, :func:`scaled_step`, to see). Returns J."""
+        float32 grads (an overflow stays inf, for the scaler, :class:`LossScaler`, to see). Returns J."""
         if on_layer_done is not None:
             raise ValueError("mixed precision unscales the gradient after backward: a strategy that sends it "
                              "during backward (overlap) does not combine with it")
@@ -184,43 +215,9 @@ class MixedPrecision(MicroBatched):
                 "float32 " + ("Adam moments" if "m" in optimizer.state else "momentum"): optimizer.state_bytes}
 
 
-def scaled_step(optimizer, mixed: MixedPrecision, comm=None):
-    """``optimizer`` made to update only when the gradient it is given is finite, telling the loss scaler.
-
-    After lesson 05's Allreduce every rank holds the same sum and skips with no extra message; a part of this rank's
-    gradient (ZeRO-1/2's slice, lesson 08) is judged over the sync's ``comm`` (:meth:`MixedPrecision.overflow`)."""
-    update = optimizer.step
-
-    def step(params, grads) -> None:
-        sliced = grads.size < mixed.network.grads.size  # (ZeRO's slice: the other ranks judge the rest)
-        overflowed = mixed.overflow(comm if sliced else None, grads)
-        mixed.scaler_update(overflowed)
-        if not overflowed:
-            update(params, grads)
-
-    optimizer.step = step
-    return optimizer
-
-
-def loss_scaled(sync_class):
-    """``sync_class`` (lesson 03's LocalUpdate, lesson 05's Allreduce, lesson 08's ZeRO, lesson 12's FullySharded)
-    whose optimizer, the sync's own on the float32 master network, is a :func:`scaled_step`."""
-
-    class LossScaled(sync_class):
-        def optimizer(self, network, make):
-            return scaled_step(super().optimizer(network.network, make), network, getattr(self, "comm", None))
-
-        def step(self, run) -> None:
-            with np.errstate(over="ignore", invalid="ignore"):  # (ZeRO's ring adds infs: what the scaler looks for)
-                super().step(run)
-
-    return LossScaled
-
-
 def train_mixed(mixed: MixedPrecision, inputs, labels, settings: Settings) -> tuple:
     """Train ``mixed`` in one process with lesson 03's loop, skipping overflowed steps: (history, optimizer)."""
-    run = Run(mixed, settings, Batches(inputs.shape[0], settings.batch_size, settings.seed),
-              sync=loss_scaled(LocalUpdate)())
+    run = Run(mixed, settings, Batches(inputs.shape[0], settings.batch_size, settings.seed), scaler=mixed.scaler)
     return train_loop(run, inputs, labels), run.optimizer  # (the optimizer made as the loop began)
 
 

@@ -50,7 +50,8 @@ def data_parallel_job(args, comm, settings, data, test) -> int:
         history = train_parallel(staged, network, local_inputs, local_labels, num_samples=args.samples,
                                  start=start, settings=settings, strategy=strategy, progress=True, hooks=hooks,
                                  batches=PerRankBatches if args.sampler == "per_rank" else None,
-                                 timeline_steps=TRACE_STEPS if args.trace else 0)
+                                 timeline_steps=TRACE_STEPS if args.trace else 0,
+                                 scaler=network.scaler if args.precision != "float32" else None)
     phases = gather_phase_seconds(comm, history)
     timelines = gather_timeline(comm, history) if args.trace else None
     test_accuracy, params = job_results(args, comm, network, test)
@@ -126,12 +127,7 @@ def job_strategy(args):
     from nnlib.lesson08_inside_allreduce.zero import ZeRO
     from nnlib.lesson12_memory.fsdp import FullySharded
 
-    sync = {**STRATEGIES, "zero": ZeRO, "overlap": Overlap, "fsdp": FullySharded}[args.strategy]
-    if args.precision != "float32":  # (allreduce, zero or fsdp: options.COMBINES)
-        from nnlib.lesson12_memory.mixed_precision import loss_scaled
-
-        return loss_scaled(sync)
-    return sync
+    return {**STRATEGIES, "zero": ZeRO, "overlap": Overlap, "fsdp": FullySharded}[args.strategy]
 
 
 def fault_injector(fault, rank):

@@ -32,7 +32,7 @@ from nnlib.lesson12_memory.budget import MODEL_ERROR
 from nnlib.lesson12_memory.demo import (DATA_PARALLEL_CASES, data_parallel_peak, fsdp_bytes, measured_peak,
                                         model_parallel_peak)
 from nnlib.lesson12_memory.fsdp import FullySharded, FullyShardedNetwork
-from nnlib.lesson12_memory.mixed_precision import MixedPrecision, loss_scaled, train_mixed
+from nnlib.lesson12_memory.mixed_precision import MixedPrecision, train_mixed
 from nnlib.lesson08_inside_allreduce.counting import CountingComm, ring_bytes
 
 comm = MPI.COMM_WORLD
@@ -251,7 +251,7 @@ def mixed_run(loss_scale: float, parallel: bool):
     local_inputs, local_labels, start = shard(comm, INPUTS.astype(np.float32) if rank == 0 else None,
                                               LABELS if rank == 0 else None)
     train_parallel(comm, mixed, local_inputs, local_labels, num_samples=N, start=start,
-                   strategy=loss_scaled(Allreduce), **settings)
+                   strategy=Allreduce, scaler=mixed.scaler, **settings)
     return mixed
 
 
@@ -261,12 +261,12 @@ def test_mixed_precision_ranks_skip_together_and_hold_the_same_weights():
     may overflow at another scale than one process's) and ends with the same weights; from a scale that never
     overflows, the weights are near one process's (float16 rounds the ranks' partial sums differently)."""
     mixed = mixed_run(2.0 ** 24, parallel=True)
-    verdicts = comm.allgather((mixed.skipped, mixed.loss_scale))
-    assert mixed.skipped >= 1 and verdicts == [verdicts[0]] * size, verdicts
+    verdicts = comm.allgather((mixed.scaler.skipped, mixed.loss_scale))
+    assert mixed.scaler.skipped >= 1 and verdicts == [verdicts[0]] * size, verdicts
     assert np.array_equal(mixed.params, comm.bcast(mixed.params if rank == 0 else None))
     assert np.isfinite(mixed.params).all()
     unscaled_parallel, single = mixed_run(2.0 ** 8, parallel=True), mixed_run(2.0 ** 8, parallel=False)
-    assert unscaled_parallel.skipped == single.skipped == 0
+    assert unscaled_parallel.scaler.skipped == single.scaler.skipped == 0
     error = relative_error(unscaled_parallel.params, single.params)
     assert error <= 1e-2, error
 

@@ -26,7 +26,7 @@ from nnlib.lesson05_data_parallel.data_parallel import Allreduce
 from nnlib.lesson08_inside_allreduce.zero import ZeRO
 from nnlib.lesson10_faults.checkpoint import CheckpointFolder, Checkpointing
 from nnlib.lesson12_memory.fsdp import FullySharded, FullyShardedNetwork
-from nnlib.lesson12_memory.mixed_precision import MixedPrecision, loss_scaled, train_mixed
+from nnlib.lesson12_memory.mixed_precision import MixedPrecision, train_mixed
 
 comm = MPI.COMM_WORLD
 rank, size = comm.rank, comm.size
@@ -57,17 +57,17 @@ def parallel(sharded, precision: str, hooks=(), on_step=None) -> MixedPrecision:
     local_inputs, local_labels, start = shard(comm, INPUTS if rank == 0 else None, LABELS if rank == 0 else None)
     sync = {True: FullySharded, False: Allreduce, "zero": ZeRO}[sharded]
     train_parallel(comm, mixed, local_inputs, local_labels, num_samples=N, start=start, hooks=list(hooks),
-                   on_step=on_step, strategy=loss_scaled(sync), **SETTINGS)
+                   on_step=on_step, strategy=sync, scaler=mixed.scaler, **SETTINGS)
     return mixed
 
 
 def check_equal_to_sequential(sharded: bool, precision: str) -> None:
     expected, mixed = sequential(precision), parallel(sharded, precision)
     params = mixed.full_params() if sharded is True else mixed.params
-    verdicts = comm.allgather(mixed.verdicts)
+    verdicts = comm.allgather(mixed.scaler.verdicts)
     assert verdicts == [verdicts[0]] * size, "the ranks reached different verdicts"
-    assert mixed.verdicts == expected.verdicts, (mixed.verdicts, expected.verdicts)
-    assert precision == "bfloat16" or 1 <= mixed.skipped < len(mixed.verdicts)
+    assert mixed.scaler.verdicts == expected.scaler.verdicts, (mixed.scaler.verdicts, expected.scaler.verdicts)
+    assert precision == "bfloat16" or 1 <= mixed.scaler.skipped < len(mixed.scaler.verdicts)
     error = float(np.abs(params - expected.params).max() / np.abs(expected.params).max())
     assert error <= (0.0 if size == 1 else TOLERANCE[precision]), f"{precision}, {sharded=}: {error}"
 
@@ -90,21 +90,21 @@ def test_zero_mixed_precision_with_accumulation_and_recomputation_equals_sequent
 def test_zero_ranks_skip_together_when_one_slice_overflowed():
     """Only the last rank's slice holds an inf (what its reduce-scatter summed): every rank skips."""
     mixed = MixedPrecision(Network(SIZES, seed=3))
-    sync = loss_scaled(ZeRO)(comm, mixed)
+    sync = ZeRO(comm, mixed)
     optimizer = sync.optimizer(mixed, Settings(1, 0.1, momentum=0.9).optimizer_for(0.1))
-    mine, master = sync.mine, mixed.network
+    mine, master, scaler = sync.mine, mixed.network, mixed.scaler
     master.grads[...] = 0.0
     if rank == size - 1:
         master.grads[mine.stop - 1] = np.inf
-    assert comm.allgather(mixed.overflow(comm, master.grads[mine])) == [True] * size
+    assert comm.allgather(scaler.found_inf(master.grads[mine], comm)) == [True] * size
     before = mixed.params.copy()
-    optimizer.step(master.params[mine], master.grads[mine])  # scaled_step: the scaler over the sync's comm first
-    assert comm.allgather((mixed.skipped, np.array_equal(mixed.params, before))) == [(1, True)] * size
+    scaler.step(optimizer, master.params[mine], master.grads[mine], comm)  # as ZeRO's step calls it (Run.update)
+    assert comm.allgather((scaler.skipped, np.array_equal(mixed.params, before))) == [(1, True)] * size
     master.grads[...] = 0.0
-    assert comm.allgather(mixed.overflow(comm, master.grads[mine])) == [False] * size
+    assert comm.allgather(scaler.found_inf(master.grads[mine], comm)) == [False] * size
     master.grads[...] = 1.0
-    optimizer.step(master.params[mine], master.grads[mine])
-    assert comm.allgather((mixed.skipped, np.array_equal(mixed.params, before))) == [(1, False)] * size
+    scaler.step(optimizer, master.params[mine], master.grads[mine], comm)
+    assert comm.allgather((mixed.scaler.skipped, np.array_equal(mixed.params, before))) == [(1, False)] * size
 
 
 def test_fsdp_mixed_precision_with_accumulation_and_recomputation_equals_sequential():
@@ -118,9 +118,9 @@ def test_fsdp_ranks_skip_together_when_one_chunk_overflowed():
     mixed.network.grads[...] = 0.0
     if rank == size - 1:
         mixed.network.grads[-1] = np.inf
-    assert comm.allgather(mixed.overflow()) == [True] * size
+    assert comm.allgather(mixed.scaler.found_inf(mixed.grads, comm)) == [True] * size  # (FSDP's step: Run.update)
     mixed.network.grads[...] = 0.0
-    assert comm.allgather(mixed.overflow()) == [False] * size
+    assert comm.allgather(mixed.scaler.found_inf(mixed.grads, comm)) == [False] * size
 
 
 def test_fsdp_mixed_precision_resumes_exactly_from_a_checkpoint():
@@ -140,8 +140,8 @@ def test_fsdp_mixed_precision_resumes_exactly_from_a_checkpoint():
             assert "stopped on purpose" in str(error)
         resumed = parallel(True, "float16", [Checkpointing(CheckpointFolder(folder_name, every=5), resume=True)])
         assert np.array_equal(resumed.full_params(), expected.full_params())
-        assert (resumed.loss_scale, resumed.good_steps, resumed.skipped) == \
-            (expected.loss_scale, expected.good_steps, expected.skipped)
+        assert (resumed.loss_scale, resumed.scaler.good_steps, resumed.scaler.skipped) == \
+            (expected.loss_scale, expected.scaler.good_steps, expected.scaler.skipped)
     finally:
         comm.Barrier()
         if rank == 0:
