@@ -252,22 +252,24 @@ def bucket_starts_by_nnlib_overlap(layer_bytes, bucket_bytes):
 
 
 def zero_step_by_nnlib(params, grads, velocity, learning_rate, momentum):
-    """zero.ZeRO.step (the ring's two halves around ShardedSGD.step) on P threads, one per rank, whose
+    """zero.ZeRO.step (the ring's two halves around the SGD step of its slice) on P threads, one per rank, whose
     Sendrecv passes copies through queues: nnlib's own ZeRO step, every rank at once."""
     ranks = grads.shape[0]
     threads = ThreadRanks(ranks)
     networks = [SimpleNamespace(params=params.copy(), grads=grads[rank].copy(), num_params=params.size, xp=np)
                 for rank in range(ranks)]
-    optimizers = [zero.ShardedSGD(network, learning_rate, momentum, ranks, rank) for rank, network in enumerate(networks)]
-    for optimizer, mine in zip(optimizers, velocity):
+    sliced = [optimizers.SGD(network.params[zero.rank_slice(params.size, ranks, rank)], learning_rate, momentum)
+              for rank, network in enumerate(networks)]  # as ZeRO makes its optimizer
+    for optimizer, mine in zip(sliced, velocity):
         optimizer.state["velocity"][...] = mine
+
     def run(rank):
-        step = optimizers[rank].step  # (lesson 03's Run.update without a scaler)
+        step = sliced[rank].step  # (lesson 03's Run.update without a scaler)
         zero.ZeRO(threads.comm(rank), networks[rank]).step(SimpleNamespace(
             phase=lambda name: None, update=lambda params, grads, comm=None: step(params, grads)))
 
     threads.run(run)
-    return np.array([network.params for network in networks]), tuple(optimizer.state["velocity"] for optimizer in optimizers)
+    return np.array([network.params for network in networks]), tuple(optimizer.state["velocity"] for optimizer in sliced)
 
 
 # nnlib's own function for each exercise that has one: the lesson and the check cannot disagree.

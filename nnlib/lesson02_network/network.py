@@ -79,6 +79,8 @@ class Layer:
     activation: "sigmoid" (every hidden layer) or "softmax" (allowed for the output layer).
     """
 
+    plain_logits = True  # z is a_in @ W + b, so a sigmoid's pass may add b (a layer that makes z its own way: False)
+
     def __init__(self, weights, biases, grad_weights, grad_biases, activation: str = "sigmoid"):
         self.weights, self.biases = weights, biases
         self.grad_weights, self.grad_biases = grad_weights, grad_biases
@@ -100,9 +102,9 @@ class Layer:
         """(z, a): the logits and the activation f(z), both (N, n_out), for inputs a_in (N, n_in).
 
         A sigmoid layer adds its bias in the activation's pass (bias_sigmoid: one kernel on a GPU); a layer
-        that makes z its own way (it overrides ``logits``, as lesson 09's row layer does) is activated as is.
+        that makes z its own way (``plain_logits`` False, as lesson 09's row layer) is activated as is.
         """
-        if self.activation == "sigmoid" and type(self).logits is Layer.logits:
+        if self.activation == "sigmoid" and self.plain_logits:
             logits = inputs @ self.weights
             return logits, fused(bias_sigmoid, self.xp)(logits, self.biases)
         logits = self.logits(inputs)

@@ -23,7 +23,6 @@ gradients (within 1e-10 in float64; tests/mpi/check_parallel.py).
 from __future__ import annotations
 
 from nnlib.lesson02_network.arrays import through_host, to_numpy
-from nnlib.lesson03_training.optimizers import SGD
 from nnlib.lesson04_collectives.collectives import allgather_rows
 from nnlib.lesson05_data_parallel.data_parallel import DataParallel
 from nnlib.lesson08_inside_allreduce.allreduce import chunk_bounds, ring_allgather, ring_reduce_scatter
@@ -65,21 +64,3 @@ class ZeRO(DataParallel):
     def part(self, whole):
         """This rank's slice of a whole state vector (a checkpoint's, written by any number of ranks)."""
         return whole[self.mine]
-
-
-class ShardedSGD(SGD):
-    """Lesson 03's SGD made for one rank's slice of the parameters, as ZeRO makes its optimizer (ZeRO stage 1).
-
-    network: the rank's full network replica; size/rank: the number of ranks and this rank; start, stop: the
-    slice [start, stop) it updates (``step(params[start:stop], grads[start:stop])``) and keeps ``state_bytes`` for.
-    """
-
-    def __init__(self, network, learning_rate: float, momentum: float, size: int, rank: int):
-        mine = rank_slice(network.num_params, size, rank)
-        self.start, self.stop = mine.start, mine.stop
-        super().__init__(network.params[mine], learning_rate, momentum, network.xp)
-
-
-def replicated_state_bytes(network, momentum: float) -> int:
-    """Bytes of optimizer state on every rank without ZeRO: a whole velocity vector (0 without momentum)."""
-    return int(network.params.nbytes) if momentum else 0

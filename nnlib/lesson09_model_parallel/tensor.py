@@ -61,6 +61,8 @@ class RowLayer(SplitLayer):
     """The rows C_r of W (h, n_out) that match the column layer before it, b whole: the module's row-split layer,
     whose logits one Allreduce of the partial products completes (the bias added once, after the sum)."""
 
+    plain_logits = False  # (its own logits, below)
+
     def logits(self, inputs):
         logits = inputs @ self.weights
         self.comm.Allreduce(MPI.IN_PLACE, logits, op=MPI.SUM)  # complete the partial sums

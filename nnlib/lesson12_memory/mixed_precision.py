@@ -59,6 +59,7 @@ class HalfLayer(Layer):
     """
 
     low_dtype = np.dtype(HALF)  # (MixedPrecision sets each layer's own)
+    plain_logits = False  # (its own logits, in float32, below)
 
     def logits(self, inputs):
         return inputs.astype(SINGLE) @ self.weights.astype(SINGLE) + self.biases.astype(SINGLE)

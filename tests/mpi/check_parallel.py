@@ -168,14 +168,16 @@ def check_bad_configurations_fail_on_every_rank():
 
 def check_zero_keeps_one_slice_of_the_optimizer_state():
     """ZeRO: each rank's velocity is its uneven slice; the slices tile the whole vector once."""
-    from nnlib.lesson08_inside_allreduce.zero import ShardedSGD, replicated_state_bytes
+    from nnlib.lesson03_training.training import Settings
+    from nnlib.lesson08_inside_allreduce.zero import ZeRO
 
     network = Network((12, 7, 4), dtype="float64", seed=3)  # 123 parameters: uneven for P = 2 and 4
-    optimizer = ShardedSGD(network, 0.1, 0.9, size, rank)
-    slices = comm.allgather((optimizer.start, optimizer.stop, optimizer.state_bytes))
+    zero = ZeRO(comm, network)
+    optimizer = zero.optimizer(network, Settings(1, 0.1, momentum=0.9).optimizer_for(0.1))
+    slices = comm.allgather((zero.mine.start, zero.mine.stop, optimizer.state_bytes))
     assert [start for start, _, _ in slices] == [0] + [stop for _, stop, _ in slices[:-1]]
     assert slices[-1][1] == network.num_params
-    assert sum(state for _, _, state in slices) == replicated_state_bytes(network, 0.9)
+    assert sum(state for _, _, state in slices) == network.params.nbytes  # the whole velocity, once
     assert max(state for _, _, state in slices) <= -(-network.num_params // size) * 8
 
 
