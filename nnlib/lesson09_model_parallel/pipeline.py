@@ -58,6 +58,8 @@ class Stage:
     ``arrived`` (received), ``kept`` (activations and logits, forward to backward) and ``outgoing`` (the input
     gradient, to send). A message to position j is tagged 2 j (forward) or 2 j + 1 (backward)."""
 
+    on_forward = None  # a hook: called with each micro-batch's input as the forward takes it (lesson 13 counts)
+
     def __init__(self, comm, layers, position: int, before: int | None, after: int | None):
         self.comm, self.layers, self.position, self.before, self.after = comm, layers, position, before, after
         self.dtype, self.xp = layers[0].weights.dtype, layers[0].xp
@@ -78,6 +80,8 @@ class Stage:
 
     def forward(self, step: Step, k: int) -> None:
         incoming = step.inputs[slice(*step.bounds[k])] if self.before is None else self.arrived.pop(k)
+        if self.on_forward is not None:
+            self.on_forward(incoming)
         activations, logits = forward_layers(self.layers, incoming)
         self.kept[k] = activations, logits if self.after is None else None  # z_out: only the loss needs it
 

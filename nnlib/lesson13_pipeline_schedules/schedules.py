@@ -372,28 +372,25 @@ def live_peak(pipeline, inputs, labels) -> tuple[int, int]:
     """One step of ``pipeline`` with the micro-batches it holds counted by one array each: (the most alive at
     once, how many are still alive after the step), on this rank (its chunks together).
 
-    The array each held stage's first layer receives in a forward (a micro-batch's a_0 there) gets a
-    weakref.finalize that counts it down when Python frees it, wherever the executor kept it. No instruction
-    list and no executor bookkeeping is read.
+    The array each held stage's forward takes (a micro-batch's a_0 there; the stage's ``on_forward`` hook hears
+    it) gets a weakref.finalize that counts it down when Python frees it, wherever the executor kept it. No
+    instruction list and no executor bookkeeping is read.
     """
-    alive, peak, firsts = [0], [0], [held.layers[0] for held in pipeline.held]
+    alive, peak = [0], [0]
 
     def freed():
         alive[0] -= 1
 
-    def counted(forward):
-        def forward_counted(layer_inputs):
-            weakref.finalize(layer_inputs, freed)
-            alive[0] += 1
-            peak[0] = max(peak[0], alive[0])
-            return forward(layer_inputs)
-        return forward_counted
+    def counted(stage_inputs):
+        weakref.finalize(stage_inputs, freed)
+        alive[0] += 1
+        peak[0] = max(peak[0], alive[0])
 
-    for layer in firsts:
-        layer.forward = counted(layer.forward)
+    for held in pipeline.held:
+        held.on_forward = counted
     try:
         pipeline.loss_and_gradient(inputs, labels)
     finally:
-        for layer in firsts:
-            del layer.forward  # (Layer's own method again)
+        for held in pipeline.held:
+            held.on_forward = None
     return peak[0], alive[0]
