@@ -11,6 +11,8 @@ import tracemalloc
 import numpy as np
 
 from nnlib import Network, train
+from nnlib.lesson02_network.network import count_parameters
+from nnlib.lesson03_training.training import Settings
 from nnlib.lesson04_collectives.collectives import split_counts
 from nnlib.lesson05_data_parallel import shard, train_parallel
 from nnlib.lesson05_data_parallel.data_parallel import Allreduce
@@ -121,3 +123,38 @@ def budgets(comm) -> dict:
     errors = {name: comm.allgather((sum(held.values()) - peak) / peak) for name, (peak, held) in measured.items()}
     return {name: {"measured": peak, "predicted": held, "errors": errors[name]}
             for name, (peak, held) in measured.items()}
+
+
+#: ZeRO's stages as this code has them: 0 lesson 05's Allreduce, 1 and 2 lesson 08's ZeRO (its stage 2 sends stage 2's
+#: messages but every rank still holds the whole gradient: stage 1's memory), 3 FSDP
+ZERO_STAGES = {0: Allreduce, 1: ZeRO, 2: ZeRO, 3: FullySharded}
+
+
+def adam_bytes(comm, stage: int, precision: str = "float32") -> dict:
+    """Bytes per parameter of SIZES that this rank holds with Adam under ZeRO ``stage``, in float32 or mixed
+    ``precision``, measured by tracemalloc (after a first build, so that one-time allocations are not counted):
+    {"weights and gradients": as the network is built, low copies included; "optimizer state": as it is made}."""
+    make = Settings(1, 1e-3, optimizer="adam").optimizer_for(1e-3)
+    held = {}
+    for _ in range(2):  # (the first build warms up what is made once per process)
+        tracemalloc.start()
+        began = tracemalloc.get_traced_memory()[0]
+        network = FullyShardedNetwork(comm, SIZES, dtype="float32", seed=1) if stage == 3 else Network(SIZES, seed=1)
+        network = network if precision == "float32" else MixedPrecision(network, precision=precision)
+        built = tracemalloc.get_traced_memory()[0]
+        optimizer = ZERO_STAGES[stage](comm, network).optimizer(network, make)  # (kept while it is measured)
+        held = {"weights and gradients": built - began, "optimizer state": tracemalloc.get_traced_memory()[0] - built}
+        del optimizer
+        tracemalloc.stop()
+    return {kind: held[kind] / count_parameters(SIZES) for kind in held}
+
+
+def adam_model(stage: int, precision: str, ranks: int) -> dict:
+    """This code's bytes per parameter for :func:`adam_bytes` (float32 values; mixed: the float32 master and gradient,
+    low weights, low gradients, float32 under FSDP), and the ZeRO paper's total with K = 12 (float16 weights and
+    gradients, 2 + 2 bytes; float32 master, momentum and variance, K = 12 bytes, sharded from stage 1 on)."""
+    model = {"float32": 4 + 4, "float16": 4 + 4 + 2 + 2, "bfloat16": 4 + 4 + 2 + 2}[precision]
+    model += 2 if stage == 3 and precision != "float32" else 0  # (FSDP's low gradient chunks are float32)
+    paper = [2 + 2 + 12, 2 + 2 + 12 / ranks, 2 + (2 + 12) / ranks, (2 + 2 + 12) / ranks][stage]
+    return {"weights and gradients": model / (ranks if stage == 3 else 1),
+            "optimizer state": 8 / (ranks if stage else 1), "ZeRO paper's total": paper}

@@ -29,8 +29,8 @@ from nnlib.lesson08_inside_allreduce.allreduce import chunk_bounds
 from nnlib.lesson08_inside_allreduce.overlap import Overlap
 from nnlib.lesson12_memory.accumulation import MicroBatched
 from nnlib.lesson12_memory.budget import MODEL_ERROR
-from nnlib.lesson12_memory.demo import (DATA_PARALLEL_CASES, data_parallel_peak, fsdp_bytes, measured_peak,
-                                        model_parallel_peak)
+from nnlib.lesson12_memory.demo import (DATA_PARALLEL_CASES, adam_bytes, adam_model, data_parallel_peak, fsdp_bytes,
+                                        measured_peak, model_parallel_peak)
 from nnlib.lesson12_memory.fsdp import FullySharded, FullyShardedNetwork
 from nnlib.lesson12_memory.mixed_precision import MixedPrecision, train_mixed
 from nnlib.lesson08_inside_allreduce.counting import CountingComm, ring_bytes
@@ -269,6 +269,19 @@ def test_mixed_precision_ranks_skip_together_and_hold_the_same_weights():
     assert unscaled_parallel.scaler.skipped == single.scaler.skipped == 0
     error = relative_error(unscaled_parallel.params, single.params)
     assert error <= 1e-2, error
+
+
+def test_adams_bytes_per_parameter_are_within_10_percent_of_the_stated_model_at_every_zero_stage():
+    """Notebook 12's optional table: Adam under ZeRO stages 0-3 (FSDP as 3), float32 and float16, every rank's
+    tracemalloc measure of the optimizer's state (8 / P bytes a parameter from stage 1 on) and of the weights and
+    gradients within 10% of demo.adam_model; the stages that shard shrink with P."""
+    failures = []
+    for precision in ("float32", "float16"):
+        for stage in range(4):
+            got, model = adam_bytes(comm, stage, precision), adam_model(stage, precision, size)
+            failures += [f"{precision} stage {stage} {kind}: {got[kind]:.2f} bytes against {model[kind]:.2f}"
+                         for kind in model if kind in got and abs(got[kind] - model[kind]) > 0.10 * model[kind]]
+    assert_on_every_rank(failures)
 
 
 def test_fsdp_refuses_a_network_that_is_not_sharded():
