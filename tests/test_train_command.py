@@ -310,7 +310,9 @@ GPU_MODES = [("--model-parallel", "tensor"), ("--asynchronous",), ("--strategy",
              *[("--strategy", strategy, "--precision", "float16", "--dtype", "float32")
                for strategy in ("allreduce", "zero", "fsdp")],
              *[("--model-parallel", "pipeline", "--schedule", schedule) for schedule in
-               ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2")]]
+               ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2")],
+             *[(*mode, "--optimizer", "adamw", "--learning-rate", "0.01") for mode in  # Adam's kernel, fused
+               [("--strategy", "allreduce"), ("--strategy", "zero"), ("--model-parallel", "pipeline")]]]
 
 
 def stand_in_gpu_runs() -> dict:
