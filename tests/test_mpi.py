@@ -13,7 +13,7 @@ Each script still runs alone: ``mpiexec -n P python tests/mpi/check_x.py``. chec
 and must own its processes: it keeps a launch of its own (run_mpi_script) for each of its rank counts.
 
 check_collectives.py: every nnlib.lesson04_collectives.collectives helper, exact values on every rank, uneven sizes.
-check_parallel.py: data-parallel training equals sequential for every strategy; bad setups fail
+check_parallel.py (1 to 5 ranks): data-parallel training equals sequential for every strategy (Adam too); bad setups fail
 on every rank at once. A rank that raises alone before a collective would hang the others: the
 runner's time limit turns that into a failure.
 check_watchdog.py (2 and 3 ranks: it makes the last rank fail): a raising, hanging or absent rank
@@ -51,7 +51,7 @@ _spec.loader.exec_module(run_checkers)  # (it imports mpi4py and the harness onl
 
 ONE_TO_FOUR = (1, 2, 3, 4)
 RANK_COUNTS = {  # each checker (tests/mpi/<name>.py) and the numbers of ranks it runs with
-    "check_collectives": ONE_TO_FOUR, "check_parallel": ONE_TO_FOUR, "check_watchdog": (2, 3),
+    "check_collectives": ONE_TO_FOUR, "check_parallel": (1, 2, 3, 4, 5), "check_watchdog": (2, 3),
     "check_allreduce": tuple(range(1, 8)), "check_tensor_parallel": ONE_TO_FOUR, "check_pipeline": ONE_TO_FOUR,
     "check_hybrid": (2, 4, 6), "check_schedules": ONE_TO_FOUR, "check_async": ONE_TO_FOUR,
     "check_compression": ONE_TO_FOUR, "check_communication_light": ONE_TO_FOUR, "check_memory": (1, 2, 3, 4, 7),
