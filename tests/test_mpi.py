@@ -13,8 +13,8 @@ Each script still runs alone: ``mpiexec -n P python tests/mpi/check_x.py``. chec
 and must own its processes: it keeps a launch of its own (run_mpi_script) for each of its rank counts.
 
 check_collectives.py: every nnlib.lesson04_collectives.collectives helper, exact values on every rank, uneven sizes.
-check_parallel.py (1 to 5 ranks): data-parallel training equals sequential for every strategy (Adam too); bad setups fail
-on every rank at once. A rank that raises alone before a collective would hang the others: the
+check_parallel.py (1 to 5 ranks): data-parallel training equals sequential for every strategy (Adam too); bad
+setups fail on every rank at once. A rank that raises alone before a collective would hang the others: the
 runner's time limit turns that into a failure.
 check_watchdog.py (2 and 3 ranks: it makes the last rank fail): a raising, hanging or absent rank
 stops the others at once or at the deadline, named; the ranks recover and train again.
