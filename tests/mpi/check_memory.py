@@ -15,6 +15,7 @@ counts, 1F1B less than GPipe. On 4 ranks a network over twice the per-rank budge
 fails on every rank at once.
 """
 
+import tracemalloc
 import weakref
 
 import numpy as np
@@ -269,6 +270,49 @@ def test_mixed_precision_ranks_skip_together_and_hold_the_same_weights():
     assert unscaled_parallel.scaler.skipped == single.scaler.skipped == 0
     error = relative_error(unscaled_parallel.params, single.params)
     assert error <= 1e-2, error
+
+
+class GradientAtEachBucket:
+    """``comm``, noting at every Reduce_scatter (a bucket of ZeRO stage 2 on its way: the most gradient a rank holds
+    at once) the bytes of NumPy's arrays that tracemalloc counts as allocated by nnlib's zero.py: g_r and the bucket."""
+
+    def __init__(self, comm):
+        self.comm, self.held = comm, []
+
+    def __getattr__(self, name):
+        return getattr(self.comm, name)
+
+    def Reduce_scatter(self, *arguments, **keywords):
+        from nnlib.lesson08_inside_allreduce import zero
+
+        snapshot = tracemalloc.take_snapshot().filter_traces([tracemalloc.Filter(True, zero.__file__)])
+        snapshot = snapshot.filter_traces([tracemalloc.DomainFilter(True, np.lib.tracemalloc_domain)])  # (arrays)
+        self.held.append(sum(statistic.size for statistic in snapshot.statistics("filename")))
+        return self.comm.Reduce_scatter(*arguments, **keywords)
+
+
+def test_zero_stage_2_holds_its_slice_of_the_gradient_and_one_bucket():
+    """784-128-10 in float64 under ZeRO stage 2: at every bucket's reduce-scatter the gradient bytes a rank holds
+    (tracemalloc) are at most (1/P + 1/(4P)) Psi itemsize, its slice and the bucket in flight (stage 1 and data
+    parallelism hold Psi itemsize: the whole gradient); and the run equals sequential training."""
+    from nnlib.lesson08_inside_allreduce.zero import GradientShardedNetwork, ZeROStage2
+
+    rng = np.random.default_rng(2)
+    inputs, labels = rng.random((301, 784)), rng.integers(0, 10, 301)
+    local_inputs, local_labels, start = shard(comm, inputs if rank == 0 else None, labels if rank == 0 else None)
+    watched = GradientAtEachBucket(comm)
+    tracemalloc.start()
+    try:
+        network = GradientShardedNetwork(watched, (784, 128, 10), seed=4)
+        train_parallel(comm, network, local_inputs, local_labels, num_samples=301, start=start, strategy=ZeROStage2,
+                       epochs=1, learning_rate=0.1, batch_size=100, momentum=0.9)
+    finally:
+        tracemalloc.stop()
+    bound = (1 / size + 1 / (4 * size)) * network.num_params * 8
+    assert watched.held and max(watched.held) <= bound, (max(watched.held), bound)
+    expected = Network((784, 128, 10), dtype="float64", seed=4)
+    train(expected, inputs, labels, progress=False, epochs=1, learning_rate=0.1, batch_size=100, momentum=0.9)
+    assert relative_error(network.params, expected.params) <= 1e-10
 
 
 def test_adams_bytes_per_parameter_are_within_10_percent_of_the_stated_model_at_every_zero_stage():

@@ -211,6 +211,34 @@ def check_adam_equals_sequential_adam():
             assert sum(state) == copies * 2 * expected.params.nbytes, (strategy, state)
 
 
+def check_zero_stage_2_equals_sequential_and_holds_only_its_slice_of_the_gradient():
+    """ZeRO stage 2 (a GradientShardedNetwork, its gradient reduce-scattered bucket by bucket during backward) in
+    float64, full batch, momentum, Adam and AdamW, with and without 3 micro-batches (each micro-batch's buckets added
+    into the slice): sequential training's parameters within 1e-10, the same on every rank; ``grads`` is rank r's
+    slice only, and the buckets hold at most Psi / (4P) values (but for a row wider than that)."""
+    from nnlib.lesson08_inside_allreduce.zero import GradientShardedNetwork, ZeROStage2, rank_slice
+    from nnlib.lesson12_memory.accumulation import MicroBatched
+
+    local_inputs, local_labels, start = shard(comm, INPUTS if rank == 0 else None, LABELS if rank == 0 else None)
+    for settings in (dict(epochs=3, learning_rate=0.5), dict(epochs=2, learning_rate=0.5, batch_size=64, momentum=0.9,
+                     seed=5), dict(epochs=2, learning_rate=0.01, batch_size=64, optimizer="adam", seed=5),
+                     dict(epochs=2, learning_rate=0.01, batch_size=64, optimizer="adamw", weight_decay=0.5, seed=5)):
+        expected = sequential("float64", **settings)
+        for micro_batches in (1, 3):
+            network = GradientShardedNetwork(comm, (12, 7, 4), dtype="float64", seed=3)
+            train_parallel(comm, MicroBatched(network, micro_batches), local_inputs, local_labels, num_samples=N,
+                           start=start, strategy=ZeROStage2, **settings)
+            error = float(np.abs(network.params - expected).max() / np.abs(expected).max())
+            assert error <= 1e-10, f"ZeRO-2, {micro_batches} micro-batches, {settings}: relative error {error:.2e}"
+            assert np.array_equal(network.params, comm.bcast(network.params if rank == 0 else None))
+    mine = rank_slice(network.num_params, size, rank)
+    assert network.grads.shape == (mine.stop - mine.start,) and network.bucket == network.num_params // (4 * size)
+    expect_error_everywhere(lambda: train_parallel(comm, Network((12, 7, 4)), local_inputs, local_labels,
+                                                   num_samples=N, start=start, strategy=ZeROStage2, epochs=1,
+                                                   learning_rate=0.1),
+                            "ZeRO stage 2 trains a GradientShardedNetwork; got Network")
+
+
 def check_the_per_rank_sampler():
     """Each rank samples its own shard: the ranks stay identical, the run repeats, and it learns."""
     settings = dict(epochs=3, learning_rate=0.5, batch_size=64, momentum=0.9, seed=5, batches=PerRankBatches)
