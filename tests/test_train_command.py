@@ -78,6 +78,8 @@ ASYNCHRONOUS = ("--samples", "1001", "--epochs", "2", "--batch-size", "50", "--h
 COMPRESSED = ("--samples", "1001", "--epochs", "2", "--batch-size", "64", "--hidden", "16", "--dtype", "float64")
 ZERO_PER_RANK = (*SMALL, "--dtype", "float64", "--strategy", "zero", "--sampler", "per_rank")
 ADAM = (*COMPRESSED, "--optimizer", "adam", "--learning-rate", "0.01")  # ZeRO's and FSDP's resume on 2, 3, 4 ranks
+SHARDED = {"zero": ("--strategy", "zero"), "zero-2": ("--strategy", "zero", "--zero-stage", "2"),
+           "fsdp": ("--strategy", "fsdp")}  # the strategies that keep a slice of the optimizer's state
 ADAMW = (*REFERENCE, "--optimizer", "adamw", "--learning-rate", "0.01")  # the model splits with AdamW
 
 #: Each way a job on 2 ranks refuses, run in JOBS_ON[2]'s launch: the settings check (before any collective), lesson
@@ -115,7 +117,8 @@ JOBS_ON = {
         "plain": Job(COMPRESSED), "topk everything": Job((*COMPRESSED, "--compression", "topk", "--topk", "12730")),
         "bfloat16": Job((*COMPRESSED, "--compression", "bfloat16", "--slow", "1:0.001")),
         "zero per_rank": Job(ZERO_PER_RANK),
-        **{f"adam {kind}{stop}": Job((*ADAM, "--strategy", kind, *more)) for kind in ("zero", "fsdp")
+        "zero-2": Job((*REFERENCE, *SHARDED["zero-2"])),
+        **{f"adam {kind}{stop}": Job((*ADAM, *SHARDED[kind], *more)) for kind in SHARDED
            for stop, more in (("", ()), (" epoch 1", ("--epochs", "1", "--checkpoint-dir", f"{{folder}}/{kind}")))}},
     4: {"tensor 2x2": Job((*REFERENCE, "--model-parallel", "tensor", "--model-size", "2")),
         "asynchronous": Job((*ASYNCHRONOUS, "--asynchronous", "--staleness", "0"))},
@@ -197,6 +200,14 @@ SETTINGS_REFUSED = [  # (ranks, arguments after SMALL, message); what the table 
                                                         "--asynchronous"),
     (2, ["--asynchronous", "--batch-size", "0"], "--asynchronous needs mini-batches: give --batch-size"),
     (3, ["--dtype", "float16"], "--dtype must be float32 or float64"),
+    *[(2, ["--strategy", "zero", "--zero-stage", "2", *other], "--zero-stage 2 keeps float32 or float64 gradients on "
+       "the CPU") for other in (("--precision", "float16"), ("--device", "gpu"))],
+    *[(2, arguments, message) for arguments, message in [
+        (["--optimizer", "adam", "--momentum", "0.9"], "--momentum is --optimizer momentum's (adam's is --beta1)"),
+        (["--optimizer", "sgd", "--beta1", "0.8", "--eps", "1e-6"], "--beta1, --eps: --optimizer adam's and adamw's"),
+        (["--optimizer", "adam", "--weight-decay", "0.1"], "--weight-decay is --optimizer adamw's"),
+        (["--asynchronous", "--optimizer", "adamw"], "--asynchronous trains with plain SGD"),
+        (["--optimizer", "adamw", "--beta2", "1.5"], "beta2 must be in [0, 1); got 1.5")]],
 ]
 
 
@@ -452,20 +463,20 @@ def test_adamw_with_the_model_split_equals_the_one_rank_adamw_run():
         assert relative_difference(split.params(), reference.params()) <= 1e-10, name
 
 
-def test_adam_stopped_after_epoch_1_on_3_ranks_resumes_with_zero_and_fsdp_on_2_3_and_4_ranks(tmp_path):
-    """ZeRO and FSDP with Adam in float64: a 1-epoch run on 3 ranks leaves its checkpoint (the moments and the step
-    count gathered whole from the ranks' slices); resumed for epoch 2 on 3 ranks it ends bit for bit where the
-    uninterrupted 2-epoch run does, on 2 and 4 ranks (each rank takes its slice of the moments) within 1e-10."""
+def test_adam_stopped_after_epoch_1_on_3_ranks_resumes_with_zero_1_and_2_and_fsdp_on_2_3_and_4_ranks(tmp_path):
+    """ZeRO-1, ZeRO-2 and FSDP with Adam in float64: a 1-epoch run on 3 ranks leaves its checkpoint (the moments and
+    the step count gathered whole from the ranks' slices); resumed for epoch 2 on 3 ranks it ends bit for bit where
+    the uninterrupted 2-epoch run does, on 2 and 4 ranks (each rank takes its slice of the moments) within 1e-10."""
     import shutil
 
     runs = runs_on(3)
     for ranks in (2, 3, 4):
         jobs = {}
-        for kind in ("zero", "fsdp"):
+        for kind in SHARDED:
             stopped = runs[f"adam {kind} epoch 1"]
             assert stopped.returncode == 0 and stopped.stdout.count("epoch 1/1:") == 1, stopped.stderr
             shutil.copytree(stopped.output.parent / kind, tmp_path / f"{kind}-{ranks}")
-            jobs[kind] = Job((*ADAM, "--strategy", kind, "--checkpoint-dir", str(tmp_path / f"{kind}-{ranks}"),
+            jobs[kind] = Job((*ADAM, *SHARDED[kind], "--checkpoint-dir", str(tmp_path / f"{kind}-{ranks}"),
                               "--resume"))
         resumed = jobs_run_once(f"test_train_command-adam-resumed-on-{ranks}", ranks, jobs)
         for kind, run in resumed.items():
@@ -482,12 +493,12 @@ def test_adam_stopped_after_epoch_1_on_3_ranks_resumes_with_zero_and_fsdp_on_2_3
 # -- results compared: each group of jobs runs once per session (JOBS_ON) ---------------------------------------
 
 def test_the_batch_jobs_strategies_equal_the_one_rank_run_and_per_rank_sampling_learns():
-    """allreduce, zero, overlap and fsdp on 3 ranks: the one-rank run's parameters to 1e-10; per-rank sampling:
-    other batches, and it learns."""
+    """allreduce, zero (stages 1 and 2), overlap and fsdp on 3 ranks: the one-rank run's parameters to 1e-10; per-rank
+    sampling: other batches, and it learns."""
     runs, reference = runs_on(3), reference_params()
-    for name in ("allreduce", "zero", "overlap", "fsdp", "per_rank"):
+    for name in ("allreduce", "zero", "zero-2", "overlap", "fsdp", "per_rank"):
         assert runs[name].returncode == 0, runs[name].stderr
-    for name in ("allreduce", "zero", "overlap", "fsdp"):
+    for name in ("allreduce", "zero", "zero-2", "overlap", "fsdp"):
         assert relative_difference(runs[name].params(), reference) <= 1e-10, name
     per_rank = runs["per_rank"].saved()
     assert np.abs(per_rank["params"] - reference).max() > 1e-6 and per_rank["loss"][1] < per_rank["loss"][0]
@@ -687,6 +698,13 @@ REFUSED = [  # (arguments, the kind of training, the option it does not take): e
     ((*LOCAL, "--precision", "float16"), "--local-steps", "--precision"),
     *[(("--strategy", strategy, "--precision", "float16"), f"--strategy {strategy}", "--precision")
       for strategy in ("overlap", "parameter_server", "reduce_broadcast")],
+    *[((*arguments, "--zero-stage", "2"), kind, "--zero-stage") for kind, arguments in [  # (ZeRO's alone)
+        *[(f"--strategy {strategy}", ("--strategy", strategy))
+          for strategy in ("allreduce", "fsdp", "overlap", "parameter_server", "reduce_broadcast")],
+        ("--compression float16/bfloat16/topk", ("--compression", "float16")),
+        ("--compression powersgd", ("--compression", "powersgd", "--rank", "2")), ("--local-steps", LOCAL),
+        ("--asynchronous", ASYNCHRONOUS), *[(f"--model-parallel {kind}", ("--model-parallel", kind))
+                                            for kind in ("tensor", "pipeline")]]],
     # two kinds of training at once: the first in the table's order names the second
     (("--strategy", "fsdp", *ASYNCHRONOUS), "--strategy fsdp", "--asynchronous"),
     (("--strategy", "zero", "--model-parallel", "pipeline"), "--strategy zero", "--model-parallel pipeline"),
@@ -700,6 +718,7 @@ ACCEPTED = [  # what combines, as the lessons run it
     ("--strategy", "fsdp", "--precision", "bfloat16", "--recompute", "2", "--accumulate", "3", "--checkpoint-dir", "x"),
     ("--strategy", "fsdp", "--recompute", "2", "--device", "gpu"),
     ("--strategy", "zero", "--precision", "float16", "--device", "cpu", "--fault", "1:3:raise", "--slow", "1:0.1"),
+    ("--strategy", "zero", "--zero-stage", "2", "--recompute", "2", "--accumulate", "2", "--checkpoint-dir", "x"),
     ("--strategy", "overlap", "--recompute", "2", "--accumulate", "2", "--device", "gpu", "--trace", "t.json"),
     ("--model-parallel", "pipeline", "--schedule", "zb-h1", "--micro-batches", "3", "--trace", "t.json"),
     ("--model-parallel", "tensor", "--model-size", "2", "--sampler", "per_rank", "--device", "gpu"),

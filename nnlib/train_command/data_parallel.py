@@ -70,6 +70,7 @@ def job_parts(args, comm):
     fsdp) on job_device's device, in lesson 12's MixedPrecision or MicroBatched if their options are used."""
     from nnlib.lesson02_network.network import Network
     from nnlib.lesson07_gpu.backend import HostStaging
+    from nnlib.lesson08_inside_allreduce.zero import GradientShardedNetwork
     from nnlib.lesson12_memory.accumulation import MicroBatched
     from nnlib.lesson12_memory.fsdp import FullyShardedNetwork
     from nnlib.lesson12_memory.mixed_precision import MixedPrecision
@@ -78,6 +79,8 @@ def job_parts(args, comm):
     model = dict(output=args.output_layer, dtype=args.dtype, seed=args.seed, device=xp)
     if args.strategy == "fsdp":  # its gathers and reduce-scatters staged, as the gradients of the others
         network = FullyShardedNetwork(HostStaging(comm, xp), layer_sizes, **model)
+    elif args.strategy == "zero" and args.zero_stage == 2:  # (on the CPU: options.option_problems)
+        network = GradientShardedNetwork(comm, layer_sizes, args.output_layer, args.dtype, args.seed)
     else:
         network = Network(layer_sizes, **model)
     if args.precision != "float32":
@@ -124,10 +127,11 @@ def job_strategy(args):
         return compressed(args.compression, args.topk)
     from nnlib.lesson05_data_parallel.data_parallel import STRATEGIES
     from nnlib.lesson08_inside_allreduce.overlap import Overlap
-    from nnlib.lesson08_inside_allreduce.zero import ZeRO
+    from nnlib.lesson08_inside_allreduce.zero import ZeRO, ZeROStage2
     from nnlib.lesson12_memory.fsdp import FullySharded
 
-    return {**STRATEGIES, "zero": ZeRO, "overlap": Overlap, "fsdp": FullySharded}[args.strategy]
+    zero = ZeROStage2 if args.zero_stage == 2 else ZeRO
+    return {**STRATEGIES, "zero": zero, "overlap": Overlap, "fsdp": FullySharded}[args.strategy]
 
 
 def fault_injector(fault, rank):
@@ -163,4 +167,4 @@ def job_results(args, comm, network, test):
         return correct / comm.allreduce(len(local_labels)), params
     if comm.rank != 0:
         return None, None
-    return network.accuracy(*test), network.get_params()
+    return network.accuracy(*test), network.state_dict()["params"]  # (a copy on the host)

@@ -25,6 +25,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Every lesson's options: those of lessons 03-08 and 10 here, the later lessons' in add_later_arguments."""
     parser.add_argument("--strategy", choices=JOB_STRATEGIES, default="allreduce",
                         help="how gradients are combined (zero: ZeRO stages 1-2; overlap: sent during backward)")
+    parser.add_argument("--zero-stage", type=int, choices=(1, 2), default=1,
+                        help="with --strategy zero: 1 shards the optimizer's state; 2 the gradient too, "
+                             "reduce-scattered bucket by bucket during backward")
     parser.add_argument("--sampler", choices=("exact", "per_rank"), default="exact",
                         help="exact: the sequential run's batches; per_rank: each rank samples its own shard")
     parser.add_argument("--epochs", type=int, default=5)
@@ -145,7 +148,8 @@ def parse_slow(text):
 OPTIONS = {"--recompute": lambda args: args.recompute > 0, "--accumulate": lambda args: args.accumulate > 1,
            "--precision": lambda args: args.precision != "float32", "--device": lambda args: args.device != "cpu",
            "--checkpoint-dir": lambda args: bool(args.checkpoint_dir), "--fault": lambda args: args.fault is not None,
-           "--slow": lambda args: args.slow is not None, "--trace": lambda args: bool(args.trace)}
+           "--slow": lambda args: args.slow is not None, "--trace": lambda args: bool(args.trace),
+           "--zero-stage": lambda args: args.zero_stage == 2}
 MEMORY, RUN = ("--recompute", "--accumulate", "--precision"), ("--checkpoint-dir", "--fault", "--slow", "--trace")
 
 #: THE table: the kinds of training the job runs (one at a time), how the arguments show each, and the options
@@ -154,7 +158,7 @@ MEMORY, RUN = ("--recompute", "--accumulate", "--precision"), ("--checkpoint-dir
 #: the overflow verdict (the summed gradient, or one flag Allreduce over ZeRO's slices or FSDP's chunks).
 COMBINES = {
     "--strategy allreduce": (lambda args: False, {*MEMORY, "--device", *RUN}),  # (the default: no other kind)
-    "--strategy zero": (lambda args: args.strategy == "zero", {*MEMORY, "--device", *RUN}),
+    "--strategy zero": (lambda args: args.strategy == "zero", {*MEMORY, "--device", *RUN, "--zero-stage"}),
     "--strategy fsdp": (lambda args: args.strategy == "fsdp", {*MEMORY, "--device", *RUN}),
     "--strategy overlap": (lambda args: args.strategy == "overlap", {*MEMORY[:2], "--device", *RUN}),
     "--strategy parameter_server": (lambda args: args.strategy == "parameter_server", {*MEMORY[:2], "--device", *RUN}),
@@ -249,7 +253,8 @@ def optimizer_problems(args) -> list[tuple[bool, str]]:
         (args.weight_decay is not None and args.optimizer != "adamw",
          f"--weight-decay is --optimizer adamw's (Adam with decoupled weight decay); got --optimizer {args.optimizer}"),
         (args.asynchronous and args.optimizer not in ("sgd", "momentum"),
-         f"--asynchronous trains with plain SGD (lesson 11's server); --optimizer {args.optimizer} does not go with it"),
+         f"--asynchronous trains with plain SGD (lesson 11's server): --optimizer {args.optimizer} does not go with "
+         "it"),
     ]
 
 
@@ -297,6 +302,9 @@ def option_problems(args, ranks: int) -> list[tuple[bool, str]]:
          f"--schedule {args.schedule} needs --model-parallel pipeline"),
         (args.precision != "float32" and args.dtype != "float32",
          f"--precision {args.precision} keeps float32 master weights (--dtype float32)"),
+        (args.zero_stage == 2 and (args.precision != "float32" or args.device != "cpu"),
+         "--zero-stage 2 keeps float32 or float64 gradients on the CPU (lesson 08's buckets); with --precision or "
+         "--device gpu use --zero-stage 1"),
         (args.precision == "bfloat16" and args.device != "cpu",
          "--precision bfloat16 needs --device cpu (CuPy has no bfloat16 arrays); on a GPU use --precision float16"),
     ]
