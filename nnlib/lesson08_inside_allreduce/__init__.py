@@ -2,7 +2,7 @@
 
     allreduce  the ring, recursive doubling and reduce-then-broadcast, from Sendrecv
     counting   a communicator that counts the bytes each collective makes this rank send
-    zero       ZeRO stage 1 (with stage 2's reduce-scatter): each rank updates one slice of the parameters
+    zero       ZeRO stages 1 and 2: each rank updates one slice of the parameters (stage 2: holds one of the gradient)
     overlap    gradients sent by layer buckets while backpropagation goes on (PyTorch DDP)
     sampling   which samples each rank computes: the sequential batch, or its own
     waiting    a step's communication time split into waiting and transfer

@@ -18,7 +18,7 @@ from nnlib.lesson05_data_parallel import shard, train_parallel
 from nnlib.lesson05_data_parallel.data_parallel import Allreduce
 from nnlib.lesson08_inside_allreduce.counting import ring_bytes
 from nnlib.lesson08_inside_allreduce.sampling import PerRankBatches
-from nnlib.lesson08_inside_allreduce.zero import ZeRO
+from nnlib.lesson08_inside_allreduce.zero import GradientShardedNetwork, ZeRO, ZeROStage2
 from nnlib.lesson09_model_parallel.memory import rank_bytes
 from nnlib.lesson09_model_parallel.pipeline import PipelineMLP
 from nnlib.lesson09_model_parallel.tensor import TensorParallelMLP
@@ -125,9 +125,16 @@ def budgets(comm) -> dict:
             for name, (peak, held) in measured.items()}
 
 
-#: ZeRO's stages as this code has them: 0 lesson 05's Allreduce, 1 and 2 lesson 08's ZeRO (its stage 2 sends stage 2's
-#: messages but every rank still holds the whole gradient: stage 1's memory), 3 FSDP
-ZERO_STAGES = {0: Allreduce, 1: ZeRO, 2: ZeRO, 3: FullySharded}
+#: ZeRO's stages as this code has them: 0 lesson 05's Allreduce, 1 and 2 lesson 08's ZeRO and ZeROStage2, 3 FSDP
+ZERO_STAGES = {0: Allreduce, 1: ZeRO, 2: ZeROStage2, 3: FullySharded}
+
+
+def adam_network(comm, stage: int, precision: str):
+    """SIZES' network as ZeRO ``stage`` trains it, float32 or mixed ``precision`` (stage 2: float32 only)."""
+    if stage == 2:
+        return GradientShardedNetwork(comm, SIZES, dtype="float32", seed=1)
+    network = FullyShardedNetwork(comm, SIZES, dtype="float32", seed=1) if stage == 3 else Network(SIZES, seed=1)
+    return network if precision == "float32" else MixedPrecision(network, precision=precision)
 
 
 def adam_bytes(comm, stage: int, precision: str = "float32") -> dict:
@@ -139,8 +146,7 @@ def adam_bytes(comm, stage: int, precision: str = "float32") -> dict:
     for _ in range(2):  # (the first build warms up what is made once per process)
         tracemalloc.start()
         began = tracemalloc.get_traced_memory()[0]
-        network = FullyShardedNetwork(comm, SIZES, dtype="float32", seed=1) if stage == 3 else Network(SIZES, seed=1)
-        network = network if precision == "float32" else MixedPrecision(network, precision=precision)
+        network = adam_network(comm, stage, precision)
         built = tracemalloc.get_traced_memory()[0]
         optimizer = ZERO_STAGES[stage](comm, network).optimizer(network, make)  # (kept while it is measured)
         held = {"weights and gradients": built - began, "optimizer state": tracemalloc.get_traced_memory()[0] - built}
@@ -150,11 +156,10 @@ def adam_bytes(comm, stage: int, precision: str = "float32") -> dict:
 
 
 def adam_model(stage: int, precision: str, ranks: int) -> dict:
-    """This code's bytes per parameter for :func:`adam_bytes` (float32 values; mixed: the float32 master and gradient,
-    low weights, low gradients, float32 under FSDP), and the ZeRO paper's total with K = 12 (float16 weights and
-    gradients, 2 + 2 bytes; float32 master, momentum and variance, K = 12 bytes, sharded from stage 1 on)."""
-    model = {"float32": 4 + 4, "float16": 4 + 4 + 2 + 2, "bfloat16": 4 + 4 + 2 + 2}[precision]
-    model += 2 if stage == 3 and precision != "float32" else 0  # (FSDP's low gradient chunks are float32)
+    """This code's bytes per parameter for :func:`adam_bytes` (float32: weights 4, gradient 4; mixed adds the low
+    weights and gradient, 2 + 2, and FSDP keeps the low gradient's chunks in float32, 4), and the ZeRO paper's total
+    with K = 12 (float16 weights and gradients, 2 + 2; float32 master, momentum and variance, K = 12)."""
+    weights, gradients = (4, 4) if precision == "float32" else (4 + 2, 4 + (4 if stage == 3 else 2))
     paper = [2 + 2 + 12, 2 + 2 + 12 / ranks, 2 + (2 + 12) / ranks, (2 + 2 + 12) / ranks][stage]
-    return {"weights and gradients": model / (ranks if stage == 3 else 1),
-            "optimizer state": 8 / (ranks if stage else 1), "ZeRO paper's total": paper}
+    held = weights / (ranks if stage == 3 else 1) + gradients / (ranks if stage >= 2 else 1)  # (sharded from stage 3, 2)
+    return {"weights and gradients": held, "optimizer state": 8 / (ranks if stage else 1), "ZeRO paper's total": paper}
