@@ -75,24 +75,29 @@ def check_settings(size: int, settings: Settings, staleness, slow) -> None:
         raise raised_on_every_rank(ValueError("; ".join(problems)))
 
 
-def asynchronous_problems(size: int, settings: Settings, staleness, slow) -> list[str]:
-    """What is wrong for asynchronous training in particular (an empty list if nothing)."""
+#: How asynchronous_problems names what it checks (the batch job passes its flags instead)
+NAMES = dict(asynchronous="asynchronous training", batch_size="batch_size", staleness="the staleness bound",
+             unbounded="None", slow="a slowed rank", delay="the delay of slowed rank")
+
+
+def asynchronous_problems(size: int, settings: Settings, staleness, slow, names=NAMES) -> list[str]:
+    """What is wrong for asynchronous training in particular (an empty list if nothing), in ``names``' words."""
     problems = []
     if size < 2:
-        problems.append(f"asynchronous training needs a server and at least one worker: 2 or more ranks, got {size}")
+        problems.append(f"{names['asynchronous']} needs a server and at least one worker: 2 or more ranks, got {size}")
     if settings.batch_size is None:
-        problems.append("asynchronous training needs mini-batches: give batch_size (the global batch)")
+        problems.append(f"{names['asynchronous']} needs mini-batches: give {names['batch_size']} (the global batch)")
     if callable(settings.learning_rate):
-        problems.append("asynchronous training takes a constant learning_rate, not a schedule")
+        problems.append(f"{names['asynchronous']} takes a constant learning_rate, not a schedule")
     if staleness is not None and (not isinstance(staleness, (int, np.integer)) or isinstance(staleness, bool)
                                   or staleness < 0):
-        problems.append(f"the staleness bound must be a whole number of steps, 0 or more (or None: unbounded); "
-                        f"got {staleness!r}")
+        problems.append(f"{names['staleness']} must be a whole number of steps, 0 or more (or {names['unbounded']}: "
+                        f"unbounded); got {staleness!r}")
     for rank, seconds in (slow or {}).items():
         if not (isinstance(rank, (int, np.integer)) and 1 <= rank < max(size, 2)):
-            problems.append(f"a slowed rank must be a worker, 1 to {size - 1}; got {rank!r}")
+            problems.append(f"{names['slow']} must be a worker, 1 to {size - 1}; got {rank!r}")
         if not (isinstance(seconds, (int, float)) and 0 <= seconds < 60):
-            problems.append(f"the delay of slowed rank {rank} must be 0 to 60 seconds per step; got {seconds!r}")
+            problems.append(f"{names['delay']} {rank} must be 0 to 60 seconds per step; got {seconds!r}")
     return problems
 
 

@@ -38,16 +38,18 @@ DEFAULT_OUTER_LEARNING_RATE = {"average": 1.0, "nesterov": 0.7}  # the outer opt
 DILOCO_MOMENTUM = 0.9
 
 
-def check_local_sgd(local_steps, outer: str, outer_learning_rate, outer_momentum) -> list[str]:
-    """What is wrong with these settings (an empty list if nothing); the same verdict on every rank."""
+def check_local_sgd(local_steps, outer: str, outer_learning_rate, outer_momentum,
+                    names=("the local steps H", "the outer learning rate")) -> list[str]:
+    """What is wrong with these settings (an empty list if nothing), naming H and the outer rate as ``names`` say;
+    the same verdict on every rank."""
     problems = []
     if not is_whole(local_steps) or local_steps < 1:
-        problems.append(f"the local steps H must be a whole number, 1 or more; got {local_steps!r}")
+        problems.append(f"{names[0]} must be a whole number, 1 or more; got {local_steps!r}")
     if outer not in DEFAULT_OUTER_LEARNING_RATE:
         problems.append(f"the outer optimizer must be one of {', '.join(DEFAULT_OUTER_LEARNING_RATE)}; got {outer!r}")
     if outer_learning_rate is not None and not (isinstance(outer_learning_rate, (int, float))
                                                 and 0 < outer_learning_rate < float("inf")):
-        problems.append(f"the outer learning rate must be a positive number; got {outer_learning_rate!r}")
+        problems.append(f"{names[1]} must be a positive number; got {outer_learning_rate!r}")
     if not 0 <= outer_momentum < 1:
         problems.append(f"the outer momentum must be in [0, 1); got {outer_momentum!r}")
     return problems

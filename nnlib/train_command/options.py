@@ -207,38 +207,29 @@ def check_settings(args, ranks: int):
                         **dict(dict(weight_decay=0.01) if args.optimizer == "adamw" else {}, **adam))
     problems = [message for wrong, message in optimizer_problems(args) if wrong] or settings.problems()
     problems += [message for wrong, message in option_problems(args, ranks) if wrong]
-    problems += [in_flags(problem) for problem in lesson_11_problems(args, settings, ranks)]
+    problems += lesson_11_problems(args, settings, ranks)
     problem = problems[0] if problems else combination_problem(args)
     if problem:
         raise ValueError(problem)
     return settings
 
 
-# The lessons' names for what the job's flags set, as a command-line user reads them (lesson 11's checks).
-FLAG_NAMES = (("asynchronous training needs", "--asynchronous needs"), ("give batch_size", "give --batch-size"),
-              ("the staleness bound", "--staleness"),
-              ("(or None: unbounded)", "(or leave it out: unbounded)"), ("a slowed rank", "--slow's rank"),
-              ("the delay of slowed rank", "--slow's delay for rank"), ("the local steps H", "--local-steps H"),
-              ("the outer learning rate", "--outer-learning-rate"))
-
-
-def in_flags(problem: str) -> str:
-    """``problem`` with the lessons' names for settings replaced by the job's flags (FLAG_NAMES)."""
-    for name, flag in FLAG_NAMES:
-        problem = problem.replace(name, flag)
-    return problem
+#: lesson 11's checks, in the job's words: its flags
+FLAGS = dict(asynchronous="--asynchronous", batch_size="--batch-size", staleness="--staleness",
+             unbounded="leave it out", slow="--slow's rank", delay="--slow's delay for rank")
 
 
 def lesson_11_problems(args, settings, ranks: int) -> list[str]:
-    """What lesson 11's own checks refuse in --asynchronous's and --local-steps' values (in its words)."""
+    """What lesson 11's own checks refuse in --asynchronous's and --local-steps' values, naming the flags."""
     from nnlib.lesson11_beyond_sync.asynchronous import asynchronous_problems
     from nnlib.lesson11_beyond_sync.local_sgd import DILOCO_MOMENTUM, check_local_sgd
 
     problems = []
     if args.asynchronous:
-        problems += asynchronous_problems(ranks, settings, args.staleness, parse_slow(args.slow))
+        problems += asynchronous_problems(ranks, settings, args.staleness, parse_slow(args.slow), FLAGS)
     if args.local_steps is not None:
-        problems += check_local_sgd(args.local_steps, args.outer_optimizer, args.outer_learning_rate, DILOCO_MOMENTUM)
+        problems += check_local_sgd(args.local_steps, args.outer_optimizer, args.outer_learning_rate, DILOCO_MOMENTUM,
+                                    ("--local-steps H", "--outer-learning-rate"))
     return problems
 
 
