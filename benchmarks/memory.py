@@ -8,7 +8,7 @@ reports the time per step; the R rounds (default 3) interleave every case, so a 
 hits them alike. Printed: the median over the rounds (with its range) and its ratio to the plain
 ``Allreduce`` on the same network and dtype:
 
-* a wide network, float64: ZeRO stage 1 with stage 2's communication (lesson 08), FSDP (ZeRO-3),
+* a wide network, float64: ZeRO stage 1 (lesson 08), FSDP (ZeRO-3),
   gradient accumulation in 4 micro-batches;
 * the same in float32, and in mixed precision (float16 storage, float32 products, loss scaling);
 * a deep narrow network (16 layers), float64: activation recomputation with a checkpoint every k = 2

@@ -123,6 +123,15 @@ def test_fsdp_in_mixed_precision_on_one_rank_is_the_unsharded_run(precision):
     comm.Free()
 
 
+def test_a_loss_scaler_is_refused_where_rank_0_alone_updates():
+    """parameter_server and reduce_broadcast update on rank 0 only: a scaler there would judge on rank 0 alone."""
+    mixed = MixedPrecision(Network(SIZES, seed=1))
+    for strategy in ("parameter_server", "reduce_broadcast"):
+        with pytest.raises(ValueError, match=f"a loss scaler needs every rank to update .*; {strategy} updates on"):
+            train_parallel(MPI.COMM_WORLD, mixed, INPUTS, LABELS, num_samples=203, start=0, strategy=strategy,
+                           scaler=mixed.scaler, epochs=1, learning_rate=0.1)
+
+
 def train_checkpointed(folder=None, resume=False, fail_at=None, sharded=False, precision="float16"):
     """Mixed-precision training on one rank from a loss scale that overflows at first and grows every 4 good steps
     (so the scaler's state matters), with checkpoints every 5 steps; stopped after step ``fail_at``."""
@@ -145,7 +154,8 @@ def train_checkpointed(folder=None, resume=False, fail_at=None, sharded=False, p
 @pytest.mark.parametrize("sharded", [False, True], ids=["allreduce", "fsdp"])
 def test_a_resumed_mixed_precision_run_is_bit_identical_to_an_uninterrupted_one(tmp_path, sharded):
     expected, expected_history = train_checkpointed(sharded=sharded)
-    assert expected.scaler.skipped >= 1 and expected.loss_scale not in (2.0 ** 24, 2.0 ** 24 / 2 ** expected.scaler.skipped)
+    skipped = expected.scaler.skipped
+    assert skipped >= 1 and expected.loss_scale not in (2.0 ** 24, 2.0 ** 24 / 2 ** skipped)
     folder = CheckpointFolder(tmp_path, every=5)
     with pytest.raises(RuntimeError, match="stopped on purpose"):
         train_checkpointed(folder, fail_at=22, sharded=sharded)  # mid second epoch (13 steps per epoch)

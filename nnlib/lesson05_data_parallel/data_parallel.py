@@ -250,6 +250,8 @@ def train_parallel(comm, network, local_inputs, local_labels, *, num_samples: in
     options = {name: keywords.pop(name, default) for name, default in OPTIONS.items()}
     settings = Settings.from_keywords(settings, keywords, others=OPTIONS)
     sync, problem = make_sync(comm, network, options["strategy"])
+    if options["scaler"] is not None and isinstance(sync, RootUpdates):  # (its verdict would be rank 0's alone)
+        problem = f"a loss scaler needs every rank to update (allreduce, ZeRO, FSDP); {sync.name} updates on rank 0"
     validation = None if options["validation"] is None else tuple(map(network.xp.asarray, options["validation"]))
     problems = check_run(comm, network, local_inputs, local_labels, num_samples, settings, validation)
     fail_together(comm, "; ".join(problems + ([problem] if problem else [])) or None)

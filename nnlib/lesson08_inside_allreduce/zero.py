@@ -11,14 +11,14 @@ divide the number of parameters, as ``collectives.split_counts``) and, per step:
 
 :class:`ZeRO` (stage 1) computes the whole local gradient g, then reduce-scatters it: ZeRO sends the same bytes as
 the ``allreduce`` strategy, steps 1 and 3 being the two halves of the ring (allreduce.py). :class:`ZeROStage2`
-trains a :class:`GradientShardedNetwork`, whose backpropagation computes g in buckets of at most Psi / (4P)
-parameters (row blocks of dJ/dW_l, then dJ/db_l) and reduce-scatters each bucket to the ranks whose slices it
-covers as soon as it is computed (MPI's Reduce_scatter with uneven counts, most of them 0), then drops it: a rank
-holds its slice g_r and one bucket. With gradient accumulation every micro-batch's buckets are sent and added into
-g_r (stage 1 and data parallelism send once per step, after the last micro-batch; stage 2 gives that up, having no
-whole gradient to add into). Each slice is updated by the run's optimizer (nnlib.lesson03_training.optimizers),
-element-wise as on the whole vector, so both equal the ``allreduce`` strategy up to the order in which MPI adds the
-ranks' gradients (within 1e-10 in float64; tests/mpi/check_parallel.py).
+trains a :class:`GradientShardedNetwork`, whose backpropagation computes g in buckets of at most Psi / (4P) values,
+or one row of W_l where a row is longer (row blocks of dJ/dW_l, then dJ/db_l), and reduce-scatters each bucket to
+the ranks whose slices it covers as soon as it is computed (MPI's Reduce_scatter with uneven counts, most of them
+0), then drops it: a rank holds its slice g_r and one bucket. With gradient accumulation every micro-batch's buckets
+are sent and added into g_r (stage 1 and data parallelism send once per step, after the last micro-batch; stage 2
+gives that up, having no whole gradient to add into). Each slice is updated by the run's optimizer
+(nnlib.lesson03_training.optimizers), element-wise as on the whole vector, so both equal the ``allreduce`` strategy
+up to the order in which MPI adds the ranks' gradients (within 1e-10 in float64; tests/mpi/check_parallel.py).
 
 ``train_parallel(..., strategy=ZeRO)`` trains this way; ``train_parallel(GradientShardedNetwork(comm, ...), ...,
 strategy=ZeROStage2)`` at stage 2.
@@ -96,8 +96,9 @@ class BucketLayer(Layer):
 class GradientShardedNetwork(LayerStack):
     """Lesson 02's network for ZeRO stage 2 on ``comm``'s ranks: the whole parameters (as at stage 1), but ``grads``
     is this rank's slice [s_r, e_r) of the gradient only (rank_slice), filled during backpropagation by
-    :class:`BucketLayer` (buckets of at most Psi / (4P) values). layer_sizes, output, dtype, seed: as lesson 02's
-    Network (the same starting weights). Its backward is collective: every rank makes it at once, in one piece."""
+    :class:`BucketLayer` (buckets of at most Psi / (4P) values, or a row). layer_sizes, output, dtype, seed: as
+    lesson 02's Network (the same starting weights). Its backward is collective: every rank makes it at once, in one
+    piece."""
 
     def __init__(self, comm, layer_sizes, output: str = "sigmoid", dtype="float64", seed: int = 0):
         whole = Network(layer_sizes, output, dtype, seed)  # (its checks and weights; its whole gradient is dropped)

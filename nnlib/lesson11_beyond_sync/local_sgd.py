@@ -2,8 +2,9 @@
 
 Data parallelism talks at every step. Local SGD (Stich 2019; Lin et al. 2020) and DiLoCo (Douillard
 et al. 2023) talk once per *round* of H steps. Every rank starts the round from the same parameters x
-(n,), the *anchor*, and takes H inner steps on its own batches (plain SGD or SGD with momentum, each
-rank with its own velocity); then one Allreduce of n numbers and the outer step, the same on every rank::
+(n,), the *anchor*, and takes H inner steps on its own batches (the run's optimizer, each rank with its
+own state: SGD's velocity, Adam's moments); then one Allreduce of n numbers and the outer step, the same on every
+rank::
 
     inner, on rank r alone:   x_r <- x_r - eta P g_r          (H times; momentum as in lesson 03)
     outer gradient:           D = (1 / P) sum_r (x - x_r)     (one Allreduce)
@@ -84,7 +85,7 @@ class LocalSGD(DataParallel):
         self.outer_learning_rate = float(outer_learning_rate or DEFAULT_OUTER_LEARNING_RATE[outer])
         kind = "DiLoCo" if outer == "nesterov" else "local SGD"
         self.name = f"{kind} (H = {self.local_steps}, outer rate {self.outer_learning_rate:g})"
-        self.kept_between_steps = "local SGD's anchor, outer momentum and each rank's own velocity"
+        self.kept_between_steps = "local SGD's anchor, outer momentum and each rank's own optimizer state"
         self.anchor, self.velocity, self.steps_in_round, self.rounds = None, None, 0, 0
 
     def begin(self, run) -> None:

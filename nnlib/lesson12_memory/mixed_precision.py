@@ -12,7 +12,7 @@ Per step, with the loss scale S and the low precision ``low`` (float16, or bfloa
                                        the ranks by the sync in float32)
     overflow (an inf or NaN in the summed grads on any rank, or S |grads| beyond the low range: the sum
               itself would overflow, whichever pieces it was added from):  skip the step, S <- S / 2
-    otherwise:  SGD on the float32 master;  after every ``growth_interval`` good steps in a row, S <- 2 S
+    otherwise:  the optimizer's step on the float32 master;  after ``growth_interval`` good steps in a row, S <- 2 S
 
 Why scale: float16's smallest subnormal is 2^-24 (about 6e-8), and a gradient below half of it
 rounds to 0 (:func:`underflow_per_layer` counts them, layer by layer). Scaling moves the gradients

@@ -274,10 +274,11 @@ def test_mixed_precision_ranks_skip_together_and_hold_the_same_weights():
 
 class GradientAtEachBucket:
     """``comm``, noting at every Reduce_scatter (a bucket of ZeRO stage 2 on its way: the most gradient a rank holds
-    at once) the bytes of NumPy's arrays that tracemalloc counts as allocated by nnlib's zero.py: g_r and the bucket."""
+    at once) the bytes of NumPy's arrays that tracemalloc counts as allocated by nnlib's zero.py (g_r and the bucket),
+    and how many arrays of any file are as long as the whole parameter vector (the parameters: one)."""
 
-    def __init__(self, comm):
-        self.comm, self.held = comm, []
+    def __init__(self, comm, whole_bytes: int):
+        self.comm, self.whole_bytes, self.held, self.wholes = comm, whole_bytes, [], []
 
     def __getattr__(self, name):
         return getattr(self.comm, name)
@@ -285,9 +286,10 @@ class GradientAtEachBucket:
     def Reduce_scatter(self, *arguments, **keywords):
         from nnlib.lesson08_inside_allreduce import zero
 
-        snapshot = tracemalloc.take_snapshot().filter_traces([tracemalloc.Filter(True, zero.__file__)])
-        snapshot = snapshot.filter_traces([tracemalloc.DomainFilter(True, np.lib.tracemalloc_domain)])  # (arrays)
-        self.held.append(sum(statistic.size for statistic in snapshot.statistics("filename")))
+        arrays = tracemalloc.take_snapshot().filter_traces([tracemalloc.DomainFilter(True, np.lib.tracemalloc_domain)])
+        self.held.append(sum(trace.size for trace in arrays.filter_traces([tracemalloc.Filter(True, zero.__file__)])
+                             .traces))
+        self.wholes.append(sum(trace.size == self.whole_bytes for trace in arrays.traces))  # (from any file)
         return self.comm.Reduce_scatter(*arguments, **keywords)
 
 
@@ -300,7 +302,7 @@ def test_zero_stage_2_holds_its_slice_of_the_gradient_and_one_bucket():
     rng = np.random.default_rng(2)
     inputs, labels = rng.random((301, 784)), rng.integers(0, 10, 301)
     local_inputs, local_labels, start = shard(comm, inputs if rank == 0 else None, labels if rank == 0 else None)
-    watched = GradientAtEachBucket(comm)
+    watched = GradientAtEachBucket(comm, (784 * 128 + 128 + 128 * 10 + 10) * 8)
     tracemalloc.start()
     try:
         network = GradientShardedNetwork(watched, (784, 128, 10), seed=4)
@@ -310,6 +312,8 @@ def test_zero_stage_2_holds_its_slice_of_the_gradient_and_one_bucket():
         tracemalloc.stop()
     bound = (1 / size + 1 / (4 * size)) * network.num_params * 8
     assert watched.held and max(watched.held) <= bound, (max(watched.held), bound)
+    # no whole gradient anywhere: only the whole parameters (on one rank the slice and the velocity are whole too)
+    assert set(watched.wholes) == {1 if size > 1 else 3}, watched.wholes
     expected = Network((784, 128, 10), dtype="float64", seed=4)
     train(expected, inputs, labels, progress=False, epochs=1, learning_rate=0.1, batch_size=100, momentum=0.9)
     assert relative_error(network.params, expected.params) <= 1e-10

@@ -219,20 +219,34 @@ def check_zero_stage_2_equals_sequential_and_holds_only_its_slice_of_the_gradien
     from nnlib.lesson08_inside_allreduce.zero import GradientShardedNetwork, ZeROStage2, rank_slice
     from nnlib.lesson12_memory.accumulation import MicroBatched
 
+    class Buckets:  # comm, with the length of every bucket it reduce-scatters
+        def __init__(self):
+            self.sizes = []
+
+        def __getattr__(self, name):
+            return getattr(comm, name)
+
+        def Reduce_scatter(self, values, *arguments, **keywords):
+            self.sizes.append(values.size)
+            return comm.Reduce_scatter(values, *arguments, **keywords)
+
     local_inputs, local_labels, start = shard(comm, INPUTS if rank == 0 else None, LABELS if rank == 0 else None)
+    buckets = Buckets()
     for settings in (dict(epochs=3, learning_rate=0.5), dict(epochs=2, learning_rate=0.5, batch_size=64, momentum=0.9,
                      seed=5), dict(epochs=2, learning_rate=0.01, batch_size=64, optimizer="adam", seed=5),
                      dict(epochs=2, learning_rate=0.01, batch_size=64, optimizer="adamw", weight_decay=0.5, seed=5)):
         expected = sequential("float64", **settings)
         for micro_batches in (1, 3):
-            network = GradientShardedNetwork(comm, (12, 7, 4), dtype="float64", seed=3)
+            network = GradientShardedNetwork(buckets, (12, 7, 4), dtype="float64", seed=3)
             train_parallel(comm, MicroBatched(network, micro_batches), local_inputs, local_labels, num_samples=N,
                            start=start, strategy=ZeROStage2, **settings)
             error = float(np.abs(network.params - expected).max() / np.abs(expected).max())
             assert error <= 1e-10, f"ZeRO-2, {micro_batches} micro-batches, {settings}: relative error {error:.2e}"
             assert np.array_equal(network.params, comm.bcast(network.params if rank == 0 else None))
     mine = rank_slice(network.num_params, size, rank)
-    assert network.grads.shape == (mine.stop - mine.start,) and network.bucket == network.num_params // (4 * size)
+    assert network.grads.shape == (mine.stop - mine.start,)
+    assert network.bucket == max(1, network.num_params // (4 * size))
+    assert max(buckets.sizes) <= max(network.bucket, 7), (max(buckets.sizes), network.bucket)  # (or one row of W)
     expect_error_everywhere(lambda: train_parallel(comm, Network((12, 7, 4)), local_inputs, local_labels,
                                                    num_samples=N, start=start, strategy=ZeROStage2, epochs=1,
                                                    learning_rate=0.1),
