@@ -112,9 +112,7 @@ class GradientShardedNetwork(LayerStack):
                   in views]
         grads = whole.xp.zeros(mine.stop - mine.start, whole.dtype)  # g_r only
         super().__init__(whole.layer_sizes, output, layers, whole.params, grads, whole.xp)
-
-    def chunks(self, num_samples: int):
-        return [(0, num_samples)]  # one piece: every rank makes the same collective calls, whatever its rows
+        self.chunk_size = None  # one piece, whatever the rows: every rank makes the same collective calls
 
     def reduce_to_owners(self, start: int, values, accumulate: bool) -> None:
         """The sum over ranks of ``values`` (a bucket: the flat gradient's [start, start + values.size)), each rank

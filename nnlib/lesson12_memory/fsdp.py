@@ -144,11 +144,7 @@ class FullyShardedNetwork(LayerStack):
                                activation, self.log) for layer, (shape, activation) in enumerate(zip(shapes, activations))]
         super().__init__(layer_sizes, output, layers, params, grads, xp)
         self.total_params = parameter_offsets(shapes)[-1]
-
-    def chunks(self, num_samples: int):
-        """One piece, whatever the rows: every rank must make the same collective calls, and ranks hold
-        different numbers of rows."""
-        return [(0, num_samples)]
+        self.chunk_size = None  # one piece, whatever the rows: every rank makes the same collective calls
 
     def full_params(self) -> np.ndarray:
         """The whole flat vector [W_1, b_1, ...] (num_params of the unsharded network), on every rank (collective)."""
