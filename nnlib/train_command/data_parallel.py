@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 
-from nnlib.train_command.options import TRACE_STEPS, memory_options_used, parse_fault, parse_slow
+from nnlib.train_command.options import TRACE_STEPS, kinds_of, memory_options_used, parse_fault, parse_slow
 from nnlib.train_command.reports import announce, report, save_trace, sent_arrays
 
 LESSON = 13
@@ -112,16 +112,18 @@ def job_device(args, comm):
 
 
 def job_strategy(args):
-    """What train_parallel takes for --strategy, --compression and --local-steps."""
-    if args.local_steps is not None:
+    """What train_parallel takes for the job's kind of training (options.kinds_of): --strategy, --compression or
+    --local-steps."""
+    kind = kinds_of(args)[0]
+    if kind == "--local-steps":
         from nnlib.lesson11_beyond_sync.local_sgd import local_sgd
 
         return local_sgd(args.local_steps, args.outer_optimizer, args.outer_learning_rate)
-    if args.compression == "powersgd":
+    if kind == "--compression powersgd":
         from nnlib.lesson11_beyond_sync.powersgd import powersgd
 
         return powersgd(args.rank, seed=args.seed)
-    if args.compression != "none":
+    if kind.startswith("--compression"):
         from nnlib.lesson11_beyond_sync.compression import compressed
 
         return compressed(args.compression, args.topk)

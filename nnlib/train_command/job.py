@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from nnlib.train_command.data_parallel import data_parallel_job, job_device
-from nnlib.train_command.options import check_settings, parse_slow
+from nnlib.train_command.options import check_settings, kinds_of, parse_slow
 from nnlib.train_command.reports import report, save_output, save_trace
 
 LESSON = 13
@@ -82,9 +82,10 @@ def train_job(args) -> int:
     except ValueError as problem:
         raise raised_on_every_rank(problem) from None
     data, test = load_data(args, comm)
-    if args.model_parallel != "none":
+    kind = kinds_of(args)[0]
+    if kind.startswith("--model-parallel"):
         return model_parallel_job(args, comm, settings, data, test)
-    if args.asynchronous:
+    if kind == "--asynchronous":
         return asynchronous_job(args, comm, settings, data, test)
     return data_parallel_job(args, comm, settings, data, test)
 

@@ -173,10 +173,16 @@ COMBINES = {
 }
 
 
+def kinds_of(args) -> list[str]:
+    """The kinds of training the arguments ask for, in COMBINES's order (none: the default, --strategy allreduce): the
+    one place the job decides what it runs (the first; check_settings refuses a second)."""
+    return [kind for kind, (used, _) in COMBINES.items() if used(args)] or ["--strategy allreduce"]
+
+
 def combination_problem(args) -> str | None:
     """The one message for a combination COMBINES does not hold (None if it holds them all): which two options,
     and what combines: one kind of training at a time, and the options that kind takes."""
-    kinds = [kind for kind, (used, _) in COMBINES.items() if used(args)] or ["--strategy allreduce"]
+    kinds = kinds_of(args)
     takes = COMBINES[kinds[0]][1]
     refused = kinds[1:] + [option for option, used in OPTIONS.items() if used(args) and option not in takes]
     if not refused:
