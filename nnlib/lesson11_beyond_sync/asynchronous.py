@@ -68,13 +68,6 @@ class AsyncHistory:
     largest_lead: int = 0
 
 
-def check_settings(size: int, settings: Settings, staleness, slow) -> None:
-    """Raise the same ValueError on every rank (the checks use only arguments every rank has)."""
-    problems = settings.problems() + asynchronous_problems(size, settings, staleness, slow)
-    if problems:
-        raise raised_on_every_rank(ValueError("; ".join(problems)))
-
-
 #: How asynchronous_problems names what it checks (the batch job passes its flags instead)
 NAMES = dict(asynchronous="asynchronous training", batch_size="batch_size", staleness="the staleness bound",
              unbounded="None", slow="a slowed rank", delay="the delay of slowed rank")
@@ -117,7 +110,9 @@ def train_async(comm, network, inputs, labels, settings: Settings | None = None,
     :class:`AsyncHistory`, the workers None.
     """
     settings = Settings.from_keywords(settings, keywords)
-    check_settings(comm.size, settings, staleness, slow)
+    problems = settings.problems() + asynchronous_problems(comm.size, settings, staleness, slow)  # (every rank's own)
+    if problems:  # the same verdict on every rank: the checks read only what every rank has
+        raise raised_on_every_rank(ValueError("; ".join(problems)))
     comm = watch(comm)  # the run's own communicator; every message below has a deadline
     with comm.guard():
         workers = comm.size - 1

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import tracemalloc
 
-import numpy as np
-
 from nnlib import Network, train
 from nnlib.lesson02_network.network import count_parameters
 from nnlib.lesson03_training.training import Settings
@@ -19,6 +17,7 @@ from nnlib.lesson05_data_parallel.data_parallel import Allreduce
 from nnlib.lesson08_inside_allreduce.counting import ring_bytes
 from nnlib.lesson08_inside_allreduce.sampling import PerRankBatches
 from nnlib.lesson08_inside_allreduce.zero import GradientShardedNetwork, ZeRO, ZeROStage2
+from nnlib.lesson09_model_parallel.bubbles import random_batch
 from nnlib.lesson09_model_parallel.memory import rank_bytes
 from nnlib.lesson09_model_parallel.pipeline import PipelineMLP
 from nnlib.lesson09_model_parallel.tensor import TensorParallelMLP
@@ -71,12 +70,6 @@ def measured_peak(build, step) -> tuple:
         tracemalloc.stop()
 
 
-def random_batches(rows: int = BUDGET_ROWS, dtype="float64"):
-    """Two global batches of ``rows`` random samples for BUDGET_SIZES: (inputs, labels)."""
-    rng = np.random.default_rng(0)
-    return rng.random((2 * rows, BUDGET_SIZES[0])).astype(dtype), rng.integers(0, BUDGET_SIZES[-1], 2 * rows)
-
-
 def data_parallel_peak(comm, case, rows: int = BUDGET_ROWS) -> tuple:
     """(tracemalloc's peak on this rank, predicted_bytes) over two data-parallel steps of ``rows`` samples on
     BUDGET_SIZES: ``case`` = (strategy, recompute every, micro-batches, precision). Each rank takes its
@@ -84,7 +77,7 @@ def data_parallel_peak(comm, case, rows: int = BUDGET_ROWS) -> tuple:
     strategy, every, micro_batches, precision = case
     mixed = precision in ("float16", "bfloat16")
     dtype = "float32" if mixed else precision
-    batches = random_batches(rows, dtype)  # on every rank: NumPy's generators set themselves up before the count
+    batches = random_batch(BUDGET_SIZES, 2 * rows, dtype, 0)  # on every rank: NumPy's generators set up uncounted
     local_inputs, local_labels, start = shard(comm, *(batches if comm.rank == 0 else (None, None)))
 
     def build():
@@ -107,7 +100,7 @@ def model_parallel_peak(comm, case, rows: int = BUDGET_ROWS) -> tuple:
     every rank on the whole batch (lesson 03's train): ``case`` = ("tensor", None, 1) for a TensorParallelMLP,
     ("pipeline", schedule, micro-batches) for a PipelineMLP stage."""
     kind, schedule, micro_batches = case
-    inputs, labels = random_batches(rows)
+    inputs, labels = random_batch(BUDGET_SIZES, 2 * rows, "float64", 0)  # (two global batches)
     build = ((lambda: TensorParallelMLP(comm, BUDGET_SIZES, seed=2)) if kind == "tensor" else
              (lambda: PipelineMLP(comm, BUDGET_SIZES, seed=2, micro_batches=micro_batches, schedule=schedule)))
     peak, _ = measured_peak(build, lambda network: train(network, inputs, labels, progress=False, epochs=1,
@@ -161,5 +154,5 @@ def adam_model(stage: int, precision: str, ranks: int) -> dict:
     with K = 12 (float16 weights and gradients, 2 + 2; float32 master, momentum and variance, K = 12)."""
     weights, gradients = (4, 4) if precision == "float32" else (4 + 2, 4 + (4 if stage == 3 else 2))
     paper = [2 + 2 + 12, 2 + 2 + 12 / ranks, 2 + (2 + 12) / ranks, (2 + 2 + 12) / ranks][stage]
-    held = weights / (ranks if stage == 3 else 1) + gradients / (ranks if stage >= 2 else 1)  # (sharded from stage 3, 2)
+    held = weights / (ranks if stage == 3 else 1) + gradients / (ranks if stage >= 2 else 1)  # (stages 3 and 2 shard)
     return {"weights and gradients": held, "optimizer state": 8 / (ranks if stage else 1), "ZeRO paper's total": paper}
