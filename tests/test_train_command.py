@@ -203,10 +203,10 @@ SETTINGS_REFUSED = [  # (ranks, arguments after SMALL, message); what the table 
     *[(2, ["--strategy", "zero", "--zero-stage", "2", *other], "--zero-stage 2 keeps float32 or float64 gradients on "
        "the CPU") for other in (("--precision", "float16"), ("--device", "gpu"))],
     *[(2, arguments, message) for arguments, message in [
-        (["--optimizer", "adam", "--momentum", "0.9"], "--momentum is --optimizer momentum's (adam's is --beta1)"),
-        (["--optimizer", "sgd", "--beta1", "0.8", "--eps", "1e-6"], "--beta1, --eps: --optimizer adam's and adamw's"),
-        (["--optimizer", "adam", "--weight-decay", "0.1"], "--weight-decay is --optimizer adamw's"),
-        (["--asynchronous", "--optimizer", "adamw"], "--asynchronous trains with plain SGD"),
+        (["--optimizer", "adam", "--momentum", "0.9"], "momentum is SGD's (Adam's is beta1): leave it at its default"),
+        (["--optimizer", "sgd", "--beta1", "0.8", "--eps", "1e-6"], "beta1, beta2 and eps are Adam's"),
+        (["--optimizer", "adam", "--weight-decay", "0.1"], "weight_decay is AdamW's"),
+        (["--asynchronous", "--optimizer", "adamw"], "--asynchronous updates with plain SGD, not adamw"),
         (["--optimizer", "adamw", "--beta2", "1.5"], "beta2 must be in [0, 1); got 1.5")]],
 ]
 

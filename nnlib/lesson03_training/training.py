@@ -99,10 +99,11 @@ class Settings:
         return found
 
     def rate_at(self, progress: float) -> float:
-        """The learning rate at ``progress`` epochs (0.0, 0.25, ...), checked: a bad schedule fails at its first bad
-        step."""
-        rate = self.learning_rate(progress) if callable(self.learning_rate) else self.learning_rate
-        check(problems(rate))
+        """The learning rate at ``progress`` epochs (0.0, 0.25, ...); a schedule's, checked at every step."""
+        if not callable(self.learning_rate):
+            return self.learning_rate  # (checked once, with the settings or by the optimizer)
+        rate = self.learning_rate(progress)
+        check(problems(rate))  # (a bad schedule fails at its first bad step)
         return rate
 
     def optimizer_for(self, learning_rate: float):

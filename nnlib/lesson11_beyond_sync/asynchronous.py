@@ -82,6 +82,8 @@ def asynchronous_problems(size: int, settings: Settings, staleness, slow, names=
         problems.append(f"{names['asynchronous']} needs mini-batches: give {names['batch_size']} (the global batch)")
     if callable(settings.learning_rate):
         problems.append(f"{names['asynchronous']} takes a constant learning_rate, not a schedule")
+    if settings.optimizer != "sgd":  # (the server applies each gradient alone: plain SGD)
+        problems.append(f"{names['asynchronous']} updates with plain SGD, not {settings.optimizer}")
     if staleness is not None and (not isinstance(staleness, (int, np.integer)) or isinstance(staleness, bool)
                                   or staleness < 0):
         problems.append(f"{names['staleness']} must be a whole number of steps, 0 or more (or {names['unbounded']}: "

@@ -211,7 +211,7 @@ def check_settings(args, ranks: int):
                         momentum=args.momentum if args.momentum is not None else 0.9 * (args.optimizer == "momentum"),
                         seed=args.seed, optimizer="sgd" if args.optimizer == "momentum" else args.optimizer,
                         **dict(dict(weight_decay=0.01) if args.optimizer == "adamw" else {}, **adam))
-    problems = [message for wrong, message in optimizer_problems(args) if wrong] or settings.problems()
+    problems = settings.problems()  # (lesson 03's: an optimizer's number that another optimizer's flag set, too)
     problems += [message for wrong, message in option_problems(args, ranks) if wrong]
     problems += lesson_11_problems(args, settings, ranks)
     problem = problems[0] if problems else combination_problem(args)
@@ -237,22 +237,6 @@ def lesson_11_problems(args, settings, ranks: int) -> list[str]:
         problems += check_local_sgd(args.local_steps, args.outer_optimizer, args.outer_learning_rate, DILOCO_MOMENTUM,
                                     ("--local-steps H", "--outer-learning-rate"))
     return problems
-
-
-def optimizer_problems(args) -> list[tuple[bool, str]]:
-    """(wrong?, what to do) for a flag of an optimizer that --optimizer does not name."""
-    adams = [flag for flag in ("beta1", "beta2", "eps") if getattr(args, flag) is not None]
-    return [
-        (args.momentum is not None and args.optimizer != "momentum",
-         f"--momentum is --optimizer momentum's (adam's is --beta1); got --optimizer {args.optimizer}"),
-        (bool(adams) and not args.optimizer.startswith("adam"),
-         f"--{', --'.join(adams)}: --optimizer adam's and adamw's; got --optimizer {args.optimizer}"),
-        (args.weight_decay is not None and args.optimizer != "adamw",
-         f"--weight-decay is --optimizer adamw's (Adam with decoupled weight decay); got --optimizer {args.optimizer}"),
-        (args.asynchronous and args.optimizer not in ("sgd", "momentum"),
-         f"--asynchronous trains with plain SGD (lesson 11's server): --optimizer {args.optimizer} does not go with "
-         "it"),
-    ]
 
 
 def option_problems(args, ranks: int) -> list[tuple[bool, str]]:
