@@ -11,8 +11,8 @@ where P does not divide n_l), and rank r keeps chunk r of every layer, its gradi
     update:             the optimizer (lesson 03's) on this rank's chunks only, layer by layer (no communication)
 
 At any moment a rank holds its chunks (about 1/P of the parameters, gradients and optimizer state) plus
-one layer's whole parameters and gradient. :class:`ShardedLayer` is lesson 02's
-:class:`~nnlib.lesson02_network.network.Layer` whose weights are gathered on use, so the forward and
+one layer's whole parameters and gradient. :class:`ShardedLayer` computes with lesson 02's
+:class:`~nnlib.lesson02_network.network.Layer` over the gathered weights, so the forward and
 backward passes are lesson 02's ``forward_layers`` and ``backward_layers`` unchanged. Equal to
 sequential training within 1e-10 in float64 (tests/mpi/check_memory.py).
 """
@@ -52,38 +52,41 @@ class GatherLog:
 
 class ShardedLayer(Layer):
     """Layer ``index`` of a fully sharded network: this rank holds chunk r of its flat [W, b] (``shard``) and of
-    its gradient (``grad_shard``); ``weights`` and ``biases`` are views into the gathered whole, and exist only
-    from a gather to its free (None otherwise). shape (n_in, n_out); counts, starts: the chunks of n_in n_out + n_out.
+    its gradient (``grad_shard``). ``whole``: a ``compute`` (lesson 02's Layer, or lesson 12's HalfLayer) over views
+    of the gathered [W, b], from a gather to its free (None otherwise).
+    shape (n_in, n_out); counts, starts: the chunks of n_in n_out + n_out.
     """
 
-    shape = None  # the whole layer's (n_in, n_out), set on each: not Layer's, read from weights that come and go
+    shape = None  # the whole layer's (n_in, n_out), set on each (Layer's reads W, which this rank holds only in whole)
+    weights = biases = grad_weights = grad_biases = None  # (the same: whole's, while gathered)
 
-    def __init__(self, comm, index: int, shape, views, activation: str, log: GatherLog):
+    def __init__(self, comm, index: int, shape, views, activation: str, log: GatherLog, compute=Layer):
         self.comm, self.index, self.shape, self.log = comm, index, tuple(shape), log
         self.shard, self.grad_shard = views
-        self.activation, self.xp = activation, array_namespace(self.shard)
+        self.activation, self.xp, self.compute = activation, array_namespace(self.shard), compute
         self.size = self.shape[0] * self.shape[1] + self.shape[1]
         self.counts, self.starts = split_evenly(self.size, comm.size)
-        self.weights = self.biases = self.grad_weights = self.grad_biases = None
+        self.whole = None
 
     def gather(self, why: str) -> None:
-        """Allgather the whole [W, b] (n_l,) from every rank's chunk; W and b become views into it."""
-        whole = self.xp.empty(self.size, dtype=self.shard.dtype)
-        self.comm.Allgatherv(as_message(self.shard), [as_message(whole), (self.counts, self.starts)])
-        (self.weights,), (self.biases,) = layer_views(whole, [self.shape], self.xp)
-        self.log.note(f"gather {why}", self.index, whole.nbytes)
+        """Allgather the whole [W, b] (n_l,) from every rank's chunk; ``whole`` computes with views of it."""
+        params = self.xp.empty(self.size, dtype=self.shard.dtype)
+        self.comm.Allgatherv(as_message(self.shard), [as_message(params), (self.counts, self.starts)])
+        (weights,), (biases,) = layer_views(params, [self.shape], self.xp)
+        self.whole = self.compute(weights, biases, None, None, self.activation)
+        self.log.note(f"gather {why}", self.index, params.nbytes)
 
     def free(self) -> None:
         """Drop the whole [W, b]: only this rank's chunk stays."""
-        if self.weights is not None:
-            self.weights = self.biases = None
+        if self.whole is not None:
+            self.whole = None
             self.log.note("free", self.index, -self.size * self.shard.itemsize)
 
     def forward(self, inputs):
         """Gather, lesson 02's forward (z, a), free."""
         self.gather("forward")
         try:
-            return super().forward(inputs)
+            return self.whole.forward(inputs)
         finally:
             self.free()
 
@@ -92,12 +95,12 @@ class ShardedLayer(Layer):
         chunk of the sum over ranks into ``grad_shard`` (or add it). W stays for :meth:`input_gradient`
         (layer 0, whose input gradient nobody needs, frees it here)."""
         self.gather("backward")
-        whole = self.xp.empty(self.size, dtype=self.shard.dtype)
-        (self.grad_weights,), (self.grad_biases,) = layer_views(whole, [self.shape], self.xp)
-        super().weight_gradient(inputs, delta)
-        self.reduce_scatter(whole, accumulate)
+        gradient = self.xp.empty(self.size, dtype=self.shard.dtype)
+        (grad_weights,), (grad_biases,) = layer_views(gradient, [self.shape], self.xp)
+        self.compute(self.whole.weights, self.whole.biases, grad_weights, grad_biases, self.activation) \
+            .weight_gradient(inputs, delta)
+        self.reduce_scatter(gradient, accumulate)
         self.log.note("reduce-scatter", self.index, 0)
-        self.grad_weights = self.grad_biases = None
         if self.index == 0:
             self.free()
 
@@ -112,7 +115,7 @@ class ShardedLayer(Layer):
     def input_gradient(self, delta):
         """dJ/da_in = delta @ W.T with the gathered W, then free it."""
         try:
-            return super().input_gradient(delta)
+            return self.whole.input_gradient(delta)
         finally:
             self.free()
 

@@ -28,6 +28,8 @@ sum to 2 bytes would lose bits at every one of the P - 1 additions. Memory per p
 
 from __future__ import annotations
 
+import functools
+
 import ml_dtypes
 import numpy as np
 from mpi4py import MPI
@@ -58,8 +60,11 @@ class HalfLayer(Layer):
     input_gradient: float32 product, returned in ``low_dtype``.
     """
 
-    low_dtype = np.dtype(HALF)  # (MixedPrecision sets each layer's own)
     plain_logits = False  # (its own logits, in float32, below)
+
+    def __init__(self, weights, biases, grad_weights, grad_biases, activation: str = "sigmoid", low_dtype=HALF):
+        super().__init__(weights, biases, grad_weights, grad_biases, activation)
+        self.low_dtype = np.dtype(low_dtype)
 
     def logits(self, inputs):
         return inputs.astype(SINGLE) @ self.weights.astype(SINGLE) + self.biases.astype(SINGLE)
@@ -73,11 +78,6 @@ class HalfLayer(Layer):
 
     def input_gradient(self, delta):
         return (delta.astype(SINGLE) @ self.weights.astype(SINGLE).T).astype(self.low_dtype)
-
-
-class HalfShardedLayer(ShardedLayer, HalfLayer):
-    """An FSDP layer in mixed precision: ``shard``, this rank's low chunk, is gathered (in low precision) into the
-    whole W, b; the products are :class:`HalfLayer`'s; ``grad_shard`` is float32 (the module's docstring)."""
 
 
 class LossScaler:
@@ -143,7 +143,7 @@ class MixedPrecision(MicroBatched):
     grads the unscaled float32 gradient) trained in mixed precision, ``precision`` "float16" or "bfloat16".
 
     half_params: the low copy of params; half_grads: the scaled gradient, low (float32 chunks for FSDP); layers:
-    HalfLayer (HalfShardedLayer); micro_batches, recompute_every: as
+    HalfLayer (FSDP's ShardedLayer computing with a HalfLayer; grad_shard float32); micro_batches, recompute_every: as
     :class:`~nnlib.lesson12_memory.accumulation.MicroBatched`. ``scaler``: its :class:`LossScaler` (loss_scale,
     growth_interval, dynamic: the scaler's), which the training run calls: ``train_parallel(..., scaler=...)``.
     """
@@ -159,18 +159,17 @@ class MixedPrecision(MicroBatched):
         self.sharded = all(isinstance(layer, ShardedLayer) for layer in network.layers)  # each rank: its chunks
         self.half_params = network.params.astype(self.low)
         self.half_grads = network.xp.zeros(network.params.size, SINGLE if self.sharded else self.low)
-        if self.sharded:  # HalfShardedLayers over this rank's chunks, else HalfLayers over views of the low copies
+        compute = functools.partial(HalfLayer, low_dtype=self.low)  # a layer computing in float32, storing low
+        if self.sharded:  # over this rank's low chunks (gathered in low precision), else views of the low copies
             bounds = np.cumsum([0] + [layer.shard.size for layer in network.layers])
-            self.layers = [HalfShardedLayer(network.comm, layer.index, layer.shape,
-                                            (self.half_params[start:stop], self.half_grads[start:stop]),
-                                            layer.activation, network.log)
+            self.layers = [ShardedLayer(network.comm, layer.index, layer.shape,
+                                        (self.half_params[start:stop], self.half_grads[start:stop]),
+                                        layer.activation, network.log, compute)
                            for layer, start, stop in zip(network.layers, bounds, bounds[1:])]
         else:
-            self.layers = [HalfLayer(view.weights, view.biases, view.grad_weights, view.grad_biases, view.activation)
+            self.layers = [compute(view.weights, view.biases, view.grad_weights, view.grad_biases, view.activation)
                            for view in dense_layers(self.half_params, self.half_grads, network.shapes, network.output,
                                                     network.xp)]
-        for layer in self.layers:
-            layer.low_dtype = self.low
 
     @property
     def loss_scale(self) -> float:
