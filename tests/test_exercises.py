@@ -284,7 +284,6 @@ NNLIB = {
     "04.1": lambda rows, ranks, length: (collectives.split_counts(rows, ranks) * length,
                                          collectives.offsets(collectives.split_counts(rows, ranks) * length)),
     "04.2": costmodel.predicted_time,
-    "05.2": lambda batch, rank, ranks: collectives.row_range(batch, ranks, rank),
     "06.1": scaling.amdahl_speedup,
     "06.2": scaling.gustafson_speedup,
     "08.1": allreduce.chunk_bounds,
@@ -313,6 +312,8 @@ BY_HAND = [
      (np.array([[0.5], [1.0]]), np.array([0.5]), np.array([[1.5, 2.0]]))),  # dJ/dz = 2 * 0.5 * 0.5
     ("03.2", (np.array([[0.1, 0.9], [0.8, 0.2], [0.3, 0.7]]), np.array([1, 1, 1])), 2 / 3),
     ("05.1", (np.zeros(1), [np.array([1.0]), np.array([4.0])], [1, 3], 1.0), np.array([-3.25])),  # (1 + 12) / 4
+    ("05.2", (np.array([7, 2, 9, 4, 0]), 3, 8), np.array([4, 1])),  # samples 7 and 4 of the shard 3..7
+    ("05.2", (np.array([7, 2, 9, 4, 0]), 8, 9), np.zeros(0, dtype=int)),  # a shard this batch does not touch
     ("06.3", (10.0, np.array([10.0, 2.5]), np.array([1, 8])), np.array([1.0, 0.5])),
     ("07.1", (1000, 1000, 1000, 2.0), 1.0),
     ("07.2", (256, 128, 55, 25, 50, 120), False),  # CPU 0.873 ms; GPU 1.375 ms of launches + 0.002 ms
@@ -469,6 +470,12 @@ HALF_FINISHED = [
      "scatterv_counts(10, 3, 4), result 1 of 2: 3 of 3 wrong; the first at (0,): got 3, expected 16."),
     ("04.1", lambda rows, ranks, length: (np.full(ranks, rows / ranks), np.zeros(ranks)), "dtype",
      "expected whole numbers (integers)"),
+    ("05.2", lambda batch, start, stop: batch[(batch >= start) & (batch < stop)], "values",
+     "8, 16): 4 of 4 wrong; the first at (0,): got 12, expected 4."),  # sample numbers, not rows
+    ("05.2", lambda batch, start, stop: np.sort(batch[(batch >= start) & (batch < stop)] - start), "values",
+     "0, 8): 3 of 3 wrong; the first at (0,): got 2, expected"),  # sorted: not the batch's order
+    ("05.2", lambda batch, start, stop: batch[(batch >= start) & (batch <= stop)] - start, "shape",
+     "returned shape (4,); expected shape (3,)"),  # stop is not in the shard
     ("06.1", lambda ranks, s: 1 / (s + (1 - s) // ranks), "values", "relative error"),
     ("07.2", lambda batch, hidden, kernels, launch, gpu, cpu: 1, "dtype", "expected True/False values"),
     ("09.2", lambda hidden, weights, b: sum(h @ w + b for h, w in zip(hidden, weights)), "values", "wrong values"),

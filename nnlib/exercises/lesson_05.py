@@ -1,5 +1,5 @@
 """Lesson 05's exercises (notebook 05_data_parallel_training): a parameter server's step with uneven
-batches, and a rank's rows of the global batch.
+batches, and which rows of its shard a rank takes from the global batch.
 """
 
 from nnlib.exercises import Exercise, case_generator, uniform
@@ -14,12 +14,18 @@ def parameter_server_step(params, worker_grads, worker_batch_sizes, learning_rat
     return params - learning_rate * gradient_sum / sum(worker_batch_sizes)
 
 
-def local_rows(global_batch, rank, ranks):
-    """The (start, stop) rows of a global batch that `rank` of `ranks` takes, split as
-    Scatterv splits (the first ranks take one more row)."""
-    base, extra = divmod(global_batch, ranks)
-    start = rank * base + min(rank, extra)
-    return start, start + base + (rank < extra)
+def my_rows(batch, start, stop):
+    """The rows of this rank's shard (samples start, ..., stop - 1) that the global batch
+    holds: batch is an array of sample numbers; return their positions in the shard
+    (sample start is row 0), in the batch's order."""
+    return batch[(batch >= start) & (batch < stop)] - start
+
+
+def my_rows_cases():
+    """(batch, start, stop): shards of uneven sizes, one holding none of the batch."""
+    generator = case_generator("05.2")
+    batch = generator.permutation(23)[:10]
+    return [(batch, 0, 8), (batch, 8, 16), (batch, 16, 23), (batch[4:8], 16, 23), (batch, 0, 23)]
 
 
 def parameter_server_cases():
@@ -33,6 +39,6 @@ EXERCISES = [
     Exercise("05.1", parameter_server_step, parameter_server_cases,
              "uneven batches: a worker's mean over more samples must weigh more. Turn each mean back into a "
              "sum first."),
-    Exercise("05.2", local_rows, lambda: [(10, r, 3) for r in range(3)] + [(7, 1, 4), (7, 3, 4), (5, 0, 1)],
-             "count the rows the ranks before this one take; they are the start."),
+    Exercise("05.2", my_rows, my_rows_cases,
+             "keep the batch's sample numbers that fall in [start, stop), in order; sample start is row 0."),
 ]
