@@ -337,12 +337,9 @@ def crop_center(images: np.ndarray, size: int = 20) -> np.ndarray:
 
 
 def course_subset(mnist: MNIST, per_class: int = 500, size: int = 20, seed: int = 0):
-    """The seed experiments' data: 5,000 training digits (``per_class`` of each, drawn with ``seed``, in a
-    shuffled order), central 20x20 pixels.
-
-    Returns (images (5000, 20, 20) uint8, labels (5000,) uint8); flatten with
-    :func:`scale_pixels` to get the network's 400 inputs.
-    """
+    """The seed experiments' data: ``per_class`` training digits of each class, drawn with ``seed``, shuffled, their
+    central ``size`` x ``size`` pixels: (images (5000, 20, 20) uint8, labels (5000,) uint8) by default, which
+    :func:`scale_pixels` flattens to the network's 400 inputs."""
     rng = np.random.default_rng(seed)
     chosen = [rng.choice(np.flatnonzero(mnist.train_labels == digit), per_class, replace=False) for digit in range(10)]
     order = rng.permutation(np.concatenate(chosen))
