@@ -159,9 +159,8 @@ def parse_idx_header(data: bytes, path="<bytes>"):
 
 
 def parse_idx(data: bytes, path="<bytes>") -> np.ndarray:
-    """Parse IDX bytes into an array; raise MNISTError for a bad header (see parse_idx_header) or a
-    length that does not match it. (The shape needs no check of its own: the SHA-256 pins the header.)
-    """
+    """Parse IDX bytes into an array; MNISTError for a bad header (parse_idx_header) or a length that does not match
+    it. (The shape needs no check of its own: the SHA-256 pins the header.)"""
     dtype, shape, header_length = parse_idx_header(data, path)
     expected_length = header_length + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     if len(data) != expected_length:

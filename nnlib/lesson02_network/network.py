@@ -263,14 +263,12 @@ class LayerStack(Classifier):
 
     def loss_and_gradient(self, inputs, labels, normalizer=None, check: bool = True, on_device: bool = False,
                           on_layer_done=None):
-        """Cost J and its gradient for a batch; the gradient is written into ``self.grads``.
-
-        inputs (N, n_0), labels (N,) integers. Returns J (summed over samples / ``normalizer``, default N):
-        a rank holding a shard of a bigger batch passes the global batch size, so that the ranks'
-        gradients add up to exactly the full-batch gradient. Also sets ``self.last_correct``.
-        On the CPU the batch goes in chunks of ``chunk_size`` rows (a sum over samples splits into sums
-        over chunks; a chunk's arrays stay in the cache). With ``on_device`` the loss and count stay 0-d
-        arrays on the device (no wait for a GPU); ``on_layer_done(layer)`` as in :func:`backward_layers`.
+        """Cost J of a batch, inputs (N, n_0) and labels (N,) integers, summed over samples / ``normalizer`` (default
+        N: a rank holding a shard of a bigger batch passes the global batch size, so that the ranks' gradients add up
+        to exactly the full-batch gradient); its gradient goes into ``self.grads``, the count into ``last_correct``.
+        On the CPU the batch goes in chunks of ``chunk_size`` rows (a sum over samples splits into sums over chunks;
+        a chunk's arrays stay in the cache). With ``on_device`` the loss and count stay 0-d arrays on the device (no
+        wait for a GPU); ``on_layer_done(layer)`` as in :func:`backward_layers`.
         """
         if check:
             self.check_inputs(inputs)
@@ -391,8 +389,8 @@ def layer_views(flat, shapes, xp=np):
 
 
 def initial_layers(shapes, seed: int):
-    """Each layer's flat float64 starting [W_l, b_l] in turn (W_l uniform in +-sqrt(6 / (n_in + n_out)), b_l = 0),
-    drawn from one default_rng(seed): one layer at a time in memory (lesson 12's sharded network keeps a slice of each)."""
+    """Each layer's flat float64 starting [W_l, b_l] in turn (W_l uniform in +-sqrt(6 / (n_in + n_out)), b_l = 0), from
+    one default_rng(seed): one layer at a time in memory (lesson 12's sharded network keeps a slice of each)."""
     rng = np.random.default_rng(seed)
     for n_in, n_out in shapes:
         limit = math.sqrt(6.0 / (n_in + n_out))
