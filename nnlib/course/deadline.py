@@ -108,8 +108,7 @@ class WatchedComm:
         self.where.update(where)
 
     def wait(self, request, what: str) -> None:
-        """Complete ``request`` (a started collective: anything with a ``Test()``) within the deadline, or raise
-        CollectiveTimeout."""
+        """Complete ``request`` (anything with a ``Test()``) within the deadline, or raise CollectiveTimeout."""
         if self.broken:
             raise RuntimeError(f"this communicator cannot be used any more: {self.broken}")
         began = time.monotonic()
@@ -353,11 +352,8 @@ class _Until:
 
 
 def watch(comm, timeout=None) -> WatchedComm:
-    """A :class:`WatchedComm` over a fresh duplicate of ``comm`` (itself made under the deadline).
-
-    ``comm`` may be a WatchedComm already: the duplicate is then made from its communicator,
-    with its timeout unless another is given.
-    """
+    """A :class:`WatchedComm` over a fresh duplicate of ``comm`` (itself made under the deadline); from a WatchedComm,
+    a duplicate of its communicator, with its timeout unless another is given."""
     if hasattr(type(comm), "current"):  # the notebook cluster's comm (nnlib.course.classroom)
         comm = comm.current()
     if isinstance(comm, WatchedComm):

@@ -159,9 +159,8 @@ def parse_idx_header(data: bytes, path="<bytes>"):
 
 
 def parse_idx(data: bytes, path="<bytes>") -> np.ndarray:
-    """Parse IDX bytes into an array; raise MNISTError for a bad header (see parse_idx_header) or a
-    length that does not match it. (The shape needs no check of its own: the SHA-256 pins the header.)
-    """
+    """Parse IDX bytes into an array; MNISTError for a bad header (parse_idx_header) or a length that does not match
+    it. (The shape needs no check of its own: the SHA-256 pins the header.)"""
     dtype, shape, header_length = parse_idx_header(data, path)
     expected_length = header_length + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     if len(data) != expected_length:
@@ -182,13 +181,9 @@ def load_idx(path: Path, expected_sha256: str | None = None) -> np.ndarray:
 
 
 def read_idx_rows(path, start: int, stop: int) -> np.ndarray:
-    """Rows [start, stop) of an IDX file (.gz or raw), reading only the header and those rows.
-
-    For data-parallel training each rank can read its own shard this way instead of receiving
-    it from rank 0 (see nnlib.lesson05_data_parallel.shard). A raw file is read with one seek; a .gz file must
-    still be decompressed up to ``stop``, but nothing before ``start`` is kept. The file's
-    checksum cannot be verified from a slice: verify the whole file once first (load_idx, or
-    ``python -m nnlib fetch-data``).
+    """Rows [start, stop) of an IDX file (.gz or raw), reading only the header and those rows: each rank can read its
+    own shard (nnlib.lesson05_data_parallel.shard; a .gz file is still decompressed up to ``stop``). A slice cannot be
+    checked against the SHA-256: verify the whole file once first (load_idx, or ``python -m nnlib fetch-data``).
     """
     path = Path(path)
     opener = gzip.open if path.suffix == ".gz" else open
@@ -214,13 +209,9 @@ def read_idx_rows(path, start: int, stop: int) -> np.ndarray:
 
 def download_file(url: str, destination: Path, expected_sha256: str | None = None, retries: int = 3,
                   progress: bool = True) -> Path:
-    """Download ``url`` to ``destination`` atomically and verify it.
-
-    The bytes go to a temporary file in the destination's folder, which is
-    checked (decompressed SHA-256 when ``expected_sha256`` is given) and only then
-    renamed to ``destination``; on any failure the temporary file is removed, so
-    an interrupted download never leaves a file that looks complete.
-    Retries up to ``retries`` times with a short back-off; each try waits at most 30 s for the server.
+    """Download ``url`` to ``destination`` through atomic_write (never a file that only looks complete), checking its
+    length and, if given, its decompressed SHA-256. Up to ``retries`` tries, a short back-off between, each waiting at
+    most 30 s for the server.
     """
     from tqdm import tqdm
 
@@ -250,11 +241,8 @@ def download_file(url: str, destination: Path, expected_sha256: str | None = Non
 
 
 def fetch_mnist(directory=None, mirrors=MIRRORS, checksums=SHA256, retries: int = 3, progress: bool = True) -> Path:
-    """Make sure every MNIST file is present and verified; download what is missing.
-
-    Files already found in the search folders (see module docstring) are verified
-    in place; missing ones are downloaded into ``directory`` (default: the user
-    cache), trying each mirror in turn. Returns the download folder.
+    """Verify every MNIST file found in the search folders (module docstring) in place; download each missing one
+    into ``directory`` (default: the user cache), trying each mirror in turn. Returns the download folder.
     """
     target = Path(directory).expanduser() if directory is not None else cache_dir()
     search = candidate_dirs(directory)
@@ -348,12 +336,9 @@ def crop_center(images: np.ndarray, size: int = 20) -> np.ndarray:
 
 
 def course_subset(mnist: MNIST, per_class: int = 500, size: int = 20, seed: int = 0):
-    """The seed experiments' data: 5,000 training digits (``per_class`` of each, drawn with ``seed``, in a
-    shuffled order), central 20x20 pixels.
-
-    Returns (images (5000, 20, 20) uint8, labels (5000,) uint8); flatten with
-    :func:`scale_pixels` to get the network's 400 inputs.
-    """
+    """The seed experiments' data: ``per_class`` training digits of each class, drawn with ``seed``, shuffled, their
+    central ``size`` x ``size`` pixels: (images (5000, 20, 20) uint8, labels (5000,) uint8) by default, which
+    :func:`scale_pixels` flattens to the network's 400 inputs."""
     rng = np.random.default_rng(seed)
     chosen = [rng.choice(np.flatnonzero(mnist.train_labels == digit), per_class, replace=False) for digit in range(10)]
     order = rng.permutation(np.concatenate(chosen))

@@ -71,12 +71,9 @@ def softmax(z, xp):
 
 
 class Layer:
-    """One fully connected layer, a = f(a_in @ W + b), over views into the flat parameter vector.
-
-    weights W (n_in, n_out) and biases b (n_out,) are views into the network's ``params``;
-    grad_weights and grad_biases the same views into its ``grads``: the backward pass writes the
-    network's one gradient vector in place, so it can still travel in one message.
-    activation: "sigmoid" (every hidden layer) or "softmax" (allowed for the output layer).
+    """One fully connected layer, a = f(a_in @ W + b): weights W (n_in, n_out) and biases b (n_out,) are views into
+    the network's ``params``, grad_weights and grad_biases the same views into its ``grads`` (the backward pass writes
+    them in place). activation: "sigmoid" (every hidden layer) or "softmax" (allowed for the output layer).
     """
 
     plain_logits = True  # z is a_in @ W + b, so a sigmoid's pass may add b (a layer that makes z its own way: False)
@@ -99,10 +96,8 @@ class Layer:
         return logits
 
     def forward(self, inputs):
-        """(z, a): the logits and the activation f(z), both (N, n_out), for inputs a_in (N, n_in).
-
-        A sigmoid layer adds its bias in the activation's pass (bias_sigmoid: one kernel on a GPU); a layer
-        that makes z its own way (``plain_logits`` False, as lesson 09's row layer) is activated as is.
+        """(z, a): the logits and the activation f(z), both (N, n_out), for inputs a_in (N, n_in). A sigmoid layer
+        adds its bias in the activation's pass (bias_sigmoid: one kernel on a GPU) unless it makes z its own way.
         """
         if self.activation == "sigmoid" and self.plain_logits:
             logits = inputs @ self.weights
@@ -113,10 +108,8 @@ class Layer:
         return logits, fused(sigmoid, self.xp)(logits)
 
     def weight_gradient(self, inputs, delta, accumulate: bool = False) -> None:
-        """Write dJ/dW = a_in.T @ delta and dJ/db = sum of delta into the gradient views (or add them).
-
-        inputs a_in (N, n_in), delta = dJ/dz (N, n_out); ``accumulate`` adds to what is there (a
-        later chunk of a large batch, or a later micro-batch of a pipeline).
+        """Write dJ/dW = a_in.T @ delta and dJ/db = sum of delta into the gradient views, or with ``accumulate`` add
+        them (a later chunk of a large batch, or micro-batch of a pipeline); a_in (N, n_in), delta = dJ/dz (N, n_out).
         """
         # dJ/db = sum over samples of delta, written as the product 1^T delta with a vector of ones (N,):
         # BLAS does it faster than sum(delta, axis=0) (tests/test_network.py checks that the two agree)
@@ -133,19 +126,15 @@ class Layer:
         return delta @ self.weights.T
 
     def logits_gradient(self, activation_gradient, activation):
-        """dJ/dz = dJ/da * a (1 - a) (N, n_out), with a = sigmoid(z) this layer's output; in place.
-
-        Only hidden (sigmoid) layers: a softmax output layer's delta comes with the loss (output_loss).
-        """
+        """dJ/dz = dJ/da * a (1 - a) (N, n_out), in place, with a = sigmoid(z) this layer's output: hidden layers only
+        (a softmax output layer's delta comes with the loss, output_loss)."""
         fused(sigmoid_backward, self.xp)(activation_gradient, activation)
         return activation_gradient
 
 
 def dense_layers(params, grads, shapes, output: str = "sigmoid", xp=np) -> list[Layer]:
-    """Layers over flat vectors laid out [W_1, b_1, W_2, b_2, ...]: sigmoid, and ``output`` for the last.
-
-    shapes: [(n_in, n_out)] per layer; params and grads: flat vectors of the matching length.
-    """
+    """Layers over flat vectors ``params`` and ``grads`` laid out [W_1, b_1, W_2, b_2, ...], for ``shapes``
+    [(n_in, n_out)] per layer: sigmoid, and ``output`` for the last."""
     weights, biases = layer_views(params, shapes, xp)
     grad_weights, grad_biases = layer_views(grads, shapes, xp)
     activations = ["sigmoid"] * (len(shapes) - 1) + [output]
@@ -219,8 +208,7 @@ class Classifier:
             )
 
     def fused(self, function):
-        """``function`` as one kernel on this network's device (arrays.fused, for the trainer, which imports no
-        arrays)."""
+        """``function`` as one kernel on this network's device (arrays.fused, for the trainer: it imports no arrays)."""
         return fused(function, self.xp)
 
     def predict(self, inputs):
@@ -269,23 +257,18 @@ class LayerStack(Classifier):
     # -- forward and backward -------------------------------------------------
 
     def forward(self, inputs):
-        """Activations of every layer for inputs (N, n_0): [a_0 = inputs, a_1, ..., a_L].
-
-        Also keeps the output logits z_L in ``self.output_logits`` for the loss.
-        """
+        """[a_0 = inputs, a_1, ..., a_L] for inputs (N, n_0); the output logits z_L go to ``self.output_logits``."""
         activations, self.output_logits = forward_layers(self.layers, inputs)
         return activations
 
     def loss_and_gradient(self, inputs, labels, normalizer=None, check: bool = True, on_device: bool = False,
                           on_layer_done=None):
-        """Cost J and its gradient for a batch; the gradient is written into ``self.grads``.
-
-        inputs (N, n_0), labels (N,) integers. Returns J (summed over samples / ``normalizer``, default N):
-        a rank holding a shard of a bigger batch passes the global batch size, so that the ranks'
-        gradients add up to exactly the full-batch gradient. Also sets ``self.last_correct``.
-        On the CPU the batch goes in chunks of ``chunk_size`` rows (a sum over samples splits into sums
-        over chunks; a chunk's arrays stay in the cache). With ``on_device`` the loss and count stay 0-d
-        arrays on the device (no wait for a GPU); ``on_layer_done(layer)`` as in :func:`backward_layers`.
+        """Cost J of a batch, inputs (N, n_0) and labels (N,) integers, summed over samples / ``normalizer`` (default
+        N: a rank holding a shard of a bigger batch passes the global batch size, so that the ranks' gradients add up
+        to exactly the full-batch gradient); its gradient goes into ``self.grads``, the count into ``last_correct``.
+        On the CPU the batch goes in chunks of ``chunk_size`` rows (a sum over samples splits into sums over chunks;
+        a chunk's arrays stay in the cache). With ``on_device`` the loss and count stay 0-d arrays on the device (no
+        wait for a GPU); ``on_layer_done(layer)`` as in :func:`backward_layers`.
         """
         if check:
             self.check_inputs(inputs)
@@ -318,11 +301,8 @@ class LayerStack(Classifier):
     # -- evaluation -----------------------------------------------------------
 
     def predict_probabilities(self, inputs):
-        """Output activations a_L (N, n_L), computed chunk by chunk.
-
-        Like :meth:`predict`, :meth:`loss` and :meth:`accuracy`, it takes host (NumPy) arrays on
-        any device and moves them there (no copy when they are there already).
-        """
+        """Output activations a_L (N, n_L), chunk by chunk. Like predict, loss and accuracy, it takes host (NumPy)
+        arrays on any device and moves them there (no copy when they are there already)."""
         inputs = self.xp.asarray(inputs)
         self.check_inputs(inputs)
         chunks = [self.forward(inputs[start:end, ...])[-1] for start, end in self.chunks(inputs.shape[0])]
@@ -393,18 +373,14 @@ def count_parameters(layer_sizes) -> int:
 
 
 def parameter_offsets(shapes) -> list[int]:
-    """Where each layer's [W_l, b_l] begins in the flat vector, then the total: [0, ..., num_params].
-
-    shapes: [(n_in, n_out)] per layer. Layers l..m are flat[offsets[l]:offsets[m + 1]].
-    """
+    """Where each layer's [W_l, b_l] begins in the flat vector, then the total: [0, ..., num_params], for
+    ``shapes`` [(n_in, n_out)] per layer. Layers l..m are flat[offsets[l]:offsets[m + 1]]."""
     return np.cumsum([0] + [n_in * n_out + n_out for n_in, n_out in shapes]).tolist()
 
 
 def layer_views(flat, shapes, xp=np):
-    """Per-layer views into a flat vector laid out [W_1, b_1, W_2, b_2, ...]: ([W_l], [b_l]).
-
-    shapes: [(rows, columns)] of each W_l (b_l has ``columns`` values); the views share memory with ``flat``.
-    """
+    """Per-layer views into ``flat``, laid out [W_1, b_1, W_2, b_2, ...]: ([W_l], [b_l]), W_l (rows, columns) and b_l
+    (columns,) for ``shapes`` [(rows, columns)]."""
     weights, biases = [], []
     for (rows, columns), offset in zip(shapes, parameter_offsets(shapes)):
         weights.append(xp.reshape(flat[offset:offset + rows * columns], (rows, columns)))
@@ -413,8 +389,8 @@ def layer_views(flat, shapes, xp=np):
 
 
 def initial_layers(shapes, seed: int):
-    """Each layer's flat float64 starting [W_l, b_l] in turn (W_l uniform in +-sqrt(6 / (n_in + n_out)), b_l = 0),
-    drawn from one default_rng(seed): one layer at a time in memory (lesson 12's sharded network keeps a slice of each)."""
+    """Each layer's flat float64 starting [W_l, b_l] in turn (W_l uniform in +-sqrt(6 / (n_in + n_out)), b_l = 0), from
+    one default_rng(seed): one layer at a time in memory (lesson 12's sharded network keeps a slice of each)."""
     rng = np.random.default_rng(seed)
     for n_in, n_out in shapes:
         limit = math.sqrt(6.0 / (n_in + n_out))

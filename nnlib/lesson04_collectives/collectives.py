@@ -95,11 +95,8 @@ def gather_rows(comm, local, root: int = 0):
     require_contiguous(local, "local")
     counts = np.array(comm.allgather(local.shape[0]), dtype=np.int64)
     row_size = int(np.prod(local.shape[1:], dtype=np.int64))
-    if comm.rank == root:
-        result = np.empty((int(counts.sum()), *local.shape[1:]), dtype=local.dtype)
-        receive = [result, (counts * row_size, offsets(counts) * row_size)]
-    else:
-        result, receive = None, None
+    result = np.empty((int(counts.sum()), *local.shape[1:]), dtype=local.dtype) if comm.rank == root else None
+    receive = None if result is None else [result, (counts * row_size, offsets(counts) * row_size)]
     comm.Gatherv(local, receive, root=root)
     return result
 
@@ -146,4 +143,5 @@ def fail_together(comm, message: str | None) -> None:
     messages = comm.allgather(message)
     for rank, text in enumerate(messages):
         if text is not None:
-            raise raised_on_every_rank(ValueError(text if rank == comm.rank or len(set(messages)) == 1 else f"rank {rank}: {text}"))
+            text = text if rank == comm.rank or len(set(messages)) == 1 else f"rank {rank}: {text}"
+            raise raised_on_every_rank(ValueError(text))

@@ -121,12 +121,11 @@ def step_time(ranks, compute_seconds, communication_seconds=0.0, update_seconds=
 
         T(P) = compute / (P (1 - bubble)) + communication + update
 
-    compute_seconds: one rank's forward and backward on the whole global batch (it divides over
-    the ranks; e.g. flops_per_sample * batch / FLOP/s); communication_seconds: what the ranks
-    exchange per step (e.g. :func:`communication_time`); update_seconds: the optimizer step on the
-    full parameter vector (it does not divide: with allreduce every rank repeats it, with a
-    parameter server rank 0 does it while the others wait); bubble: the idle fraction of a pipeline
-    (nnlib.lesson09_model_parallel.bubbles.bubble_fraction), 0 otherwise. ``ranks`` may be an array.
+    compute_seconds: one rank's forward and backward on the whole global batch (it divides over the ranks; e.g.
+    flops_per_sample * batch / FLOP/s); communication_seconds: what the ranks exchange per step (e.g.
+    :func:`communication_time`); update_seconds: the optimizer step on the full parameter vector (it does not divide:
+    with allreduce every rank repeats it, with a parameter server rank 0 does it while the others wait); bubble: the
+    idle fraction of a pipeline (nnlib.lesson09_model_parallel.bubbles.bubble_fraction), 0 otherwise.
     """
     ranks = np.asarray(ranks, dtype=np.float64)
     return compute_seconds / (ranks * (1 - bubble)) + communication_seconds + update_seconds

@@ -48,11 +48,9 @@ def median_seconds(function, repeats: int = 10, warmup: int = 2, synchronize=Non
 
 
 def time_collective(comm, operation, repeats: int = 20, warmup: int = 1, before=None) -> float:
-    """Median seconds of ``operation()`` (a collective every rank calls), the same on every rank.
-
-    :func:`timed_calls`, with the ranks lined up by a Barrier before each call; each call counts
-    at the slowest rank's time (a collective has finished only when the last rank has finished
-    it). ``before()``, if given, runs before each timed call, untimed (e.g. :func:`empty_caches`).
+    """Median seconds of ``operation()`` (a collective every rank calls), the same on every rank: :func:`timed_calls`
+    with the ranks lined up by a Barrier (after ``before()``, if given) before each call, each call counted at the
+    slowest rank's time (a collective has finished only when the last rank has).
     """
     def line_up():
         if before is not None:
@@ -65,12 +63,10 @@ def time_collective(comm, operation, repeats: int = 20, warmup: int = 1, before=
 
 
 def time_messages(comm, sizes_in_bytes, repeats: int = 20, dtype=np.float64) -> np.ndarray:
-    """Median seconds of one point-to-point message of each size (len(sizes),): what alpha-beta models.
-
-    Ranks pair up (0 with 1, 2 with 3, ...; with an odd number of ranks the last one only waits)
-    and swap a buffer of n bytes with one Sendrecv, both directions at once, as a step of the ring
-    or of recursive doubling does. Timed as :func:`time_collective` (slowest pair). The times to fit
-    nnlib.lesson04_collectives.costmodel.fit_latency_bandwidth to. Needs at least 2 ranks.
+    """Median seconds of one point-to-point message of each size (len(sizes),): what alpha-beta models (the times
+    for costmodel.fit_latency_bandwidth). Ranks pair up (0 with 1, 2 with 3, ...; with an odd number of ranks the
+    last one only waits) and swap n bytes with one Sendrecv, both directions at once, as a step of the ring or of
+    recursive doubling does; timed as :func:`time_collective` (slowest pair). Needs at least 2 ranks.
     """
     if comm.size < 2:
         raise ValueError("a message needs two ranks: run with at least 2")
