@@ -82,8 +82,7 @@ class DataParallel(LocalUpdate):
         self.comm.Bcast(self.network.params, root=0)  # everyone starts from rank 0's weights
 
     def sum_over_ranks(self, values: np.ndarray) -> np.ndarray:
-        self.comm.Allreduce(MPI.IN_PLACE, values, op=MPI.SUM)
-        return values
+        return collectives.allreduce_sum(self.comm, values)
 
     def score(self, network, validation) -> float:
         """Every rank holds the same network: rank 0 scores it for all."""

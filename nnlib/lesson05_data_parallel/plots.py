@@ -28,9 +28,8 @@ PHASE_COLOURS = {"data": "#9ecae1", "compute": "#3182bd", "communicate": "#e6550
 def timeline(per_rank, title: str, steps=None):
     """Who does what when: one row per rank, a coloured bar per phase of each step.
 
-    per_rank: for each rank, a list of (step, phase, start, end) in seconds (see
-    nnlib.lesson05_data_parallel.gather_timeline). Orange (communicate) that is longer on one rank than
-    on another is time spent *waiting* in the collective for a slower rank.
+    per_rank: for each rank, a list of (step, phase, start, end) in seconds (:func:`gather_timeline`). Orange
+    (communicate) longer on one rank than on another is time spent *waiting* in the collective for a slower rank.
     """
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch

@@ -108,12 +108,9 @@ def _worker(settings: dict) -> None:
 
 def measure(ranks_list, kind: str = "strong", samples: int = 20000, strategy: str = "allreduce",
             repeats: int = 3, progress: bool = False, **settings) -> list[dict]:
-    """Records for every rank count in ``ranks_list``, each repeated ``repeats`` times.
-
-    kind "strong": ``samples`` in total for every P; "weak": ``samples`` per rank (N = samples * P).
-    Extra ``settings`` replace those of POINT_SETTINGS (hidden, batch_size, epochs, learning_rate); each run is one
-    ``mpiexec -n P`` job on the first N MNIST samples.
-    """
+    """Records for every rank count in ``ranks_list``, each repeated ``repeats`` times: one ``mpiexec -n P`` job on
+    the first N MNIST samples, N = ``samples`` for every P ("strong") or ``samples`` per rank, samples * P ("weak").
+    Extra ``settings`` replace those of POINT_SETTINGS (hidden, batch_size, epochs, learning_rate)."""
     if kind not in ("strong", "weak"):
         raise ValueError(f"kind must be 'strong' or 'weak'; got {kind!r}")
     machine = machine_fields()
@@ -181,10 +178,8 @@ def format_table(rows, kind: str) -> str:
 
 
 def fit_amdahl(ranks, speedups) -> float:
-    """The serial fraction f of Amdahl's law, S(P) = 1 / (f + (1 - f) / P), fitted to strong scaling.
-
-    1/S - 1/P = f (1 - 1/P) is linear in f: least squares through the origin.
-    """
+    """The serial fraction f of Amdahl's law, S(P) = 1 / (f + (1 - f) / P), fitted to strong scaling:
+    1/S - 1/P = f (1 - 1/P) is linear in f, so least squares through the origin."""
     ranks, speedups = np.asarray(ranks, dtype=float), np.asarray(speedups, dtype=float)
     x, y = 1 - 1 / ranks, 1 / speedups - 1 / ranks
     if not np.any(x):
@@ -194,8 +189,7 @@ def fit_amdahl(ranks, speedups) -> float:
 
 def amdahl_speedup(ranks, serial_fraction: float):
     """S(P) = 1 / (f + (1 - f) / P): the speedup when a fraction f of the work cannot be shared."""
-    ranks = np.asarray(ranks, dtype=float)
-    return 1 / (serial_fraction + (1 - serial_fraction) / ranks)
+    return 1 / (serial_fraction + (1 - serial_fraction) / np.asarray(ranks, dtype=float))
 
 
 def fit_gustafson(ranks, scaled_speedups) -> float:
@@ -225,16 +219,13 @@ def warmup_schedule(base_rate: float, target_rate: float, warmup_epochs: float):
 
 def large_batch_accuracy(inputs, labels, test_inputs, test_labels, ranks_list, scale_rate: bool = False,
                          warmup_epochs: float = 1.0):
-    """Test accuracy after 2 epochs with a global batch of 32 P (32 per rank), for each P of ``ranks_list``:
-    a 784-64-10 network (seed 0), SGD with momentum 0.9 from the learning rate 0.05 of one rank.
+    """Test accuracy after 2 epochs with a global batch of 32 P (32 per rank), for each P of ``ranks_list``: a
+    784-64-10 network (seed 0), SGD with momentum 0.9 from one rank's learning rate 0.05. Returns (len(ranks_list),).
 
-    Without ``scale_rate`` every P uses that rate: bigger batches mean fewer steps of the same size, and
-    accuracy falls. With it, the linear scaling rule (Goyal et al. 2017): a batch k times larger gets a
-    k times larger rate (0.05 P), reached by a gradual warm-up over ``warmup_epochs``.
-
-    Simulated in one process: P ranks take exactly the steps of sequential training with the
-    global batch (nnlib.lesson05_data_parallel; lesson 05 and the tests show it), so only the global batch matters.
-    Returns the accuracies (len(ranks_list),).
+    Without ``scale_rate`` every P uses that rate: bigger batches mean fewer steps of the same size, and accuracy
+    falls. With it, the linear scaling rule (Goyal et al. 2017): a batch k times larger gets a k times larger rate
+    (0.05 P), reached by a gradual warm-up over ``warmup_epochs``. Simulated in one process: P ranks take exactly
+    the steps of sequential training with the global batch (lesson 05 shows it), so only the global batch matters.
     """
     from nnlib.lesson02_network.network import Network
     from nnlib.lesson03_training.training import train

@@ -40,10 +40,9 @@ def resolve_backend(device: str = "cpu", verbose: bool = False):
 def use_gpu_of_local_rank(comm):
     """Give each MPI rank its own GPU of its node, if CuPy sees any; return its index, else None.
 
-    Ranks on one node are numbered 0, 1, ... (their rank in ``comm.Split_type(COMM_TYPE_SHARED)``)
-    and rank i uses GPU i mod (GPUs on the node): one GPU per rank while there are enough, shared
-    round-robin beyond that. Call it before the first GPU allocation (see resolve_backend), so that
-    no rank sets up the first GPU as well as its own.
+    Rank i of a node (its rank in ``comm.Split_type(COMM_TYPE_SHARED)``) uses GPU i mod (GPUs on the node): one GPU
+    per rank while there are enough, shared round-robin beyond that. Call it before the first GPU allocation (see
+    resolve_backend), so that no rank sets up the first GPU as well as its own.
     """
     from mpi4py import MPI
 
@@ -63,10 +62,8 @@ def use_gpu_of_local_rank(comm):
 
 
 def synchronizer(xp):
-    """A function that waits until the GPU has finished its queued work (does nothing for CPU arrays).
-
-    CuPy calls return as soon as the work is queued; a timer, or MPI reading a buffer, must wait.
-    """
+    """A function that waits until the GPU has finished its queued work (does nothing for CPU arrays): CuPy calls
+    return as soon as the work is queued; a timer, or MPI reading a buffer, must wait."""
     if hasattr(xp, "cuda"):
         return xp.cuda.get_current_stream().synchronize
     return lambda: None
@@ -75,10 +72,9 @@ def synchronizer(xp):
 def cuda_aware_mpi() -> bool:
     """Whether MPI can read and write GPU memory directly (a CUDA-aware build).
 
-    ``NNLIB_CUDA_AWARE_MPI=1`` (or ``0``) decides when set. Otherwise the MPI library that
-    mpi4py loaded is asked: MPICH's MPIX_GPU_query_support(CUDA) or Open MPI's
-    MPIX_Query_cuda_support(). Anything else, or no answer, counts as not CUDA-aware, and GPU
-    buffers then travel through host memory.
+    ``NNLIB_CUDA_AWARE_MPI=1`` (or ``0``) decides when set. Otherwise the MPI library that mpi4py loaded is asked:
+    MPICH's MPIX_GPU_query_support(CUDA) or Open MPI's MPIX_Query_cuda_support(). Anything else, or no answer,
+    counts as not CUDA-aware, and GPU buffers then travel through host memory.
     """
     import ctypes
     import os

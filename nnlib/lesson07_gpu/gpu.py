@@ -40,12 +40,9 @@ def device_seconds(function, xp, repeats: int = 10) -> float:
 
 
 def matmul_sweep(shapes=MATMUL_SHAPES, gpu=None, repeats: int = 10, seed: int = 0) -> list[dict]:
-    """CPU (NumPy) versus GPU time of A @ B for each shape, in float32.
-
-    gpu_seconds: operands already on the GPU (the product alone);
-    gpu_with_copies_seconds: copy A and B to the GPU, multiply, copy the result back.
-    Without ``gpu`` (the cupy module) the GPU columns are NaN.
-    """
+    """CPU (NumPy) versus GPU time of A @ B for each shape, in float32. gpu_seconds: the product alone, operands
+    already on the GPU; gpu_with_copies_seconds: copy A and B to the GPU, multiply, copy the result back. Without
+    ``gpu`` (the cupy module) the GPU columns are NaN."""
     rng = np.random.default_rng(seed)
     records = []
     for m, k, n in shapes:
@@ -82,9 +79,7 @@ def predicted_epoch_seconds(hidden, samples, product_flops_per_second, batch_siz
 
 def forward_one_sample_at_a_time(network, inputs) -> np.ndarray:
     """The seed's mistake: every sample, every layer, its own tiny product, copied to the device and back.
-
-    inputs are host (NumPy) rows; returns the outputs (N, n_L) on the host.
-    """
+    inputs: host (NumPy) rows (N, n_0); returns the outputs (N, n_L) on the host."""
     xp = network.xp
     outputs = []
     for row in inputs:
@@ -112,10 +107,8 @@ def forward_comparison(inputs, hidden: int = 1024, gpu=None, repeats: int = 3) -
 
 
 def epoch_seconds(hidden: int, inputs, labels, device: str = "cpu", batch_size: int = 256, seed: int = 0) -> float:
-    """Seconds of one training epoch of 784-hidden-10 (the second of two: the first warms up).
-
-    On the GPU the data moves to the device once, before timing, and stays there.
-    """
+    """Seconds of one training epoch of 784-hidden-10 (the second of two: the first warms up). On the GPU the data
+    moves to the device once, before timing, and stays there."""
     from nnlib.lesson03_training.training import train
 
     network = Network((inputs.shape[1], hidden, 10), seed=seed, device=resolve_backend(device))

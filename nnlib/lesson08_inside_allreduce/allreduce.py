@@ -22,8 +22,8 @@ ring (bandwidth-optimal: every rank sends under 2 n elements, however large P is
     chunk r (as MPI's Reduce_scatter). Allgather: P - 1 more steps pass the completed chunks on.
     T = 2 (P - 1) alpha + 2 (P - 1) / P n beta
 
-Sizes and shapes: ``buffer`` is (n,) on every rank; chunks follow
-``collectives.split_counts(n, P)`` (the first n mod P chunks one element longer).
+Sizes and shapes: ``buffer`` is (n,) on every rank; chunks follow ``collectives.split_counts(n, P)`` (the first
+n mod P chunks one element longer). The algorithms trust their buffers: :func:`allreduce` checks them on every rank.
 """
 
 from __future__ import annotations
@@ -84,17 +84,14 @@ def check_buffer(comm, buffer, op: str = "sum", min_elements: int = 1) -> None:
 # -- the three algorithms --------------------------------------------------------------------
 
 def ring_allreduce(comm, buffer, op: str = "sum"):
-    """Ring Allreduce of ``buffer`` (n,) in place: :func:`ring_reduce_scatter`, then :func:`ring_allgather`.
-    (Unchecked: :func:`allreduce` checks the buffers on every rank first.)"""
+    """Ring Allreduce of ``buffer`` (n,) in place: :func:`ring_reduce_scatter`, then :func:`ring_allgather`."""
     ring_reduce_scatter(comm, buffer, op)
     return ring_allgather(comm, buffer)
 
 
 def ring_reduce_scatter(comm, buffer, op: str = "sum"):
     """The ring's first half (the module's reduce-scatter), in place: afterwards chunk r of ``buffer`` holds the
-    complete sum on rank r, the other chunks partial sums. Returns (start, stop) of this rank's complete chunk.
-    (Unchecked: the callers check the buffers.)
-    """
+    complete sum on rank r, the other chunks partial sums. Returns (start, stop) of this rank's complete chunk."""
     counts, starts = ring_steps(comm, buffer, 1, REDUCE[op])
     return starts[comm.rank], starts[comm.rank] + counts[comm.rank]
 
@@ -138,8 +135,7 @@ def ring_schedule(size: int):
 
 
 def recursive_doubling_allreduce(comm, buffer, op: str = "sum"):
-    """Recursive-doubling Allreduce of ``buffer`` (n,) in place: log2 P rounds of whole-buffer swaps.
-    (Unchecked: :func:`allreduce` checks the buffers on every rank first.)"""
+    """Recursive-doubling Allreduce of ``buffer`` (n,) in place: log2 P rounds of whole-buffer swaps."""
     size, rank = comm.size, comm.rank
     reduce = REDUCE[op]
     power = 1 << (size.bit_length() - 1)  # the largest power of two <= P
@@ -172,8 +168,7 @@ def recursive_doubling_allreduce(comm, buffer, op: str = "sum"):
 
 
 def reduce_broadcast_allreduce(comm, buffer, op: str = "sum", root: int = 0):
-    """Reduce to ``root`` and broadcast back, with plain Send/Recv: 2 (P - 1) whole-buffer messages.
-    (Unchecked: :func:`allreduce` checks the buffers on every rank first.)"""
+    """Reduce to ``root`` and broadcast back, with plain Send/Recv: 2 (P - 1) whole-buffer messages."""
     size, rank = comm.size, comm.rank
     if rank != root:
         comm.Send(buffer, dest=root)

@@ -13,14 +13,10 @@ ZERO_STATES = {"own gradient": "#c6dbef", "summed gradient": "#2171b5", "old par
 
 
 def zero_states(size: int) -> list[tuple[str, list[list[str]]]]:
-    """What every rank holds of every chunk after each phase of one ZeRO step on ``size`` ranks.
-
-    Returns [(phase, held)], held[r][c] the state (a key of ZERO_STATES) of chunk c on rank r:
-    before, every rank has its own gradient of every chunk; after the reduce-scatter rank r needs
-    only the sum of chunk r (the rest of its gradient is not needed: stage 2 frees it, stage 1 keeps
-    it); the update turns that sum into updated parameters (and momentum) of chunk r, the other
-    chunks still the old parameters; the allgather gives every rank every updated chunk.
-    """
+    """What every rank holds of every chunk after each phase of one ZeRO step on ``size`` ranks: [(phase, held)],
+    held[r][c] the state (a key of ZERO_STATES) of chunk c on rank r. After the reduce-scatter rank r needs only the
+    sum of chunk r (stage 2 frees the rest of its gradient, stage 1 keeps it), which the update turns into its new
+    parameters (and momentum)."""
     own = [["own gradient"] * size for _ in range(size)]
     summed = [["summed gradient" if c == r else "not needed" for c in range(size)] for r in range(size)]
     updated = [["updated parameters" if c == r else "old parameters" for c in range(size)] for r in range(size)]
@@ -91,8 +87,8 @@ def overlap_timeline(layers: int = 3):
 def ring_schedule(steps, size: int):
     """The ring Allreduce step by step: one row per step, one column per rank, the chunk it sends.
 
-    steps: nnlib.lesson08_inside_allreduce.allreduce.ring_schedule(size). A cell "3 → 1" means: this rank sends chunk 3 to
-    rank 1 (and adds or, in the allgather, copies the chunk that arrives from its left neighbour).
+    steps: allreduce.ring_schedule(size). A cell "chunk 3 → 1" means: this rank sends chunk 3 to rank 1 (and adds
+    or, in the allgather, copies the chunk that arrives from its left neighbour).
     """
     import matplotlib.pyplot as plt
 
@@ -116,8 +112,8 @@ def ring_schedule(steps, size: int):
 def allreduce_times(rows, models=None, title: str = ""):
     """Measured Allreduce time and bus bandwidth against message size, one line per algorithm.
 
-    rows: dicts with bytes, algorithm, ranks, seconds, bus_bandwidth (nnlib.lesson08_inside_allreduce.allreduce_timing.main's CSV)
-    for one number of ranks; models: {algorithm: predicted seconds per size} drawn dashed.
+    rows: dicts with bytes, algorithm, ranks, seconds, bus_bandwidth (allreduce_timing's CSV) for one number of
+    ranks; models: {algorithm: predicted seconds per size} drawn dashed.
     """
     import matplotlib.pyplot as plt
 

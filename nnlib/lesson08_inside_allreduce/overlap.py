@@ -1,23 +1,20 @@
 """Overlap: send each layer's gradient while backpropagation is still computing the earlier layers.
 
-Backpropagation produces the gradients last layer first. Here (the design of PyTorch's
-DistributedDataParallel) the layers are grouped into *buckets*, and a bucket's non-blocking
-``Iallreduce`` starts as soon as its last gradient is final, so that its transfer runs while the
-remaining layers' backward pass computes:
+Backpropagation produces the gradients last layer first. As in PyTorch's DistributedDataParallel, the layers are
+grouped into *buckets*, and a bucket's non-blocking ``Iallreduce`` starts as soon as its last gradient is final, so
+that its transfer runs while the remaining layers' backward pass computes:
 
     backward layer L   | backward layer L-1 | ... | backward layer 1 | wait for what is left
                         \\_ Iallreduce(bucket L) ... _/   \\_ Iallreduce(bucket 1) _/
 
-The flat layout [W_1, b_1, ..., W_L, b_L] makes every bucket one contiguous slice of ``grads``
-(layers l..m are params[offset(W_l) : offset(W_m) + size(W_m) + size(b_m)]), so a bucket is
-reduced in place with no copy. A bucket closes once it holds at least ``bucket_bytes`` bytes:
-one message per layer (``bucket_bytes=0``) overlaps the most but pays alpha per layer; one
-bucket for all layers is the plain Allreduce again.
+In the flat layout [W_1, b_1, ..., W_L, b_L] a bucket of layers l..m is one contiguous slice of ``grads``
+(offsets[l]:offsets[m + 1], lesson 02's parameter_offsets), reduced in place with no copy. A bucket closes once it
+holds at least ``bucket_bytes`` bytes: one per layer (``bucket_bytes=0``) overlaps the most but pays alpha per
+layer; one for all layers is the plain Allreduce again.
 
-MPI moves a non-blocking collective forward only while some MPI call runs (no progress thread
-here), so after each layer the pending requests are tested once (``Testall``): that is where
-the overlap happens. The sums are the same Allreduce sums, in place, so the result equals the
-plain Allreduce (tests/mpi/check_parallel.py). ``train_parallel(..., strategy=Overlap)`` trains this way.
+MPI moves a non-blocking collective forward only while some MPI call runs (no progress thread here), so after each
+layer the pending requests are tested once (``Testall``): that is where the overlap happens. The sums, in place,
+equal the plain Allreduce's (tests/mpi/check_parallel.py); ``train_parallel(..., strategy=Overlap)`` trains this way.
 """
 
 from __future__ import annotations
@@ -31,7 +28,7 @@ from nnlib.lesson05_data_parallel.data_parallel import DataParallel
 LESSON = 8
 
 
-BUCKET_BYTES = 1 << 16  # 64 KiB: 784-128-10 gets one bucket (its last layer is 5 kB); bucket_bytes=0 gives one per layer
+BUCKET_BYTES = 1 << 16  # 64 KiB: 784-128-10 gets one bucket (its last layer is 5 kB); 0 gives one per layer
 
 
 def bucket_ranges(network, bucket_bytes: int = BUCKET_BYTES):

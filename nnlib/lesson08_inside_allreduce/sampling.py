@@ -1,27 +1,23 @@
 """How the ranks pick the samples of each step: exactly the sequential batches, or each from its own shard.
 
-``exact`` (the default of nnlib.lesson05_data_parallel.train_parallel: nnlib.lesson05_data_parallel.data_parallel.ShardBatches)
-    Every rank draws the same seeded permutation of all N samples that sequential training
-    draws, cuts it into the same global batches of b samples, and computes the part of batch k
-    that lies in its own shard. P ranks take exactly the sequential steps, but the part that
-    falls in a shard is random: rank r gets n_r(k) samples, b/P on average, and every step lasts
-    as long as the rank with the most, max_r n_r(k). The lost fraction is the *imbalance*
+``exact`` (train_parallel's default: lesson 05's ShardBatches)
+    Every rank draws the sequential run's seeded permutation of all N samples, cuts it into the same global batches
+    of b samples, and computes the part of batch k in its own shard. P ranks take exactly the sequential steps, but
+    rank r gets a random n_r(k) samples, b/P on average, and every step lasts as long as the rank with the most,
+    max_r n_r(k). The lost fraction is the *imbalance*
 
         imbalance = mean over steps of  max_r n_r(k) / (b / P)   - 1
 
 ``per_rank`` (even work per step, as PyTorch's DistributedSampler gives; :class:`PerRankBatches`)
-    Rank r shuffles only its own shard, with a generator seeded by (seed, rank, epoch), and
-    takes its next b_r = split_counts(b, P)[r] samples at every step: the work per step is even,
-    every sample is still seen once per epoch, but the batches differ from the sequential ones,
-    so the run equals sequential training only statistically (lesson 08 compares accuracies).
-    Both give ceil(N / b) steps per epoch (``per_rank`` a few more where b is not much larger
-    than P and the shards do not fit ceil(N / b) local batches). The permutation depends only on (seed, rank, epoch),
-    so a run resumed from a checkpoint draws the same batches.
+    Rank r shuffles only its own shard, with a generator seeded by (seed, rank, epoch) (so a run resumed from a
+    checkpoint draws the same batches), and takes its next b_r = split_counts(b, P)[r] samples at every step: even
+    work, every sample still seen once per epoch, but batches other than the sequential ones, so the run equals
+    sequential training only statistically (lesson 08 compares accuracies). Both give ceil(N / b) steps per epoch
+    (``per_rank`` a few more where b is not much larger than P and the shards do not fit ceil(N / b) local batches).
 
-Each plan is a list, one entry per step, of (rows, divide_by): this rank's rows of the step
-(indices into its shard, an int array) and the number of samples in the whole global batch (the
-gradient's divisor, the same on every rank). ``train_parallel(..., batches=PerRankBatches)`` trains
-with the per-rank sampler.
+Each plan is a list, one entry per step, of (rows, divide_by): this rank's rows of the step (indices into its
+shard, an int array) and the number of samples in the whole global batch (the gradient's divisor, the same on every
+rank). ``train_parallel(..., batches=PerRankBatches)`` trains with the per-rank sampler.
 """
 
 from __future__ import annotations
@@ -35,11 +31,8 @@ LESSON = 8
 
 
 class PerRankBatches(Batches):
-    """The ``per_rank`` sampler as the training loop's plan: ``epoch(e)`` -> :func:`per_rank_plan`.
-
-    Made from (shard_sizes, rank, settings), as ``train_parallel(..., batches=PerRankBatches)`` asks.
-    Full-batch training has one batch, the same for both samplers: every rank all of its rows.
-    """
+    """The ``per_rank`` sampler as the training loop's plan, made from (shard_sizes, rank, settings): ``epoch(e)`` ->
+    :func:`per_rank_plan`. Full-batch training has one batch, as the ``exact`` sampler's: every rank all its rows."""
 
     name = "per_rank"
 

@@ -9,16 +9,14 @@ divide the number of parameters, as ``collectives.split_counts``) and, per step:
        (stage 1: rank r keeps only v_r, 1/P of the optimizer's state: Adam's m_r and v_r likewise)
     3. allgather the parameter slices: every rank has the whole new p again.
 
-:class:`ZeRO` (stage 1) computes the whole local gradient g, then reduce-scatters it: ZeRO sends the same bytes as
-the ``allreduce`` strategy, steps 1 and 3 being the two halves of the ring (allreduce.py). :class:`ZeROStage2`
-trains a :class:`GradientShardedNetwork`, whose backpropagation computes g in buckets of at most Psi / (4P) values,
-or one row of W_l where a row is longer (row blocks of dJ/dW_l, then dJ/db_l), and reduce-scatters each bucket to
-the ranks whose slices it covers as soon as it is computed (MPI's Reduce_scatter with uneven counts, most of them
-0), then drops it: a rank holds its slice g_r and one bucket. With gradient accumulation every micro-batch's buckets
-are sent and added into g_r (stage 1 and data parallelism send once per step, after the last micro-batch; stage 2
-gives that up, having no whole gradient to add into). Each slice is updated by the run's optimizer
-(nnlib.lesson03_training.optimizers), element-wise as on the whole vector, so both equal the ``allreduce`` strategy
-up to the order in which MPI adds the ranks' gradients (within 1e-10 in float64; tests/mpi/check_parallel.py).
+:class:`ZeRO` (stage 1) computes the whole local gradient g, then reduce-scatters it: the same bytes as the
+``allreduce`` strategy, steps 1 and 3 being the two halves of the ring (allreduce.py). :class:`ZeROStage2` trains a
+:class:`GradientShardedNetwork`, whose backpropagation reduce-scatters g a bucket at a time (at most Psi / (4P)
+values, or a row of W_l) to the ranks whose slices it covers, then drops it: a rank holds g_r and one bucket. With
+gradient accumulation every micro-batch's buckets are sent and added into g_r (stage 1 sends once per step, after the
+last micro-batch; stage 2 has no whole gradient to add into). Each slice is updated by the run's optimizer,
+element-wise as on the whole vector, so both equal the ``allreduce`` strategy up to the order in which MPI adds the
+ranks' gradients (within 1e-10 in float64; tests/mpi/check_parallel.py).
 
 ``train_parallel(..., strategy=ZeRO)`` trains this way; ``train_parallel(GradientShardedNetwork(comm, ...), ...,
 strategy=ZeROStage2)`` at stage 2.
@@ -29,18 +27,17 @@ from __future__ import annotations
 from mpi4py import MPI
 
 from nnlib.lesson02_network.arrays import constant_vector, through_host, to_numpy
-from nnlib.lesson02_network.network import Layer, LayerStack, Network, layer_views, parameter_offsets
-from nnlib.lesson04_collectives.collectives import allgather_rows
+from nnlib.lesson02_network.network import Layer, LayerStack, Network, parameter_offsets
+from nnlib.lesson04_collectives.collectives import allgather_rows, row_range
 from nnlib.lesson05_data_parallel.data_parallel import DataParallel
-from nnlib.lesson08_inside_allreduce.allreduce import chunk_bounds, ring_allgather, ring_reduce_scatter
+from nnlib.lesson08_inside_allreduce.allreduce import ring_allgather, ring_reduce_scatter
 
 LESSON = 8
 
 
 def rank_slice(num_params: int, size: int, rank: int) -> slice:
-    """Rank ``rank``'s slice [s_r, e_r) of ``num_params`` cut into ``size`` (the ring's chunks, chunk_bounds)."""
-    counts, starts = chunk_bounds(num_params, size)
-    return slice(starts[rank], starts[rank] + counts[rank])
+    """Rank ``rank``'s slice [s_r, e_r) of ``num_params`` cut into ``size`` (the ring's chunks, lesson 04's split)."""
+    return slice(*row_range(num_params, size, rank))
 
 
 class ZeRO(DataParallel):
@@ -96,20 +93,16 @@ class BucketLayer(Layer):
 class GradientShardedNetwork(LayerStack):
     """Lesson 02's network for ZeRO stage 2 on ``comm``'s ranks: the whole parameters (as at stage 1), but ``grads``
     is this rank's slice [s_r, e_r) of the gradient only (rank_slice), filled during backpropagation by
-    :class:`BucketLayer` (buckets of at most Psi / (4P) values, or a row). layer_sizes, output, dtype, seed: as
-    lesson 02's Network (the same starting weights). Its backward is collective: every rank makes it at once, in one
-    piece."""
+    :class:`BucketLayer`. layer_sizes, output, dtype, seed: as lesson 02's Network (the same starting weights). Its
+    backward is collective: every rank makes it at once, in one piece."""
 
     def __init__(self, comm, layer_sizes, output: str = "sigmoid", dtype="float64", seed: int = 0):
         whole = Network(layer_sizes, output, dtype, seed)  # (its checks and weights; its whole gradient is dropped)
         self.comm, self.slices = comm, [rank_slice(whole.num_params, comm.size, r) for r in range(comm.size)]
         self.bucket = max(1, whole.num_params // (4 * comm.size))
+        layers = [BucketLayer(self, layer.weights, layer.biases, layer.activation, offset)
+                  for layer, offset in zip(whole.layers, parameter_offsets(whole.shapes))]  # over whole.params
         mine = self.slices[comm.rank]
-        shapes = whole.shapes
-        views = zip(*layer_views(whole.params, shapes), ["sigmoid"] * (len(shapes) - 1) + [output],
-                    parameter_offsets(shapes))
-        layers = [BucketLayer(self, weights, biases, activation, offset) for weights, biases, activation, offset
-                  in views]
         grads = whole.xp.zeros(mine.stop - mine.start, whole.dtype)  # g_r only
         super().__init__(whole.layer_sizes, output, layers, whole.params, grads, whole.xp)
         self.chunk_size = None  # one piece, whatever the rows: every rank makes the same collective calls
