@@ -4,9 +4,8 @@ Every helper uses mpi4py's **buffer** (uppercase) methods: the array's memory go
 pickling. That is fast, but MPI then sees only raw bytes in memory order: a Fortran-ordered or strided array handed
 to ``Bcast`` arrives scrambled, so every helper first calls :func:`require_contiguous`.
 
-Uneven splits (:func:`split_evenly`, nnlib's one split of N items over P ranks): ``split_counts(10, 4) == [3, 3, 2,
-2]``, the first ``total % parts`` ranks one more. ``Scatterv``/``Gatherv`` take counts and offsets. At the end:
-every rank reaching the same verdict (lesson 05 and after use it before any collective)."""
+Uneven splits (:func:`split_evenly`, nnlib's one split): ``split_counts(10, 4) == [3, 3, 2, 2]``, the first
+``total % parts`` ranks one more, for ``Scatterv``/``Gatherv``. At the end: every rank reaching the same verdict."""
 
 from __future__ import annotations
 
@@ -123,6 +122,11 @@ def raised_on_every_rank(error: BaseException) -> BaseException:
     """Mark ``error`` as raised by every rank together (so no 'failed' notice is sent); return it."""
     error.on_every_rank = True
     return error
+
+
+def on_every_rank(error: BaseException) -> bool:
+    """Whether every rank raised ``error`` together (marked by :func:`raised_on_every_rank`)."""
+    return getattr(error, "on_every_rank", False)
 
 
 def require_same_on_every_rank(comm, what: str, value) -> None:

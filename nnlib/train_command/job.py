@@ -29,10 +29,12 @@ def run(args) -> int:
     """The batch job; an error on some ranks only ends the whole job with MPI_Abort (never a hang)."""
     from mpi4py import MPI
 
+    from nnlib.lesson04_collectives.collectives import on_every_rank
+
     try:
         return train_job(args)
     except Exception as error:
-        if getattr(error, "on_every_rank", False):  # every rank has it: rank 0 says it once
+        if on_every_rank(error):  # every rank has it: rank 0 says it once
             if MPI.COMM_WORLD.rank == 0:
                 print(f"error: {error}", file=sys.stderr, flush=True)
             return 2
