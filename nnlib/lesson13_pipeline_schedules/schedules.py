@@ -57,7 +57,7 @@ class ChunkInstruction(Instruction):
 
 def chunk_of(instruction) -> int:
     """The chunk an instruction is for (lesson 09's instructions: 0, a stage's only one)."""
-    return getattr(instruction, "chunk", 0)
+    return instruction.chunk if isinstance(instruction, ChunkInstruction) else 0
 
 
 def chunk_program(stage: int, stages: int, order, chunks: int = 1) -> list[ChunkInstruction]:
