@@ -14,7 +14,7 @@ from collections import defaultdict, deque
 
 import numpy as np
 
-from nnlib.lesson09_model_parallel.instructions import COMPUTE, SCHEDULES, Instruction
+from nnlib.lesson09_model_parallel.instructions import COMPUTE, SCHEDULES
 from nnlib.lesson09_model_parallel.pipeline import PipelineMLP
 
 LESSON = 9
@@ -147,7 +147,12 @@ def simulate(programs, seconds, letters=COMPUTE, position=None) -> list[list[tup
                     elif not channel:
                         break  # blocked: the message has not been sent yet
                     else:
-                        clock[stage] = max(clock[stage], received(channel, instruction, stage))
+                        micro_batch, sent = channel.popleft()
+                        if micro_batch != instruction.micro_batch:
+                            raise RuntimeError(f"stage {stage} runs {instruction} but the next message on its "
+                                               f"channel is micro-batch {micro_batch}: messages arrive in the order "
+                                               "they were sent")
+                        clock[stage] = max(clock[stage], sent)
                 else:
                     began, clock[stage] = clock[stage], clock[stage] + seconds(stage, instruction.kind)
                     timelines[stage].append((letters[instruction.kind], instruction.micro_batch, began, clock[stage]))
@@ -163,11 +168,3 @@ def simulate(programs, seconds, letters=COMPUTE, position=None) -> list[list[tup
         raise RuntimeError("the schedule sends what no stage receives: " + "; ".join(unread))
     return timelines
 
-
-def received(channel, instruction: Instruction, stage: int) -> float:
-    """Take the oldest message of ``channel`` for ``instruction`` (a receive); the time it was sent."""
-    micro_batch, sent = channel.popleft()
-    if micro_batch != instruction.micro_batch:
-        raise RuntimeError(f"stage {stage} runs {instruction} but the next message on its channel is micro-batch "
-                           f"{micro_batch}: messages arrive in the order they were sent")
-    return sent
