@@ -68,11 +68,10 @@ def seconds_per_kind(timeline) -> dict:
 
 def measure_bubbles(comm, layer_sizes, batch: int, micro_batch_counts=(1, 2, 4, 8, 16), schedule: str = "1f1b",
                     repeats: int = 5, dtype="float32", seed: int = 0):
-    """For each m, the measured idle fraction of a pipeline step beside (P - 1) / (m + P - 1) and the simulated one.
+    """For each m, a pipeline step's measured idle fraction beside (P - 1) / (m + P - 1) and the simulated one.
 
-    Every rank runs :func:`measured` steps on the same random batch of ``batch`` samples. Returns, on rank 0, a list
-    of its dicts with micro_batches added, the simulation (:func:`simulated_bubble`) taking each stage's median
-    forward and backward times of each step; None elsewhere.
+    Every rank runs :func:`measured` steps on one random batch of ``batch`` samples; rank 0 returns its dicts with
+    micro_batches added (None elsewhere), :func:`simulated_bubble` taking each stage's median F and B of each step.
     """
     inputs, labels = random_batch(layer_sizes, batch, dtype, seed)
     rows = []

@@ -100,14 +100,11 @@ def split_pieces(whole: Network, kinds, size: int, rank: int):
 class TensorParallelMLP(LayerStack):
     """This rank's part of a fully connected sigmoid network, split by hidden units.
 
-    comm:   the ranks that share the network (each holds all of the data), used as given (pass
-            nnlib.course.deadline.watch(comm, timeout) for a deadline on its Allreduces).
-    layer_sizes, output, dtype, seed, device: as for nnlib.lesson02_network.network.Network (the same initial weights;
-            on a GPU, pass a comm that stages its buffers: nnlib.lesson07_gpu.backend.HostStaging).
-    Attributes: kinds (per layer: "column", "row" or "replicated"), columns (per layer: the
-    (start, stop) of the hidden units this rank holds), layers (ColumnLayer, RowLayer, Layer),
-    params and grads (this rank's flat vector), weights, biases, grad_weights, grad_biases (views
-    into them, per layer), and LayerStack's methods.
+    comm: the ranks that share the network, each with all of the data, used as given (for a deadline on its
+    Allreduces, pass nnlib.course.deadline.watch(comm, timeout)). layer_sizes, output, dtype, seed, device: as for
+    Network (the same initial weights; on a GPU, a comm staging its buffers: lesson 07's HostStaging). kinds (per
+    layer: "column", "row" or "replicated") and columns: split_pieces'; layers: ColumnLayer, RowLayer, SplitLayer;
+    params, grads: this rank's flat vectors, with per-layer views weights, biases, grad_weights, grad_biases.
     """
 
     def __init__(self, comm, layer_sizes=(784, 128, 10), output: str = "sigmoid", dtype="float64", seed: int = 0,
