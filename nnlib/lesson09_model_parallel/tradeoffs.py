@@ -120,10 +120,8 @@ def largest_hidden_size(kind: str, layer_sizes_of, ranks: int, budget_bytes: flo
     """
     if kind == "pipeline" and ranks > len(layer_sizes_of(64)) - 1:
         return 0
-    hidden, best = 64, 0
-    while hidden <= 1 << 16:
+    for hidden in range(64, (1 << 16) + 1, 64):
         held = busiest_rank_bytes(kind, layer_sizes_of(hidden), batch, ranks, itemsize, micro_batches=micro_batches)
         if sum(held.values()) > budget_bytes:
-            break
-        best, hidden = hidden, hidden + 64
-    return best
+            return hidden - 64
+    return 1 << 16

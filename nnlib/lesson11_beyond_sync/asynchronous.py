@@ -98,18 +98,14 @@ def asynchronous_problems(size: int, settings: Settings, staleness, slow, names=
 
 def train_async(comm, network, inputs, labels, settings: Settings | None = None, *, staleness: int | None = None,
                 slow=None, **keywords):
-    """Train ``network`` with a parameter server on rank 0 and workers on ranks 1..P-1.
+    """Train ``network`` with a parameter server on rank 0 and workers on ranks 1..P-1 (see the module).
 
-    inputs (N, n_0), labels (N,): the whole training set on every rank (each worker takes its
-    shard, rows split as collectives.split_counts splits them over the P-1 workers; the server
-    uses none). ``settings`` (nnlib.lesson03_training.training.Settings, or its fields as keywords; plain SGD: the
-    momentum is not used): a worker's batches are its share of the batch size, epoch after epoch
-    through its shard (nnlib.lesson08_inside_allreduce.sampling.PerRankBatches); as many updates as
-    synchronous training makes (:func:`serve`). ``staleness``: the bound s (None: fully asynchronous).
-    ``slow``: {rank: seconds} added to every step of those workers (a straggler).
-    Every message has the deadline of ``comm`` (a nnlib.course.deadline.WatchedComm's, or the default).
-    Every rank ends with the server's final parameters; rank 0 returns the
-    :class:`AsyncHistory`, the workers None.
+    inputs (N, n_0), labels (N,): the whole training set on every rank; each worker takes its shard (split_counts
+    over the P-1 workers). ``settings``: lesson 03's Settings, or its fields as keywords; a worker's batches are its
+    share of the batch size through its shard (lesson 08's PerRankBatches), as many updates as synchronous
+    training makes. ``staleness``: the bound s (None: fully asynchronous); ``slow``: {rank: seconds} added to every
+    step of those workers (a straggler). Every message has ``comm``'s deadline (a WatchedComm's, or the default).
+    Every rank ends with the server's final parameters; rank 0 returns the :class:`AsyncHistory`, the workers None.
     """
     settings = Settings.from_keywords(settings, keywords)
     problems = settings.problems() + asynchronous_problems(comm.size, settings, staleness, slow)  # (every rank's own)
