@@ -135,7 +135,6 @@ class TensorParallelMLP(LayerStack):
                              "pieces of layers: use strategy 'allreduce' or nnlib.lesson08_inside_allreduce.zero.ZeRO")
         return super().loss_and_gradient(inputs, labels, normalizer, check, on_device)
 
-    # -- comparison ------------------------------------------------------------------------
     def full_params(self) -> np.ndarray:
         """The whole network's flat parameter vector (Network's layout), on every rank."""
         pieces = []

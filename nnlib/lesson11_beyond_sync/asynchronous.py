@@ -12,18 +12,15 @@ and the server applies every gradient the moment it arrives (Downpour SGD's serv
 so no worker waits for another, but its gradients may have been computed from parameters several
 updates old (*stale*).
 
-Bounded staleness (stale-synchronous parallel, Ho et al. 2013): every worker counts its updates
-(its clock c_w); the server answers a worker only while c_w - min_u c_u <= s, so no worker runs more
-than s steps ahead of the slowest. s = 0 is synchronous training: every worker computes its step-c
-gradient from the parameters after all step c-1 gradients, and the server's updates add up to the
-synchronous step w <- w - eta sum_w g_w (each g_w normalized by the global batch), in another order
-of addition only. So ``staleness=0`` equals synchronous data parallelism with the per-rank sampler
-(nnlib.lesson08_inside_allreduce.sampling.per_rank_plan) on the P-1 workers, to rounding; ``staleness=None`` is fully
-asynchronous.
+Bounded staleness (stale-synchronous parallel, Ho et al. 2013): every worker counts its updates (its clock c_w);
+the server answers a worker only while c_w - min_u c_u <= s, so no worker runs more than s steps ahead of the
+slowest. At s = 0 every worker computes its step-c gradient from the parameters after all step c-1 gradients, and
+the server's updates add up to the synchronous step w <- w - eta sum_w g_w (each g_w normalized by the global
+batch) in another order: ``staleness=0`` equals synchronous data parallelism with lesson 08's per-rank sampler
+(per_rank_plan) on the P-1 workers, to rounding; ``staleness=None`` is fully asynchronous.
 
-The server keeps one ``Irecv`` open per worker and waits for any of them (MPI's Waitany). Plain SGD
-(no momentum): Downpour's server applied each gradient alone, and momentum across stale updates
-is a different algorithm.
+The server keeps one ``Irecv`` open per worker and waits for any of them (MPI's Waitany). Plain SGD (no
+momentum): Downpour's server applied each gradient alone; momentum across stale updates is another algorithm.
 """
 
 from __future__ import annotations
