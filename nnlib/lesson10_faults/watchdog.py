@@ -1,12 +1,11 @@
 """Deadlines around whole training runs: every collective of a run watched, and the errors saying where it was.
 
-Lesson 10 takes apart the deadline that the course's cluster already gives every ``comm``
-(nnlib.course.deadline), then puts it around a training run:
+Lesson 10 takes apart the deadline that the course's cluster already gives every ``comm`` (the course's own
+nnlib.course.deadline: ``watch``, ``WatchedComm``, ``CollectiveTimeout``), then puts it around a training run:
 
     train_watched(train_parallel, comm, network, inputs, labels, ...)   # a deadline on every collective
     RunNotes(watched)   a hook: the errors say the epoch, the step and the phase the run was in
 
-``watch``, ``WatchedComm`` and ``CollectiveTimeout`` live in nnlib.course.deadline, the course's own tools;
 :func:`record_waits` and :func:`wait_spans` put a run's waits in a trace.
 """
 

@@ -46,13 +46,12 @@ EXTRA = 3  # loss summed over the batch, correct predictions, rows
 
 @dataclass
 class AsyncHistory:
-    """What the server saw (on rank 0; the workers get None from train_async).
+    """What the server (rank 0) saw.
 
-    Per update, in the order applied: ``worker`` (its rank), ``staleness`` (updates applied since
-    the gradient's parameters were sent) and ``seconds`` (since the start). Per epoch (every
-    ``steps x workers`` updates): ``epoch_seconds`` (time at its end), ``loss`` and
-    ``train_accuracy`` (over the samples of its updates), ``params`` (a copy, to score later).
-    ``largest_lead``: the most any worker was let run ahead of the slowest (at most s).
+    Per update, in the order applied: ``worker`` (its rank), ``staleness`` (updates applied since the gradient's
+    parameters were sent) and ``seconds`` (since the start). Per epoch (every ``steps x workers`` updates):
+    ``epoch_seconds`` (time at its end), ``loss`` and ``train_accuracy`` (over the samples of its updates),
+    ``params`` (a copy, to score later). ``largest_lead``: the most any worker ran ahead of the slowest (at most s).
     """
 
     worker: list = field(default_factory=list)
