@@ -28,7 +28,7 @@ import numpy as np
 from mpi4py import MPI
 
 from nnlib.lesson02_network.arrays import namespace_of_device, to_numpy
-from nnlib.lesson02_network.network import Layer, LayerStack, Network, layer_views
+from nnlib.lesson02_network.network import Layer, LayerStack, Network, dense_layers
 from nnlib.lesson04_collectives.collectives import allgather_rows, require_same_on_every_rank, row_range
 
 LESSON = 9
@@ -119,11 +119,9 @@ class TensorParallelMLP(LayerStack):
         xp = namespace_of_device(device)
         params = xp.asarray(np.concatenate([piece.reshape(-1) for piece in pieces]).astype(whole.dtype))
         grads = xp.zeros_like(params)
-        weights, biases = layer_views(params, local_shapes, xp)
-        grad_weights, grad_biases = layer_views(grads, local_shapes, xp)
-        activations = ["sigmoid"] * (whole.num_layers - 1) + [output]
-        layers = [SPLIT_LAYERS[kind](comm, *views) for kind, *views in
-                  zip(self.kinds, weights, biases, grad_weights, grad_biases, activations)]
+        layers = [SPLIT_LAYERS[kind](comm, layer.weights, layer.biases, layer.grad_weights, layer.grad_biases,
+                                     layer.activation)  # lesson 02's layers over the views, each made a split one
+                  for kind, layer in zip(self.kinds, dense_layers(params, grads, local_shapes, output, xp))]
         super().__init__(whole.layer_sizes, output, layers, params, grads, xp)
         del whole, pieces  # no rank keeps the whole network
 

@@ -49,10 +49,9 @@ def train_watched(train, comm, *args, timeout=None, hooks=(), wrap=None, **keywo
 def record_waits(watched: WatchedComm) -> list:
     """Make ``watched`` note each of its waits; returns the list it appends (what, where, start, end) to.
 
-    Every collective, receive and wait_all of a WatchedComm waits in its ``wait`` (what: "Allreduce",
-    "Recv from rank 2", ...); where: a copy of ``watched.where`` (epoch, step, phase) when it began;
-    start, end: time.perf_counter seconds, also when the wait ends in an error. In a run, record
-    from train_watched's ``wrap``: a function that calls record_waits(watched) and returns ``watched``.
+    Every collective, receive and wait_all of a WatchedComm waits in its ``wait`` (what: "Allreduce", "Recv from
+    rank 2", ...); where: a copy of ``watched.where`` (epoch, step, phase) as it began; start, end: time.perf_counter
+    seconds, also when the wait ends in an error. In a run, call it in train_watched's ``wrap`` (returning watched).
     """
     waits, wait = [], watched.wait
 

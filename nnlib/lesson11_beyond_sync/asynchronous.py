@@ -119,7 +119,7 @@ def train_async(comm, network, inputs, labels, settings: Settings | None = None,
             history = serve(comm, network, steps, settings, staleness)
         else:
             start, stop = row_range(len(inputs), workers, comm.rank - 1)
-            work(comm, network, (inputs[start:stop], labels[start:stop]),
+            work(comm, network, inputs[start:stop], labels[start:stop],
                  PerRankBatches(shard_sizes, comm.rank - 1, settings), steps, (slow or {}).get(comm.rank, 0.0))
         comm.at(phase="sending the final parameters")
         through_host(network.params, lambda host: comm.Bcast(host, root=0))
@@ -181,17 +181,16 @@ def serve(comm, network, steps: int, settings: Settings, staleness):
     return history
 
 
-def work(comm, network, shard, plan: PerRankBatches, steps: int, delay: float) -> None:
+def work(comm, network, inputs, labels, plan: PerRankBatches, steps: int, delay: float) -> None:
     """A worker's loop: compute a gradient from the last parameters received, send it, wait for the answer
-    (new parameters, or stop). shard: its (inputs, labels); its batches go through them epoch after epoch."""
-    inputs, labels = shard
+    (new parameters, or stop). inputs, labels: its shard; its batches go through them epoch after epoch."""
     size = network.num_params
     message, reply = np.zeros(size + EXTRA), np.zeros(size + 1)
-    batches, batches_epoch, clock = None, -1, 0
+    clock = 0
     while True:
         epoch, step = divmod(clock, steps)
-        if epoch != batches_epoch:
-            batches, batches_epoch = plan.epoch(epoch), epoch
+        if step == 0:  # a new epoch: its batches
+            batches = plan.epoch(epoch)
         rows, normalizer = batches[step]
         rows = np.arange(len(labels)) if rows is None else rows  # (None: the full batch, all of the shard)
         comm.at(epoch=epoch + 1, step=step + 1, phase="compute")
