@@ -119,14 +119,13 @@ def random_batch(layer_sizes, batch: int, dtype, seed: int):
 def simulate(programs, seconds, letters=COMPUTE, position=None) -> list[list[tuple]]:
     """Run every stage's instructions on a clock, as the executor runs them; return the timelines.
 
-    programs: a schedule's lists (one per stage). seconds(stage, kind): how long a computing
-    instruction takes there. A send takes no time and never waits (MPI's Isend); a receive waits
-    until the message has been sent, and takes the oldest one on its channel (MPI's order: one
-    channel per direction and receiving stage), which must be the micro-batch it names.
-    letters: the computing kinds and their letters; position(stage, instruction): the place in the pipe of
-    the stage that runs it (default: the stage itself; lesson 13's virtual stages say otherwise).
-    Returns each stage's [(letter, k, start, end)] of its computations, like PipelineMLP.timeline.
-    Raises RuntimeError if the schedule deadlocks, receives out of order, or sends what nobody receives.
+    programs: a schedule's lists (one per stage). seconds(stage, kind): how long a computing instruction takes
+    there. A send takes no time and never waits (MPI's Isend); a receive waits until the message has been sent and
+    takes the oldest one on its channel (MPI's order: one channel per direction and receiving stage), which must be
+    the micro-batch it names. letters: the computing kinds' letters; position(stage, instruction): the place in the
+    pipe of the stage that runs it (default: the stage itself; lesson 13's virtual stages differ). Returns each
+    stage's [(letter, k, start, end)], like PipelineMLP.timeline; raises RuntimeError if the schedule deadlocks,
+    receives out of order, or sends what nobody receives.
     """
     position = position or (lambda stage, instruction: stage)
     at, clock = [0] * len(programs), [0.0] * len(programs)
