@@ -14,7 +14,7 @@ from collections import defaultdict, deque
 
 import numpy as np
 
-from nnlib.lesson09_model_parallel.instructions import COMPUTE, SCHEDULES, Instruction
+from nnlib.lesson09_model_parallel.instructions import COMPUTE, SCHEDULES
 from nnlib.lesson09_model_parallel.pipeline import PipelineMLP
 
 LESSON = 9
@@ -68,11 +68,10 @@ def seconds_per_kind(timeline) -> dict:
 
 def measure_bubbles(comm, layer_sizes, batch: int, micro_batch_counts=(1, 2, 4, 8, 16), schedule: str = "1f1b",
                     repeats: int = 5, dtype="float32", seed: int = 0):
-    """For each m, the measured idle fraction of a pipeline step beside (P - 1) / (m + P - 1) and the simulated one.
+    """For each m, a pipeline step's measured idle fraction beside (P - 1) / (m + P - 1) and the simulated one.
 
-    Every rank runs :func:`measured` steps on the same random batch of ``batch`` samples. Returns, on rank 0, a list
-    of its dicts with micro_batches added, the simulation (:func:`simulated_bubble`) taking each stage's median
-    forward and backward times of each step; None elsewhere.
+    Every rank runs :func:`measured` steps on one random batch of ``batch`` samples; rank 0 returns its dicts with
+    micro_batches added (None elsewhere), :func:`simulated_bubble` taking each stage's median F and B of each step.
     """
     inputs, labels = random_batch(layer_sizes, batch, dtype, seed)
     rows = []
@@ -120,14 +119,13 @@ def random_batch(layer_sizes, batch: int, dtype, seed: int):
 def simulate(programs, seconds, letters=COMPUTE, position=None) -> list[list[tuple]]:
     """Run every stage's instructions on a clock, as the executor runs them; return the timelines.
 
-    programs: a schedule's lists (one per stage). seconds(stage, kind): how long a computing
-    instruction takes there. A send takes no time and never waits (MPI's Isend); a receive waits
-    until the message has been sent, and takes the oldest one on its channel (MPI's order: one
-    channel per direction and receiving stage), which must be the micro-batch it names.
-    letters: the computing kinds and their letters; position(stage, instruction): the place in the pipe of
-    the stage that runs it (default: the stage itself; lesson 13's virtual stages say otherwise).
-    Returns each stage's [(letter, k, start, end)] of its computations, like PipelineMLP.timeline.
-    Raises RuntimeError if the schedule deadlocks, receives out of order, or sends what nobody receives.
+    programs: a schedule's lists (one per stage). seconds(stage, kind): how long a computing instruction takes
+    there. A send takes no time and never waits (MPI's Isend); a receive waits until the message has been sent and
+    takes the oldest one on its channel (MPI's order: one channel per direction and receiving stage), which must be
+    the micro-batch it names. letters: the computing kinds' letters; position(stage, instruction): the place in the
+    pipe of the stage that runs it (default: the stage itself; lesson 13's virtual stages differ). Returns each
+    stage's [(letter, k, start, end)], like PipelineMLP.timeline; raises RuntimeError if the schedule deadlocks,
+    receives out of order, or sends what nobody receives.
     """
     position = position or (lambda stage, instruction: stage)
     at, clock = [0] * len(programs), [0.0] * len(programs)
@@ -147,7 +145,12 @@ def simulate(programs, seconds, letters=COMPUTE, position=None) -> list[list[tup
                     elif not channel:
                         break  # blocked: the message has not been sent yet
                     else:
-                        clock[stage] = max(clock[stage], received(channel, instruction, stage))
+                        micro_batch, sent = channel.popleft()
+                        if micro_batch != instruction.micro_batch:
+                            raise RuntimeError(f"stage {stage} runs {instruction} but the next message on its "
+                                               f"channel is micro-batch {micro_batch}: messages arrive in the order "
+                                               "they were sent")
+                        clock[stage] = max(clock[stage], sent)
                 else:
                     began, clock[stage] = clock[stage], clock[stage] + seconds(stage, instruction.kind)
                     timelines[stage].append((letters[instruction.kind], instruction.micro_batch, began, clock[stage]))
@@ -163,11 +166,3 @@ def simulate(programs, seconds, letters=COMPUTE, position=None) -> list[list[tup
         raise RuntimeError("the schedule sends what no stage receives: " + "; ".join(unread))
     return timelines
 
-
-def received(channel, instruction: Instruction, stage: int) -> float:
-    """Take the oldest message of ``channel`` for ``instruction`` (a receive); the time it was sent."""
-    micro_batch, sent = channel.popleft()
-    if micro_batch != instruction.micro_batch:
-        raise RuntimeError(f"stage {stage} runs {instruction} but the next message on its channel is micro-batch "
-                           f"{micro_batch}: messages arrive in the order they were sent")
-    return sent

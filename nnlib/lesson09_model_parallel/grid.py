@@ -37,12 +37,11 @@ def grid(comm, model_size: int):
 def train_hybrid(comm, model_size: int, build_piece, inputs, labels, **training):
     """Train a network on a (data x model) grid; returns (network piece, history) on every rank.
 
-    model_size: M, ranks per replica. build_piece(model_comm): this rank's piece of the model over
-    its replica's ranks, e.g. ``functools.partial(TensorParallelMLP, layer_sizes=(784, 64, 10), seed=0)``
-    or a PipelineMLP the same way (wrap model_comm in nnlib.course.deadline.watch for a deadline on its
-    messages). inputs, labels: the whole training set, on every rank (a model's pieces all need
-    their replica's samples); the D replicas each keep one shard. ``training``: train_parallel's
-    arguments (epochs, learning_rate, batch_size, momentum, the shuffling's seed, ...).
+    model_size: M. build_piece(model_comm): this rank's piece of the model over its replica's ranks, e.g.
+    ``functools.partial(TensorParallelMLP, layer_sizes=(784, 64, 10), seed=0)`` or a PipelineMLP the same way (wrap
+    model_comm in nnlib.course.deadline.watch for a deadline on its messages). inputs, labels: the whole training
+    set, on every rank (a model's pieces all need their replica's samples); each replica keeps one shard.
+    ``training``: train_parallel's arguments (epochs, learning_rate, batch_size, momentum, the shuffling's seed, ...).
     """
     from nnlib.lesson05_data_parallel.data_parallel import shard, train_parallel
 

@@ -43,10 +43,9 @@ def held_bytes(layer_sizes, rows: int, itemsize: int = 8, alive: int = 1) -> dic
     """Bytes by kind (the table above) for the chain ``layer_sizes`` trained on micro-batches of ``rows`` rows,
     ``alive`` of them kept at once."""
     parameters, widths = sum(layer_params(layer_sizes)) * itemsize, layer_sizes
+    backward = max([widths[l + 1] + 2 * widths[l] for l in range(1, len(widths) - 1)], default=0)
     return {"parameters": parameters, "gradients": parameters, "optimizer state": parameters,
-            "activations": alive * rows * sum(widths) * itemsize,
-            "backward": rows * max([widths[l + 1] + 2 * widths[l] for l in range(1, len(widths) - 1)], default=0)
-            * itemsize}
+            "activations": alive * rows * sum(widths) * itemsize, "backward": rows * backward * itemsize}
 
 
 def tensor_parallel_sizes(layer_sizes, ranks: int, rank: int) -> tuple:

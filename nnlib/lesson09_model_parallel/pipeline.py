@@ -9,11 +9,10 @@ samples is cut into m micro-batches; micro-batch k flows forward and back with p
 (a: the stage's output activations; g: the gradient with respect to its input, which the receiver multiplies by
 a (1 - a) to get its top layer's delta). Each stage adds the weight gradients of the m micro-batches, each
 divided by the whole batch's N: one step equals the sequential step on the whole batch (up to the order of the
-additions). **Schedules are data** (nnlib.lesson09_model_parallel.instructions): :meth:`PipelineMLP.loss_and_gradient`
-runs its stage's list of instructions one by one, each a method of :class:`Stage` of the same name, whatever the
-schedule. The bubble (the idle time while the pipe fills and drains) is in nnlib.lesson09_model_parallel.bubbles.
-The sequential trainer (lesson 03's train) drives a PipelineMLP: every rank passes the same batch. The
-communicator is used as given (for a deadline on every message, pass nnlib.course.deadline.watch(comm, timeout)).
+additions). **Schedules are data** (instructions.py): :meth:`PipelineMLP.loss_and_gradient` runs its stage's
+instructions one by one, each a :class:`Stage` method of the same name; the bubble is in bubbles.py. Lesson 03's
+train drives a PipelineMLP, every rank passing the same batch; for a deadline on every message, pass
+nnlib.course.deadline.watch(comm, timeout) (the communicator is used as given).
 """
 
 from __future__ import annotations
@@ -119,12 +118,11 @@ class PipelineMLP(Classifier):
     """This rank's stage of a fully connected sigmoid network trained with pipeline parallelism.
 
     comm: the stages (rank s holds stage s); layer_sizes, output, dtype, seed, device: as for Network (the same
-    initial weights; on a GPU, a comm staging its buffers: nnlib.lesson07_gpu.backend.HostStaging); micro_batches: m; schedule: a name of ``schedules`` ("gpipe" or "1f1b"). ``params``, ``grads``:
-    this stage's slices of Network's flat vectors; ``layers`` over them; ``held``: the stages this rank holds
-    (here one), ``runs(instruction)`` the one that runs an instruction. After each step, ``timeline`` holds
-    this stage's (letter, micro-batch, start, end) of its computations (waits excluded; seconds of
-    time.perf_counter, one clock for all processes of a host) and ``peak_alive`` the most micro-batches whose
-    activations were kept at once; ``program``, the instructions it ran.
+    initial weights; on a GPU, a comm staging its buffers: lesson 07's HostStaging); micro_batches: m; schedule: a
+    key of ``schedules``. ``params``, ``grads``: this stage's slices of Network's flat vectors, ``layers`` over them;
+    ``held``: the stages this rank holds (here one), ``runs(instruction)`` the one that runs it. After each step:
+    ``timeline``, this stage's (letter, micro-batch, start, end) computations (time.perf_counter seconds, one clock
+    per host; waits excluded), ``peak_alive``, the most micro-batches kept at once, and ``program``, the instructions.
     """
 
     schedules, letters = SCHEDULES, COMPUTE
@@ -144,8 +142,7 @@ class PipelineMLP(Classifier):
         self.last_correct, self.timeline, self.program, self.peak_alive, self.compiled = 0, [], [], 0, {}
 
     def check_settings(self, pieces: int, num_layers: int, micro_batches, schedule) -> None:
-        """The same ValueError on every rank (the same arguments, the same verdict) for unusable settings;
-        pieces: the stages the layers are cut into."""
+        """Raise the same ValueError on every rank for unusable settings; pieces: the stages the layers make."""
         for wrong, problem in [
                 (schedule not in self.schedules,
                  f"schedule must be one of {', '.join(self.schedules)}; got {schedule!r}"),
@@ -172,12 +169,9 @@ class PipelineMLP(Classifier):
 
     def loss_and_gradient(self, inputs, labels, normalizer=None, check: bool = True, on_device: bool = False,
                           on_layer_done=None):
-        """The batch's cost J (the same on every rank) and this stage's gradient, in ``grads``.
+        """The batch's cost J (the same on every rank) and this stage's gradient, in ``grads``; Network's arguments.
 
-        Every rank passes the same batch; min(m, N) micro-batches of it flow through the pipe, each stage running
-        its instructions of the schedule one by one. The arguments are Network's; ``on_layer_done`` must be None
-        (a layer's gradient is final only after the last micro-batch).
-        """
+        Every rank passes the same batch, cut into min(m, N) micro-batches; each stage runs its schedule's list."""
         if on_layer_done is not None:
             raise ValueError("the overlap strategy sends each layer's gradient as soon as it is final; a pipeline "
                              "stage's are final only after its last micro-batch: use strategy 'allreduce'")
@@ -185,9 +179,8 @@ class PipelineMLP(Classifier):
             self.check_inputs(inputs)
             self.check_labels(labels, inputs.shape[0])
         count = min(self.micro_batches, inputs.shape[0])
-        counts, starts = split_evenly(inputs.shape[0], count) if count else ([], [])
-        step = Step(inputs, labels, 1.0 / (inputs.shape[0] if normalizer is None else normalizer),
-                    [(start, start + rows) for start, rows in zip(starts, counts)])
+        bounds = stage_layers(inputs.shape[0], count) if count else []  # the same even split, of rows
+        step = Step(inputs, labels, 1.0 / (inputs.shape[0] if normalizer is None else normalizer), bounds)
         if not count:  # a replica's share of a small batch may have no rows: its gradient is 0
             self.grads[...] = 0
         for held in self.held:

@@ -28,7 +28,7 @@ import numpy as np
 from mpi4py import MPI
 
 from nnlib.lesson02_network.arrays import namespace_of_device, to_numpy
-from nnlib.lesson02_network.network import Layer, LayerStack, Network, layer_views
+from nnlib.lesson02_network.network import Layer, LayerStack, Network, dense_layers
 from nnlib.lesson04_collectives.collectives import allgather_rows, require_same_on_every_rank, row_range
 
 LESSON = 9
@@ -100,14 +100,11 @@ def split_pieces(whole: Network, kinds, size: int, rank: int):
 class TensorParallelMLP(LayerStack):
     """This rank's part of a fully connected sigmoid network, split by hidden units.
 
-    comm:   the ranks that share the network (each holds all of the data), used as given (pass
-            nnlib.course.deadline.watch(comm, timeout) for a deadline on its Allreduces).
-    layer_sizes, output, dtype, seed, device: as for nnlib.lesson02_network.network.Network (the same initial weights;
-            on a GPU, pass a comm that stages its buffers: nnlib.lesson07_gpu.backend.HostStaging).
-    Attributes: kinds (per layer: "column", "row" or "replicated"), columns (per layer: the
-    (start, stop) of the hidden units this rank holds), layers (ColumnLayer, RowLayer, Layer),
-    params and grads (this rank's flat vector), weights, biases, grad_weights, grad_biases (views
-    into them, per layer), and LayerStack's methods.
+    comm: the ranks that share the network, each with all of the data, used as given (for a deadline on its
+    Allreduces, pass nnlib.course.deadline.watch(comm, timeout)). layer_sizes, output, dtype, seed, device: as for
+    Network (the same initial weights; on a GPU, a comm staging its buffers: lesson 07's HostStaging). kinds (per
+    layer: "column", "row" or "replicated") and columns: split_pieces'; layers: ColumnLayer, RowLayer, SplitLayer;
+    params, grads: this rank's flat vectors, with per-layer views weights, biases, grad_weights, grad_biases.
     """
 
     def __init__(self, comm, layer_sizes=(784, 128, 10), output: str = "sigmoid", dtype="float64", seed: int = 0,
@@ -122,11 +119,9 @@ class TensorParallelMLP(LayerStack):
         xp = namespace_of_device(device)
         params = xp.asarray(np.concatenate([piece.reshape(-1) for piece in pieces]).astype(whole.dtype))
         grads = xp.zeros_like(params)
-        weights, biases = layer_views(params, local_shapes, xp)
-        grad_weights, grad_biases = layer_views(grads, local_shapes, xp)
-        activations = ["sigmoid"] * (whole.num_layers - 1) + [output]
-        layers = [SPLIT_LAYERS[kind](comm, *views) for kind, *views in
-                  zip(self.kinds, weights, biases, grad_weights, grad_biases, activations)]
+        layers = [SPLIT_LAYERS[kind](comm, layer.weights, layer.biases, layer.grad_weights, layer.grad_biases,
+                                     layer.activation)  # lesson 02's layers over the views, each made a split one
+                  for kind, layer in zip(self.kinds, dense_layers(params, grads, local_shapes, output, xp))]
         super().__init__(whole.layer_sizes, output, layers, params, grads, xp)
         del whole, pieces  # no rank keeps the whole network
 
@@ -138,7 +133,6 @@ class TensorParallelMLP(LayerStack):
                              "pieces of layers: use strategy 'allreduce' or nnlib.lesson08_inside_allreduce.zero.ZeRO")
         return super().loss_and_gradient(inputs, labels, normalizer, check, on_device)
 
-    # -- comparison ------------------------------------------------------------------------
     def full_params(self) -> np.ndarray:
         """The whole network's flat parameter vector (Network's layout), on every rank."""
         pieces = []

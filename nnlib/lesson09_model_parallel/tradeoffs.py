@@ -43,8 +43,9 @@ def check_pipeline_depth(kind: str, layer_sizes, ranks: int) -> None:
 
 
 def allreduce_messages(kind: str, layer_sizes, batch: int, ranks: int, itemsize: int = 4) -> list[int]:
-    """The bytes of each Allreduce one step makes (data: the gradient; tensor: the pairs' activations and
-    input gradients; pipeline: none), in the order the step makes them."""
+    """The bytes of each Allreduce one step makes, in the order the step makes them. Data: the gradient; tensor:
+    each row layer's (N, n_out) partial sums (forward) and each column layer's (N, n_in) input gradient (backward,
+    but the first's); pipeline: none."""
     if kind == "data":
         return [count_parameters(layer_sizes) * itemsize]
     if kind == "pipeline":
@@ -52,8 +53,6 @@ def allreduce_messages(kind: str, layer_sizes, batch: int, ranks: int, itemsize:
     if kind != "tensor":
         raise ValueError(f"kind must be one of {', '.join(KINDS)}; got {kind!r}")
     shapes = list(zip(layer_sizes[:-1], layer_sizes[1:]))
-    # a row layer's forward completes its (N, n_out) partial sums; a column layer's backward (but the first's) sums
-    # the pair's (N, n_in) input gradient
     return [batch * (n_out if split == "row" else n_in) * itemsize
             for layer, ((n_in, n_out), split) in enumerate(zip(shapes, layer_kinds(len(shapes))))
             if split == "row" or (split == "column" and layer > 0)]
@@ -66,9 +65,8 @@ def handed_bytes(kind: str, layer_sizes, batch: int, ranks: int, itemsize: int =
     check_pipeline_depth(kind, layer_sizes, ranks)
     if kind != "pipeline":
         return {"collective": sum(allreduce_messages(kind, layer_sizes, batch, ranks, itemsize)), "point_to_point": 0}
-    shapes = list(zip(layer_sizes[:-1], layer_sizes[1:]))
-    sent = [batch * ((shapes[stop - 1][1] if stage < ranks - 1 else 0) + (shapes[first][0] if stage > 0 else 0))
-            for stage, (first, stop) in enumerate(stage_layers(len(shapes), ranks))]  # forward + backward
+    sent = [batch * ((layer_sizes[stop] if stage < ranks - 1 else 0) + (layer_sizes[first] if stage > 0 else 0))
+            for stage, (first, stop) in enumerate(stage_layers(len(layer_sizes) - 1, ranks))]  # forward + backward
     return {"collective": 0, "point_to_point": max(sent) * itemsize}
 
 
@@ -122,10 +120,8 @@ def largest_hidden_size(kind: str, layer_sizes_of, ranks: int, budget_bytes: flo
     """
     if kind == "pipeline" and ranks > len(layer_sizes_of(64)) - 1:
         return 0
-    hidden, best = 64, 0
-    while hidden <= 1 << 16:
+    for hidden in range(64, (1 << 16) + 1, 64):
         held = busiest_rank_bytes(kind, layer_sizes_of(hidden), batch, ranks, itemsize, micro_batches=micro_batches)
         if sum(held.values()) > budget_bytes:
-            break
-        best, hidden = hidden, hidden + 64
-    return best
+            return hidden - 64
+    return 1 << 16

@@ -38,10 +38,9 @@ def run_settings(run) -> dict:
 class Checkpointing(Hook):
     """Writes checkpoints of a data-parallel training run, and resumes one, as a hook of its loop.
 
-    folder: a :class:`CheckpointFolder`; resume: continue from the newest checkpoint there, exactly
-    (with the same number of ranks, bit-identical to an uninterrupted run). It talks over the run's own
-    communicator (its sync's: under the run's deadline, if it has one): rank 0 writes, and every rank
-    learns together whether that worked.
+    folder: a :class:`CheckpointFolder`; resume: continue from the newest checkpoint there, exactly (with the same
+    number of ranks, bit-identical to an uninterrupted run). It talks over the run's own communicator, its sync's
+    (under the run's deadline, if it has one).
     """
 
     def __init__(self, folder: CheckpointFolder, resume: bool = False, progress: bool = False):

@@ -1,12 +1,11 @@
 """Deadlines around whole training runs: every collective of a run watched, and the errors saying where it was.
 
-Lesson 10 takes apart the deadline that the course's cluster already gives every ``comm``
-(nnlib.course.deadline), then puts it around a training run:
+Lesson 10 takes apart the deadline that the course's cluster already gives every ``comm`` (the course's own
+nnlib.course.deadline: ``watch``, ``WatchedComm``, ``CollectiveTimeout``), then puts it around a training run:
 
     train_watched(train_parallel, comm, network, inputs, labels, ...)   # a deadline on every collective
     RunNotes(watched)   a hook: the errors say the epoch, the step and the phase the run was in
 
-``watch``, ``WatchedComm`` and ``CollectiveTimeout`` live in nnlib.course.deadline, the course's own tools;
 :func:`record_waits` and :func:`wait_spans` put a run's waits in a trace.
 """
 
@@ -50,10 +49,9 @@ def train_watched(train, comm, *args, timeout=None, hooks=(), wrap=None, **keywo
 def record_waits(watched: WatchedComm) -> list:
     """Make ``watched`` note each of its waits; returns the list it appends (what, where, start, end) to.
 
-    Every collective, receive and wait_all of a WatchedComm waits in its ``wait`` (what: "Allreduce",
-    "Recv from rank 2", ...); where: a copy of ``watched.where`` (epoch, step, phase) when it began;
-    start, end: time.perf_counter seconds, also when the wait ends in an error. In a run, record
-    from train_watched's ``wrap``: a function that calls record_waits(watched) and returns ``watched``.
+    Every collective, receive and wait_all of a WatchedComm waits in its ``wait`` (what: "Allreduce", "Recv from
+    rank 2", ...); where: a copy of ``watched.where`` (epoch, step, phase) as it began; start, end: time.perf_counter
+    seconds, also when the wait ends in an error. In a run, call it in train_watched's ``wrap`` (returning watched).
     """
     waits, wait = [], watched.wait
 

@@ -12,18 +12,15 @@ and the server applies every gradient the moment it arrives (Downpour SGD's serv
 so no worker waits for another, but its gradients may have been computed from parameters several
 updates old (*stale*).
 
-Bounded staleness (stale-synchronous parallel, Ho et al. 2013): every worker counts its updates
-(its clock c_w); the server answers a worker only while c_w - min_u c_u <= s, so no worker runs more
-than s steps ahead of the slowest. s = 0 is synchronous training: every worker computes its step-c
-gradient from the parameters after all step c-1 gradients, and the server's updates add up to the
-synchronous step w <- w - eta sum_w g_w (each g_w normalized by the global batch), in another order
-of addition only. So ``staleness=0`` equals synchronous data parallelism with the per-rank sampler
-(nnlib.lesson08_inside_allreduce.sampling.per_rank_plan) on the P-1 workers, to rounding; ``staleness=None`` is fully
-asynchronous.
+Bounded staleness (stale-synchronous parallel, Ho et al. 2013): every worker counts its updates (its clock c_w);
+the server answers a worker only while c_w - min_u c_u <= s, so no worker runs more than s steps ahead of the
+slowest. At s = 0 every worker computes its step-c gradient from the parameters after all step c-1 gradients, and
+the server's updates add up to the synchronous step w <- w - eta sum_w g_w (each g_w normalized by the global
+batch) in another order: ``staleness=0`` equals synchronous data parallelism with lesson 08's per-rank sampler
+(per_rank_plan) on the P-1 workers, to rounding; ``staleness=None`` is fully asynchronous.
 
-The server keeps one ``Irecv`` open per worker and waits for any of them (MPI's Waitany). Plain SGD
-(no momentum): Downpour's server applied each gradient alone, and momentum across stale updates
-is a different algorithm.
+The server keeps one ``Irecv`` open per worker and waits for any of them (MPI's Waitany). Plain SGD (no
+momentum): Downpour's server applied each gradient alone; momentum across stale updates is another algorithm.
 """
 
 from __future__ import annotations
@@ -49,13 +46,12 @@ EXTRA = 3  # loss summed over the batch, correct predictions, rows
 
 @dataclass
 class AsyncHistory:
-    """What the server saw (on rank 0; the workers get None from train_async).
+    """What the server (rank 0) saw.
 
-    Per update, in the order applied: ``worker`` (its rank), ``staleness`` (updates applied since
-    the gradient's parameters were sent) and ``seconds`` (since the start). Per epoch (every
-    ``steps x workers`` updates): ``epoch_seconds`` (time at its end), ``loss`` and
-    ``train_accuracy`` (over the samples of its updates), ``params`` (a copy, to score later).
-    ``largest_lead``: the most any worker was let run ahead of the slowest (at most s).
+    Per update, in the order applied: ``worker`` (its rank), ``staleness`` (updates applied since the gradient's
+    parameters were sent) and ``seconds`` (since the start). Per epoch (every ``steps x workers`` updates):
+    ``epoch_seconds`` (time at its end), ``loss`` and ``train_accuracy`` (over the samples of its updates),
+    ``params`` (a copy, to score later). ``largest_lead``: the most any worker ran ahead of the slowest (at most s).
     """
 
     worker: list = field(default_factory=list)
@@ -98,18 +94,14 @@ def asynchronous_problems(size: int, settings: Settings, staleness, slow, names=
 
 def train_async(comm, network, inputs, labels, settings: Settings | None = None, *, staleness: int | None = None,
                 slow=None, **keywords):
-    """Train ``network`` with a parameter server on rank 0 and workers on ranks 1..P-1.
+    """Train ``network`` with a parameter server on rank 0 and workers on ranks 1..P-1 (see the module).
 
-    inputs (N, n_0), labels (N,): the whole training set on every rank (each worker takes its
-    shard, rows split as collectives.split_counts splits them over the P-1 workers; the server
-    uses none). ``settings`` (nnlib.lesson03_training.training.Settings, or its fields as keywords; plain SGD: the
-    momentum is not used): a worker's batches are its share of the batch size, epoch after epoch
-    through its shard (nnlib.lesson08_inside_allreduce.sampling.PerRankBatches); as many updates as
-    synchronous training makes (:func:`serve`). ``staleness``: the bound s (None: fully asynchronous).
-    ``slow``: {rank: seconds} added to every step of those workers (a straggler).
-    Every message has the deadline of ``comm`` (a nnlib.course.deadline.WatchedComm's, or the default).
-    Every rank ends with the server's final parameters; rank 0 returns the
-    :class:`AsyncHistory`, the workers None.
+    inputs (N, n_0), labels (N,): the whole training set on every rank; each worker takes its shard (split_counts
+    over the P-1 workers). ``settings``: lesson 03's Settings, or its fields as keywords; a worker's batches are its
+    share of the batch size through its shard (lesson 08's PerRankBatches), as many updates as synchronous
+    training makes. ``staleness``: the bound s (None: fully asynchronous); ``slow``: {rank: seconds} added to every
+    step of those workers (a straggler). Every message has ``comm``'s deadline (a WatchedComm's, or the default).
+    Every rank ends with the server's final parameters; rank 0 returns the :class:`AsyncHistory`, the workers None.
     """
     settings = Settings.from_keywords(settings, keywords)
     problems = settings.problems() + asynchronous_problems(comm.size, settings, staleness, slow)  # (every rank's own)
@@ -127,7 +119,7 @@ def train_async(comm, network, inputs, labels, settings: Settings | None = None,
             history = serve(comm, network, steps, settings, staleness)
         else:
             start, stop = row_range(len(inputs), workers, comm.rank - 1)
-            work(comm, network, (inputs[start:stop], labels[start:stop]),
+            work(comm, network, inputs[start:stop], labels[start:stop],
                  PerRankBatches(shard_sizes, comm.rank - 1, settings), steps, (slow or {}).get(comm.rank, 0.0))
         comm.at(phase="sending the final parameters")
         through_host(network.params, lambda host: comm.Bcast(host, root=0))
@@ -189,17 +181,16 @@ def serve(comm, network, steps: int, settings: Settings, staleness):
     return history
 
 
-def work(comm, network, shard, plan: PerRankBatches, steps: int, delay: float) -> None:
+def work(comm, network, inputs, labels, plan: PerRankBatches, steps: int, delay: float) -> None:
     """A worker's loop: compute a gradient from the last parameters received, send it, wait for the answer
-    (new parameters, or stop). shard: its (inputs, labels); its batches go through them epoch after epoch."""
-    inputs, labels = shard
+    (new parameters, or stop). inputs, labels: its shard; its batches go through them epoch after epoch."""
     size = network.num_params
     message, reply = np.zeros(size + EXTRA), np.zeros(size + 1)
-    batches, batches_epoch, clock = None, -1, 0
+    clock = 0
     while True:
         epoch, step = divmod(clock, steps)
-        if epoch != batches_epoch:
-            batches, batches_epoch = plan.epoch(epoch), epoch
+        if step == 0:  # a new epoch: its batches
+            batches = plan.epoch(epoch)
         rows, normalizer = batches[step]
         rows = np.arange(len(labels)) if rows is None else rows  # (None: the full batch, all of the shard)
         comm.at(epoch=epoch + 1, step=step + 1, phase="compute")

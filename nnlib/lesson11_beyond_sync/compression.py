@@ -125,7 +125,6 @@ class CompressedAllreduce(DataParallel):
         self.compression = method
         self.compressor = compressor or Compressor(method, network.num_params, to_numpy(network.params[:1]).dtype, k)
         self.name = self.compressor.name
-        # what it keeps between steps, which lesson 10's checkpoints refuse (None: nothing)
         self.kept_between_steps = getattr(self.compressor, "kept_between_steps", None)
 
     def step(self, run) -> None:
@@ -151,7 +150,7 @@ def message_bytes(method: str, num_params: int, k: int | None = None, itemsize: 
 
 def exchange_time(method: str, num_params: int, ranks: int, alpha: float, beta: float, k: int | None = None,
                   itemsize: int = 8) -> float:
-    """The alpha-beta model's time for one step's exchange on ``ranks`` ranks (nnlib.lesson04_collectives.costmodel's formulas).
+    """The alpha-beta model's time for one step's exchange on ``ranks`` ranks (lesson 04's costmodel formulas).
 
     none: a ring Allreduce of n numbers, 2 (P-1) alpha + 2 (P-1)/P n_bytes beta.
     the others: a ring Allgather of every rank's message of b bytes, (P-1) (alpha + b beta)
@@ -159,8 +158,7 @@ def exchange_time(method: str, num_params: int, ranks: int, alpha: float, beta: 
     """
     if method == "none":
         return float(ring_allreduce_time(message_bytes("none", num_params, itemsize=itemsize), ranks, alpha, beta))
-    parts = ([int(k) * INDEX_BYTES, int(k) * itemsize] if method == "topk"
-             else [message_bytes(method, num_params, k, itemsize)])
+    parts = [int(k) * INDEX_BYTES, int(k) * itemsize] if method == "topk" else [message_bytes(method, num_params)]
     return float(sum(ring_allgather_time(part, ranks, alpha, beta) for part in parts))
 
 

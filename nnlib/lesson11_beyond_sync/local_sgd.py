@@ -1,10 +1,9 @@
 """Local SGD and DiLoCo: every rank takes H steps alone, then the ranks average what they changed.
 
-Data parallelism talks at every step. Local SGD (Stich 2019; Lin et al. 2020) and DiLoCo (Douillard
-et al. 2023) talk once per *round* of H steps. Every rank starts the round from the same parameters x
-(n,), the *anchor*, and takes H inner steps on its own batches (the run's optimizer, each rank with its
-own state: SGD's velocity, Adam's moments); then one Allreduce of n numbers and the outer step, the same on every
-rank::
+Data parallelism talks at every step; local SGD (Stich 2019; Lin et al. 2020) and DiLoCo (Douillard et al. 2023)
+once per *round* of H steps. Every rank starts the round from the same parameters x (n,), the *anchor*, takes H
+inner steps on its own batches (the run's optimizer, each rank with its own state: SGD's velocity, Adam's
+moments), then one Allreduce of n numbers and the outer step, the same on every rank::
 
     inner, on rank r alone:   x_r <- x_r - eta P g_r          (H times; momentum as in lesson 03)
     outer gradient:           D = (1 / P) sum_r (x - x_r)     (one Allreduce)
@@ -12,12 +11,11 @@ rank::
     nesterov (DiLoCo):        v <- mu_out v + D;   x <- x - eta_out (D + mu_out v)
     every rank goes on from x
 
-g_r is rank r's part of the global batch gradient, divided by the global batch B as lesson 05's loop
-computes it; P g_r is the gradient of rank r's own batch of B / P samples (exactly, where B divides).
-With H = 1, ``average`` and eta_out = 1 the outer step is x - eta sum_r g_r: synchronous data
-parallelism (with momentum too: the ranks' mean velocity follows the synchronous one) on the same
-batches, i.e. with the per-rank sampler (nnlib.lesson08_inside_allreduce.sampling.PerRankBatches),
-each rank drawing its own. The tests check that equality; H > 1 is the experiment.
+g_r is rank r's part of the global batch gradient, divided by the global batch B as lesson 05's loop computes it;
+P g_r is the gradient of rank r's own batch of B / P samples (exactly, where B divides). With H = 1, ``average``
+and eta_out = 1 the outer step is x - eta sum_r g_r: synchronous data parallelism (with momentum too: the ranks'
+mean velocity follows the synchronous one) with lesson 08's per-rank sampler (PerRankBatches), each rank drawing
+its own batches. The tests check that equality; H > 1 is the experiment.
 
 A round ends after H steps, and at the end of every epoch, so that each epoch ends with one model on
 every rank (the one scored and saved). An epoch of S steps then makes ceil(S / H) Allreduces of the n
