@@ -113,8 +113,7 @@ def budgets(comm) -> dict:
     (predicted - measured) / measured."""
     measured = {name: data_parallel_peak(comm, case) for name, case in DATA_PARALLEL_CASES.items()}
     measured.update({name: model_parallel_peak(comm, case) for name, case in MODEL_PARALLEL_CASES.items()})
-    errors = {name: comm.allgather((sum(held.values()) - peak) / peak) for name, (peak, held) in measured.items()}
-    return {name: {"measured": peak, "predicted": held, "errors": errors[name]}
+    return {name: {"measured": peak, "predicted": held, "errors": comm.allgather((sum(held.values()) - peak) / peak)}
             for name, (peak, held) in measured.items()}
 
 
