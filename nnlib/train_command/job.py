@@ -55,13 +55,11 @@ def abort_job(error: BaseException) -> None:
     sys.stdout.flush()
     sys.stderr.write(text + f"rank {rank}: ending the whole job (MPI_Abort)\n")
     sys.stderr.flush()
-    # The printed lines travel rank -> proxy -> mpiexec through pipes, the abort through PMI:
-    # without a pause, mpiexec can end every process before it has relayed the message
-    # (seen in about 1 run in 8 with MPICH's Hydra).
+    # The printed lines travel rank -> proxy -> mpiexec through pipes, the abort through PMI: without a pause,
+    # mpiexec can end every process before it has relayed them (seen in about 1 run in 8 with MPICH's Hydra).
     time.sleep(RELAY_PAUSE)
-    # MPI_Abort asks the process manager to end the job. If that manager is gone (an mpiexec
-    # that died, a host cut off), the call can wait for its answer for ever: the alarm's default
-    # action ends this process after ABORT_GRACE seconds instead, whatever the call is doing.
+    # MPI_Abort asks the process manager to end the job; if it is gone (mpiexec died, a host cut off), the call can
+    # wait for ever: the alarm's default action ends this process after ABORT_GRACE seconds, whatever the call does.
     signal.alarm(ABORT_GRACE)
     MPI.COMM_WORLD.Abort(1)
 
