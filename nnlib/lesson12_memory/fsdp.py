@@ -121,9 +121,9 @@ class FullyShardedNetwork(LayerStack):
     """Lesson 02's network with every layer sharded over ``comm``'s ranks (ZeRO-3 / FSDP).
 
     layer_sizes, output, dtype, seed, device: as :class:`nnlib.Network` (the same starting weights: every rank
-    draws them and keeps its chunks; on a GPU, a comm staging its buffers: nnlib.lesson07_gpu.backend.HostStaging). ``params`` and ``grads`` are this rank's chunks, layer after layer
-    (sum over layers of c_{l,r} values); ``layers`` are :class:`ShardedLayer`; ``log`` a :class:`GatherLog`.
-    Every call of forward, loss_and_gradient, accuracy is collective: every rank makes it at once.
+    draws them and keeps its chunks; on a GPU, a comm staging its buffers: nnlib.lesson07_gpu.backend.HostStaging).
+    ``params``, ``grads``: this rank's chunks, layer after layer (sum over layers of c_{l,r} values); ``layers``:
+    :class:`ShardedLayer`; ``log``: a :class:`GatherLog`. forward, loss_and_gradient, accuracy are collective.
     """
 
     def __init__(self, comm, layer_sizes, output: str = "sigmoid", dtype="float64", seed: int = 0, device="cpu"):
@@ -137,11 +137,11 @@ class FullyShardedNetwork(LayerStack):
         xp = namespace_of_device(device)
         params = xp.asarray(np.concatenate(pieces))
         grads = xp.zeros_like(params)
-        mine = np.cumsum([0] + [piece.size for piece in pieces])
+        bounds = np.cumsum([0] + [piece.size for piece in pieces])
         self.comm, self.log = comm, GatherLog()
         activations = ["sigmoid"] * (len(shapes) - 1) + [output]
-        layers = [ShardedLayer(comm, layer, shape, (params[mine[layer]:mine[layer + 1]], grads[mine[layer]:mine[layer + 1]]),
-                               activation, self.log) for layer, (shape, activation) in enumerate(zip(shapes, activations))]
+        layers = [ShardedLayer(comm, index, shape, (params[start:stop], grads[start:stop]), kind, self.log)
+                  for index, (shape, kind, start, stop) in enumerate(zip(shapes, activations, bounds, bounds[1:]))]
         super().__init__(layer_sizes, output, layers, params, grads, xp)
         self.total_params = parameter_offsets(shapes)[-1]
         self.chunk_size = None  # one piece, whatever the rows: every rank makes the same collective calls
