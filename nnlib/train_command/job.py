@@ -149,7 +149,7 @@ def model_parallel_job(args, comm, settings, data, test) -> int:
     timelines = comm.gather((network.timeline, network.timeline_chunks) if args.trace else ([], []), root=0)
     if comm.rank == 0:
         report(args, comm.size, history, phases, test_accuracy, params, sizes,
-               dict(strategy=np.array(f"{args.model_parallel} x {model_size}")))
+               dict(strategy=f"{args.model_parallel} x {model_size}"))
         if args.trace:
             from nnlib.course.trace import pipeline_spans
             save_trace(args.trace, pipeline_spans(*zip(*timelines), stages=model_size))  # last step, chunks named
@@ -191,9 +191,7 @@ def report_asynchronous(args, ranks: int, history, network, test) -> None:
     test_accuracy = network.accuracy(*test)
     print(f"test accuracy {test_accuracy:.4f}; staleness: mean {staleness.mean():.2f}, largest {staleness.max()} "
           f"updates; updates per worker: {np.bincount(history.worker, minlength=ranks)[1:].tolist()}")
-    save_output(args, params=network.get_params(), layer_sizes=np.array(network.layer_sizes),
-                loss=np.array(history.loss), train_accuracy=np.array(history.train_accuracy),
-                epoch_seconds=np.array(history.epoch_seconds), staleness=staleness, worker=np.array(history.worker),
-                update_seconds=np.array(history.seconds), test_accuracy=np.array(test_accuracy),
-                epoch_params=np.array(history.params), largest_lead=np.array(history.largest_lead),
-                ranks=np.array(ranks), strategy=np.array("asynchronous"))
+    save_output(args, params=network.get_params(), layer_sizes=network.layer_sizes, loss=history.loss,
+                train_accuracy=history.train_accuracy, epoch_seconds=history.epoch_seconds, staleness=staleness,
+                worker=history.worker, update_seconds=history.seconds, test_accuracy=test_accuracy,
+                epoch_params=history.params, largest_lead=history.largest_lead, ranks=ranks, strategy="asynchronous")
