@@ -1,9 +1,5 @@
 """The batch job's options: each lesson's arguments, one table of what combines with what (:data:`COMBINES`), and
-the checks that every rank makes together.
-
-:func:`check_settings` reads the arguments only (no I/O, no MPI): every rank reaches the same verdict from the
-same arguments, before any collective, and rank 0 says it once.
-"""
+the checks that every rank makes together (:func:`check_settings`)."""
 
 from __future__ import annotations
 

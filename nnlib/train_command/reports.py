@@ -11,9 +11,8 @@ LESSON = 13
 
 
 def announce(args, comm, network, gpus) -> None:
-    """Rank 0 says what the job runs: ranks, strategy, network, samples, batch; what compression (lesson 11's
-    PowerSGD, top-k, 16 bits) sends or how often local SGD talks; lesson 12's options, if any are used, and what
-    lesson 12's memory model counts on rank 0 (its share of a batch); the GPUs."""
+    """Rank 0 says what the job runs: ranks, strategy, network, samples, batch; what compression sends or how often
+    local SGD talks (lesson 11); lesson 12's options and memory model's count for rank 0, if used; the GPUs."""
     from nnlib.lesson07_gpu.backend import cuda_aware_mpi, gpu_status
     from nnlib.lesson11_beyond_sync import compression, powersgd
     from nnlib.lesson12_memory.budget import predicted_bytes
