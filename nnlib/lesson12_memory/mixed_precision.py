@@ -118,7 +118,6 @@ class LossScaler:
         return bool(comm.allreduce(local, op=MPI.LOR)) if comm is not None else local
 
     def update(self, overflowed: bool) -> None:
-        """The verdict on the (summed) gradient: overflow: skip, halve S; else double S after enough good steps."""
         self.overflowed = overflowed
         self.verdicts.append((overflowed, self.loss_scale))
         if overflowed:
