@@ -10,11 +10,10 @@ where P does not divide n_l), and rank r keeps chunk r of every layer, its gradi
                         ->  reduce-scatter: chunk r of sum over ranks  ->  dJ/da_{l-1}  ->  free them
     update:             the optimizer (lesson 03's) on this rank's chunks only, layer by layer (no communication)
 
-At any moment a rank holds its chunks (about 1/P of the parameters, gradients and optimizer state) plus
-one layer's whole parameters and gradient. :class:`ShardedLayer` is lesson 02's
-:class:`~nnlib.lesson02_network.network.Layer` whose weights are gathered on use, so the forward and
-backward passes are lesson 02's ``forward_layers`` and ``backward_layers`` unchanged. Equal to
-sequential training within 1e-10 in float64 (tests/mpi/check_memory.py).
+At any moment a rank holds its chunks plus one layer's whole parameters and gradient. :class:`ShardedLayer` is
+lesson 02's :class:`~nnlib.lesson02_network.network.Layer` whose weights are gathered on use, so the forward and
+backward passes are lesson 02's ``forward_layers`` and ``backward_layers`` unchanged. Equal to sequential
+training within 1e-10 in float64 (tests/mpi/check_memory.py).
 """
 
 from __future__ import annotations
@@ -179,9 +178,9 @@ class FullyShardedNetwork(LayerStack):
 
 class FullySharded(LocalUpdate):
     """The sync of a :class:`FullyShardedNetwork` under lesson 05's ``train_parallel(..., strategy=FullySharded)``:
-    the gradients arrive reduce-scattered during backpropagation, so a step is one process's (lesson 03's
-    LocalUpdate: the optimizer, here made for this rank's chunks ``params`` and stepping layer by layer, and scoring
-    on the network, whose forward pass is collective); only the epoch's loss is summed over the ranks."""
+    the gradients arrive reduce-scattered during backpropagation, so a step is one process's (lesson 03's LocalUpdate:
+    its optimizer on this rank's chunks, its score on every rank: the forward pass is collective); only the epoch's
+    loss is summed over the ranks."""
 
     name = "fsdp"
 

@@ -142,9 +142,8 @@ class MixedPrecision(MicroBatched):
     grads the unscaled float32 gradient) trained in mixed precision, ``precision`` "float16" or "bfloat16".
 
     half_params: the low copy of params; half_grads: the scaled gradient, low (float32 chunks for FSDP); layers:
-    HalfLayer (HalfShardedLayer); micro_batches, recompute_every: as
-    :class:`~nnlib.lesson12_memory.accumulation.MicroBatched`. ``scaler``: its :class:`LossScaler` (loss_scale,
-    growth_interval, dynamic: the scaler's), which the training run calls: ``train_parallel(..., scaler=...)``.
+    HalfLayer (HalfShardedLayer); micro_batches, recompute_every: MicroBatched's. ``scaler``: its
+    :class:`LossScaler` (loss_scale, growth_interval, dynamic: the scaler's), which the training run calls.
     """
 
     def __init__(self, network, loss_scale: float | None = None, growth_interval: int = 100,
