@@ -131,8 +131,7 @@ def zb_h2(stages: int, micro_batches: int):
     return zero_bubble(stages, micro_batches, lambda stage: 2 * (stages - stage - 1), lambda stage: 2 * stage)
 
 
-#: Every schedule by name: lesson 09's and this lesson's. Each maps (P, m) to the stages' lists
-#: (interleaved takes v as a third argument, 2 unless given).
+#: Every schedule by name, lesson 09's and this lesson's: (P, m) -> the stages' lists (interleaved: v too, default 2).
 ALL_SCHEDULES = {**SCHEDULES, "interleaved": interleaved, "zb-h1": zb_h1, "zb-h2": zb_h2}
 
 
@@ -338,11 +337,10 @@ def measure_schedules(comm, layer_sizes, batch: int, micro_batches: int, schedul
                       dtype="float64", chunks: int = 2):
     """Each schedule's measured bubble beside its formula and its simulation, and its micro-batches alive.
 
-    schedules: names of ALL_SCHEDULES (interleaved with ``chunks``), or {name: its ScheduledPipeline
-    chunks}: v, or the layer counts of its virtual stages (balanced_split). Every rank runs lesson 09's
-    ``measured`` steps on the same random batch. Returns, on rank 0, {name: its dict (measured, simulated, formula
-    with the measured mean F, B, W, step_seconds, spread, timelines, peak_alive per stage) with layers per virtual
-    stage}; None elsewhere.
+    schedules: names of ALL_SCHEDULES (interleaved with ``chunks``), or {name: its ScheduledPipeline chunks: v, or
+    its virtual stages' layer counts (balanced_split)}. Every rank runs lesson 09's ``measured`` steps on the same
+    random batch. Returns, on rank 0, {name: measured's dict (formula: from the mean F, B, W) with layers per
+    virtual stage}; None elsewhere.
     """
     if not isinstance(schedules, dict):
         schedules = {name: chunks if name == "interleaved" else 1 for name in schedules}
