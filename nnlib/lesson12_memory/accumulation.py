@@ -17,7 +17,7 @@ send k times the bytes (nnlib.lesson08_inside_allreduce.counting counts them on 
 
 from __future__ import annotations
 
-from nnlib.lesson02_network.network import backward_layers, forward_layers, output_loss
+from nnlib.lesson02_network.network import output_loss
 from nnlib.lesson04_collectives.collectives import split_evenly
 from nnlib.lesson12_memory.recompute import checkpointed_forward, recomputed_backward
 
@@ -64,17 +64,11 @@ class MicroBatched:
         return float(loss)
 
     def micro_batch(self, inputs, labels, scale: float, accumulate: bool, on_layer_done):
-        """Forward, loss and backward of one micro-batch, adding its gradient (after the first); its loss. The
+        """Forward, loss and backward of one micro-batch, adding its gradient (after the first); its loss. Without
+        recomputation every layer's input is a checkpoint (k = 1: nothing recomputed, lesson 02's passes). The
         loss is computed in the network's own dtype (mixed precision's float32 master: from its low a_L)."""
-        layers, dtype = self.layers, self.dtype
-        if self.recompute_every is None:
-            activations, logits = forward_layers(layers, inputs)
-            loss, correct, delta = output_loss(logits, activations[-1].astype(dtype, copy=False), labels, scale,
-                                               self.output)
-            backward_layers(layers, activations, delta, accumulate, on_layer_done)
-        else:
-            kept, output, logits = checkpointed_forward(layers, inputs, self.recompute_every)
-            loss, correct, delta = output_loss(logits, output.astype(dtype, copy=False), labels, scale, self.output)
-            recomputed_backward(layers, kept, delta, accumulate, on_layer_done)
+        kept, output, logits = checkpointed_forward(self.layers, inputs, self.recompute_every or 1)
+        loss, correct, delta = output_loss(logits, output.astype(self.dtype, copy=False), labels, scale, self.output)
+        recomputed_backward(self.layers, kept, delta, accumulate, on_layer_done)
         self.last_correct += correct
         return loss

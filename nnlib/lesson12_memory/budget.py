@@ -39,12 +39,10 @@ BYTES = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2}  # bfloat16 dr
 
 def activation_widths(layer_sizes, every: int | None = None) -> int:
     """Values per row of the activations a_1 .. a_L held at the peak of backward (a_0, the batch, aside),
-    keeping every ``every``-th layer's input (None: all of them): the checkpoints a_k, a_2k, ..., the output a_L
-    and the longest segment [s, t)'s recomputed a_{s+1} .. a_{t-1}."""
+    keeping every ``every``-th layer's input (None: all of them, as every = 1): the checkpoints a_k, a_2k, ..., the
+    output a_L and the longest segment [s, t)'s recomputed a_{s+1} .. a_{t-1}."""
     num_layers = len(layer_sizes) - 1
-    if every is None:
-        return sum(layer_sizes[1:])
-    starts = checkpoint_layers(num_layers, every)
+    starts = checkpoint_layers(num_layers, every or 1)
     segments = [sum(layer_sizes[start + 1:stop]) for start, stop in zip(starts, starts[1:] + [num_layers])]
     return sum(layer_sizes[start] for start in starts[1:]) + layer_sizes[-1] + max(segments)
 
@@ -58,11 +56,9 @@ def predicted_bytes(layer_sizes, rows: int, ranks: int = 1, rank: int = 0, strat
         raise ValueError(f"strategy allreduce, zero or fsdp, precision one of {', '.join(BYTES)}; got {strategy!r}, "
                          f"{precision!r}")
     itemsize, low = BYTES[precision], precision in ("float16", "bfloat16")
-    widths = None if every is None else layer_sizes[0] + activation_widths(layer_sizes, every)
     micro_rows, layers, sharded = math.ceil(rows / micro_batches), layer_params(layer_sizes), strategy == "fsdp"
     held = held_bytes(layer_sizes, micro_rows, itemsize)  # lesson 09's: the whole network, one micro-batch
-    if widths is not None:
-        held["activations"] = itemsize * micro_rows * widths
+    held["activations"] = itemsize * micro_rows * (layer_sizes[0] + activation_widths(layer_sizes, every))
     count = sum(split_evenly(size, ranks)[0][rank] for size in layers) if sharded else sum(layers)
     updated = split_evenly(count, ranks)[0][rank] if strategy == "zero" else count
     held.update({"parameters": itemsize * count, "gradients": itemsize * count, "optimizer state": itemsize * updated,

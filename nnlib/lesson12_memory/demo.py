@@ -18,7 +18,7 @@ from nnlib.lesson08_inside_allreduce.counting import ring_bytes
 from nnlib.lesson08_inside_allreduce.sampling import PerRankBatches
 from nnlib.lesson08_inside_allreduce.zero import GradientShardedNetwork, ZeRO, ZeROStage2
 from nnlib.lesson09_model_parallel.bubbles import random_batch
-from nnlib.lesson09_model_parallel.memory import rank_bytes
+from nnlib.lesson09_model_parallel.memory import layer_params, rank_bytes
 from nnlib.lesson09_model_parallel.pipeline import PipelineMLP
 from nnlib.lesson09_model_parallel.tensor import TensorParallelMLP
 from nnlib.lesson12_memory.accumulation import MicroBatched
@@ -37,8 +37,7 @@ def fsdp_bytes(layer_sizes, size: int, rank: int, itemsize: int = 8) -> int:
     """One step of ZeRO-3 on a network whose layers each are sharded on their own: for every layer's
     n_l = n_in n_out + n_out parameters, two allgathers and one reduce-scatter, 3 (n_l - c_{l,r}) itemsize
     (data parallelism's one Allreduce: 2 (n - c_r) itemsize, ``2 * ring_bytes(n, P, r)``)."""
-    shapes = zip(layer_sizes[:-1], layer_sizes[1:])
-    return 3 * sum(ring_bytes(n_in * n_out + n_out, size, rank, itemsize) for n_in, n_out in shapes)
+    return 3 * sum(ring_bytes(count, size, rank, itemsize) for count in layer_params(layer_sizes))
 
 
 BUDGET_SIZES, BUDGET_ROWS = (64, 127, 96, 121, 80, 113, 72, 10), 256  # uneven widths: tensor parallelism's 127
@@ -113,8 +112,7 @@ def budgets(comm) -> dict:
     (predicted - measured) / measured."""
     measured = {name: data_parallel_peak(comm, case) for name, case in DATA_PARALLEL_CASES.items()}
     measured.update({name: model_parallel_peak(comm, case) for name, case in MODEL_PARALLEL_CASES.items()})
-    errors = {name: comm.allgather((sum(held.values()) - peak) / peak) for name, (peak, held) in measured.items()}
-    return {name: {"measured": peak, "predicted": held, "errors": errors[name]}
+    return {name: {"measured": peak, "predicted": held, "errors": comm.allgather((sum(held.values()) - peak) / peak)}
             for name, (peak, held) in measured.items()}
 
 

@@ -10,11 +10,10 @@ where P does not divide n_l), and rank r keeps chunk r of every layer, its gradi
                         ->  reduce-scatter: chunk r of sum over ranks  ->  dJ/da_{l-1}  ->  free them
     update:             the optimizer (lesson 03's) on this rank's chunks only, layer by layer (no communication)
 
-At any moment a rank holds its chunks (about 1/P of the parameters, gradients and optimizer state) plus
-one layer's whole parameters and gradient. :class:`ShardedLayer` computes with lesson 02's
-:class:`~nnlib.lesson02_network.network.Layer` over the gathered weights, so the forward and
-backward passes are lesson 02's ``forward_layers`` and ``backward_layers`` unchanged. Equal to
-sequential training within 1e-10 in float64 (tests/mpi/check_memory.py).
+At any moment a rank holds its chunks plus one layer's whole parameters and gradient. :class:`ShardedLayer`
+computes with lesson 02's :class:`~nnlib.lesson02_network.network.Layer` over the gathered weights, so the forward
+and backward passes are lesson 02's ``forward_layers`` and ``backward_layers`` unchanged. Equal to sequential
+training within 1e-10 in float64 (tests/mpi/check_memory.py).
 """
 
 from __future__ import annotations
@@ -124,9 +123,9 @@ class FullyShardedNetwork(LayerStack):
     """Lesson 02's network with every layer sharded over ``comm``'s ranks (ZeRO-3 / FSDP).
 
     layer_sizes, output, dtype, seed, device: as :class:`nnlib.Network` (the same starting weights: every rank
-    draws them and keeps its chunks; on a GPU, a comm staging its buffers: nnlib.lesson07_gpu.backend.HostStaging). ``params`` and ``grads`` are this rank's chunks, layer after layer
-    (sum over layers of c_{l,r} values); ``layers`` are :class:`ShardedLayer`; ``log`` a :class:`GatherLog`.
-    Every call of forward, loss_and_gradient, accuracy is collective: every rank makes it at once.
+    draws them and keeps its chunks; on a GPU, a comm staging its buffers: nnlib.lesson07_gpu.backend.HostStaging).
+    ``params``, ``grads``: this rank's chunks, layer after layer (sum over layers of c_{l,r} values); ``layers``:
+    :class:`ShardedLayer`; ``log``: a :class:`GatherLog`. forward, loss_and_gradient, accuracy are collective.
     """
 
     def __init__(self, comm, layer_sizes, output: str = "sigmoid", dtype="float64", seed: int = 0, device="cpu"):
@@ -140,11 +139,11 @@ class FullyShardedNetwork(LayerStack):
         xp = namespace_of_device(device)
         params = xp.asarray(np.concatenate(pieces))
         grads = xp.zeros_like(params)
-        mine = np.cumsum([0] + [piece.size for piece in pieces])
+        bounds = np.cumsum([0] + [piece.size for piece in pieces])
         self.comm, self.log = comm, GatherLog()
         activations = ["sigmoid"] * (len(shapes) - 1) + [output]
-        layers = [ShardedLayer(comm, layer, shape, (params[mine[layer]:mine[layer + 1]], grads[mine[layer]:mine[layer + 1]]),
-                               activation, self.log) for layer, (shape, activation) in enumerate(zip(shapes, activations))]
+        layers = [ShardedLayer(comm, index, shape, (params[start:stop], grads[start:stop]), kind, self.log)
+                  for index, (shape, kind, start, stop) in enumerate(zip(shapes, activations, bounds, bounds[1:]))]
         super().__init__(layer_sizes, output, layers, params, grads, xp)
         self.total_params = parameter_offsets(shapes)[-1]
         self.chunk_size = None  # one piece, whatever the rows: every rank makes the same collective calls
@@ -182,9 +181,9 @@ class FullyShardedNetwork(LayerStack):
 
 class FullySharded(LocalUpdate):
     """The sync of a :class:`FullyShardedNetwork` under lesson 05's ``train_parallel(..., strategy=FullySharded)``:
-    the gradients arrive reduce-scattered during backpropagation, so a step is one process's (lesson 03's
-    LocalUpdate: the optimizer, here made for this rank's chunks ``params`` and stepping layer by layer, and scoring
-    on the network, whose forward pass is collective); only the epoch's loss is summed over the ranks."""
+    the gradients arrive reduce-scattered during backpropagation, so a step is one process's (lesson 03's LocalUpdate:
+    its optimizer on this rank's chunks, its score on every rank: the forward pass is collective); only the epoch's
+    loss is summed over the ranks."""
 
     name = "fsdp"
 

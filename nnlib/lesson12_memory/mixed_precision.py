@@ -118,7 +118,6 @@ class LossScaler:
         return bool(comm.allreduce(local, op=MPI.LOR)) if comm is not None else local
 
     def update(self, overflowed: bool) -> None:
-        """The verdict on the (summed) gradient: overflow: skip, halve S; else double S after enough good steps."""
         self.overflowed = overflowed
         self.verdicts.append((overflowed, self.loss_scale))
         if overflowed:
@@ -143,9 +142,9 @@ class MixedPrecision(MicroBatched):
     grads the unscaled float32 gradient) trained in mixed precision, ``precision`` "float16" or "bfloat16".
 
     half_params: the low copy of params; half_grads: the scaled gradient, low (float32 chunks for FSDP); layers:
-    HalfLayer (FSDP's ShardedLayer computing with a HalfLayer; grad_shard float32); micro_batches, recompute_every: as
-    :class:`~nnlib.lesson12_memory.accumulation.MicroBatched`. ``scaler``: its :class:`LossScaler` (loss_scale,
-    growth_interval, dynamic: the scaler's), which the training run calls: ``train_parallel(..., scaler=...)``.
+    HalfLayer (in FSDP, its ShardedLayer computing with one); micro_batches, recompute_every: MicroBatched's.
+    ``scaler``: its :class:`LossScaler` (loss_scale, growth_interval, dynamic: the scaler's), which the training
+    run calls.
     """
 
     def __init__(self, network, loss_scale: float | None = None, growth_interval: int = 100,

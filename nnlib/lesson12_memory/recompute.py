@@ -55,11 +55,9 @@ def checkpointed_forward(layers, inputs, every: int):
 
 
 def recomputed_backward(layers, kept, delta, accumulate: bool, on_layer_done=None) -> None:
-    """Backpropagation segment by segment, last first: recompute a_start .. a_{stop-1} from the checkpoint
-    a_start, run ``backward_layers`` on the segment, and carry dJ/da_start down as the next delta.
-
-    kept: the checkpoints of :func:`checkpointed_forward`; delta = dJ/dz_L (N, n_L).
-    ``on_layer_done(l)`` as in ``backward_layers``, with the whole network's layer numbers.
+    """Backpropagation segment by segment, last first: recompute a_start .. a_{stop-1} from the checkpoint a_start,
+    run ``backward_layers`` on the segment, and carry dJ/da_start down as the next delta. kept: the checkpoints of
+    :func:`checkpointed_forward`; delta = dJ/dz_L (N, n_L); ``on_layer_done(l)``: backward_layers', l in the network.
     """
     starts = sorted(kept)
     for start, stop in reversed(list(zip(starts, starts[1:] + [len(layers)]))):

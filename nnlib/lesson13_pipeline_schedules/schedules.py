@@ -131,8 +131,7 @@ def zb_h2(stages: int, micro_batches: int):
     return zero_bubble(stages, micro_batches, lambda stage: 2 * (stages - stage - 1), lambda stage: 2 * stage)
 
 
-#: Every schedule by name: lesson 09's and this lesson's. Each maps (P, m) to the stages' lists
-#: (interleaved takes v as a third argument, 2 unless given).
+#: Every schedule by name, lesson 09's and this lesson's: (P, m) -> the stages' lists (interleaved: v too, default 2).
 ALL_SCHEDULES = {**SCHEDULES, "interleaved": interleaved, "zb-h1": zb_h1, "zb-h2": zb_h2}
 
 
@@ -263,11 +262,11 @@ class ZeroBubbleStage(Stage):
 class ScheduledPipeline(PipelineMLP):
     """Lesson 09's PipelineMLP running any schedule of ALL_SCHEDULES, with ``chunks`` (v) stages per rank.
 
-    Arguments as PipelineMLP's, plus chunks: v (interleaved only; every rank needs at least v layers: virtual
-    stage c P + s holds virtual_stage_layers(L, v P)[c P + s]), or the layer counts of the v P virtual stages
-    themselves, e.g. (3, 2, 2, 3) for v = 2 on 2 ranks or (5, 5) for v = 1 (balanced_split gives the one that
-    makes narrow first and last layers' stages as heavy as the others). ``held``: this rank's stages, chunk by
-    chunk; full_params puts the chunks back in layer order, so the result compares with Network's flat vector.
+    Arguments as PipelineMLP's, plus chunks: v (interleaved only; every rank needs at least v layers), or the layer
+    counts of the v P virtual stages themselves, e.g. (3, 2, 2, 3) for v = 2 on 2 ranks or (5, 5) for v = 1
+    (balanced_split gives the one that makes narrow first and last layers' stages as heavy as the others).
+    ``ranges``: virtual_stage_layers(L, v P), [first, stop) layers of each virtual stage (chunk c of rank s: c P + s);
+    ``held``: this rank's stages, chunk by chunk; full_params puts the chunks back in Network's flat layout.
     """
 
     schedules, letters = ALL_SCHEDULES, LETTERS
@@ -295,8 +294,8 @@ class ScheduledPipeline(PipelineMLP):
     def hold_layers(self, whole) -> list[ZeroBubbleStage]:
         """This rank's v stages: virtual stage c P + s's layers for chunk c, over slices of one params vector."""
         stages, last = self.stages, self.stages * self.chunks - 1
-        ranges = virtual_stage_layers(whole.num_layers, stages * self.chunks, self.split)
-        self.chunk_ranges = [ranges[chunk * stages + self.stage] for chunk in range(self.chunks)]
+        self.ranges = virtual_stage_layers(whole.num_layers, stages * self.chunks, self.split)
+        self.chunk_ranges = [self.ranges[chunk * stages + self.stage] for chunk in range(self.chunks)]
         starts = parameter_offsets(whole.shapes)
         self.params = self.xp.asarray(np.concatenate([whole.params[starts[first]:starts[stop]]
                                                       for first, stop in self.chunk_ranges]))
@@ -325,11 +324,10 @@ class ScheduledPipeline(PipelineMLP):
     def full_params(self) -> np.ndarray:
         """Every rank's chunks put back in layer order: Network's flat layout."""
         starts = parameter_offsets(list(zip(self.layer_sizes[:-1], self.layer_sizes[1:])))
-        ranges = virtual_stage_layers(self.num_layers, self.stages * self.chunks, self.split)
         gathered = allgather_rows(self.comm, to_numpy(self.params))  # rank by rank, each rank's chunks in order
         whole = np.empty_like(gathered)
         whole[np.concatenate([np.arange(starts[first], starts[stop]) for rank in range(self.stages)
-                              for first, stop in ranges[rank::self.stages]])] = gathered
+                              for first, stop in self.ranges[rank::self.stages]])] = gathered
         return whole
 
 
@@ -339,11 +337,10 @@ def measure_schedules(comm, layer_sizes, batch: int, micro_batches: int, schedul
                       dtype="float64", chunks: int = 2):
     """Each schedule's measured bubble beside its formula and its simulation, and its micro-batches alive.
 
-    schedules: names of ALL_SCHEDULES (interleaved with ``chunks``), or {name: its ScheduledPipeline
-    chunks}: v, or the layer counts of its virtual stages (balanced_split). Every rank runs lesson 09's
-    ``measured`` steps on the same random batch. Returns, on rank 0, {name: its dict (measured, simulated, formula
-    with the measured mean F, B, W, step_seconds, spread, timelines, peak_alive per stage) with layers per virtual
-    stage}; None elsewhere.
+    schedules: names of ALL_SCHEDULES (interleaved with ``chunks``), or {name: its ScheduledPipeline chunks: v, or
+    its virtual stages' layer counts (balanced_split)}. Every rank runs lesson 09's ``measured`` steps on the same
+    random batch. Returns, on rank 0, {name: measured's dict (formula: from the mean F, B, W) with layers per
+    virtual stage}; None elsewhere.
     """
     if not isinstance(schedules, dict):
         schedules = {name: chunks if name == "interleaved" else 1 for name in schedules}
@@ -363,8 +360,7 @@ def measure_schedules(comm, layer_sizes, batch: int, micro_batches: int, schedul
 
         row = measured(pipeline, inputs, labels, repeats, predict)
         if row:
-            results[name] = dict(row, layers=[stop - first for first, stop in virtual_stage_layers(
-                pipeline.num_layers, comm.size * pipeline.chunks, pipeline.split)])
+            results[name] = dict(row, layers=[stop - first for first, stop in pipeline.ranges])
     return results if comm.rank == 0 else None
 
 

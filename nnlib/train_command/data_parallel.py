@@ -12,8 +12,6 @@ import signal
 import sys
 import time
 
-import numpy as np
-
 from nnlib.train_command.options import TRACE_STEPS, kinds_of, memory_options_used, parse_fault, parse_slow
 from nnlib.train_command.reports import announce, report, save_trace, sent_arrays
 
@@ -60,7 +58,7 @@ def data_parallel_job(args, comm, settings, data, test) -> int:
             from nnlib.course.trace import phase_spans
 
             save_trace(args.trace, phase_spans(timelines))
-        more = dict(strategy=np.array(args.strategy), **sent_arrays(args, counting, history))
+        more = dict(strategy=args.strategy, **sent_arrays(args, counting, history))
         report(args, comm.size, history, phases, test_accuracy, params, network.layer_sizes, more)
     return 0
 

@@ -57,13 +57,11 @@ def abort_job(error: BaseException) -> None:
     sys.stdout.flush()
     sys.stderr.write(text + f"rank {rank}: ending the whole job (MPI_Abort)\n")
     sys.stderr.flush()
-    # The printed lines travel rank -> proxy -> mpiexec through pipes, the abort through PMI:
-    # without a pause, mpiexec can end every process before it has relayed the message
-    # (seen in about 1 run in 8 with MPICH's Hydra).
+    # The printed lines travel rank -> proxy -> mpiexec through pipes, the abort through PMI: without a pause,
+    # mpiexec can end every process before it has relayed them (seen in about 1 run in 8 with MPICH's Hydra).
     time.sleep(RELAY_PAUSE)
-    # MPI_Abort asks the process manager to end the job. If that manager is gone (an mpiexec
-    # that died, a host cut off), the call can wait for its answer for ever: the alarm's default
-    # action ends this process after ABORT_GRACE seconds instead, whatever the call is doing.
+    # MPI_Abort asks the process manager to end the job; if it is gone (mpiexec died, a host cut off), the call can
+    # wait for ever: the alarm's default action ends this process after ABORT_GRACE seconds, whatever the call does.
     signal.alarm(ABORT_GRACE)
     MPI.COMM_WORLD.Abort(1)
 
@@ -153,7 +151,7 @@ def model_parallel_job(args, comm, settings, data, test) -> int:
     timelines = comm.gather((network.timeline, network.timeline_chunks) if args.trace else ([], []), root=0)
     if comm.rank == 0:
         report(args, comm.size, history, phases, test_accuracy, params, sizes,
-               dict(strategy=np.array(f"{args.model_parallel} x {model_size}")))
+               dict(strategy=f"{args.model_parallel} x {model_size}"))
         if args.trace:
             from nnlib.course.trace import pipeline_spans
             save_trace(args.trace, pipeline_spans(*zip(*timelines), stages=model_size))  # last step, chunks named
@@ -195,9 +193,7 @@ def report_asynchronous(args, ranks: int, history, network, test) -> None:
     test_accuracy = network.accuracy(*test)
     print(f"test accuracy {test_accuracy:.4f}; staleness: mean {staleness.mean():.2f}, largest {staleness.max()} "
           f"updates; updates per worker: {np.bincount(history.worker, minlength=ranks)[1:].tolist()}")
-    save_output(args, params=network.get_params(), layer_sizes=np.array(network.layer_sizes),
-                loss=np.array(history.loss), train_accuracy=np.array(history.train_accuracy),
-                epoch_seconds=np.array(history.epoch_seconds), staleness=staleness, worker=np.array(history.worker),
-                update_seconds=np.array(history.seconds), test_accuracy=np.array(test_accuracy),
-                epoch_params=np.array(history.params), largest_lead=np.array(history.largest_lead),
-                ranks=np.array(ranks), strategy=np.array("asynchronous"))
+    save_output(args, params=network.get_params(), layer_sizes=network.layer_sizes, loss=history.loss,
+                train_accuracy=history.train_accuracy, epoch_seconds=history.epoch_seconds, staleness=staleness,
+                worker=history.worker, update_seconds=history.seconds, test_accuracy=test_accuracy,
+                epoch_params=history.params, largest_lead=history.largest_lead, ranks=ranks, strategy="asynchronous")

@@ -1,9 +1,5 @@
 """The batch job's options: each lesson's arguments, one table of what combines with what (:data:`COMBINES`), and
-the checks that every rank makes together.
-
-:func:`check_settings` reads the arguments only (no I/O, no MPI): every rank reaches the same verdict from the
-same arguments, before any collective, and rank 0 says it once.
-"""
+the checks that every rank makes together (:func:`check_settings`)."""
 
 from __future__ import annotations
 
@@ -199,11 +195,19 @@ def combination_problem(args) -> str | None:
 
 # -- the checks ------------------------------------------------------------------------------------------------
 
+#: lesson 11's checks, in the job's words: its flags
+FLAGS = dict(asynchronous="--asynchronous", batch_size="--batch-size", staleness="--staleness",
+             unbounded="leave it out", slow="--slow's rank", delay="--slow's delay for rank")
+
+
 def check_settings(args, ranks: int):
     """The job's training settings (lesson 03's Settings), or ValueError for options that are wrong or cannot go
     together on ``ranks`` ranks (no I/O, no MPI: every rank reaches the same verdict from the same arguments, before
-    any collective): each option's own values and what it needs first, then the table of what combines."""
+    any collective): each option's own values and what it needs first (lesson 11's own checks of --asynchronous's
+    and --local-steps' values, naming the flags), then the table of what combines."""
     from nnlib.lesson03_training.training import Settings
+    from nnlib.lesson11_beyond_sync.asynchronous import asynchronous_problems
+    from nnlib.lesson11_beyond_sync.local_sgd import DILOCO_MOMENTUM, check_local_sgd
 
     adam = {name: getattr(args, name) for name in ("beta1", "beta2", "eps", "weight_decay")
             if getattr(args, name) is not None}  # (the flags given; Settings' defaults for the rest)
@@ -213,30 +217,15 @@ def check_settings(args, ranks: int):
                         **dict(dict(weight_decay=0.01) if args.optimizer == "adamw" else {}, **adam))
     problems = settings.problems()  # (lesson 03's: an optimizer's number that another optimizer's flag set, too)
     problems += [message for wrong, message in option_problems(args, ranks) if wrong]
-    problems += lesson_11_problems(args, settings, ranks)
-    problem = problems[0] if problems else combination_problem(args)
-    if problem:
-        raise ValueError(problem)
-    return settings
-
-
-#: lesson 11's checks, in the job's words: its flags
-FLAGS = dict(asynchronous="--asynchronous", batch_size="--batch-size", staleness="--staleness",
-             unbounded="leave it out", slow="--slow's rank", delay="--slow's delay for rank")
-
-
-def lesson_11_problems(args, settings, ranks: int) -> list[str]:
-    """What lesson 11's own checks refuse in --asynchronous's and --local-steps' values, naming the flags."""
-    from nnlib.lesson11_beyond_sync.asynchronous import asynchronous_problems
-    from nnlib.lesson11_beyond_sync.local_sgd import DILOCO_MOMENTUM, check_local_sgd
-
-    problems = []
     if args.asynchronous:
         problems += asynchronous_problems(ranks, settings, args.staleness, parse_slow(args.slow), FLAGS)
     if args.local_steps is not None:
         problems += check_local_sgd(args.local_steps, args.outer_optimizer, args.outer_learning_rate, DILOCO_MOMENTUM,
                                     ("--local-steps H", "--outer-learning-rate"))
-    return problems
+    problem = problems[0] if problems else combination_problem(args)
+    if problem:
+        raise ValueError(problem)
+    return settings
 
 
 def option_problems(args, ranks: int) -> list[tuple[bool, str]]:

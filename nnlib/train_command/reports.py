@@ -11,9 +11,8 @@ LESSON = 13
 
 
 def announce(args, comm, network, gpus) -> None:
-    """Rank 0 says what the job runs: ranks, strategy, network, samples, batch; what compression (lesson 11's
-    PowerSGD, top-k, 16 bits) sends or how often local SGD talks; lesson 12's options, if any are used, and what
-    lesson 12's memory model counts on rank 0 (its share of a batch); the GPUs."""
+    """Rank 0 says what the job runs: ranks, strategy, network, samples, batch; what compression sends or how often
+    local SGD talks (lesson 11); lesson 12's options and memory model's count for rank 0, if used; the GPUs."""
     from nnlib.lesson07_gpu.backend import cuda_aware_mpi, gpu_status
     from nnlib.lesson11_beyond_sync import compression, powersgd
     from nnlib.lesson12_memory.budget import predicted_bytes
@@ -58,9 +57,8 @@ def sent_arrays(args, counting, history) -> dict:
     if args.compression != "none" or args.local_steps is not None:
         print(f"sent by rank 0: {counting.message_bytes():,} bytes in {sum(count for _, count in calls)} calls "
               f"({counting.message_bytes() / history.steps:,.0f} bytes per step on average)", flush=True)
-    return dict(sent_collectives=np.array([name for (name, _), _ in calls]),
-                sent_message_bytes=np.array([nbytes for (_, nbytes), _ in calls]),
-                sent_counts=np.array([count for _, count in calls]), sent_bytes=np.array(counting.message_bytes()))
+    return dict(sent_collectives=[name for (name, _), _ in calls], sent_message_bytes=[size for (_, size), _ in calls],
+                sent_counts=[count for _, count in calls], sent_bytes=counting.message_bytes())
 
 
 def report(args, ranks, history, phases, test_accuracy, params, layer_sizes, more: dict) -> None:
@@ -72,10 +70,9 @@ def report(args, ranks, history, phases, test_accuracy, params, layer_sizes, mor
     print("rank " + "".join(f"{phase:>12s}" for phase in PHASES))
     for rank_number, row in enumerate(phases):
         print(f"{rank_number:4d} " + "".join(f"{value:12.3f}" for value in row))
-    save_output(args, params=params, layer_sizes=np.array(layer_sizes), loss=np.array(history.loss),
-                train_accuracy=np.array(history.train_accuracy), epoch_seconds=np.array(history.seconds),
-                phase_seconds=phases, phases=np.array(PHASES), test_accuracy=np.array(test_accuracy),
-                ranks=np.array(ranks), **more)
+    save_output(args, params=params, layer_sizes=layer_sizes, loss=history.loss, train_accuracy=history.train_accuracy,
+                epoch_seconds=history.seconds, phase_seconds=phases, phases=PHASES, test_accuracy=test_accuracy,
+                ranks=ranks, **more)
 
 
 def save_trace(path, spans, instants=()) -> None:
@@ -87,7 +84,7 @@ def save_trace(path, spans, instants=()) -> None:
 
 
 def save_output(args, **arrays) -> None:
-    """Write arrays to --output (.npz), if given, atomically (see nnlib.lesson01_mnist.files.atomic_write)."""
+    """Write ``arrays`` (or lists, numbers: np.savez makes arrays of them) to --output, if given, atomically."""
     if args.output:
         with atomic_write(args.output) as stream:
             np.savez(stream, **arrays)
