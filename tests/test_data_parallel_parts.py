@@ -1,8 +1,11 @@
 """The pieces of lessons 05 and 08 that need no MPI: the shard's batches, ZeRO's slices, the overlap's buckets,
 the samplers."""
 
+import time
+
 import numpy as np
 import pytest
+from mpi4py import MPI
 
 from nnlib import Network
 from nnlib.lesson03_training.optimizers import SGD
@@ -11,6 +14,7 @@ from nnlib.lesson04_collectives.collectives import row_range
 from nnlib.lesson05_data_parallel.data_parallel import ShardBatches
 from nnlib.lesson08_inside_allreduce.overlap import bucket_ranges
 from nnlib.lesson08_inside_allreduce.sampling import exact_imbalance, per_rank_plan
+from nnlib.lesson08_inside_allreduce.simulated_link import Link, SimulatedLink, overlapped_finish
 from nnlib.lesson08_inside_allreduce.zero import rank_slice
 
 
@@ -130,3 +134,42 @@ def test_a_ranking_of_noisy_runs_says_which_runs_the_rounds_cannot_tell_apart():
     assert order == ["b", "c", "a", "d"]  # medians 0.80, 0.77, 0.72, 0.61
     assert tied == ["c"]  # c's best round (0.81) reaches b's worst (0.79); a's (0.74) does not
     assert ranking({"only": [1.0]}) == (["only"], [])
+
+
+# -- lesson 08's simulated link ----------------------------------------------------------------------------------
+
+class SelfAsTwoRanks:
+    """MPI.COMM_SELF (its sums are the buffer itself) that says it has 2 ranks: a link of 2 ranks in one process."""
+
+    size, rank = 2, 0
+
+    def Allreduce(self, sendbuf, recvbuf, op=MPI.SUM):
+        MPI.COMM_SELF.Allreduce(sendbuf, recvbuf, op=op)
+
+    def Iallreduce(self, sendbuf, recvbuf, op=MPI.SUM):
+        return MPI.COMM_SELF.Iallreduce(sendbuf, recvbuf, op=op)
+
+
+def test_the_link_carries_one_allreduce_at_a_time_each_taking_the_rings_time():
+    link, n = Link(2, alpha=1e-3, beta=1e-6), 4000  # on 2 ranks a ring takes 2 alpha + n beta: 6 ms
+    assert link.book(0.0, n) == pytest.approx(0.006)
+    assert link.book(0.0, n) == pytest.approx(0.012)  # ready at once, but the link is busy until 6 ms
+    assert link.book(1.0, n) == pytest.approx(1.006)  # ready after the link is free
+    # the model of overlap: the first bucket (ready at 1 ms) is done at 7 ms; the second waits for it
+    assert overlapped_finish([0.001, 0.002], [n, n], Link(2, 1e-3, 1e-6)) == pytest.approx(0.013)
+    assert overlapped_finish([0.001, 0.020], [n, n], Link(2, 1e-3, 1e-6)) == pytest.approx(0.026)
+
+
+def test_the_simulated_link_takes_its_time_in_wall_time_and_leaves_the_core_free_meanwhile():
+    n, seconds = 25_000, 0.1  # 2 alpha + n beta = 0.1 s on 2 ranks
+    link = SimulatedLink(SelfAsTwoRanks(), alpha=0.0, beta=seconds / n)
+    values = np.arange(n // 8, dtype=np.float64)  # n bytes
+    began = time.perf_counter()
+    link.Allreduce(MPI.IN_PLACE, values)
+    assert time.perf_counter() - began >= seconds and values[-1] == n // 8 - 1  # summed (with itself only)
+    began = time.perf_counter()
+    requests = [link.Iallreduce(MPI.IN_PLACE, values)]
+    time.sleep(seconds)  # a backward pass's worth of computing while the link carries the message
+    link.wait_all(requests)
+    elapsed = time.perf_counter() - began
+    assert seconds <= elapsed < 1.5 * seconds  # overlapped: not the 0.2 s of one after the other

@@ -268,16 +268,19 @@ def check_the_per_rank_sampler():
 
 
 def check_overlapped_buckets_equal_one_allreduce():
-    """Deeper network, any bucket size: the overlapped Iallreduces give the plain Allreduce's sums."""
+    """Deeper network, any bucket size, on the ranks' MPI or a simulated link over it: the overlapped Iallreduces give
+    the plain Allreduce's sums."""
     from nnlib.lesson08_inside_allreduce.overlap import BucketedAllreduce, bucket_ranges
+    from nnlib.lesson08_inside_allreduce.simulated_link import SimulatedLink
 
     local_inputs, local_labels, _ = shard(comm, INPUTS if rank == 0 else None, LABELS if rank == 0 else None)
     network = Network((12, 9, 8, 7, 4), dtype="float64", seed=3)
     network.loss_and_gradient(local_inputs, local_labels, normalizer=N)
     expected = network.grads.copy()
     comm.Allreduce(MPI.IN_PLACE, expected, op=MPI.SUM)
-    for bucket_bytes in (0, 300, 10**9):
-        overlap = BucketedAllreduce(comm, network, bucket_bytes)
+    link = SimulatedLink(comm, 1e-5, 1e-9)  # lesson 08's simulated link: it sums as MPI does, later
+    for bucket_bytes, through in ((0, comm), (300, comm), (10**9, comm), (0, link), (300, link)):
+        overlap = BucketedAllreduce(through, network, bucket_bytes)
         done = []
         network.loss_and_gradient(local_inputs, local_labels, normalizer=N,
                                   on_layer_done=lambda layer: (done.append(layer), overlap.layer_done(layer)))

@@ -1,0 +1,74 @@
+"""A simulated link: Allreduces that take wall time on a wire, as a cluster's network does, not CPU time.
+
+On one machine a rank's message moves only while a core copies it, so overlap has nothing to hide (the lesson
+says why). On a cluster the network card moves the bytes while the cores compute. :class:`SimulatedLink` is such
+a link, of latency alpha and seconds per byte beta, for the lessons' code: every Allreduce really sums (through
+the machine's MPI, exactly), then completes no sooner than the link allows. The link carries one Allreduce at a
+time (:class:`Link`)::
+
+    an Allreduce of n bytes, ready at t, on a link busy until f:   done at max(t, f) + T(n)
+    T(n) = 2 (P - 1) alpha + 2 (P - 1) / P n beta                  (a ring, lesson 04's costmodel)
+
+Waiting sleeps, so the cores stay free to compute: what overlap needs. Only Allreduce and Iallreduce take the
+link's time; every other call is the communicator's own.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from mpi4py import MPI
+
+from nnlib.lesson04_collectives.costmodel import ring_allreduce_time
+
+LESSON = 8
+NOTEBOOKS_ONLY = True  # used by notebook 08, by no other nnlib module
+
+
+@dataclass
+class Link:
+    """One link of ``ranks`` ranks, latency ``alpha`` (s), ``beta`` (s per byte), busy until ``free_at``."""
+
+    ranks: int
+    alpha: float
+    beta: float
+    free_at: float = 0.0
+
+    def book(self, ready: float, n_bytes: int) -> float:
+        """An Allreduce of ``n_bytes`` ready at time ``ready``: when it is done (the link is busy until then)."""
+        seconds = float(ring_allreduce_time(n_bytes, self.ranks, self.alpha, self.beta))
+        self.free_at = max(ready, self.free_at) + seconds
+        return self.free_at
+
+
+def overlapped_finish(ready_times, bucket_bytes, link: Link) -> float:
+    """The model of overlap: when the last bucket is done, bucket b (``bucket_bytes[b]``) starting on the link
+    once its last layer's gradient is final (``ready_times[b]``) and the link is free."""
+    return max((link.book(ready, n_bytes) for ready, n_bytes in zip(ready_times, bucket_bytes)), default=0.0)
+
+
+class SimulatedLink:
+    """``comm`` whose Allreduce and Iallreduce take the wall time of a :class:`Link` (alpha, beta)."""
+
+    def __init__(self, comm, alpha: float, beta: float):
+        self.comm, self.link = comm, Link(comm.size, alpha, beta)
+
+    def __getattr__(self, name):  # only for names not found on self: the communicator's own
+        if name == "comm":  # not set yet (a copy in progress): no endless recursion
+            raise AttributeError(name)
+        return getattr(self.comm, name)
+
+    def Allreduce(self, sendbuf, recvbuf, op=MPI.SUM):
+        done = self.link.book(time.perf_counter(), recvbuf.nbytes)
+        self.comm.Allreduce(sendbuf, recvbuf, op=op)
+        time.sleep(max(0.0, done - time.perf_counter()))
+
+    def Iallreduce(self, sendbuf, recvbuf, op=MPI.SUM):
+        self.link.book(time.perf_counter(), recvbuf.nbytes)  # on the wire from now, after what is booked
+        return self.comm.Iallreduce(sendbuf, recvbuf, op=op)
+
+    def wait_all(self, requests, what: str = "Iallreduce") -> None:
+        """Complete ``requests`` (this link's Iallreduces), then wait until the link has carried them all."""
+        MPI.Request.Waitall(requests)
+        time.sleep(max(0.0, self.link.free_at - time.perf_counter()))
