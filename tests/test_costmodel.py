@@ -7,7 +7,8 @@ import pytest
 
 
 def test_the_allreduce_models_agree_with_counting_messages():
-    from nnlib.lesson04_collectives.costmodel import recursive_doubling_time, reduce_broadcast_time, ring_allreduce_time
+    from nnlib.lesson04_collectives.costmodel import (recursive_doubling_time, reduce_broadcast_time,
+                                                      ring_allreduce_time, tree_reduce_broadcast_time)
 
     alpha, beta, n = 1e-6, 1e-9, 8e6
     assert recursive_doubling_time(n, 2, alpha, beta) == pytest.approx(alpha + n * beta)
@@ -16,6 +17,10 @@ def test_the_allreduce_models_agree_with_counting_messages():
     assert reduce_broadcast_time(n, 4, alpha, beta) == pytest.approx(6 * (alpha + n * beta))
     assert ring_allreduce_time(n, 4, alpha, beta) == pytest.approx(6 * alpha + 1.5 * n * beta)
     assert recursive_doubling_time(n, 1, alpha, beta) == reduce_broadcast_time(n, 1, alpha, beta) == 0.0
+    # lesson 05's reduce_broadcast is MPI's Reduce and Bcast, two binomial trees: 2 ceil(log2 P) whole messages
+    assert tree_reduce_broadcast_time(n, 5, alpha, beta) == pytest.approx(6 * (alpha + n * beta))
+    assert tree_reduce_broadcast_time(n, 8, alpha, beta) == pytest.approx(6 * (alpha + n * beta))
+    assert tree_reduce_broadcast_time(n, 1, alpha, beta) == 0.0
     # large messages: the ring sends the fewest bytes; tiny ones: recursive doubling the fewest messages
     assert ring_allreduce_time(n, 8, alpha, beta) < recursive_doubling_time(n, 8, alpha, beta)
     assert recursive_doubling_time(8, 8, alpha, beta) < ring_allreduce_time(8, 8, alpha, beta)
@@ -92,6 +97,8 @@ def test_step_time_and_communication_time():
     for name, model in costmodel.COMMUNICATION_TIMES.items():
         assert costmodel.communication_time(name, n, 4, alpha, beta) == model(n, 4, alpha, beta)
         assert costmodel.communication_time(name, n, 1, alpha, beta) == 0.0
+    # lesson 05's reduce_broadcast runs MPI's trees (2 log2 8 = 6 messages), not lesson 08's 2 (P - 1) = 14
+    assert costmodel.communication_time("reduce_broadcast", n, 8, alpha, beta) == pytest.approx(6 * (alpha + n * beta))
     with pytest.raises(ValueError, match="strategy must be one of"):
         costmodel.communication_time("gossip", n, 4, alpha, beta)
 

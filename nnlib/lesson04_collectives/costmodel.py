@@ -75,6 +75,13 @@ def parameter_server_time(n_bytes, ranks, alpha: float, beta: float):
     return np.where(ranks > 1, messages * predicted_time(n_bytes, alpha, beta), 0.0)
 
 
+def tree_reduce_broadcast_time(n_bytes, ranks, alpha: float, beta: float):
+    """MPI's Reduce to rank 0, then its Bcast (lesson 05's reduce_broadcast), each a binomial tree of ceil(log2 P)
+    rounds of the whole n bytes: T = 2 ceil(log2 P)(alpha + n beta)."""
+    rounds = 2 * np.ceil(np.log2(np.maximum(np.asarray(ranks, dtype=np.float64), 1)))
+    return rounds * predicted_time(n_bytes, alpha, beta)
+
+
 # -- lesson 06: a training step ----------------------------------------------------------------
 
 def step_matmul_shapes(layer_sizes, batch_size: int):
@@ -165,10 +172,10 @@ def recursive_doubling_time(n_bytes, ranks, alpha: float, beta: float):
 
 
 def reduce_broadcast_time(n_bytes, ranks, alpha: float, beta: float):
-    """Reduce to rank 0 and send back, one message at a time: T = 2 (P - 1)(alpha + n beta)."""
+    """Reduce to rank 0 and send back one message at a time (lesson 08's, by hand): T = 2 (P - 1)(alpha + n beta)."""
     ranks = np.asarray(ranks, dtype=np.float64)
     return np.where(ranks > 1, 2 * (ranks - 1) * predicted_time(n_bytes, alpha, beta), 0.0)
 
 
 COMMUNICATION_TIMES = {"allreduce": ring_allreduce_time, "parameter_server": parameter_server_time,
-                       "reduce_broadcast": reduce_broadcast_time}  # train_parallel's strategies (lessons 05, 06)
+                       "reduce_broadcast": tree_reduce_broadcast_time}  # train_parallel's strategies (lessons 05, 06)

@@ -1,16 +1,14 @@
 """A simulated link: Allreduces that take wall time on a wire, as a cluster's network does, not CPU time.
 
-On one machine a rank's message moves only while a core copies it, so overlap has nothing to hide (the lesson
-says why). On a cluster the network card moves the bytes while the cores compute. :class:`SimulatedLink` is such
-a link, of latency alpha and seconds per byte beta, for the lessons' code: every Allreduce really sums (through
-the machine's MPI, exactly), then completes no sooner than the link allows. The link carries one Allreduce at a
-time (:class:`Link`)::
+On one machine a rank's message moves only while a core copies it, so overlap has little to hide. On a cluster the
+network card moves the bytes while the cores compute. :class:`SimulatedLink` is such a link, of latency alpha and
+beta seconds per byte: every Allreduce really sums (through MPI, exactly), then completes no sooner than the link,
+carrying one Allreduce at a time (:class:`Link`), allows::
 
     an Allreduce of n bytes, ready at t, on a link busy until f:   done at max(t, f) + T(n)
     T(n) = 2 (P - 1) alpha + 2 (P - 1) / P n beta                  (a ring, lesson 04's costmodel)
 
-Waiting sleeps, so the cores stay free to compute: what overlap needs. Only Allreduce and Iallreduce take the
-link's time; every other call is the communicator's own.
+Waiting sleeps, so the cores stay free to compute. Every other call is the communicator's own.
 """
 
 from __future__ import annotations

@@ -90,26 +90,22 @@ class ShardedLayer(Layer):
             self.free()
 
     def weight_gradient(self, inputs, delta, accumulate: bool = False) -> None:
-        """Gather W, b again; dJ/dW, dJ/db of this rank's rows into a whole buffer; reduce-scatter its
-        chunk of the sum over ranks into ``grad_shard`` (or add it). W stays for :meth:`input_gradient`
-        (layer 0, whose input gradient nobody needs, frees it here)."""
+        """Gather W, b again; dJ/dW, dJ/db of this rank's rows into a whole buffer (n_l,); reduce-scatter chunk r of
+        its sum over ranks into ``grad_shard`` (or add it), summed in grad_shard's dtype (mixed precision: float32,
+        where an inf stays inf). W stays for :meth:`input_gradient` (layer 0, whose input gradient nobody needs, frees
+        it here)."""
         self.gather("backward")
         gradient = self.xp.empty(self.size, dtype=self.shard.dtype)
         (grad_weights,), (grad_biases,) = layer_views(gradient, [self.shape], self.xp)
         self.compute(self.whole.weights, self.whole.biases, grad_weights, grad_biases, self.activation) \
             .weight_gradient(inputs, delta)
-        self.reduce_scatter(gradient, accumulate)
+        summed = self.xp.empty_like(self.grad_shard) if accumulate else self.grad_shard
+        self.comm.Reduce_scatter(gradient.astype(summed.dtype, copy=False), summed, recvcounts=self.counts, op=MPI.SUM)
+        if accumulate:
+            self.grad_shard += summed
         self.log.note("reduce-scatter", self.index, 0)
         if self.index == 0:
             self.free()
-
-    def reduce_scatter(self, whole, accumulate: bool) -> None:
-        """Chunk r of the sum over ranks of ``whole`` (n_l,) into ``grad_shard`` (or added to it), summed in
-        grad_shard's dtype (mixed precision: a low gradient summed in float32, where an inf stays inf)."""
-        summed = self.xp.empty_like(self.grad_shard) if accumulate else self.grad_shard
-        self.comm.Reduce_scatter(whole.astype(summed.dtype, copy=False), summed, recvcounts=self.counts, op=MPI.SUM)
-        if accumulate:
-            self.grad_shard += summed
 
     def input_gradient(self, delta):
         """dJ/da_in = delta @ W.T with the gathered W, then free it."""

@@ -193,7 +193,7 @@ def report_asynchronous(args, ranks: int, history, network, test) -> None:
     test_accuracy = network.accuracy(*test)
     print(f"test accuracy {test_accuracy:.4f}; staleness: mean {staleness.mean():.2f}, largest {staleness.max()} "
           f"updates; updates per worker: {np.bincount(history.worker, minlength=ranks)[1:].tolist()}")
-    save_output(args, params=network.get_params(), layer_sizes=network.layer_sizes, loss=history.loss,
+    save_output(args, params=network.state_dict()["params"], layer_sizes=network.layer_sizes, loss=history.loss,
                 train_accuracy=history.train_accuracy, epoch_seconds=history.epoch_seconds, staleness=staleness,
                 worker=history.worker, update_seconds=history.seconds, test_accuracy=test_accuracy,
                 epoch_params=history.params, largest_lead=history.largest_lead, ranks=ranks, strategy="asynchronous")
