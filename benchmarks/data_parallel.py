@@ -62,11 +62,11 @@ def exact_imbalance(case: dict, ranks: int = 2) -> float:
     shards, as nnlib.lesson05_data_parallel.data_parallel.ShardBatches does). The per_rank sampler gives every
     rank B / ranks rows exactly: 1.0. The busiest rank sets the pace of every step."""
     from nnlib.lesson03_training.training import Settings
-    from nnlib.lesson04_collectives.collectives import split_counts
+    from nnlib.lesson04_collectives.collectives import split_evenly
     from nnlib.lesson05_data_parallel.data_parallel import ShardBatches
 
     settings = Settings(epochs=1, learning_rate=case["learning_rate"], batch_size=case["batch"])
-    plans = [ShardBatches(split_counts(60000, ranks), rank, settings).epoch(0) for rank in range(ranks)]
+    plans = [ShardBatches(split_evenly(60000, ranks)[0], rank, settings).epoch(0) for rank in range(ranks)]
     return float(np.mean([max(len(rows) for rows, _ in step) / (step[0][1] / ranks) for step in zip(*plans)]))
 
 

@@ -12,29 +12,23 @@ from nnlib.course.environment import mpiexec_path
 from nnlib.lesson04_collectives import collectives
 
 
-def test_split_counts_and_offsets():
-    assert collectives.split_counts(10, 4).tolist() == [3, 3, 2, 2]
+def test_split_evenly_and_offsets():
+    assert collectives.split_evenly(10, 4) == ([3, 3, 2, 2], [0, 3, 6, 8])
     assert collectives.offsets([3, 3, 2, 2]).tolist() == [0, 3, 6, 8]
-    assert collectives.split_counts(2, 4).tolist() == [1, 1, 0, 0]
-    assert [collectives.row_range(997, 3, r) for r in range(3)] == [(0, 333), (333, 665), (665, 997)]
+    assert collectives.split_evenly(2, 4)[0] == [1, 1, 0, 0]
+    assert collectives.split_evenly(997, 3) == ([333, 332, 332], [0, 333, 665])
     with pytest.raises(ValueError, match="parts must be at least 1"):
-        collectives.split_counts(5, 0)
+        collectives.split_evenly(5, 0)
 
 
 @pytest.mark.parametrize("total, parts", [(10, 4), (2, 4), (997, 3), (7, 7), (0, 3), (1001, 1)])
 def test_one_split_of_n_items_over_p_ranks(total, parts):
-    """split_evenly is the split; split_counts, row_range and the ring's chunk_bounds are the same one."""
-    from nnlib.lesson08_inside_allreduce.allreduce import chunk_bounds
-
+    """split_evenly is nnlib's one split (rows, the ring's chunks, hidden units, layers): counts and starts."""
     counts, starts = collectives.split_evenly(total, parts)
     assert all(isinstance(value, int) for value in counts + starts)
     assert sum(counts) == total and max(counts) - min(counts) <= 1 and counts == sorted(counts, reverse=True)
     assert starts == [sum(counts[:rank]) for rank in range(parts)]
-    assert collectives.split_counts(total, parts).tolist() == counts
     assert collectives.offsets(counts).tolist() == starts
-    assert [collectives.row_range(total, parts, rank) for rank in range(parts)] == [
-        (start, start + count) for start, count in zip(starts, counts)]
-    assert chunk_bounds(total, parts) == (counts, starts)
 
 
 def test_the_one_timer_warms_up_then_times_each_call():

@@ -69,7 +69,8 @@ def test_the_flop_count_is_the_products_a_training_step_runs(layer_sizes):
 
 def test_the_ring_time_by_hand_at_1_2_and_7_ranks():
     from nnlib.lesson04_collectives.costmodel import predicted_time, ring_allgather_time, ring_allreduce_time
-    from nnlib.lesson08_inside_allreduce.allreduce import chunk_bounds, ring_schedule
+    from nnlib.lesson04_collectives.collectives import split_evenly
+    from nnlib.lesson08_inside_allreduce.allreduce import ring_schedule
 
     alpha, beta, n = 2e-6, 1e-9, 7e6
     assert ring_allreduce_time(n, 1, alpha, beta) == 0.0
@@ -78,7 +79,7 @@ def test_the_ring_time_by_hand_at_1_2_and_7_ranks():
     assert ring_allreduce_time(n, [1, 2, 7], alpha, beta).tolist() == pytest.approx(
         [0.0, 2 * alpha + n * beta, 12 * alpha + 12 / 7 * n * beta])
     # The schedule's steps, each one chunk of n/P bytes (7 divides n): the same sum.
-    counts, _ = chunk_bounds(int(n), 7)
+    counts, _ = split_evenly(int(n), 7)
     steps = ring_schedule(7)
     assert len(steps) == 12 and len(set(counts)) == 1
     assert sum(predicted_time(counts[0], alpha, beta) for _ in steps) == pytest.approx(

@@ -10,7 +10,7 @@ from mpi4py import MPI
 from nnlib import Network
 from nnlib.lesson03_training.optimizers import SGD
 from nnlib.lesson03_training.training import Settings
-from nnlib.lesson04_collectives.collectives import row_range
+from nnlib.lesson04_collectives.collectives import split_evenly
 from nnlib.lesson05_data_parallel.data_parallel import ShardBatches
 from nnlib.lesson08_inside_allreduce.overlap import bucket_ranges
 from nnlib.lesson08_inside_allreduce.sampling import exact_imbalance, per_rank_plan
@@ -61,14 +61,12 @@ def test_a_negative_bucket_size_is_refused():
 
 @pytest.mark.parametrize("num_samples, batch, ranks", [(997, 64, 3), (997, 64, 2), (1000, 5, 4), (10, 3, 3)])
 def test_the_per_rank_sampler_sees_every_sample_once_per_epoch(num_samples, batch, ranks):
-    shard_sizes = [row_range(num_samples, ranks, rank)[1] - row_range(num_samples, ranks, rank)[0]
-                   for rank in range(ranks)]
+    shard_sizes, starts = split_evenly(num_samples, ranks)
     plans = [per_rank_plan(shard_sizes, batch, rank, seed=4, epoch=2) for rank in range(ranks)]
     assert len({len(plan) for plan in plans}) == 1  # every rank takes the same number of steps
     seen = []
     for rank, plan in enumerate(plans):
-        start = row_range(num_samples, ranks, rank)[0]
-        seen += [start + int(row) for rows, _ in plan for row in rows]
+        seen += [starts[rank] + int(row) for rows, _ in plan for row in rows]
     assert sorted(seen) == list(range(num_samples))
     for step in range(len(plans[0])):
         normalizers = {plan[step][1] for plan in plans}
@@ -83,7 +81,7 @@ def test_the_exact_plan_is_the_sequential_batches_cut_by_shard():
     order = np.random.default_rng(5).permutation(100)
     for step in range(len(plans[0])):
         expected = order[step * 16:(step + 1) * 16]
-        got = [int(row) + row_range(100, 3, rank)[0] for rank, plan in enumerate(plans) for row in plan[step][0]]
+        got = [int(row) + split_evenly(100, 3)[1][rank] for rank, plan in enumerate(plans) for row in plan[step][0]]
         assert sorted(got) == sorted(expected.tolist())
         assert {plan[step][1] for plan in plans} == {len(expected)}
 

@@ -43,7 +43,7 @@ def defined(source: str, name: str):
 
 def ring_step_by_nnlib_schedule(buffers, step):
     """One reduce-scatter step as nnlib.lesson08_inside_allreduce.allreduce's ring schedule sends it."""
-    counts, starts = allreduce.chunk_bounds(buffers.shape[1], buffers.shape[0])
+    counts, starts = collectives.split_evenly(buffers.shape[1], buffers.shape[0])
     after = buffers.copy()
     for sender, receiver, chunk in allreduce.ring_schedule(buffers.shape[0])[step]["sends"]:
         part = slice(starts[chunk], starts[chunk] + counts[chunk])
@@ -281,12 +281,11 @@ NNLIB = {
     "02.3": lambda logits, targets: float(cross_entropy_from_logits(logits, targets, "sigmoid", np)) / len(logits),
     "03.1": momentum_step_by_nnlib,
     "03.3": lambda samples, batch: np.array(training.batch_ranges(samples, batch)).reshape(-1, 2),
-    "04.1": lambda rows, ranks, length: (collectives.split_counts(rows, ranks) * length,
-                                         collectives.offsets(collectives.split_counts(rows, ranks) * length)),
+    "04.1": lambda rows, ranks, length: tuple(np.array(part) * length for part in collectives.split_evenly(rows, ranks)),
     "04.2": costmodel.predicted_time,
     "06.1": scaling.amdahl_speedup,
     "06.2": scaling.gustafson_speedup,
-    "08.1": allreduce.chunk_bounds,
+    "08.1": collectives.split_evenly,
     "08.2": ring_step_by_nnlib_schedule,
     "08.3": lambda layer_bytes, bucket_bytes: bucket_starts_by_nnlib_overlap(layer_bytes, bucket_bytes),
     "08.4": lambda params, grads, velocity, rate, momentum: zero_step_by_nnlib(params, grads, velocity, rate, momentum),
@@ -522,7 +521,7 @@ def buckets_started_over_the_size(layer_bytes, bucket_bytes):
 
 def zero_with_own_gradient(params, grads, velocity, learning_rate, momentum):
     """No reduce-scatter: rank r updates its chunk with its own gradient only."""
-    counts, starts = allreduce.chunk_bounds(params.size, len(grads))
+    counts, starts = collectives.split_evenly(params.size, len(grads))
     after, new_velocity = params.copy(), []
     for rank, (start, count) in enumerate(zip(starts, counts)):
         new_velocity.append(momentum * velocity[rank] - learning_rate * grads[rank, start:start + count])
@@ -537,7 +536,7 @@ def zero_averaging(params, grads, velocity, learning_rate, momentum):
 
 def zero_without_allgather(params, grads, velocity, learning_rate, momentum):
     """Each rank updates its chunk, but nobody sends it on: rank r's other chunks stay as they were."""
-    counts, starts = allreduce.chunk_bounds(params.size, len(grads))
+    counts, starts = collectives.split_evenly(params.size, len(grads))
     after, new_velocity = np.tile(params, (len(grads), 1)), []
     for rank, (start, count) in enumerate(zip(starts, counts)):
         mine = slice(start, start + count)
@@ -610,13 +609,13 @@ def test_the_worked_layer_backward_matches_finite_differences():
 @pytest.mark.parametrize("ranks, length", [(2, 5), (3, 7), (4, 10)])
 def test_ring_steps_leave_each_rank_its_complete_chunk(ranks, length):
     """P - 1 worked-answer ring steps: chunk r of rank r's buffer is the sum over all ranks, as in nnlib.lesson08_inside_allreduce.allreduce."""
-    from nnlib.lesson08_inside_allreduce.allreduce import chunk_bounds
+    from nnlib.lesson04_collectives.collectives import split_evenly
 
     buffers = np.random.default_rng(1).normal(size=(ranks, length))
     after = buffers
     for step in range(ranks - 1):
         after = ring_step(after, step)
-    counts, starts = chunk_bounds(length, ranks)
+    counts, starts = split_evenly(length, ranks)
     total = buffers.sum(axis=0)
     for rank in range(ranks):
         part = slice(starts[rank], starts[rank] + counts[rank])

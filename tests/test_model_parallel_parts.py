@@ -114,12 +114,13 @@ def test_which_kind_wins_follows_the_bytes():
 
 def test_the_tensor_split_diagram_draws_the_split_the_code_makes():
     from nnlib import Network
-    from nnlib.lesson04_collectives.collectives import row_range
+    from nnlib.lesson04_collectives.collectives import split_evenly
     from nnlib.lesson09_model_parallel.tensor import split_pieces
 
     for hidden, size in [(5, 2), (7, 3), (4, 4), (3, 1)]:
         whole = Network((6, hidden, 3), dtype="float64", seed=0)
-        drawn = [row_range(hidden, size, rank) for rank in range(size)]  # the blocks diagrams.tensor_split draws
+        counts, starts = split_evenly(hidden, size)
+        drawn = [(start, start + count) for count, start in zip(counts, starts)]  # what diagrams.tensor_split draws
         # the drawn blocks tile the hidden units in rank order, as even as possible (earlier ranks larger)
         assert drawn[0][0] == 0 and drawn[-1][1] == hidden and all(a[1] == b[0] for a, b in zip(drawn, drawn[1:]))
         widths = [stop - start for start, stop in drawn]

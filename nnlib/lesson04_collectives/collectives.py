@@ -4,8 +4,9 @@ Every helper uses mpi4py's **buffer** (uppercase) methods: the array's memory go
 pickling. That is fast, but MPI then sees only raw bytes in memory order: a Fortran-ordered or strided array handed
 to ``Bcast`` arrives scrambled, so every helper first calls :func:`require_contiguous`.
 
-Uneven splits (:func:`split_evenly`, nnlib's one split): ``split_counts(10, 4) == [3, 3, 2, 2]``, the first
-``total % parts`` ranks one more, for ``Scatterv``/``Gatherv``. At the end: every rank reaching the same verdict."""
+Uneven splits (:func:`split_evenly`, nnlib's one split): 10 rows over 4 ranks are counts [3, 3, 2, 2] from starts
+[0, 3, 6, 8], the first ``total % parts`` ranks one more, for ``Scatterv``/``Gatherv``. At the end: every rank reaching
+the same verdict."""
 
 from __future__ import annotations
 
@@ -44,20 +45,9 @@ def split_evenly(total: int, parts: int) -> tuple[list[int], list[int]]:
     return counts, [0, *itertools.accumulate(counts[:-1])]
 
 
-def split_counts(total: int, parts: int) -> np.ndarray:
-    """How many of ``total`` items each of ``parts`` ranks gets (parts,), as :func:`split_evenly`, for Scatterv."""
-    return np.array(split_evenly(total, parts)[0], dtype=np.int64)
-
-
 def offsets(counts) -> np.ndarray:
     """Where each rank's block starts: the running sum of the counts before it (for any counts)."""
     return np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.int64)
-
-
-def row_range(total: int, parts: int, rank: int) -> tuple[int, int]:
-    """The [start, stop) rows of ``total`` that ``rank`` holds in an uneven split over ``parts`` ranks."""
-    counts, starts = split_evenly(total, parts)
-    return starts[rank], starts[rank] + counts[rank]
 
 
 def broadcast(comm, array, root: int = 0) -> np.ndarray:
@@ -81,7 +71,7 @@ def scatter_rows(comm, array, root: int = 0) -> np.ndarray:
     shape, dtype = comm.bcast(meta, root=root)
     dtype = np.dtype(dtype)
     row_size = int(np.prod(shape[1:], dtype=np.int64))
-    counts = split_counts(shape[0], comm.size)
+    counts = np.array(split_evenly(shape[0], comm.size)[0], dtype=np.int64)
     local = np.empty((int(counts[comm.rank]), *shape[1:]), dtype=dtype)
     send = [array, (counts * row_size, offsets(counts) * row_size)] if comm.rank == root else None
     comm.Scatterv(send, local, root=root)

@@ -66,7 +66,7 @@ def barrier(comm):
 
 
 def scatterv(comm):
-    counts = collectives.split_counts(10, comm.size)
+    counts = np.array(collectives.split_evenly(10, comm.size)[0])
     full = np.arange(10.0) if comm.rank == 0 else None
     piece = np.empty(counts[comm.rank])
     comm.Scatterv([full, (counts, collectives.offsets(counts))], piece, root=0)

@@ -49,7 +49,7 @@ def shard(comm, inputs, labels, root: int = 0):
     local_inputs = collectives.scatter_rows(comm, inputs, root)
     local_labels = collectives.scatter_rows(comm, labels, root)
     total = comm.bcast(len(inputs) if comm.rank == root else None, root=root)
-    start, _ = collectives.row_range(total, comm.size, comm.rank)
+    start = collectives.split_evenly(total, comm.size)[1][comm.rank]
     return local_inputs, local_labels, start
 
 

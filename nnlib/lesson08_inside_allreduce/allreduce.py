@@ -22,7 +22,7 @@ ring (bandwidth-optimal: every rank sends under 2 n elements, however large P is
     chunk r (as MPI's Reduce_scatter). Allgather: P - 1 more steps pass the completed chunks on.
     T = 2 (P - 1) alpha + 2 (P - 1) / P n beta
 
-Sizes and shapes: ``buffer`` is (n,) on every rank; chunks follow ``collectives.split_counts(n, P)`` (the first
+Sizes and shapes: ``buffer`` is (n,) on every rank; chunks follow ``collectives.split_evenly(n, P)`` (the first
 n mod P chunks one element longer). The algorithms trust their buffers: :func:`allreduce` checks them on every rank.
 """
 
@@ -107,7 +107,7 @@ def ring_steps(comm, buffer, lag: int, reduce=None):
     receives chunk (r - s - lag - 1) mod P from rank r - 1, which it adds (``reduce``) or copies (None).
     Returns the chunks' (counts, starts)."""
     size, rank = comm.size, comm.rank
-    counts, starts = chunk_bounds(buffer.size, size)
+    counts, starts = split_evenly(buffer.size, size)
     chunk = [buffer[start:start + count] for start, count in zip(starts, counts)]
     incoming = np.empty(counts[0], dtype=buffer.dtype) if reduce else None  # the first chunk is the longest
     right, left = (rank + 1) % size, (rank - 1) % size
@@ -120,8 +120,6 @@ def ring_steps(comm, buffer, lag: int, reduce=None):
                 reduce(chunk[receive], arrived, out=chunk[receive])
     return counts, starts
 
-
-chunk_bounds = split_evenly  # (counts, starts) of the ring's P chunks: nnlib's one split (the first N mod P longer)
 
 
 def ring_schedule(size: int):

@@ -1,7 +1,7 @@
 """What each collective makes this rank send: counted on the real calls, as a ring would send it.
 
 A ring collective on P ranks over a buffer of n values, where this rank owns chunk c_r of it
-(``chunk_bounds``: the first n mod P chunks one value longer), sends from rank r:
+(``split_evenly``: the first n mod P chunks one value longer), sends from rank r:
 
     Allreduce        2 (n - c_r) values   (a reduce-scatter, then an allgather)
     Reduce_scatter   n - c_r              (every chunk but its own passes through once)
@@ -18,7 +18,7 @@ from collections import Counter
 
 from mpi4py import MPI
 
-from nnlib.lesson08_inside_allreduce.allreduce import chunk_bounds
+from nnlib.lesson04_collectives.collectives import split_evenly
 
 LESSON = 8
 
@@ -77,5 +77,5 @@ class CountingComm:
 
 def ring_bytes(values: int, size: int, rank: int, itemsize: int = 8) -> int:
     """Bytes rank ``rank`` sends in a ring allgather (or reduce-scatter) of ``values``: (n - c_r) itemsize."""
-    counts, _ = chunk_bounds(values, size)
+    counts, _ = split_evenly(values, size)
     return (values - counts[rank]) * itemsize

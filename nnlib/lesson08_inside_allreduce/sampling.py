@@ -10,7 +10,7 @@
 
 ``per_rank`` (even work per step, as PyTorch's DistributedSampler gives; :class:`PerRankBatches`)
     Rank r shuffles only its own shard, with a generator seeded by (seed, rank, epoch) (so a run resumed from a
-    checkpoint draws the same batches), and takes its next b_r = split_counts(b, P)[r] samples at every step: even
+    checkpoint draws the same batches), and takes its next b_r = split_evenly(b, P)[0][r] samples at every step: even
     work, every sample still seen once per epoch, but batches other than the sequential ones, so the run equals
     sequential training only statistically (lesson 08 compares accuracies). Both give ceil(N / b) steps per epoch
     (``per_rank`` a few more where b is not much larger than P and the shards do not fit ceil(N / b) local batches).
@@ -25,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 from nnlib.lesson03_training.training import Batches, batches
-from nnlib.lesson04_collectives.collectives import row_range, split_counts
+from nnlib.lesson04_collectives.collectives import split_evenly
 
 LESSON = 8
 
@@ -50,7 +50,7 @@ class PerRankBatches(Batches):
 def per_rank_plan(shard_sizes, global_batch: int, rank: int, seed: int, epoch: int):
     """One epoch of the ``per_rank`` sampler for ``rank`` (shard_sizes: every rank's row count)."""
     num_samples, size = int(sum(shard_sizes)), len(shard_sizes)
-    local_batches = split_counts(global_batch, size)
+    local_batches = split_evenly(global_batch, size)[0]
     steps = max(-(-num_samples // global_batch),
                 max(-(-int(shard) // int(batch)) for shard, batch in zip(shard_sizes, local_batches)))
     order = np.random.default_rng([seed, rank, epoch]).permutation(int(shard_sizes[rank]))
@@ -70,10 +70,11 @@ def exact_imbalance(num_samples: int, global_batch: int, size: int, seed: int = 
     0.05 means that each step waits, on average, for a rank with 5% more samples than an even share.
     """
     rng = np.random.default_rng(seed)
-    bounds = [row_range(num_samples, size, rank) for rank in range(size)]
+    shares, starts = split_evenly(num_samples, size)  # rank r's shard: rows [starts[r], starts[r] + shares[r])
     ratios = []
     for _ in range(epochs):
         for indices in batches(num_samples, global_batch, rng):
-            counts = [np.count_nonzero((indices >= start) & (indices < stop)) for start, stop in bounds]
+            counts = [np.count_nonzero((indices >= start) & (indices < start + share))
+                      for share, start in zip(shares, starts)]
             ratios.append(max(counts) / (len(indices) / size))
     return float(np.mean(ratios) - 1.0)

@@ -2,7 +2,7 @@
 it never holds more than 1/P of the gradient either.
 
 ZeRO (Rajbhandari et al., 2020) cuts p, g and v into P slices [s_r, e_r) (uneven when P does not
-divide the number of parameters, as ``collectives.split_counts``) and, per step:
+divide the number of parameters, as ``collectives.split_evenly``) and, per step:
 
     1. reduce-scatter the gradients:   g_r = sum over ranks of g[s_r:e_r]        (e_r - s_r,)
     2. update only that slice:         v_r <- mu v_r - eta g_r;  p[s_r:e_r] += v_r   (momentum; any optimizer)
@@ -28,7 +28,7 @@ from mpi4py import MPI
 
 from nnlib.lesson02_network.arrays import constant_vector, through_host, to_numpy
 from nnlib.lesson02_network.network import Layer, LayerStack, Network, parameter_offsets
-from nnlib.lesson04_collectives.collectives import allgather_rows, row_range
+from nnlib.lesson04_collectives.collectives import allgather_rows, split_evenly
 from nnlib.lesson05_data_parallel.data_parallel import DataParallel
 from nnlib.lesson08_inside_allreduce.allreduce import ring_allgather, ring_reduce_scatter
 
@@ -37,7 +37,8 @@ LESSON = 8
 
 def rank_slice(num_params: int, size: int, rank: int) -> slice:
     """Rank ``rank``'s slice [s_r, e_r) of ``num_params`` cut into ``size`` (the ring's chunks, lesson 04's split)."""
-    return slice(*row_range(num_params, size, rank))
+    counts, starts = split_evenly(num_params, size)
+    return slice(starts[rank], starts[rank] + counts[rank])
 
 
 class ZeRO(DataParallel):

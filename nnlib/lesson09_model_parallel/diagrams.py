@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from nnlib.lesson04_collectives.collectives import row_range
+from nnlib.lesson04_collectives.collectives import split_evenly
 
 LESSON = 9
 
@@ -27,7 +27,8 @@ def tensor_split(size: int = 2, inputs: int = 5, hidden: int = 5, outputs: int =
     """Draw X · W1[:, C_r] = a1[:, C_r], then a1[:, C_r] · W2[C_r, :] = partial_r, Allreduce -> z2."""
     import matplotlib.pyplot as plt
 
-    blocks = [row_range(hidden, size, rank) for rank in range(size)]  # tensor.split_pieces's columns
+    counts, starts = split_evenly(hidden, size)
+    blocks = [(start, start + count) for count, start in zip(counts, starts)]  # tensor.split_pieces's columns
     figure, axis = plt.subplots(figsize=(11, 2.6))
     x = _matrix(axis, 0, samples, inputs, "X (every rank)")
     axis.text(x + 0.5, samples / 2, "·", fontsize=16, ha="center", va="center")

@@ -9,7 +9,7 @@ of s bytes (8 in float64, 4 in float32):
     backward       B max_l (n_{l+1} + 2 n_l) s    going down to hidden layer l, the chain rule's operands:
                                                   delta_{l+1}, delta_{l+1} @ W_{l+1}.T and a_l (1 - a_l)
 
-On P ranks, a global batch of N rows (rank r's share: split_counts, uneven where P does not divide N):
+On P ranks, a global batch of N rows (rank r's share: split_evenly, uneven where P does not divide N):
 
     data       the whole chain; B = rank r's share
     tensor     the chain (n_0, h_1, n_2, h_3, ...): each column layer's output cut to the rank's h units
@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 
-from nnlib.lesson04_collectives.collectives import split_counts
+from nnlib.lesson04_collectives.collectives import split_evenly
 from nnlib.lesson09_model_parallel.pipeline import stage_layers
 from nnlib.lesson09_model_parallel.tensor import layer_kinds
 
@@ -50,9 +50,9 @@ def held_bytes(layer_sizes, rows: int, itemsize: int = 8, alive: int = 1) -> dic
 
 def tensor_parallel_sizes(layer_sizes, ranks: int, rank: int) -> tuple:
     """The chain of widths rank ``rank`` of ``ranks`` holds in a TensorParallelMLP: each column layer's output
-    cut to the rank's units (split_counts), every other width whole: (n_0, h_1, n_2, h_3, ...)."""
+    cut to the rank's units (split_evenly), every other width whole: (n_0, h_1, n_2, h_3, ...)."""
     kinds = layer_kinds(len(layer_sizes) - 1)
-    return (layer_sizes[0],) + tuple(int(split_counts(width, ranks)[rank]) if kind == "column" else width
+    return (layer_sizes[0],) + tuple(split_evenly(width, ranks)[0][rank] if kind == "column" else width
                                      for kind, width in zip(kinds, layer_sizes[1:]))
 
 
@@ -61,7 +61,7 @@ def rank_bytes(kind: str, layer_sizes, batch: int, ranks: int, rank: int, itemsi
     """What rank ``rank`` of ``ranks`` holds by kind, in ``kind`` parallelism ("data", "tensor" or "pipeline",
     ``micro_batches`` m under ``schedule`` "gpipe" or "1f1b"), for a global batch of ``batch`` rows."""
     if kind == "data":
-        return held_bytes(layer_sizes, int(split_counts(batch, ranks)[rank]), itemsize)
+        return held_bytes(layer_sizes, split_evenly(batch, ranks)[0][rank], itemsize)
     if kind == "tensor":
         return held_bytes(tensor_parallel_sizes(layer_sizes, ranks, rank), batch, itemsize)
     if kind != "pipeline":

@@ -29,7 +29,7 @@ from mpi4py import MPI
 
 from nnlib.lesson02_network.arrays import namespace_of_device, to_numpy
 from nnlib.lesson02_network.network import Layer, LayerStack, Network, dense_layers
-from nnlib.lesson04_collectives.collectives import allgather_rows, require_same_on_every_rank, row_range
+from nnlib.lesson04_collectives.collectives import allgather_rows, require_same_on_every_rank, split_evenly
 
 LESSON = 9
 
@@ -84,7 +84,8 @@ def split_pieces(whole: Network, kinds, size: int, rank: int):
         weights, biases = whole.weights[layer], whole.biases[layer]
         n_out = whole.shapes[layer][1]
         if kind == "column":
-            start, stop = row_range(n_out, size, rank)
+            counts, starts = split_evenly(n_out, size)
+            start, stop = starts[rank], starts[rank] + counts[rank]
             columns.append((start, stop))
             pieces += [weights[:, start:stop], biases[start:stop]]
         elif kind == "row":

@@ -33,7 +33,7 @@ import numpy as np
 from nnlib.lesson02_network.arrays import through_host, to_numpy
 from nnlib.lesson03_training.optimizers import sgd_update
 from nnlib.lesson03_training.training import Settings
-from nnlib.lesson04_collectives.collectives import raised_on_every_rank, row_range, split_counts
+from nnlib.lesson04_collectives.collectives import raised_on_every_rank, split_evenly
 from nnlib.lesson08_inside_allreduce.sampling import PerRankBatches
 from nnlib.course.deadline import watch
 
@@ -96,7 +96,7 @@ def train_async(comm, network, inputs, labels, settings: Settings | None = None,
                 slow=None, **keywords):
     """Train ``network`` with a parameter server on rank 0 and workers on ranks 1..P-1 (see the module).
 
-    inputs (N, n_0), labels (N,): the whole training set on every rank; each worker takes its shard (split_counts
+    inputs (N, n_0), labels (N,): the whole training set on every rank; each worker takes its shard (split_evenly
     over the P-1 workers). ``settings``: lesson 03's Settings, or its fields as keywords; a worker's batches are its
     share of the batch size through its shard (lesson 08's PerRankBatches), as many updates as synchronous
     training makes. ``staleness``: the bound s (None: fully asynchronous); ``slow``: {rank: seconds} added to every
@@ -110,7 +110,7 @@ def train_async(comm, network, inputs, labels, settings: Settings | None = None,
     comm = watch(comm)  # the run's own communicator; every message below has a deadline
     with comm.guard():
         workers = comm.size - 1
-        shard_sizes = split_counts(len(inputs), workers)
+        shard_sizes, starts = split_evenly(len(inputs), workers)
         steps = len(PerRankBatches(shard_sizes, 0, settings).epoch(0))  # the same for every worker
         comm.at(phase="sending the first parameters")
         through_host(network.params, lambda host: comm.Bcast(host, root=0))  # (a GPU's: through a host copy)
@@ -118,7 +118,7 @@ def train_async(comm, network, inputs, labels, settings: Settings | None = None,
         if comm.rank == 0:
             history = serve(comm, network, steps, settings, staleness)
         else:
-            start, stop = row_range(len(inputs), workers, comm.rank - 1)
+            start, stop = starts[comm.rank - 1], starts[comm.rank - 1] + shard_sizes[comm.rank - 1]
             work(comm, network, inputs[start:stop], labels[start:stop],
                  PerRankBatches(shard_sizes, comm.rank - 1, settings), steps, (slow or {}).get(comm.rank, 0.0))
         comm.at(phase="sending the final parameters")

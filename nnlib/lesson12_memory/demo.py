@@ -11,7 +11,7 @@ import tracemalloc
 from nnlib import Network, train
 from nnlib.lesson02_network.network import count_parameters
 from nnlib.lesson03_training.training import Settings
-from nnlib.lesson04_collectives.collectives import split_counts
+from nnlib.lesson04_collectives.collectives import split_evenly
 from nnlib.lesson05_data_parallel import shard, train_parallel
 from nnlib.lesson05_data_parallel.data_parallel import Allreduce
 from nnlib.lesson08_inside_allreduce.counting import ring_bytes
@@ -72,7 +72,7 @@ def measured_peak(build, step) -> tuple:
 def data_parallel_peak(comm, case, rows: int = BUDGET_ROWS) -> tuple:
     """(tracemalloc's peak on this rank, predicted_bytes) over two data-parallel steps of ``rows`` samples on
     BUDGET_SIZES: ``case`` = (strategy, recompute every, micro-batches, precision). Each rank takes its
-    split_counts share of every batch (lesson 08's PerRankBatches), the rows the prediction is for."""
+    split_evenly share of every batch (lesson 08's PerRankBatches), the rows the prediction is for."""
     strategy, every, micro_batches, precision = case
     mixed = precision in ("float16", "bfloat16")
     dtype = "float32" if mixed else precision
@@ -90,7 +90,7 @@ def data_parallel_peak(comm, case, rows: int = BUDGET_ROWS) -> tuple:
         comm, network, local_inputs, local_labels, num_samples=2 * rows, start=start,
         strategy=sync, scaler=network.scaler if mixed else None, batches=PerRankBatches, epochs=1, learning_rate=0.1,
         batch_size=rows, momentum=0.9))
-    mine = int(split_counts(rows, comm.size)[comm.rank])
+    mine = split_evenly(rows, comm.size)[0][comm.rank]
     return peak, predicted_bytes(BUDGET_SIZES, mine, comm.size, comm.rank, *case)
 
 

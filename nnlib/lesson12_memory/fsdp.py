@@ -24,7 +24,7 @@ from mpi4py import MPI
 from nnlib.lesson02_network.arrays import array_namespace, namespace_of_device, to_numpy
 from nnlib.lesson02_network.network import Layer, LayerStack, initial_layers, layer_views, parameter_offsets
 from nnlib.lesson03_training.training import LocalUpdate
-from nnlib.lesson04_collectives.collectives import raised_on_every_rank, row_range, split_evenly
+from nnlib.lesson04_collectives.collectives import raised_on_every_rank, split_evenly
 
 LESSON = 12
 
@@ -130,8 +130,10 @@ class FullyShardedNetwork(LayerStack):
             raise ValueError(f"need at least two positive layer sizes and output 'sigmoid' or 'softmax'; "
                              f"got {layer_sizes}, {output!r}")
         shapes = list(zip(layer_sizes[:-1], layer_sizes[1:]))
-        pieces = [whole[slice(*row_range(whole.size, comm.size, comm.rank))].astype(np.dtype(dtype))
-                  for whole in initial_layers(shapes, seed)]  # one whole layer at a time: keep this rank's chunk
+        pieces = []
+        for whole in initial_layers(shapes, seed):  # one whole layer at a time: keep this rank's chunk
+            counts, starts = split_evenly(whole.size, comm.size)
+            pieces.append(whole[starts[comm.rank]:starts[comm.rank] + counts[comm.rank]].astype(np.dtype(dtype)))
         xp = namespace_of_device(device)
         params = xp.asarray(np.concatenate(pieces))
         grads = xp.zeros_like(params)

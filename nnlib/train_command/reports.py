@@ -39,7 +39,7 @@ def announce(args, comm, network, gpus) -> None:
         lines.append(f"memory: strategy {args.strategy}, recompute every {args.recompute or 'none'}, "
                      f"{args.accumulate} micro-batch(es) per step, precision {args.precision}")
     if memory and args.strategy in ("allreduce", "zero", "fsdp"):
-        rows = -(-batch // comm.size)  # rank 0's rows, ceil(B / P): split_counts gives the first ranks the extra rows
+        rows = -(-batch // comm.size)  # rank 0's rows, ceil(B / P): split_evenly gives the first ranks the extra rows
         held = predicted_bytes((784, *args.hidden, 10), rows, comm.size, 0, args.strategy, args.recompute or None,
                                args.accumulate, args.dtype if args.precision == "float32" else args.precision)
         lines.append(f"memory model (nnlib.lesson12_memory.budget): rank 0 holds {sum(held.values()) / 2 ** 20:.2f} "

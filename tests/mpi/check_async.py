@@ -14,7 +14,7 @@ from mpi4py import MPI
 
 from nnlib import Network
 from nnlib.lesson03_training.optimizers import sgd_update
-from nnlib.lesson04_collectives.collectives import offsets, split_counts
+from nnlib.lesson04_collectives.collectives import split_evenly
 from nnlib.lesson05_data_parallel import train_parallel
 from nnlib.lesson08_inside_allreduce.sampling import PerRankBatches, per_rank_plan
 from nnlib.lesson11_beyond_sync.asynchronous import train_async
@@ -36,8 +36,7 @@ def synchronous_reference(network, inputs, labels, *, workers: int, epochs: int,
     """What synchronous data parallelism on ``workers`` ranks with the per-rank sampler computes, in one
     process: every step, the sum over workers of their batches' gradients (normalized by the global
     batch), then one SGD step. Returns the final parameters (``network`` is trained in place)."""
-    shard_sizes = split_counts(len(inputs), workers)
-    starts = offsets(shard_sizes)
+    shard_sizes, starts = split_evenly(len(inputs), workers)
     total = np.zeros(network.num_params)
     for epoch in range(epochs):
         plans = [per_rank_plan(shard_sizes, batch_size, w, seed, epoch) for w in range(workers)]
@@ -67,9 +66,8 @@ def test_staleness_zero_equals_synchronous_data_parallelism():
     # the same synchronous run by train_parallel, on the workers alone
     workers = comm.Split(0 if rank > 0 else MPI.UNDEFINED, rank)
     if rank > 0:
-        counts = split_counts(len(INPUTS), size - 1)
-        start = int(offsets(counts)[rank - 1])
-        stop = start + int(counts[rank - 1])
+        counts, starts = split_evenly(len(INPUTS), size - 1)
+        start, stop = starts[rank - 1], starts[rank - 1] + counts[rank - 1]
         synchronous = network()
         train_parallel(workers, synchronous, INPUTS[start:stop], LABELS[start:stop], num_samples=len(INPUTS),
                        start=start, batches=PerRankBatches, **SETTINGS)

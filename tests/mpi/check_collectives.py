@@ -22,10 +22,9 @@ def expect_equal(actual, expected):
 
 def test_split():
     for total in (0, 1, size - 1, size, 10, 997):
-        counts = c.split_counts(total, size)
-        assert counts.sum() == total and counts.max() - counts.min() <= (1 if total else 0)
-        start, stop = c.row_range(total, size, rank)
-        assert stop - start == counts[rank]
+        counts, starts = c.split_evenly(total, size)
+        assert sum(counts) == total and max(counts) - min(counts) <= (1 if total else 0)
+        assert starts[rank] == sum(counts[:rank])
 
 
 def test_broadcast():
@@ -40,8 +39,8 @@ def test_scatter_and_gather_uneven():
     for total, dtype in ((10, np.float32), (997, np.float64), (size - 1, np.int64), (3 * size + 1, np.uint8)):
         full = (np.arange(total * 3) % 251).reshape(total, 3).astype(dtype)
         local = c.scatter_rows(comm, full if rank == 0 else None)
-        start, stop = c.row_range(total, size, rank)
-        expect_equal(local, full[start:stop])
+        counts, starts = c.split_evenly(total, size)
+        expect_equal(local, full[starts[rank]:starts[rank] + counts[rank]])
         gathered = c.gather_rows(comm, local)
         if rank == 0:
             expect_equal(gathered, full)

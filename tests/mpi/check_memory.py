@@ -26,7 +26,7 @@ from nnlib import Network, train
 from nnlib.lesson03_training.training import Settings
 from nnlib.lesson05_data_parallel import shard, train_parallel
 from nnlib.lesson05_data_parallel.data_parallel import Allreduce
-from nnlib.lesson08_inside_allreduce.allreduce import chunk_bounds
+from nnlib.lesson04_collectives.collectives import split_evenly
 from nnlib.lesson08_inside_allreduce.overlap import Overlap
 from nnlib.lesson12_memory.accumulation import MicroBatched
 from nnlib.lesson12_memory.budget import MODEL_ERROR
@@ -118,7 +118,7 @@ def test_fsdp_holds_its_chunks_and_one_layer_at_a_time():
     network.log.recording = True
     network.loss_and_gradient(INPUTS[:20], LABELS[:20])
     layer_params = [n_in * n_out + n_out for n_in, n_out in zip(SIZES[:-1], SIZES[1:])]
-    assert network.params.size == sum(chunk_bounds(count, size)[0][rank] for count in layer_params)
+    assert network.params.size == sum(split_evenly(count, size)[0][rank] for count in layer_params)
     peak = max(held for _, _, held in network.log.events)
     assert peak == max(layer_params) * 8, (peak, layer_params)
     assert network.log.held == 0  # everything gathered was freed
