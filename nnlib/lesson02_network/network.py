@@ -352,10 +352,6 @@ class Network(LayerStack):
 
     # -- copying --------------------------------------------------------------
 
-    def get_params(self) -> np.ndarray:
-        """A NumPy copy of the flat parameter vector."""
-        return to_numpy(self.params).copy()
-
     def set_params(self, flat) -> None:
         """Overwrite the parameters (in place, so the layer views stay valid)."""
         if tuple(flat.shape) != (self.num_params,):
