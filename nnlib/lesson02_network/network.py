@@ -234,7 +234,7 @@ class LayerStack(Classifier):
         self.params, self.grads = params, grads
         self.xp, self.dtype = xp or array_namespace(params), params.dtype
         self.shapes = list(zip(self.layer_sizes[:-1], self.layer_sizes[1:]))  # the whole network's
-        self.num_params = int(params.shape[0])  # held here
+        self.num_params, self.num_layers = int(params.shape[0]), len(self.layers)  # params held here
         self.weights, self.biases = [layer.weights for layer in self.layers], [layer.biases for layer in self.layers]
         self.grad_weights = [layer.grad_weights for layer in self.layers]
         self.grad_biases = [layer.grad_biases for layer in self.layers]
@@ -242,11 +242,6 @@ class LayerStack(Classifier):
         # "chunk size"); a GPU takes the whole batch at once (None).
         self.chunk_size = 1024 if is_numpy(self.xp) else None
         self.last_correct, self.output_logits = 0, None
-
-    @property
-    def num_layers(self) -> int:
-        """The number of weight layers (one less than the number of layer sizes)."""
-        return len(self.layers)
 
     def chunks(self, num_samples: int):
         """(start, end) row ranges of at most ``chunk_size`` rows covering 0..num_samples (one if None)."""
