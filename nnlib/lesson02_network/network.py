@@ -198,10 +198,9 @@ class Classifier:
             raise ValueError(f"labels must be a 1-D array of class numbers; got shape {shape}")
         if shape[0] != num_samples:
             raise ValueError(f"{num_samples} samples but {shape[0]} labels; they must match")
-        xp = self.xp
-        if not xp.isdtype(labels.dtype, "integral"):
+        if not self.xp.isdtype(labels.dtype, "integral"):
             raise ValueError(f"labels must be integers (class numbers); got dtype {labels.dtype}")
-        low, high = int(xp.min(labels)), int(xp.max(labels))
+        low, high = int(self.xp.min(labels)), int(self.xp.max(labels))
         if low < 0 or high >= self.layer_sizes[-1]:
             raise ValueError(
                 f"labels must lie in 0..{self.layer_sizes[-1] - 1}; got values from {low} to {high}"
