@@ -326,7 +326,6 @@ class Network(LayerStack):
     device:      "cpu", or an array API namespace (numpy, cupy: nnlib.lesson07_gpu.backend.resolve_backend("gpu"),
                  array_api_strict for tests); the weights are drawn on the CPU and then moved, so
                  every device starts from the same weights.
-    ``layers``: one :class:`Layer` per weight layer, over views into ``params`` and ``grads``.
     """
 
     def __init__(self, layer_sizes=(784, 30, 10), output: str = "sigmoid", dtype="float32",
