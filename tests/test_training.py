@@ -38,7 +38,7 @@ def test_training_is_deterministic(small_mnist):
         network = Network((784, 16, 10), seed=7)
         train(network, inputs[:1000], labels[:1000], epochs=2, learning_rate=0.5, batch_size=50,
               momentum=0.9, seed=11, progress=False)
-        runs.append(network.get_params())
+        runs.append(network.state_dict()["params"])
     np.testing.assert_array_equal(runs[0], runs[1])
 
 

@@ -25,11 +25,8 @@ def array_namespace(*arrays):
 
 
 def namespace_of_device(device):
-    """The array namespace a network computes in: ``"cpu"`` -> numpy, or a namespace passed as it is.
-
-    A namespace is a module with ``asarray`` (numpy, cupy, array_api_strict). For a GPU, ask
-    nnlib.lesson07_gpu.backend (lesson 07): ``Network(..., device=resolve_backend("gpu"))``.
-    """
+    """The array namespace a network computes in: ``"cpu"`` -> numpy, or a namespace (a module with ``asarray``:
+    numpy, cupy, array_api_strict) passed as it is; the error names lesson 07's way to a GPU."""
     if not isinstance(device, str) and hasattr(device, "asarray"):
         return device
     if device == "cpu":

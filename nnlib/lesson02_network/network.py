@@ -198,10 +198,9 @@ class Classifier:
             raise ValueError(f"labels must be a 1-D array of class numbers; got shape {shape}")
         if shape[0] != num_samples:
             raise ValueError(f"{num_samples} samples but {shape[0]} labels; they must match")
-        xp = self.xp
-        if not xp.isdtype(labels.dtype, "integral"):
+        if not self.xp.isdtype(labels.dtype, "integral"):
             raise ValueError(f"labels must be integers (class numbers); got dtype {labels.dtype}")
-        low, high = int(xp.min(labels)), int(xp.max(labels))
+        low, high = int(self.xp.min(labels)), int(self.xp.max(labels))
         if low < 0 or high >= self.layer_sizes[-1]:
             raise ValueError(
                 f"labels must lie in 0..{self.layer_sizes[-1] - 1}; got values from {low} to {high}"
@@ -234,7 +233,7 @@ class LayerStack(Classifier):
         self.params, self.grads = params, grads
         self.xp, self.dtype = xp or array_namespace(params), params.dtype
         self.shapes = list(zip(self.layer_sizes[:-1], self.layer_sizes[1:]))  # the whole network's
-        self.num_params = int(params.shape[0])  # held here
+        self.num_params, self.num_layers = int(params.shape[0]), len(self.layers)  # params held here
         self.weights, self.biases = [layer.weights for layer in self.layers], [layer.biases for layer in self.layers]
         self.grad_weights = [layer.grad_weights for layer in self.layers]
         self.grad_biases = [layer.grad_biases for layer in self.layers]
@@ -242,11 +241,6 @@ class LayerStack(Classifier):
         # "chunk size"); a GPU takes the whole batch at once (None).
         self.chunk_size = 1024 if is_numpy(self.xp) else None
         self.last_correct, self.output_logits = 0, None
-
-    @property
-    def num_layers(self) -> int:
-        """The number of weight layers (one less than the number of layer sizes)."""
-        return len(self.layers)
 
     def chunks(self, num_samples: int):
         """(start, end) row ranges of at most ``chunk_size`` rows covering 0..num_samples (one if None)."""
@@ -332,7 +326,6 @@ class Network(LayerStack):
     device:      "cpu", or an array API namespace (numpy, cupy: nnlib.lesson07_gpu.backend.resolve_backend("gpu"),
                  array_api_strict for tests); the weights are drawn on the CPU and then moved, so
                  every device starts from the same weights.
-    ``layers``: one :class:`Layer` per weight layer, over views into ``params`` and ``grads``.
     """
 
     def __init__(self, layer_sizes=(784, 30, 10), output: str = "sigmoid", dtype="float32",
@@ -351,10 +344,6 @@ class Network(LayerStack):
         super().__init__(layer_sizes, output, dense_layers(params, grads, shapes, output, xp), params, grads, xp)
 
     # -- copying --------------------------------------------------------------
-
-    def get_params(self) -> np.ndarray:
-        """A NumPy copy of the flat parameter vector."""
-        return to_numpy(self.params).copy()
 
     def set_params(self, flat) -> None:
         """Overwrite the parameters (in place, so the layer views stay valid)."""

@@ -180,8 +180,7 @@ def schedule_bubble(name: str, stage_seconds, micro_batches: int, chunks: int = 
     """
     def seconds(stage, kind):
         times = stage_seconds[stage]
-        took = times["B"] + times["W"] if kind == "backward" else times[LETTERS[kind]]
-        return took / chunks
+        return (times["B"] + times["W"] if kind == "backward" else times[LETTERS[kind]]) / chunks
 
     return idle_fraction(simulated_timelines(schedule_programs(name, len(stage_seconds), micro_batches, chunks),
                                              seconds))
