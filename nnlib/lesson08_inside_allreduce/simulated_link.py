@@ -58,9 +58,7 @@ class SimulatedLink:
         return getattr(self.comm, name)
 
     def Allreduce(self, sendbuf, recvbuf, op=MPI.SUM):
-        done = self.link.book(time.perf_counter(), recvbuf.nbytes)
-        self.comm.Allreduce(sendbuf, recvbuf, op=op)
-        time.sleep(max(0.0, done - time.perf_counter()))
+        self.wait_all([self.Iallreduce(sendbuf, recvbuf, op)])
 
     def Iallreduce(self, sendbuf, recvbuf, op=MPI.SUM):
         self.link.book(time.perf_counter(), recvbuf.nbytes)  # on the wire from now, after what is booked
