@@ -90,22 +90,14 @@ def cache_dir() -> Path:
 
 def candidate_dirs(data_dir=None) -> list[Path]:
     """The folders searched for MNIST, in order (the caller's, $NNLIB_DATA, the cache)."""
-    dirs = []
-    if data_dir is not None:
-        dirs.append(Path(data_dir).expanduser())
-    if os.environ.get("NNLIB_DATA"):
-        dirs.append(Path(os.environ["NNLIB_DATA"]).expanduser())
-    dirs.append(cache_dir())
-    return dirs
+    named = [data_dir, os.environ.get("NNLIB_DATA") or None]
+    return [Path(folder).expanduser() for folder in named if folder is not None] + [cache_dir()]
 
 
 def find_file(name: str, directories) -> Path | None:
     """The first ``name`` or ``name.gz`` found in ``directories``, or None."""
-    for directory in directories:
-        for candidate in (directory / name, directory / (name + ".gz")):
-            if candidate.is_file():
-                return candidate
-    return None
+    candidates = (directory / file for directory in directories for file in (name, name + ".gz"))
+    return next((candidate for candidate in candidates if candidate.is_file()), None)
 
 
 # -- Reading and checking one file -------------------------------------------------------------------
