@@ -41,23 +41,23 @@ def aborting_raises(error: BaseException) -> None:
 @contextlib.contextmanager
 def stand_in_cupy(settings):
     """``import cupy`` gives the stand-in ``settings`` asks for (None: no stand-in), and the GPU check (cached once
-    per process in nnlib.course.environment) is made again; both restored afterwards."""
+    per process in nnlib.course.environment) is made again; afterwards ``cupy`` is restored and the check made again."""
     from stand_in_cupy import CountingCuPy, StandInCuPy
 
     from nnlib.course import environment
 
-    saved_module, saved_check = sys.modules.get("cupy"), environment._gpu_check
+    saved_module = sys.modules.get("cupy")
     if settings is None:
         sys.modules.pop("cupy", None)
     else:
         settings = dict(settings)
         kind = CountingCuPy if settings.pop("counting", False) else StandInCuPy
         sys.modules["cupy"] = kind(**settings)
-    environment._gpu_check = None
+    environment.gpu_status.cache_clear()
     try:
         yield
     finally:
-        environment._gpu_check = saved_check
+        environment.gpu_status.cache_clear()
         if saved_module is None:
             sys.modules.pop("cupy", None)
         else:

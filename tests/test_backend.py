@@ -143,8 +143,11 @@ def test_every_namespace_function_nnlib_calls_is_in_cupy():
 # -- device selection ------------------------------------------------------------------------
 
 @pytest.fixture
-def fresh_gpu_check(monkeypatch):
-    monkeypatch.setattr(environment, "_gpu_check", None)
+def fresh_gpu_check():
+    """The GPU check (cached once per process) made again in the test, and again after it."""
+    environment.gpu_status.cache_clear()
+    yield
+    environment.gpu_status.cache_clear()
 
 
 def test_cupy_absent(monkeypatch, fresh_gpu_check, capsys):

@@ -100,11 +100,18 @@ def test_csv_round_trip_and_bad_csv(tmp_path):
 
 
 @pytest.fixture
-def stand_in_gpu(monkeypatch):
+def fresh_gpu_check():
+    """The GPU check (cached once per process) made again in the test, and again after it."""
+    environment.gpu_status.cache_clear()
+    yield
+    environment.gpu_status.cache_clear()
+
+
+@pytest.fixture
+def stand_in_gpu(monkeypatch, fresh_gpu_check):
     """NumPy posing as CuPy on a usable GPU (see tests/stand_in_cupy.py)."""
     cupy = StandInCuPy()
-    monkeypatch.setitem(sys.modules, "cupy", cupy)
-    monkeypatch.setattr(environment, "_gpu_check", None)  # restored afterwards, like sys.modules["cupy"]
+    monkeypatch.setitem(sys.modules, "cupy", cupy)  # restored afterwards, and the GPU check made again
     return cupy
 
 
@@ -138,7 +145,7 @@ def test_epoch_seconds_on_the_stand_in_gpu_trains_on_the_device(stand_in_gpu, mn
     assert gpu.epoch_seconds(16, inputs, labels, "gpu", batch_size=64) > 0
     with pytest.raises(RuntimeError, match="device='gpu' was asked for, but CuPy 13.0.0 is installed"):
         sys.modules["cupy"] = StandInCuPy(version="13.0.0")
-        environment._gpu_check = None
+        environment.gpu_status.cache_clear()
         gpu.epoch_seconds(16, inputs, labels, "gpu")
 
 
@@ -210,13 +217,12 @@ def test_gpu_sweep_and_forward_on_a_real_gpu():
 # -- counting kernels and synchronisations on the CPU (tests/stand_in_cupy.py's CountingCuPy) ----------------
 
 @pytest.fixture
-def counting_gpu(monkeypatch):
+def counting_gpu(monkeypatch, fresh_gpu_check):
     """NumPy posing as CuPy, with CuPy's array rules, counting every kernel launch and synchronisation."""
     from stand_in_cupy import CountingCuPy
 
     cupy = CountingCuPy()
     monkeypatch.setitem(sys.modules, "cupy", cupy)
-    monkeypatch.setattr(environment, "_gpu_check", None)
     return cupy
 
 
@@ -318,13 +324,12 @@ def test_a_training_step_launches_16_kernels_and_an_epoch_never_waits(counting_g
     assert set(per_step) == {16} and synchronizations == 0 and last[-1] == "fused sgd_update"
 
 
-def test_without_fusion_the_same_step_launches_45_kernels(monkeypatch):
+def test_without_fusion_the_same_step_launches_45_kernels(monkeypatch, fresh_gpu_check):
     """What fusion saves, counted on a CuPy without cupy.fuse: nnlib runs its plain pieces on the device."""
     from stand_in_cupy import CountingCuPy
 
     cupy = CountingCuPy(fusion=False)
     monkeypatch.setitem(sys.modules, "cupy", cupy)
-    monkeypatch.setattr(environment, "_gpu_check", None)
     per_step, last, synchronizations = count_training(cupy)
     assert set(per_step) == {45} and synchronizations == 0, (per_step, last)
     assert "fused" not in " ".join(last) and last.count("matmul") == 7

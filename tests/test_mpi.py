@@ -102,12 +102,13 @@ PLANTED = {  # a checker's name: its source (run by the test below, in this orde
         "    MPI.COMM_WORLD.Barrier()\n"),
     "check_c_patches_the_process": (
         "import os, sys\nfrom mpi4py import MPI\nfrom nnlib.course import environment\n\n"
-        "def test_patch():\n    environment._gpu_check = (True, 'patched')\n    os.environ['NNLIB_PLANTED'] = '1'\n"
-        "    sys.modules['cupy'] = object()\n"
+        "def test_patch():\n    environment.MINIMUM_CUPY = 99\n    os.environ['NNLIB_PLANTED'] = '1'\n"
+        "    sys.modules['cupy'] = object()\n    assert not environment.gpu_status()[0]  # cached\n"
         "    if MPI.COMM_WORLD.rank == 1:\n        MPI.COMM_WORLD.send('left behind', dest=0, tag=7)\n"),
     "check_d_sees_a_fresh_process": (
         "import os, sys\nfrom nnlib.course import environment\n\n"
-        "def test_fresh():\n    assert environment._gpu_check is None and 'NNLIB_PLANTED' not in os.environ\n"
+        "def test_fresh():\n    assert environment.MINIMUM_CUPY == 14 and 'NNLIB_PLANTED' not in os.environ\n"
+        "    assert environment.gpu_status.cache_info().currsize == 0\n"
         "    assert 'cupy' not in sys.modules\n"),
     "check_e_a_rank_dies": (
         "import os\nfrom mpi4py import MPI\n\ndef test_dies():\n    if MPI.COMM_WORLD.rank == 1:\n"

@@ -240,13 +240,14 @@ JOB_REFUSED = [  # (arguments, message): refused inside the job, after the setti
 
 @pytest.mark.parametrize("arguments, message", JOB_REFUSED)
 def test_what_the_job_refuses_after_its_settings_check_is_said_once_with_exit_2(arguments, message, tmp_path, capsys,
-                                                                                monkeypatch):
+                                                                                monkeypatch, request):
     """Through the job's entry point in this process: every rank's verdict (here one rank's), said once, no
     traceback, exit status 2. The launch of test_rank_0s_verdict... checks that path across ranks."""
     from nnlib.course import environment
 
     monkeypatch.setitem(sys.modules, "cupy", None)  # import cupy fails, as without CuPy
-    monkeypatch.setattr(environment, "_gpu_check", None)  # (the GPU check is cached: made again)
+    environment.gpu_status.cache_clear()  # (the GPU check is cached: made again, and again after the test)
+    request.addfinalizer(environment.gpu_status.cache_clear)
     arguments = [word.replace("{tmp}", str(tmp_path)) for word in arguments]
     assert run_here(monkeypatch, "--epochs", "1", "--samples", "500", *arguments) == 2
     stderr = capsys.readouterr().err

@@ -92,13 +92,13 @@ class WatchedComm:
     def __init__(self, comm, timeout=None, generation: int = 0):
         self.timeout = default_timeout() if timeout is None else check_timeout(timeout)
         self.grace = min(2.0, max(0.5, self.timeout / 4))
-        self.parent, self.generation = comm, generation  # notices of another generation are old news
+        self.generation = generation  # notices of another generation are old news
         self.rank, self.size = comm.rank, comm.size
         self.where: dict = {}
         self.broken = None  # why it may not be used any more
         self._heard: dict = {}  # rank -> notice received from it
         self._sent: list = []  # notices' send requests (kept alive until complete)
-        self.comm = None  # while the duplicate is made, notices travel on ``comm`` (_channel)
+        self.comm = comm  # while the duplicate is made, notices travel on ``comm``
         duplicate, request = comm.Idup()
         self.wait(request, "Idup (making the run's own communicator)")
         self.comm = duplicate
@@ -130,17 +130,12 @@ class WatchedComm:
             self.broken = f"{what} was interrupted"
             raise
 
-    @property
-    def _channel(self):
-        """Where notices travel: the run's own communicator (its parent while that is being made)."""
-        return self.comm if self.comm is not None else self.parent
-
     def heard_from_others(self) -> bool:
         """Receive the notices that have come in, without waiting: whether another rank has said that it failed,
         gave up or was interrupted here."""
         status = MPI.Status()
-        while self._channel.iprobe(source=MPI.ANY_SOURCE, tag=NOTICE_TAG, status=status):
-            notice = self._channel.recv(source=status.Get_source(), tag=NOTICE_TAG)
+        while self.comm.iprobe(source=MPI.ANY_SOURCE, tag=NOTICE_TAG, status=status):
+            notice = self.comm.recv(source=status.Get_source(), tag=NOTICE_TAG)
             if notice["generation"] == self.generation:
                 self._heard[notice["rank"]] = notice
         return bool(self._heard)
@@ -149,7 +144,7 @@ class WatchedComm:
         notice.update(rank=self.rank, where=dict(self.where), generation=self.generation)
         for other in range(self.size):
             if other != self.rank:
-                self._sent.append(self._channel.isend(notice, dest=other, tag=NOTICE_TAG))
+                self._sent.append(self.comm.isend(notice, dest=other, tag=NOTICE_TAG))
         sent = self._sent
         flushed = completed_within(lambda: MPI.Request.Testall(sent), 0.2)  # small messages go out at once
         if not flushed and MPI.Query_thread() == MPI.THREAD_MULTIPLE:

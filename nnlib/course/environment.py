@@ -5,6 +5,7 @@ Notebook 00 prints it as an environment check; benchmarks record it beside their
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import re
@@ -18,7 +19,6 @@ LESSON = 0  # the course's own tools: any lesson may use them
 # machine, more threads per rank only make the ranks fight over the cores.
 ONE_BLAS_THREAD = {name: "1" for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
 MINIMUM_CUPY = 14  # the first CuPy whose main namespace has every array API function nnlib uses
-_gpu_check = None  # (usable: bool, reason: str), computed once per process
 # glibc's malloc settings (mallopt's parameter numbers, from malloc.h) that keep_freed_memory sets.
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
 KEEP_FREED_BYTES, MAPPED_FROM_BYTES = 64 << 20, 32 << 20  # 64 MiB kept at the heap's top; mmap only above 32 MiB
@@ -187,15 +187,9 @@ def print_report() -> None:
         print(textwrap.fill(f"{key:12s} {value}", 100, subsequent_indent=" " * 13, break_long_words=False))
 
 
+@functools.cache
 def gpu_status():
-    """(usable, reason): whether CuPy is installed and a matrix product runs on the GPU (checked once)."""
-    global _gpu_check
-    if _gpu_check is None:
-        _gpu_check = _probe_gpu()
-    return _gpu_check
-
-
-def _probe_gpu():
+    """(usable, reason): whether CuPy is installed and a matrix product runs on the GPU (checked once per process)."""
     try:
         import cupy
     except ImportError:

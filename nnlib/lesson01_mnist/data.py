@@ -54,6 +54,7 @@ MIRRORS = (
 
 IDX_TYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
 
+
 def how_to_fetch(names, mirror: str) -> str:
     """What to do when MNIST cannot be downloaded here (``names``: the missing files)."""
     return (f"To fetch MNIST on a machine with internet, run `python -m nnlib fetch-data` there (or download "
@@ -90,22 +91,14 @@ def cache_dir() -> Path:
 
 def candidate_dirs(data_dir=None) -> list[Path]:
     """The folders searched for MNIST, in order (the caller's, $NNLIB_DATA, the cache)."""
-    dirs = []
-    if data_dir is not None:
-        dirs.append(Path(data_dir).expanduser())
-    if os.environ.get("NNLIB_DATA"):
-        dirs.append(Path(os.environ["NNLIB_DATA"]).expanduser())
-    dirs.append(cache_dir())
-    return dirs
+    named = [data_dir, os.environ.get("NNLIB_DATA") or None]
+    return [Path(folder).expanduser() for folder in named if folder is not None] + [cache_dir()]
 
 
 def find_file(name: str, directories) -> Path | None:
     """The first ``name`` or ``name.gz`` found in ``directories``, or None."""
-    for directory in directories:
-        for candidate in (directory / name, directory / (name + ".gz")):
-            if candidate.is_file():
-                return candidate
-    return None
+    candidates = (directory / file for directory in directories for file in (name, name + ".gz"))
+    return next((candidate for candidate in candidates if candidate.is_file()), None)
 
 
 # -- Reading and checking one file -------------------------------------------------------------------
@@ -138,11 +131,8 @@ def verify_sha256(data: bytes, expected: str, path: Path) -> None:
 
 
 def parse_idx_header(data: bytes, path="<bytes>"):
-    """Check the start of an IDX file and return (dtype, shape, header_length).
-
-    ``data`` must hold at least the whole header (4 bytes, then 4 per dimension). Raises
-    MNISTError for a wrong magic number, an unknown type code, or a header cut short.
-    """
+    """(dtype, shape, header_length) from the start of an IDX file, which must hold the whole header (the module
+    docstring's layout); MNISTError for a wrong magic number, an unknown type code, or a header cut short."""
     if len(data) < 4 or data[0] != 0 or data[1] != 0:
         raise MNISTError(
             f"{path}: not an IDX file (wrong magic number {data[:4].hex() or 'empty'}; "
@@ -168,8 +158,7 @@ def parse_idx(data: bytes, path="<bytes>") -> np.ndarray:
             f"{path}: {len(data)} bytes, but its IDX header {tuple(shape)} needs {expected_length}: "
             "the file is truncated or has extra bytes. Delete it and fetch it again."
         )
-    array = np.frombuffer(data, dtype=dtype, offset=header_length).reshape(shape)
-    return array.astype(dtype.newbyteorder("="), copy=True)
+    return np.frombuffer(data, dtype=dtype, offset=header_length).reshape(shape).astype(dtype.newbyteorder("="))
 
 
 def load_idx(path: Path, expected_sha256: str | None = None) -> np.ndarray:

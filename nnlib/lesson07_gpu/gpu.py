@@ -21,7 +21,7 @@ from nnlib.lesson02_network.arrays import to_numpy
 from nnlib.lesson02_network.network import Network, sigmoid
 from nnlib.lesson04_collectives import timing
 from nnlib.lesson04_collectives.costmodel import flops_per_sample
-from nnlib.lesson07_gpu.backend import resolve_backend, synchronizer
+from nnlib.lesson07_gpu.backend import gpu_status, resolve_backend, synchronizer
 
 LESSON = 7
 
@@ -148,7 +148,6 @@ def main(argv=None) -> int:
     from threadpoolctl import threadpool_limits
 
     from nnlib.lesson01_mnist import data
-    from nnlib.lesson07_gpu.backend import gpu_status
 
     parser = argparse.ArgumentParser(prog="python -m nnlib gpu-benchmark", description=main.__doc__)
     parser.add_argument("--hidden", type=int, nargs="+", default=[128, 512, 1024, 2048, 4096])

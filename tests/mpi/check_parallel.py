@@ -98,7 +98,7 @@ def check_gpu_paths_with_a_stand_in_cupy():
     from nnlib.lesson07_gpu import backend
 
     stand_in = sys.modules["cupy"] = StandInCuPy()
-    environment._gpu_check = None
+    environment.gpu_status.cache_clear()
     try:
         settings = dict(epochs=2, learning_rate=0.5, batch_size=64, momentum=0.9, seed=5)
         expected = sequential("float64", **settings)
@@ -126,7 +126,7 @@ def check_gpu_paths_with_a_stand_in_cupy():
         assert error <= 1e-10, f"stand-in GPU, staged under the watchdog: relative error {error:.2e}"
     finally:
         del sys.modules["cupy"]
-        environment._gpu_check = None
+        environment.gpu_status.cache_clear()
 
 
 def check_bad_configurations_fail_on_every_rank():

@@ -15,8 +15,8 @@ or
 
 Each checker sees the process as it would alone (as_if_alone): its folder first on sys.path, its own sys.argv,
 and afterwards the environment, working folder, warnings filters, signal handlers, sys.path, COMM_WORLD's error
-handler, the globals of the nnlib modules loaded before it (a monkeypatch such as check_parallel's
-``environment._gpu_check``) and their functools caches are put back; sys.modules entries that are not modules
+handler and the globals of the nnlib modules loaded before it (a monkeypatch) are put back, and their functools
+caches (check_parallel's ``environment.gpu_status``) emptied; sys.modules entries that are not modules
 (check_parallel's stand-in CuPy) are removed, tracemalloc is stopped and garbage collected. A message that a
 checker left unreceived on COMM_WORLD is received and reported as one of its failures.
 
