@@ -9,7 +9,7 @@ A ring collective on P ranks over a buffer of n values, where this rank owns chu
     Allgather        (P - 1) b            (b: this rank's part; every other part passes through)
 
 MPI's own collectives hide their algorithm: these are the ring's figures for the calls really made, not bytes
-caught on the wire.
+caught on the wire (a ring's Allgatherv sends every chunk but the next rank's: n - c_{r+1}, within a value).
 """
 
 from __future__ import annotations
