@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from nnlib.lesson08_inside_allreduce.simulated_link import Link
+
 LESSON = 8
 NOTEBOOKS_ONLY = True  # drawn in the notebook; no other module uses it
 
@@ -56,11 +58,10 @@ def overlap_spans(layers: int, backward: float = 1.0, transfer: float = 0.8, ove
     """
     compute = [(f"backward layer {layer}", (layers - layer) * backward, (layers - layer + 1) * backward)
                for layer in range(layers, 0, -1)]
-    communicate, link_free = [], 0.0
+    communicate, link = [], Link()
     for layer, (_, _, end) in zip(range(layers, 0, -1), compute):
-        start = max(end if overlap else layers * backward, link_free)
-        link_free = start + transfer
-        communicate.append((f"bucket {layer}", start, link_free))
+        done = link.book(end if overlap else layers * backward, transfer)
+        communicate.append((f"bucket {layer}", done - transfer, done))
     return compute, communicate
 
 
