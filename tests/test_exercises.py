@@ -285,10 +285,9 @@ NNLIB = {
     "04.2": costmodel.predicted_time,
     "06.1": scaling.amdahl_speedup,
     "06.2": scaling.gustafson_speedup,
-    "08.1": collectives.split_evenly,
-    "08.2": ring_step_by_nnlib_schedule,
-    "08.3": lambda layer_bytes, bucket_bytes: bucket_starts_by_nnlib_overlap(layer_bytes, bucket_bytes),
-    "08.4": lambda params, grads, velocity, rate, momentum: zero_step_by_nnlib(params, grads, velocity, rate, momentum),
+    "08.1": ring_step_by_nnlib_schedule,
+    "08.2": lambda layer_bytes, bucket_bytes: bucket_starts_by_nnlib_overlap(layer_bytes, bucket_bytes),
+    "08.3": lambda params, grads, velocity, rate, momentum: zero_step_by_nnlib(params, grads, velocity, rate, momentum),
     "09.1": lambda inputs, weights, biases: sigmoid(inputs @ np.hstack(weights) + np.concatenate(biases)),
     "09.2": lambda hidden, weights, biases: np.hstack(hidden) @ np.vstack(weights) + biases,  # the unsplit layer
     "09.3": bubbles.bubble_fraction,
@@ -531,7 +530,7 @@ def zero_with_own_gradient(params, grads, velocity, learning_rate, momentum):
 
 def zero_averaging(params, grads, velocity, learning_rate, momentum):
     """The ranks' gradients averaged (as if each were a whole batch's mean), not added."""
-    return EXERCISES["08.4"].worked_answer(params, grads / len(grads), velocity, learning_rate, momentum)
+    return EXERCISES["08.3"].worked_answer(params, grads / len(grads), velocity, learning_rate, momentum)
 
 
 def zero_without_allgather(params, grads, velocity, learning_rate, momentum):
@@ -546,14 +545,14 @@ def zero_without_allgather(params, grads, velocity, learning_rate, momentum):
 
 
 HALF_FINISHED += [
-    ("08.3", buckets_forgetting_the_last, "values", "158753): 1 of 6 wrong; the first at (5,): got -1, expected 0."),
-    ("08.3", buckets_never_emptied, "values", "8896): 4 of 6 wrong; the first at (2,): got 1, expected -1."),
-    ("08.3", buckets_started_over_the_size, "values", "8896): 2 of 6 wrong; the first at (1,): got -1, expected 0."),
-    ("08.3", lambda layer_bytes, bucket_bytes: np.arange(len(layer_bytes)), "values", "got 0, expected -1"),
-    ("08.4", zero_with_own_gradient, "values", "result 1 of 2: wrong values"),
-    ("08.4", zero_averaging, "values", "result 1 of 2: wrong values"),
-    ("08.4", zero_without_allgather, "values", "result 1 of 2: wrong values"),
-    ("08.4", lambda p, g, v, rate, mu: (p - rate * g, tuple(v)), "values",  # every rank: its own gradient, everywhere
+    ("08.2", buckets_forgetting_the_last, "values", "158753): 1 of 6 wrong; the first at (5,): got -1, expected 0."),
+    ("08.2", buckets_never_emptied, "values", "8896): 4 of 6 wrong; the first at (2,): got 1, expected -1."),
+    ("08.2", buckets_started_over_the_size, "values", "8896): 2 of 6 wrong; the first at (1,): got -1, expected 0."),
+    ("08.2", lambda layer_bytes, bucket_bytes: np.arange(len(layer_bytes)), "values", "got 0, expected -1"),
+    ("08.3", zero_with_own_gradient, "values", "result 1 of 2: wrong values"),
+    ("08.3", zero_averaging, "values", "result 1 of 2: wrong values"),
+    ("08.3", zero_without_allgather, "values", "result 1 of 2: wrong values"),
+    ("08.3", lambda p, g, v, rate, mu: (p - rate * g, tuple(v)), "values",  # every rank: its own gradient, everywhere
      "result 1 of 2: wrong values, relative error"),
 ]
 

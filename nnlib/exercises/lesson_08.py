@@ -1,5 +1,6 @@
-"""Lesson 08's exercises (notebook 08_inside_allreduce): the ring's chunks, one reduce-scatter step on
-every rank at once, overlap's buckets during one backward pass, and one ZeRO-1 step on every rank at once.
+"""Lesson 08's exercises (notebook 08_inside_allreduce): one reduce-scatter step on every rank at once,
+overlap's buckets during one backward pass, and one ZeRO-1 step on every rank at once. (The ring's chunks are
+lesson 04's split, exercise 04.1: chunk_bounds below is a helper of the worked answers, not an exercise.)
 """
 
 import numpy as np
@@ -19,7 +20,7 @@ def chunk_bounds(length, parts):
 
 def ring_step(buffers, step):
     """One reduce-scatter step of the ring on every rank at once. buffers (P, n): row r is
-    rank r's buffer, cut into P chunks by chunk_bounds. In step k, rank r sends its chunk
+    rank r's buffer, cut into P chunks as lesson 04 splits rows. In step k, rank r sends its chunk
     (r - k - 1) mod P to rank (r + 1) mod P, which adds it to its own copy of that chunk.
     Returns the buffers after the step (a new array)."""
     ranks = buffers.shape[0]
@@ -53,7 +54,7 @@ def zero_step(params, grads, velocity, learning_rate, momentum):
     """One ZeRO-1 step on every rank at once. params (n,): the parameters, the same on every rank;
     grads (P, n): row r is rank r's gradient, computed on its part of the global batch (the rows add
     up to the batch's gradient); velocity: P arrays, rank r's momentum for its chunk r of the
-    parameters (chunks by chunk_bounds). Reduce-scatter: rank r gets chunk r of the rows' sum, g_r;
+    parameters (chunks as lesson 04 splits rows). Reduce-scatter: rank r gets chunk r of the rows' sum, g_r;
     rank r updates only chunk r: v_r <- momentum v_r - learning_rate g_r, p[chunk r] += v_r;
     allgather: every rank gets every chunk from its owner.
     -> (params (P, n): row r is rank r's after the step, a tuple of the P new velocities)."""
@@ -100,15 +101,13 @@ def zero_cases():
 
 
 EXERCISES = [
-    Exercise("08.1", chunk_bounds, lambda: [(10, 3), (7, 7), (3, 5), (1001, 4)],
-             "the same split as Scatterv's rows."),
-    Exercise("08.2", ring_step, ring_step_cases,
+    Exercise("08.1", ring_step, ring_step_cases,
              "every rank sends and receives in the same step: read what is sent from the buffers *before* "
              "the step, and add it into a copy."),
-    Exercise("08.3", bucket_starts, bucket_cases,
+    Exercise("08.2", bucket_starts, bucket_cases,
              "add each gradient's bytes to the open bucket; start it once it holds bucket_bytes or more "
              "(then count from zero again), and start the last one after the last gradient whatever it holds."),
-    Exercise("08.4", zero_step, zero_cases,
+    Exercise("08.3", zero_step, zero_cases,
              "rank r adds chunk r of *every* row (the rows are parts of one batch: add, do not average), "
              "updates that chunk only, and then every rank copies chunk r from rank r."),
 ]

@@ -13,8 +13,8 @@ LESSON = 12
 
 def fsdp_layer_step(shards, inputs, deltas, n_in, n_out):
     """One FSDP sigmoid layer on every rank at once. shards[r]: rank r's chunk of the layer's flat
-    [W, b] (W (n_in, n_out) row after row, then b), cut as lesson 08's chunk_bounds cuts its
-    n_in n_out + n_out values; inputs[r] (N_r, n_in), deltas[r] = dJ/dz (N_r, n_out): rank r's rows.
+    [W, b] (W (n_in, n_out) row after row, then b), its n_in n_out + n_out values cut as lesson 04
+    splits rows; inputs[r] (N_r, n_in), deltas[r] = dJ/dz (N_r, n_out): rank r's rows.
     Each rank gathers the whole layer, computes a = sigmoid(x W + b) and its gradient [dJ/dW = x.T delta,
     dJ/db = delta summed over its rows], flat as [W, b]; the reduce-scatter leaves rank r only chunk r
     of the sum over the ranks. Returns (outputs, gradient chunks): tuples of P arrays, (N_r, n_out)
