@@ -121,7 +121,6 @@ def ring_steps(comm, buffer, lag: int, reduce=None):
     return counts, starts
 
 
-
 def ring_schedule(size: int):
     """Who sends which chunk to whom in a ring Allreduce on ``size`` ranks.
 
