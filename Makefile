@@ -15,7 +15,7 @@
 #   make gpu        on a machine with an NVIDIA GPU, its CuPy and PyTorch already installed (nothing is
 #                   installed; no registry needed): scripts/gpu-check.sh, at most about 5 minutes: the GPU
 #                   tests, the batch job on the GPU against the CPU in every mode, benchmarks/gpu_throughput.py
-#                   (nnlib against PyTorch on CUDA), and the figures for notebook 07 recorded into
+#                   (nnlib against PyTorch on CUDA), and the figures for notebook 08 recorded into
 #                   notebooks/results/gpu-<device>.csv. MPI comes from the wheels in build/wheels:
 #   make gpu-wheels on a machine with PyPI: download the mpich, mpi4py and array-api-strict wheels for the GPU
 #                   machine's Python (GPU_PYTHON_VERSION, default 3.12) into build/wheels; copy the project

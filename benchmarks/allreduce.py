@@ -1,4 +1,4 @@
-"""The hand-built Allreduce algorithms (nnlib.lesson08_inside_allreduce.allreduce) against MPI's own, from 8 bytes to 16 MB.
+"""The hand-built Allreduce algorithms (nnlib.lesson09_ring_allreduce.allreduce) against MPI's own, from 8 bytes to 16 MB.
 
 Run:   make benchmark        (or: .venv/bin/python benchmarks/allreduce.py [--runs 3])
 
@@ -24,7 +24,7 @@ import numpy as np
 def one_run(ranks: int, folder: Path, index: int) -> list[dict]:
     from nnlib.course.environment import mpiexec_path
     from nnlib.lesson01_mnist.files import read_csv
-    from nnlib.lesson08_inside_allreduce.allreduce_timing import TIMING_FIELDS
+    from nnlib.lesson09_ring_allreduce.allreduce_timing import TIMING_FIELDS
 
     csv = folder / f"run-{ranks}-{index}.csv"
     subprocess.run([mpiexec_path(), "-n", str(ranks), sys.executable, "-m", "nnlib", "allreduce-timing",

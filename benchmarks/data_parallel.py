@@ -1,6 +1,6 @@
 """Data-parallel speed: 1 rank versus 2 ranks (one BLAS thread each), and against PyTorch DDP.
 
-Each strategy (allreduce, zero, overlap) and sampler (exact, per_rank) of lesson 08 gets a row.
+Each strategy (allreduce, zero, overlap) and sampler (exact, per_rank) of lesson 09 gets a row.
 
 Run:   make benchmark        (or: .venv/bin/python benchmarks/data_parallel.py)
 
@@ -22,7 +22,7 @@ Cases:
 Then the cost of surviving faults, on 2 ranks, 784-128-10, global batch 256, one epoch per call,
 the variants interleaved over several repeats (medians):
   blocking    MPI's own blocking collectives (train_parallel on MPI.COMM_WORLD itself)
-  watched     every collective under the watchdog's deadline (nnlib.lesson10_faults.watchdog.train_watched, as the batch job)
+  watched     every collective under the watchdog's deadline (nnlib.lesson13_faults.watchdog.train_watched, as the batch job)
   checkpoint  watched, plus a checkpoint written at the end of the epoch (the default interval)
 and a bare in-place Allreduce of the gradient buffer, blocking against watched.
 """
@@ -59,11 +59,11 @@ ALLOCATOR_DEFAULT_CASES = ("784-1024-10, batch 4096",)
 def exact_imbalance(case: dict, ranks: int = 2) -> float:
     """The exact sampler's uneven shares: the mean over an epoch's steps of max_r n_r / (B / ranks), where n_r is
     the number of rows of global batch B that lie in rank r's shard (the sequential run's batches, cut by the
-    shards, as nnlib.lesson05_data_parallel.data_parallel.ShardBatches does). The per_rank sampler gives every
+    shards, as nnlib.lesson06_data_parallel.data_parallel.ShardBatches does). The per_rank sampler gives every
     rank B / ranks rows exactly: 1.0. The busiest rank sets the pace of every step."""
     from nnlib.lesson03_training.training import Settings
     from nnlib.lesson04_collectives.collectives import split_evenly
-    from nnlib.lesson05_data_parallel.data_parallel import ShardBatches
+    from nnlib.lesson06_data_parallel.data_parallel import ShardBatches
 
     settings = Settings(epochs=1, learning_rate=case["learning_rate"], batch_size=case["batch"])
     plans = [ShardBatches(split_evenly(60000, ranks)[0], rank, settings).epoch(0) for rank in range(ranks)]
@@ -96,8 +96,8 @@ def worker(case_name: str, strategy: str, sampler: str = "exact") -> None:
 
     from nnlib.lesson02_network.network import Network
     from nnlib.lesson04_collectives import timing
-    from nnlib.lesson05_data_parallel import shard, train_parallel
-    from nnlib.lesson08_inside_allreduce.waiting import communication_split
+    from nnlib.lesson06_data_parallel import shard, train_parallel
+    from nnlib.lesson09_ring_allreduce.waiting import communication_split
 
     comm = MPI.COMM_WORLD
     case = CASES[case_name]
@@ -111,9 +111,9 @@ def worker(case_name: str, strategy: str, sampler: str = "exact") -> None:
         cold = timing.time_allreduce(comm, [network.grads.nbytes], repeats=100, dtype=np.float32, cold=True)[0]
         return hot, cold
 
-    from nnlib.lesson08_inside_allreduce.overlap import Overlap
-    from nnlib.lesson08_inside_allreduce.sampling import PerRankBatches
-    from nnlib.lesson08_inside_allreduce.zero import ZeRO
+    from nnlib.lesson09_ring_allreduce.overlap import Overlap
+    from nnlib.lesson09_ring_allreduce.sampling import PerRankBatches
+    from nnlib.lesson09_ring_allreduce.zero import ZeRO
 
     if strategy == "none":
         no_communication(comm, network, case, local_inputs, local_labels)
@@ -159,10 +159,10 @@ def fault_costs(repeats: int = 7) -> None:
 
     from nnlib.lesson02_network.network import Network
     from nnlib.lesson04_collectives import timing
-    from nnlib.lesson05_data_parallel import shard, train_parallel
-    from nnlib.lesson10_faults.checkpoint import CheckpointFolder, Checkpointing
+    from nnlib.lesson06_data_parallel import shard, train_parallel
+    from nnlib.lesson13_faults.checkpoint import CheckpointFolder, Checkpointing
     from nnlib.course.deadline import watch
-    from nnlib.lesson10_faults.watchdog import train_watched
+    from nnlib.lesson13_faults.watchdog import train_watched
 
     comm = MPI.COMM_WORLD
     inputs, labels = load(False) if comm.rank == 0 else (None, None)
@@ -381,7 +381,7 @@ def main() -> None:
               f"each library's communication and its work around the products.")
     print("comm/step: the communicate phase per step of the rank with the most (zero: both ring halves), "
           "waiting included; waiting: that rank's time waiting for the other to arrive; transfer: the rest, "
-          "what the rank that arrived last spent (nnlib.lesson05_data_parallel.data_parallel.communication_split); bare Allreduce: "
+          "what the rank that arrived last spent (nnlib.lesson06_data_parallel.data_parallel.communication_split); bare Allreduce: "
           "100 Allreduces of the same gradient buffer on the same 2 ranks before training and 100 after, the mean "
           "of the two medians; cold: the same after reading 64 MB and writing the buffer before each call, as a "
           "training step leaves the caches. The ratios are taken run by run, then their median.")

@@ -1,4 +1,4 @@
-"""Lesson 12's memory savers: each technique's time per step against plain data parallelism, on 2 ranks.
+"""Lesson 16's memory savers: each technique's time per step against plain data parallelism, on 2 ranks.
 
 Run:   make benchmark        (or: .venv/bin/python benchmarks/memory.py [--rounds R] [--samples N] [--steps S])
 
@@ -8,7 +8,7 @@ reports the time per step; the R rounds (default 3) interleave every case, so a 
 hits them alike. Printed: the median over the rounds (with its range) and its ratio to the plain
 ``Allreduce`` on the same network and dtype:
 
-* a wide network, float64: ZeRO stage 1 (lesson 08), FSDP (ZeRO-3),
+* a wide network, float64: ZeRO stage 1 (lesson 09), FSDP (ZeRO-3),
   gradient accumulation in 4 micro-batches;
 * the same in float32, and in mixed precision (float16 storage, float32 products, loss scaling);
 * a deep narrow network (16 layers), float64: activation recomputation with a checkpoint every k = 2
@@ -40,13 +40,13 @@ CASES = {"allreduce (wide, float64)": (WIDE, "float64", "allreduce", None),
 
 
 def build(comm, sizes, dtype: str, technique: str):
-    """(network, strategy) of one case: lesson 05's data parallelism, or one of lessons 08 and 12's savers."""
+    """(network, strategy) of one case: lesson 06's data parallelism, or one of lessons 09 and 16's savers."""
     from nnlib import Network
-    from nnlib.lesson05_data_parallel.data_parallel import Allreduce
-    from nnlib.lesson08_inside_allreduce.zero import ZeRO
-    from nnlib.lesson12_memory.accumulation import MicroBatched
-    from nnlib.lesson12_memory.fsdp import FullySharded, FullyShardedNetwork
-    from nnlib.lesson12_memory.mixed_precision import MixedPrecision
+    from nnlib.lesson06_data_parallel.data_parallel import Allreduce
+    from nnlib.lesson09_ring_allreduce.zero import ZeRO
+    from nnlib.lesson16_sharding.accumulation import MicroBatched
+    from nnlib.lesson16_sharding.fsdp import FullySharded, FullyShardedNetwork
+    from nnlib.lesson16_sharding.mixed_precision import MixedPrecision
 
     if technique == "fsdp":
         return FullyShardedNetwork(comm, sizes, dtype=dtype, seed=1), FullySharded
@@ -67,7 +67,7 @@ def seconds_per_step(comm, case, samples: int, steps: int) -> float:
     import numpy as np
     from mpi4py import MPI
 
-    from nnlib.lesson05_data_parallel import shard, train_parallel
+    from nnlib.lesson06_data_parallel import shard, train_parallel
 
     sizes, dtype, technique, _ = case
     rng = np.random.default_rng(0)

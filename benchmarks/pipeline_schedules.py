@@ -1,10 +1,10 @@
-"""Lesson 13's schedules on 2 ranks with balanced stages: bubble measured, simulated and by formula, and step time.
+"""Lesson 18's schedules on 2 ranks with balanced stages: bubble measured, simulated and by formula, and step time.
 
 Run:   make benchmark        (or: .venv/bin/python benchmarks/pipeline_schedules.py [--rounds R])
 
-Starts itself under ``mpiexec -n 2`` (one BLAS thread per rank) and runs notebook 13's job's case:
+Starts itself under ``mpiexec -n 2`` (one BLAS thread per rank) and runs notebook 18's job's case:
 m = 8 micro-batches of a float32 batch of 1024 (the runs in RESULTS.md; the notebook's is 512) through (64,) + (512,) * 9 + (10,), whose layers
-nnlib.lesson13_pipeline_schedules.schedules.balanced_split spreads so that every (virtual) stage
+nnlib.lesson18_pipeline_schedules.schedules.balanced_split spreads so that every (virtual) stage
 does the same forward, input-gradient and weight-gradient work (5, 5 layers; 3, 2, 2, 3 for the
 interleaved schedule's 4 virtual stages). For 1F1B, interleaved 1F1B (v = 2), ZB-H1 and ZB-H2 it
 takes the median of 5 steps (after a warm-up) in each of R rounds (default 5) that interleave the
@@ -21,7 +21,7 @@ from __future__ import annotations
 import argparse
 from statistics import median
 
-from nnlib.lesson08_inside_allreduce.allreduce_timing import range_verdict
+from nnlib.lesson09_ring_allreduce.allreduce_timing import range_verdict
 
 COLUMNS = ("measured", "formula", "simulated", "step_seconds")
 BATCH = 1024  # the batch of the runs recorded in benchmarks/RESULTS.md
@@ -31,8 +31,8 @@ def worker(rounds: int) -> None:
     from mpi4py import MPI
 
     from nnlib.course.deadline import watch
-    from nnlib.lesson13_pipeline_schedules.demo import LAYER_SIZES, MICRO_BATCHES, balanced_layouts
-    from nnlib.lesson13_pipeline_schedules.schedules import measure_schedules
+    from nnlib.lesson18_pipeline_schedules.demo import LAYER_SIZES, MICRO_BATCHES, balanced_layouts
+    from nnlib.lesson18_pipeline_schedules.schedules import measure_schedules
 
     comm = watch(MPI.COMM_WORLD)  # every message under the default deadline, as in a batch job
     layouts = balanced_layouts(comm.size)
@@ -61,7 +61,7 @@ def report(results: dict, layouts: dict) -> None:
         print(f"{name:12s} {str(layouts[name]):26s} " + " ".join(f"{cell:>22s}" for cell in cells))
     steps = {name: [row["step_seconds"] for row in rows] for name, rows in results.items()}
     for name in ("interleaved", "zb-h1"):
-        verdict = range_verdict(steps[name], steps["1f1b"])  # lesson 08's rule
+        verdict = range_verdict(steps[name], steps["1f1b"])  # lesson 09's rule
         print(f"{name} against 1F1B: {verdict} (median step {median(steps[name]) / median(steps['1f1b']):.2f} x 1F1B's)")
 
 

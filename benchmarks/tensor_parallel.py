@@ -3,7 +3,7 @@
 Run:   make benchmark        (or: .venv/bin/python benchmarks/tensor_parallel.py [--rounds R])
 
 Starts itself under ``mpiexec -n 1`` and ``mpiexec -n 2`` in turn, R rounds (default 3), one BLAS
-thread per rank. Each run builds nnlib.lesson09_model_parallel.tensor.TensorParallelMLP for each network below,
+thread per rank. Each run builds nnlib.lesson11_tensor_parallel.tensor.TensorParallelMLP for each network below,
 float32, on a fixed random batch of 512 digits-sized inputs, takes 3 warm-up steps and then times
 15 steps (loss_and_gradient, then SGD with momentum): a step's time is the slowest rank's, and a
 run reports the median step (the network's Allreduces run under the watchdog's default deadline,
@@ -56,7 +56,7 @@ def worker() -> None:
     from mpi4py import MPI
 
     from nnlib.lesson02_network.network import Network
-    from nnlib.lesson09_model_parallel.tensor import TensorParallelMLP
+    from nnlib.lesson11_tensor_parallel.tensor import TensorParallelMLP
     from nnlib.course.deadline import watch
 
     comm = MPI.COMM_WORLD

@@ -84,15 +84,15 @@ if [ $DRY_RUN -eq 1 ]; then
     step "batch job, GPU against CPU (stand-in CuPy)" 150 "$PYTHON" scripts/gpu_job_equality.py --stand-in
     step "GPU throughput against PyTorch (dry run on the CPU)" 60 "$PYTHON" benchmarks/gpu_throughput.py --dry-run --rounds 2 --epochs 1
     SHIM=$("$PYTHON" -c "import sys; sys.path.insert(0, 'tests'); from stand_in_cupy import write_cupy_shim; print(write_cupy_shim('$WORK'))")
-    step "recording for notebook 07 (stand-in CuPy, small)" 60 env PYTHONPATH="$SHIM:$PYTHONPATH" "$PYTHON" -m nnlib \
+    step "recording for notebook 08 (stand-in CuPy, small)" 60 env PYTHONPATH="$SHIM:$PYTHONPATH" "$PYTHON" -m nnlib \
         gpu-benchmark --hidden 16 32 --samples 512 --largest 128 --repeats 1 --results-dir "$WORK/results"
 else
     step "batch job, GPU against CPU" 80 "$PYTHON" scripts/gpu_job_equality.py
     step "GPU throughput against PyTorch" 70 "$PYTHON" benchmarks/gpu_throughput.py
-    step "recording for notebook 07" 80 "$PYTHON" -m nnlib gpu-benchmark --results-dir notebooks/results
+    step "recording for notebook 08" 80 "$PYTHON" -m nnlib gpu-benchmark --results-dir notebooks/results
 fi
 
 echo
 echo "GPU check: $(( $(date +%s) - BEGAN )) s in all; failed:${FAILED:- none}"
-[ $DRY_RUN -eq 0 ] && [ -z "$FAILED" ] && echo "Recorded in notebooks/results/: commit it, then re-run notebook 07 to show it."
+[ $DRY_RUN -eq 0 ] && [ -z "$FAILED" ] && echo "Recorded in notebooks/results/: commit it, then re-run notebook 08 to show it."
 [ -z "$FAILED" ]

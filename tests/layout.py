@@ -1,6 +1,6 @@
 """Reading nnlib's structure from its source: each module's lesson, its imports, and its functions.
 
-Every module of nnlib says which lesson it belongs to with a line ``LESSON = N`` (N = 0..13, the
+Every module of nnlib says which lesson it belongs to with a line ``LESSON = N`` (N = 0..18, the
 notebook's number). The code of lesson N may import modules of lessons up to N, never a later one,
 whether the import is at the top of the module or inside a function.
 """
@@ -62,7 +62,7 @@ def imports(name: str, path: Path, known) -> set[str]:
 
 
 def violations(root: Path = PACKAGE) -> list[str]:
-    """'a (lesson 4) imports b (lesson 10)' for every import of a later lesson's module."""
+    """'a (lesson 4) imports b (lesson 13)' for every import of a later lesson's module."""
     known = modules(root)
     lessons = {name: lesson_of(path) for name, path in known.items()}
     found = []

@@ -1,7 +1,7 @@
 """Stand-ins for the ``cupy`` module, backed by NumPy, for machines without a GPU.
 
 They are not a GPU and prove nothing about CuPy itself (the real-GPU tests do that, where a GPU is
-present). They let the tests run the code that nnlib and notebook 07 only run once CuPy has been
+present). They let the tests run the code that nnlib and notebook 08 only run once CuPy has been
 chosen: device selection, the loss kept on the device, the waits for the GPU, staging for MPI,
 the ``gpu-benchmark`` recorder and the notebook's GPU cells.
 

@@ -15,7 +15,7 @@ from nnlib import Network, gradient_check, train
 from nnlib.course import environment
 from nnlib.lesson02_network import arrays
 from nnlib.lesson02_network.arrays import to_numpy
-from nnlib.lesson07_gpu import backend
+from nnlib.lesson08_gpu import backend
 
 xps = pytest.importorskip("array_api_strict", reason="array-api-strict is part of the test extra")
 StrictArray = type(xps.asarray(0))
@@ -239,7 +239,7 @@ def test_a_staging_communicator_is_not_watched_from_outside():
     """watch(HostStaging(comm)) would watch a raw duplicate and lose the staging: it is refused, with the way."""
     from mpi4py import MPI
 
-    from nnlib.lesson07_gpu.backend import HostStaging
+    from nnlib.lesson08_gpu.backend import HostStaging
     from nnlib.course.deadline import watch
 
     with pytest.raises(TypeError, match=r"wrap the watched one instead, e.g. HostStaging\(watch\(comm\), xp\)"):

@@ -17,7 +17,7 @@ from test_environment_files import environment_pins
 
 ROOT = Path(__file__).resolve().parent.parent
 # Imported only by code that says it needs them, each with its extra: not part of the series on Binder.
-OPTIONAL = {"cupy": "the GPU extra (lesson 07 runs without it)", "torch": "the benchmark extra (make benchmark)"}
+OPTIONAL = {"cupy": "the GPU extra (lesson 08 runs without it)", "torch": "the benchmark extra (make benchmark)"}
 
 
 def imported_modules(source: str) -> set[str]:

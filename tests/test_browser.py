@@ -35,12 +35,12 @@ KEY_RESULTS = {
     "00_start_here.ipynb": "nnlib 0.1.0 ready",
     "01_mnist.ipynb": "60000",
     "02_network_from_scratch.ipynb": "nnlib gradient check over all 10285 parameters: relative error below 1e-9",
-    "05_data_parallel_training.ipynb": "allreduce         largest difference from sequential: below 1e-12 (bound 1e-10)",
-    "08_inside_allreduce.ipynb": "zero     against allreduce: relative difference below 1e-10",
-    "09_model_and_pipeline_parallelism.ipynb": "relative difference from sequential training: below 1e-12",
-    "11_beyond_synchronous_sgd.ipynb": "server with s = 0 on 3 ranks against synchronous training on 2:",
-    "12_memory.ipynb": "parameters; relative difference from sequential training: below 1e-12",
-    "13_pipeline_schedules.ipynb": "zb-h1      : m = 3 below 1e-12, m = 7 below 1e-12 (relative difference from sequential; bound 1e-10)",
+    "06_data_parallel_training.ipynb": "allreduce         largest difference from sequential: below 1e-12 (bound 1e-10)",
+    "09_ring_allreduce.ipynb": "zero     against allreduce: relative difference below 1e-10",
+    "11_tensor_parallelism.ipynb": "relative difference from sequential training: below 1e-12",
+    "14_asynchronous_sgd.ipynb": "server with s = 0 on 3 ranks against synchronous training on 2:",
+    "16_sharding_state.ipynb": "parameters; relative difference from sequential training: below 1e-12",
+    "18_pipeline_schedules.ipynb": "zb-h1      : m = 3 below 1e-12, m = 7 below 1e-12 (relative difference from sequential; bound 1e-10)",
 }
 SCREENSHOTS = ROOT / "build" / "browser"
 

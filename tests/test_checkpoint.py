@@ -1,4 +1,4 @@
-"""nnlib.lesson10_faults.checkpoint: the file format, every way a checkpoint can be bad, and an exact resume.
+"""nnlib.lesson13_faults.checkpoint: the file format, every way a checkpoint can be bad, and an exact resume.
 
 The training tests run train_parallel in this process on MPI.COMM_WORLD (one rank); the batch
 job's kill-and-resume across ranks is in test_train_command.py.
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from nnlib import Network
-from nnlib.lesson10_faults.checkpoint import (FORMAT_VERSION, HEADER, MAGIC, SUFFIX, Checkpoint, CheckpointError,
+from nnlib.lesson13_faults.checkpoint import (FORMAT_VERSION, HEADER, MAGIC, SUFFIX, Checkpoint, CheckpointError,
                                               CheckpointFolder, from_bytes, load, save, to_bytes)
 
 N = 203
@@ -177,8 +177,8 @@ def data(dtype="float64"):
 def train_one_rank(checkpoints=None, resume=False, fail_at=None, dtype="float64", sizes=(9, 6, 3), **changes):
     from mpi4py import MPI
 
-    from nnlib.lesson05_data_parallel import train_parallel
-    from nnlib.lesson10_faults.checkpoint import Checkpointing
+    from nnlib.lesson06_data_parallel import train_parallel
+    from nnlib.lesson13_faults.checkpoint import Checkpointing
 
     inputs, labels = data(dtype)
     network = Network(sizes, dtype=dtype, seed=2)
@@ -234,7 +234,7 @@ def test_a_new_run_refuses_a_folder_with_another_runs_checkpoints(tmp_path):
 def test_resume_without_a_checkpoint_says_so(tmp_path):
     with pytest.raises(ValueError, match="holds no checkpoint"):
         train_one_rank(CheckpointFolder(tmp_path), resume=True)
-    with pytest.raises(ValueError, match="checkpoints need a nnlib.lesson10_faults.checkpoint.CheckpointFolder; got NoneType"):
+    with pytest.raises(ValueError, match="checkpoints need a nnlib.lesson13_faults.checkpoint.CheckpointFolder; got NoneType"):
         train_one_rank(None, resume=True)
 
 

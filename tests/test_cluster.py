@@ -160,8 +160,8 @@ TRAINING = """
 import os, signal
 import numpy as np
 from nnlib import Network
-from nnlib.lesson05_data_parallel import shard, train_parallel
-from nnlib.lesson10_faults.watchdog import train_watched
+from nnlib.lesson06_data_parallel import shard, train_parallel
+from nnlib.lesson13_faults.watchdog import train_watched
 
 _rng = np.random.default_rng(0)
 _inputs, _labels = _rng.random((997, 12)), _rng.integers(0, 4, 997)

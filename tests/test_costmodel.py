@@ -1,5 +1,5 @@
 """nnlib.lesson04_collectives.costmodel, the one home of every prediction: the alpha-beta models against counting messages,
-the FLOP count against the products a training step runs, the step time (the bubble is lesson 09's:
+the FLOP count against the products a training step runs, the step time (the bubble is lesson 11's:
 tests/test_model_parallel_parts.py)."""
 
 import numpy as np
@@ -17,7 +17,7 @@ def test_the_allreduce_models_agree_with_counting_messages():
     assert reduce_broadcast_time(n, 4, alpha, beta) == pytest.approx(6 * (alpha + n * beta))
     assert ring_allreduce_time(n, 4, alpha, beta) == pytest.approx(6 * alpha + 1.5 * n * beta)
     assert recursive_doubling_time(n, 1, alpha, beta) == reduce_broadcast_time(n, 1, alpha, beta) == 0.0
-    # lesson 05's reduce_broadcast is MPI's Reduce and Bcast, two binomial trees: 2 ceil(log2 P) whole messages
+    # lesson 06's reduce_broadcast is MPI's Reduce and Bcast, two binomial trees: 2 ceil(log2 P) whole messages
     assert tree_reduce_broadcast_time(n, 5, alpha, beta) == pytest.approx(6 * (alpha + n * beta))
     assert tree_reduce_broadcast_time(n, 8, alpha, beta) == pytest.approx(6 * (alpha + n * beta))
     assert tree_reduce_broadcast_time(n, 1, alpha, beta) == 0.0
@@ -70,7 +70,7 @@ def test_the_flop_count_is_the_products_a_training_step_runs(layer_sizes):
 def test_the_ring_time_by_hand_at_1_2_and_7_ranks():
     from nnlib.lesson04_collectives.costmodel import predicted_time, ring_allgather_time, ring_allreduce_time
     from nnlib.lesson04_collectives.collectives import split_evenly
-    from nnlib.lesson08_inside_allreduce.allreduce import ring_schedule
+    from nnlib.lesson09_ring_allreduce.allreduce import ring_schedule
 
     alpha, beta, n = 2e-6, 1e-9, 7e6
     assert ring_allreduce_time(n, 1, alpha, beta) == 0.0
@@ -98,7 +98,7 @@ def test_step_time_and_communication_time():
     for name, model in costmodel.COMMUNICATION_TIMES.items():
         assert costmodel.communication_time(name, n, 4, alpha, beta) == model(n, 4, alpha, beta)
         assert costmodel.communication_time(name, n, 1, alpha, beta) == 0.0
-    # lesson 05's reduce_broadcast runs MPI's trees (2 log2 8 = 6 messages), not lesson 08's 2 (P - 1) = 14
+    # lesson 06's reduce_broadcast runs MPI's trees (2 log2 8 = 6 messages), not lesson 09's 2 (P - 1) = 14
     assert costmodel.communication_time("reduce_broadcast", n, 8, alpha, beta) == pytest.approx(6 * (alpha + n * beta))
     with pytest.raises(ValueError, match="strategy must be one of"):
         costmodel.communication_time("gossip", n, 4, alpha, beta)
@@ -106,10 +106,10 @@ def test_step_time_and_communication_time():
 
 def test_the_tradeoffs_predictions_are_the_cost_models():
     """tradeoffs.parallel_step_time computes nothing of its own: compute, rings and messages from costmodel, the
-    bubble from lesson 09's bubbles."""
+    bubble from lesson 11's bubbles."""
     from nnlib.lesson04_collectives import costmodel
-    from nnlib.lesson09_model_parallel import tradeoffs
-    from nnlib.lesson09_model_parallel.bubbles import bubble_fraction
+    from nnlib.lesson11_tensor_parallel import tradeoffs
+    from nnlib.lesson11_tensor_parallel.bubbles import bubble_fraction
 
     sizes, batch = (784, 512, 512, 10), 256
     machine = costmodel.Machine(alpha=20e-6, beta=1 / 1.25e9, flops_per_second=50e9)

@@ -18,17 +18,17 @@ from thread_comm import ThreadRanks
 from nnlib.check import check, solution, verdict, worked_answer_source
 from nnlib.exercises import all_exercises, find, lesson_exercises, lessons
 from nnlib.exercises.lesson_02 import layer_backward
-from nnlib.exercises.lesson_08 import ring_step
+from nnlib.exercises.lesson_09 import ring_step
 from nnlib.lesson01_mnist import data
 from nnlib.lesson02_network.network import count_parameters, cross_entropy_from_logits, sigmoid
 from nnlib.lesson03_training import optimizers, training
 from nnlib.lesson04_collectives import collectives, costmodel
-from nnlib.lesson06_scaling import scaling
-from nnlib.lesson08_inside_allreduce import allreduce, overlap, zero
-from nnlib.lesson09_model_parallel import bubbles, instructions
-from nnlib.lesson11_beyond_sync import compression, local_sgd, powersgd
-from nnlib.lesson12_memory import budget, fsdp
-from nnlib.lesson13_pipeline_schedules import schedules
+from nnlib.lesson07_scaling import scaling
+from nnlib.lesson09_ring_allreduce import allreduce, overlap, zero
+from nnlib.lesson11_tensor_parallel import bubbles, instructions
+from nnlib.lesson14_asynchronous import compression, local_sgd, powersgd
+from nnlib.lesson16_sharding import budget, fsdp
+from nnlib.lesson18_pipeline_schedules import schedules
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
@@ -42,7 +42,7 @@ def defined(source: str, name: str):
 
 
 def ring_step_by_nnlib_schedule(buffers, step):
-    """One reduce-scatter step as nnlib.lesson08_inside_allreduce.allreduce's ring schedule sends it."""
+    """One reduce-scatter step as nnlib.lesson09_ring_allreduce.allreduce's ring schedule sends it."""
     counts, starts = collectives.split_evenly(buffers.shape[1], buffers.shape[0])
     after = buffers.copy()
     for sender, receiver, chunk in allreduce.ring_schedule(buffers.shape[0])[step]["sends"]:
@@ -66,13 +66,13 @@ def zb_h1_order_by_nnlib(stages, stage, micro_batches):
     return kinds, micro
 
 
-# -- lesson 13's exercise 13.3 (1F1B's instruction list): nnlib's lists, and three plausible wrong answers --
+# -- lesson 18's exercise 18.3 (1F1B's instruction list): nnlib's lists, and three plausible wrong answers --
 ONE_F_ONE_B_CODES = {"recv_forward": 0, "forward": 1, "send_forward": 2, "recv_backward": 3, "backward": 4,
                      "send_backward": 5}
 
 
 def one_f_one_b_by_nnlib(stages, stage, micro_batches):
-    """Stage s's instructions in nnlib's 1F1B lists (lesson 09's), coded as exercise 13.3 codes them."""
+    """Stage s's instructions in nnlib's 1F1B lists (lesson 11's), coded as exercise 18.3 codes them."""
     program = instructions.one_f_one_b(stages, micro_batches)[stage]
     kinds, micro = np.array([(ONE_F_ONE_B_CODES[i.kind], i.micro_batch) for i in program]).T
     return kinds, micro
@@ -122,7 +122,7 @@ def messages_past_the_ends(stages, stage, micro_batches):
                for code in ((0, 1, 2) if kind == 1 else (3, 4, 5))]
     kinds, micro = np.array(program).T
     return kinds, micro
-# -- (end of lesson 13's 13.3 helpers) --
+# -- (end of lesson 18's 18.3 helpers) --
 
 
 def momentum_step_by_nnlib(params, velocity, grads, learning_rate, momentum):
@@ -154,9 +154,9 @@ def diloco_outer_step_by_nnlib(anchor, worker_params, velocity, learning_rate, m
     return anchor, velocity
 
 
-# ---- lesson 12 (exercise 12.1, one FSDP layer): nnlib's ShardedLayer on threads, its wrong answers ----
+# ---- lesson 16 (exercise 16.1, one FSDP layer): nnlib's ShardedLayer on threads, its wrong answers ----
 def fsdp_layer_step_by_nnlib(shards, inputs, deltas, n_in, n_out):
-    """nnlib.lesson12_memory.fsdp's ShardedLayer (a sigmoid layer) on every rank at once: P threads, one a rank,
+    """nnlib.lesson16_sharding.fsdp's ShardedLayer (a sigmoid layer) on every rank at once: P threads, one a rank,
     whose Allgatherv and Reduce_scatter meet at a barrier, an in-process stand-in for MPI's."""
     ranks, results = ThreadRanks(len(shards)), [None] * len(shards)
 
@@ -219,17 +219,17 @@ def fsdp_averaged(shards, inputs, deltas, n_in, n_out):
 
 
 FSDP_HALF_FINISHED = [
-    ("12.1", fsdp_own_gradient_only, "values", ", result 2 of 2, result 1 of 3: wrong values"),
-    ("12.1", fsdp_weights_reshaped_transposed, "values", ", result 1 of 2, result 1 of 3: wrong values"),
-    ("12.1", fsdp_gathered_in_reverse, "values", ", result 1 of 2, result 1 of 3: wrong values"),
-    ("12.1", fsdp_allreduced, "shape", "result 2 of 2, result 1 of 3 returned shape (32,); expected shape (11,)."),
-    ("12.1", fsdp_averaged, "values", ", result 2 of 2, result 1 of 3: wrong values"),
+    ("16.1", fsdp_own_gradient_only, "values", ", result 2 of 2, result 1 of 3: wrong values"),
+    ("16.1", fsdp_weights_reshaped_transposed, "values", ", result 1 of 2, result 1 of 3: wrong values"),
+    ("16.1", fsdp_gathered_in_reverse, "values", ", result 1 of 2, result 1 of 3: wrong values"),
+    ("16.1", fsdp_allreduced, "shape", "result 2 of 2, result 1 of 3 returned shape (32,); expected shape (11,)."),
+    ("16.1", fsdp_averaged, "values", ", result 2 of 2, result 1 of 3: wrong values"),
 ]
-# ---- end of lesson 12's lines ----
+# ---- end of lesson 16's lines ----
 
 
 
-# -- lesson 08's write-the-core exercises against nnlib's own overlap.py and zero.py ---------------------
+# -- lesson 09's write-the-core exercises against nnlib's own overlap.py and zero.py ---------------------
 
 def bucket_starts_by_nnlib_overlap(layer_bytes, bucket_bytes):
     """overlap.BucketedAllreduce's own hook through one backward pass, on a stand-in network whose float64
@@ -283,24 +283,24 @@ NNLIB = {
     "03.3": lambda samples, batch: np.array(training.batch_ranges(samples, batch)).reshape(-1, 2),
     "04.1": lambda rows, ranks, length: tuple(np.array(part) * length for part in collectives.split_evenly(rows, ranks)),
     "04.2": costmodel.predicted_time,
-    "06.1": scaling.amdahl_speedup,
-    "06.2": scaling.gustafson_speedup,
-    "08.1": ring_step_by_nnlib_schedule,
-    "08.2": lambda layer_bytes, bucket_bytes: bucket_starts_by_nnlib_overlap(layer_bytes, bucket_bytes),
-    "08.3": lambda params, grads, velocity, rate, momentum: zero_step_by_nnlib(params, grads, velocity, rate, momentum),
-    "09.1": lambda inputs, weights, biases: sigmoid(inputs @ np.hstack(weights) + np.concatenate(biases)),
-    "09.2": lambda hidden, weights, biases: np.hstack(hidden) @ np.vstack(weights) + biases,  # the unsplit layer
-    "09.3": bubbles.bubble_fraction,
-    "11.1": compression.to_bfloat16,
-    "11.2": top_k_step_by_nnlib,
-    "11.3": powersgd_approximation_by_nnlib,
-    "11.4": diloco_outer_step_by_nnlib,
-    "12.1": fsdp_layer_step_by_nnlib,  # (lesson 12's own lines: fsdp_layer_step_by_nnlib above)
-    "12.2": lambda num_layers, every: budget.activation_widths((1,) * (num_layers + 1), every),  # widths of 1
-    "13.1": lambda stages, micro_batches, chunks: schedules.bubble_formula("interleaved", stages, micro_batches,
+    "07.1": scaling.amdahl_speedup,
+    "07.2": scaling.gustafson_speedup,
+    "09.1": ring_step_by_nnlib_schedule,
+    "09.2": lambda layer_bytes, bucket_bytes: bucket_starts_by_nnlib_overlap(layer_bytes, bucket_bytes),
+    "09.3": lambda params, grads, velocity, rate, momentum: zero_step_by_nnlib(params, grads, velocity, rate, momentum),
+    "11.1": lambda inputs, weights, biases: sigmoid(inputs @ np.hstack(weights) + np.concatenate(biases)),
+    "11.2": lambda hidden, weights, biases: np.hstack(hidden) @ np.vstack(weights) + biases,  # the unsplit layer
+    "11.3": bubbles.bubble_fraction,
+    "14.1": compression.to_bfloat16,
+    "14.2": top_k_step_by_nnlib,
+    "14.3": powersgd_approximation_by_nnlib,
+    "14.4": diloco_outer_step_by_nnlib,
+    "16.1": fsdp_layer_step_by_nnlib,  # (lesson 16's own lines: fsdp_layer_step_by_nnlib above)
+    "16.2": lambda num_layers, every: budget.activation_widths((1,) * (num_layers + 1), every),  # widths of 1
+    "18.1": lambda stages, micro_batches, chunks: schedules.bubble_formula("interleaved", stages, micro_batches,
                                                                           chunks=chunks),
-    "13.2": lambda stages, stage, micro_batches: zb_h1_order_by_nnlib(stages, stage, micro_batches),
-    "13.3": one_f_one_b_by_nnlib,
+    "18.2": lambda stages, stage, micro_batches: zb_h1_order_by_nnlib(stages, stage, micro_batches),
+    "18.3": one_f_one_b_by_nnlib,
 }
 
 # The others, on values worked out by hand: (key, arguments, the right result).
@@ -309,20 +309,20 @@ BY_HAND = [
     ("02.2", (np.array([[1.0, 2.0]]), np.array([[3.0], [4.0]]), np.array([[0.5]]), np.array([[2.0]])),
      (np.array([[0.5], [1.0]]), np.array([0.5]), np.array([[1.5, 2.0]]))),  # dJ/dz = 2 * 0.5 * 0.5
     ("03.2", (np.array([[0.1, 0.9], [0.8, 0.2], [0.3, 0.7]]), np.array([1, 1, 1])), 2 / 3),
-    ("05.1", (np.zeros(1), [np.array([1.0]), np.array([4.0])], [1, 3], 1.0), np.array([-3.25])),  # (1 + 12) / 4
-    ("05.2", (np.array([7, 2, 9, 4, 0]), 3, 8), np.array([4, 1])),  # samples 7 and 4 of the shard 3..7
-    ("05.2", (np.array([7, 2, 9, 4, 0]), 8, 9), np.zeros(0, dtype=int)),  # a shard this batch does not touch
-    ("06.3", (10.0, np.array([10.0, 2.5]), np.array([1, 8])), np.array([1.0, 0.5])),
-    ("07.1", (1000, 1000, 1000, 2.0), 1.0),
-    ("07.2", (256, 128, 55, 25, 50, 120), False),  # CPU 0.873 ms; GPU 1.375 ms of launches + 0.002 ms
-    ("07.2", (256, 1024, 55, 25, 50, 120), True),  # CPU 6.98 ms; GPU 1.375 ms + 0.017 ms
-    ("07.2", (256, 128, 16, 25, 50, 120), True),  # fused: 0.400 ms + 0.002 ms against 0.873 ms
-    ("10.1", ([3, 1, 0], 4), [2]),
-    ("10.1", ([1, 0], 2), []),
-    ("10.2", (50.0, 40_000.0, 4), 1000.0),  # sqrt(2 * 50 * 10 000)
-    ("12.3", (1024.0, 5, True, 10), (512.0, 0, True)),
-    ("12.3", (1024.0, 9, False, 10), (2048.0, 10, False)),
-    ("12.3", (1024.0, 3, False, 10), (1024.0, 4, False)),
+    ("06.1", (np.zeros(1), [np.array([1.0]), np.array([4.0])], [1, 3], 1.0), np.array([-3.25])),  # (1 + 12) / 4
+    ("06.2", (np.array([7, 2, 9, 4, 0]), 3, 8), np.array([4, 1])),  # samples 7 and 4 of the shard 3..7
+    ("06.2", (np.array([7, 2, 9, 4, 0]), 8, 9), np.zeros(0, dtype=int)),  # a shard this batch does not touch
+    ("07.3", (10.0, np.array([10.0, 2.5]), np.array([1, 8])), np.array([1.0, 0.5])),
+    ("08.1", (1000, 1000, 1000, 2.0), 1.0),
+    ("08.2", (256, 128, 55, 25, 50, 120), False),  # CPU 0.873 ms; GPU 1.375 ms of launches + 0.002 ms
+    ("08.2", (256, 1024, 55, 25, 50, 120), True),  # CPU 6.98 ms; GPU 1.375 ms + 0.017 ms
+    ("08.2", (256, 128, 16, 25, 50, 120), True),  # fused: 0.400 ms + 0.002 ms against 0.873 ms
+    ("13.1", ([3, 1, 0], 4), [2]),
+    ("13.1", ([1, 0], 2), []),
+    ("13.2", (50.0, 40_000.0, 4), 1000.0),  # sqrt(2 * 50 * 10 000)
+    ("16.3", (1024.0, 5, True, 10), (512.0, 0, True)),
+    ("16.3", (1024.0, 9, False, 10), (2048.0, 10, False)),
+    ("16.3", (1024.0, 3, False, 10), (1024.0, 4, False)),
 ]
 
 
@@ -468,28 +468,28 @@ HALF_FINISHED = [
      "scatterv_counts(10, 3, 4), result 1 of 2: 3 of 3 wrong; the first at (0,): got 3, expected 16."),
     ("04.1", lambda rows, ranks, length: (np.full(ranks, rows / ranks), np.zeros(ranks)), "dtype",
      "expected whole numbers (integers)"),
-    ("05.2", lambda batch, start, stop: batch[(batch >= start) & (batch < stop)], "values",
-     "8, 16): 4 of 4 wrong; the first at (0,): got 12, expected 4."),  # sample numbers, not rows
-    ("05.2", lambda batch, start, stop: np.sort(batch[(batch >= start) & (batch < stop)] - start), "values",
-     "0, 8): 3 of 3 wrong; the first at (0,): got 2, expected"),  # sorted: not the batch's order
-    ("05.2", lambda batch, start, stop: batch[(batch >= start) & (batch <= stop)] - start, "shape",
-     "returned shape (4,); expected shape (3,)"),  # stop is not in the shard
-    ("06.1", lambda ranks, s: 1 / (s + (1 - s) // ranks), "values", "relative error"),
-    ("07.2", lambda batch, hidden, kernels, launch, gpu, cpu: 1, "dtype", "expected True/False values"),
-    ("09.2", lambda hidden, weights, b: sum(h @ w + b for h, w in zip(hidden, weights)), "values", "wrong values"),
-    ("10.1", lambda arrived, size: [], "shape", "missing_ranks([0, 2], 3) returned shape (0,); expected shape (1,)"),
-    ("10.1", lambda arrived, size: [0], "values", "got 0, expected 1"),
+    ("06.2", lambda batch, start, stop: batch[(batch >= start) & (batch < stop)], "values",
+     "8, 16): 3 of 3 wrong; the first at (0,): got 8, expected 0."),  # sample numbers, not rows
+    ("06.2", lambda batch, start, stop: np.sort(batch[(batch >= start) & (batch < stop)] - start), "values",
+     "0, 8): 2 of 4 wrong; the first at (1,): got 2, expected 5."),  # sorted: not the batch's order
+    ("06.2", lambda batch, start, stop: batch[(batch >= start) & (batch <= stop)] - start, "shape",
+     "returned shape (5,); expected shape (4,)"),  # stop is not in the shard
+    ("07.1", lambda ranks, s: 1 / (s + (1 - s) // ranks), "values", "relative error"),
+    ("08.2", lambda batch, hidden, kernels, launch, gpu, cpu: 1, "dtype", "expected True/False values"),
+    ("11.2", lambda hidden, weights, b: sum(h @ w + b for h, w in zip(hidden, weights)), "values", "wrong values"),
+    ("13.1", lambda arrived, size: [], "shape", "missing_ranks([0, 2], 3) returned shape (0,); expected shape (1,)"),
+    ("13.1", lambda arrived, size: [0], "values", "got 0, expected 1"),
     ("99.9", forward_right, "unknown", "there is no exercise '99.9'"),
-    # lesson 13's 13.3 (1F1B's instruction list):
-    ("13.3", gpipe_order_instead, "values", "one_f_one_b_program(3, 0, 5), result 1 of 2"),
-    ("13.3", one_f_one_b_warming_up(lambda stages, stage: stages - stage), "values",
+    # lesson 18's 18.3 (1F1B's instruction list):
+    ("18.3", gpipe_order_instead, "values", "one_f_one_b_program(3, 0, 5), result 1 of 2"),
+    ("18.3", one_f_one_b_warming_up(lambda stages, stage: stages - stage), "values",
      "one_f_one_b_program(3, 0, 5), result 1 of 2"),
-    ("13.3", one_f_one_b_warming_up(lambda stages, stage: stages - stage - 1), "right", ""),  # the helpers are right
-    ("13.3", sends_before_their_work, "values", "one_f_one_b_program(3, 0, 5), result 1 of 2"),
-    ("13.3", messages_past_the_ends, "shape", "result 1 of 2 returned shape (30,); expected shape (20,)"),
-] + FSDP_HALF_FINISHED  # lesson 12's, defined above
+    ("18.3", one_f_one_b_warming_up(lambda stages, stage: stages - stage - 1), "right", ""),  # the helpers are right
+    ("18.3", sends_before_their_work, "values", "one_f_one_b_program(3, 0, 5), result 1 of 2"),
+    ("18.3", messages_past_the_ends, "shape", "result 1 of 2 returned shape (30,); expected shape (20,)"),
+] + FSDP_HALF_FINISHED  # lesson 16's, defined above
 
-# Lesson 08's write-the-core exercises: the mistakes a student makes must fail, each with its message.
+# Lesson 09's write-the-core exercises: the mistakes a student makes must fail, each with its message.
 def buckets_forgetting_the_last(layer_bytes, bucket_bytes):
     started, bucket, filled = [], 0, 0
     for size in layer_bytes:
@@ -530,7 +530,7 @@ def zero_with_own_gradient(params, grads, velocity, learning_rate, momentum):
 
 def zero_averaging(params, grads, velocity, learning_rate, momentum):
     """The ranks' gradients averaged (as if each were a whole batch's mean), not added."""
-    return EXERCISES["08.3"].worked_answer(params, grads / len(grads), velocity, learning_rate, momentum)
+    return EXERCISES["09.3"].worked_answer(params, grads / len(grads), velocity, learning_rate, momentum)
 
 
 def zero_without_allgather(params, grads, velocity, learning_rate, momentum):
@@ -545,14 +545,14 @@ def zero_without_allgather(params, grads, velocity, learning_rate, momentum):
 
 
 HALF_FINISHED += [
-    ("08.2", buckets_forgetting_the_last, "values", "158753): 1 of 6 wrong; the first at (5,): got -1, expected 0."),
-    ("08.2", buckets_never_emptied, "values", "8896): 4 of 6 wrong; the first at (2,): got 1, expected -1."),
-    ("08.2", buckets_started_over_the_size, "values", "8896): 2 of 6 wrong; the first at (1,): got -1, expected 0."),
-    ("08.2", lambda layer_bytes, bucket_bytes: np.arange(len(layer_bytes)), "values", "got 0, expected -1"),
-    ("08.3", zero_with_own_gradient, "values", "result 1 of 2: wrong values"),
-    ("08.3", zero_averaging, "values", "result 1 of 2: wrong values"),
-    ("08.3", zero_without_allgather, "values", "result 1 of 2: wrong values"),
-    ("08.3", lambda p, g, v, rate, mu: (p - rate * g, tuple(v)), "values",  # every rank: its own gradient, everywhere
+    ("09.2", buckets_forgetting_the_last, "values", "216793): 1 of 6 wrong; the first at (5,): got -1, expected 0."),
+    ("09.2", buckets_never_emptied, "values", "4304): 4 of 6 wrong; the first at (2,): got 1, expected -1."),
+    ("09.2", buckets_started_over_the_size, "values", "4304): 2 of 6 wrong; the first at (1,): got -1, expected 0."),
+    ("09.2", lambda layer_bytes, bucket_bytes: np.arange(len(layer_bytes)), "values", "got 0, expected -1"),
+    ("09.3", zero_with_own_gradient, "values", "result 1 of 2: wrong values"),
+    ("09.3", zero_averaging, "values", "result 1 of 2: wrong values"),
+    ("09.3", zero_without_allgather, "values", "result 1 of 2: wrong values"),
+    ("09.3", lambda p, g, v, rate, mu: (p - rate * g, tuple(v)), "values",  # every rank: its own gradient, everywhere
      "result 1 of 2: wrong values, relative error"),
 ]
 
@@ -607,7 +607,7 @@ def test_the_worked_layer_backward_matches_finite_differences():
 
 @pytest.mark.parametrize("ranks, length", [(2, 5), (3, 7), (4, 10)])
 def test_ring_steps_leave_each_rank_its_complete_chunk(ranks, length):
-    """P - 1 worked-answer ring steps: chunk r of rank r's buffer is the sum over all ranks, as in nnlib.lesson08_inside_allreduce.allreduce."""
+    """P - 1 worked-answer ring steps: chunk r of rank r's buffer is the sum over all ranks, as in nnlib.lesson09_ring_allreduce.allreduce."""
     from nnlib.lesson04_collectives.collectives import split_evenly
 
     buffers = np.random.default_rng(1).normal(size=(ranks, length))

@@ -1,4 +1,4 @@
-"""nnlib.lesson07_gpu.gpu: the timing helpers and the seed's one-sample-at-a-time forward pass, on NumPy
+"""nnlib.lesson08_gpu.gpu: the timing helpers and the seed's one-sample-at-a-time forward pass, on NumPy
 (and the strict array API); on a GPU the same functions run against CuPy."""
 
 import importlib.util
@@ -18,7 +18,7 @@ from nnlib.course import environment
 from nnlib.lesson01_mnist.files import write_csv
 from nnlib.lesson02_network.arrays import to_numpy
 from nnlib.lesson03_training.training import Batches, Hook, ProgressLines, Run, Settings, train_loop
-from nnlib.lesson07_gpu import backend, gpu
+from nnlib.lesson08_gpu import backend, gpu
 
 gpu_usable, gpu_reason = backend.gpu_status()
 
@@ -55,7 +55,7 @@ RECORDED_H200 = pathlib.Path(__file__).parents[1] / "notebooks" / "results" / "g
 
 
 def test_the_launch_cost_model_predicts_the_recorded_h200_epochs():
-    """Lesson 07's model (launch cost and kernel count measured, product rate the fastest recorded product; nothing
+    """Lesson 08's model (launch cost and kernel count measured, product rate the fastest recorded product; nothing
     fitted to epochs) against the H200's recorded epochs of the code before fusion: each within 30%, and the GPU
     slower than one CPU core at hidden size 128, faster at 1024, as recorded."""
     records = gpu.load_csv(RECORDED_H200)
@@ -149,11 +149,11 @@ def test_epoch_seconds_on_the_stand_in_gpu_trains_on_the_device(stand_in_gpu, mn
         gpu.epoch_seconds(16, inputs, labels, "gpu")
 
 
-NOTEBOOK = pathlib.Path(__file__).resolve().parents[1] / "notebooks" / "07_gpu.ipynb"
+NOTEBOOK = pathlib.Path(__file__).resolve().parents[1] / "notebooks" / "08_gpu.ipynb"
 
 
-def test_notebook_07_gpu_cells_run_with_a_stand_in_gpu_and_a_recorded_csv(tmp_path, mnist):
-    """Notebook 07's cells for a machine with a GPU (not run by nbval here) and for recorded figures.
+def test_notebook_08_gpu_cells_run_with_a_stand_in_gpu_and_a_recorded_csv(tmp_path, mnist):
+    """Notebook 08's cells for a machine with a GPU (not run by nbval here) and for recorded figures.
 
     The notebook runs in a fresh kernel whose first cell installs the stand-in CuPy, next to a
     results/ CSV of records, so that every branch that only a GPU machine or a recorded CSV would
@@ -175,8 +175,8 @@ def test_notebook_07_gpu_cells_run_with_a_stand_in_gpu_and_a_recorded_csv(tmp_pa
              f"sys.path.insert(0, {str(pathlib.Path(__file__).parent)!r})\n"
              "from stand_in_cupy import StandInCuPy\n"
              "sys.modules['cupy'] = StandInCuPy()\n"
-             "import nnlib.lesson07_gpu.gpu\n"
-             "nnlib.lesson07_gpu.gpu.MATMUL_SHAPES = nnlib.lesson07_gpu.gpu.MATMUL_SHAPES[:3]  # keep the test short\n")
+             "import nnlib.lesson08_gpu.gpu\n"
+             "nnlib.lesson08_gpu.gpu.MATMUL_SHAPES = nnlib.lesson08_gpu.gpu.MATMUL_SHAPES[:3]  # keep the test short\n")
     notebook.cells.insert(0, nbformat.v4.new_code_cell(setup))
     for cell in notebook.cells:  # smaller epochs: the test checks that the cells run, not the timings
         if cell.cell_type == "code":

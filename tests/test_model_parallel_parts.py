@@ -1,4 +1,4 @@
-"""The pieces of lesson 09 that need no MPI: how layers are split and scheduled, and the bubble."""
+"""The pieces of lesson 11 that need no MPI: how layers are split and scheduled, and the bubble."""
 
 import importlib.util
 from pathlib import Path
@@ -6,10 +6,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from nnlib.lesson09_model_parallel.bubbles import bubble_fraction, simulated_bubble
-from nnlib.lesson09_model_parallel.instructions import SCHEDULES
-from nnlib.lesson09_model_parallel.pipeline import stage_layers
-from nnlib.lesson09_model_parallel.tensor import layer_kinds
+from nnlib.lesson11_tensor_parallel.bubbles import bubble_fraction, simulated_bubble
+from nnlib.lesson11_tensor_parallel.instructions import SCHEDULES
+from nnlib.lesson11_tensor_parallel.pipeline import stage_layers
+from nnlib.lesson11_tensor_parallel.tensor import layer_kinds
 
 
 def test_layers_pair_up_column_then_row_and_an_odd_last_layer_stays_whole():
@@ -73,7 +73,7 @@ def test_the_pipeline_benchmarks_balanced_network_gives_each_stage_the_same_work
 
 
 def test_the_cost_model_counts_bytes_and_memory_per_rank():
-    from nnlib.lesson09_model_parallel import memory, tradeoffs
+    from nnlib.lesson11_tensor_parallel import memory, tradeoffs
 
     sizes = (784, 512, 512, 10)
     weights = 784 * 512 + 512 + 512 * 512 + 512 + 512 * 10 + 10
@@ -97,7 +97,7 @@ def test_the_cost_model_counts_bytes_and_memory_per_rank():
 
 
 def test_which_kind_wins_follows_the_bytes():
-    from nnlib.lesson09_model_parallel import tradeoffs
+    from nnlib.lesson11_tensor_parallel import tradeoffs
 
     def deep(hidden):
         return (784,) + (hidden,) * 7 + (10,)
@@ -115,7 +115,7 @@ def test_which_kind_wins_follows_the_bytes():
 def test_the_tensor_split_diagram_draws_the_split_the_code_makes():
     from nnlib import Network
     from nnlib.lesson04_collectives.collectives import split_evenly
-    from nnlib.lesson09_model_parallel.tensor import split_pieces
+    from nnlib.lesson11_tensor_parallel.tensor import split_pieces
 
     for hidden, size in [(5, 2), (7, 3), (4, 4), (3, 1)]:
         whole = Network((6, hidden, 3), dtype="float64", seed=0)

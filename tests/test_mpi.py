@@ -22,7 +22,7 @@ check_allreduce.py (1 to 7 ranks): the ring, recursive doubling and reduce-then-
 MPI's Allreduce; bad buffers fail on every rank at once.
 check_tensor_parallel.py, check_pipeline.py (1 to 4 ranks): hidden units split over the ranks, or
 layers over the stages of a pipeline, train exactly as sequential. check_hybrid.py (2, 4 and 6 ranks):
-every (data x model) grid of both kinds does too. check_schedules.py (1 to 4 ranks): lesson 13's
+every (data x model) grid of both kinds does too. check_schedules.py (1 to 4 ranks): lesson 18's
 interleaved, ZB-H1 and ZB-H2 schedules train exactly as sequential.
 check_async.py (1 to 4 ranks): the parameter server with staleness bound 0 equals synchronous data
 parallelism; bounds are kept with a straggler. check_compression.py (1 to 4 ranks): compressed

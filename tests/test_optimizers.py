@@ -10,7 +10,7 @@ import pytest
 from nnlib import Network, train
 from nnlib.lesson03_training.optimizers import SGD, Adam
 from nnlib.lesson03_training.training import Settings
-from nnlib.lesson10_faults.checkpoint import CheckpointFolder, Checkpointing
+from nnlib.lesson13_faults.checkpoint import CheckpointFolder, Checkpointing
 
 RATE, STEPS = 0.05, 5
 
@@ -163,9 +163,9 @@ def test_a_run_with_adamw_resumed_from_a_checkpoint_is_bit_identical(tmp_path, s
     numbers of ranks: tests/mpi/check_parallel.py)."""
     from mpi4py import MPI
 
-    from nnlib.lesson05_data_parallel import train_parallel
-    from nnlib.lesson08_inside_allreduce.zero import ZeRO
-    from nnlib.lesson12_memory.fsdp import FullySharded, FullyShardedNetwork
+    from nnlib.lesson06_data_parallel import train_parallel
+    from nnlib.lesson09_ring_allreduce.zero import ZeRO
+    from nnlib.lesson16_sharding.fsdp import FullySharded, FullyShardedNetwork
 
     rng = np.random.default_rng(4)
     inputs, labels = rng.random((40, 6)), rng.integers(0, 3, 40)
@@ -199,12 +199,12 @@ def test_a_run_with_adamw_resumed_from_a_checkpoint_is_bit_identical(tmp_path, s
 
 def test_every_strategy_on_one_process_steps_adam_as_train_does():
     """In one process (mpi4py's singleton COMM_WORLD): each sync makes the optimizer for its part and steps it there;
-    lesson 05's, ZeRO's and FSDP's runs equal train's bit for bit (one rank: the same sums)."""
+    lesson 06's, ZeRO's and FSDP's runs equal train's bit for bit (one rank: the same sums)."""
     from mpi4py import MPI
 
-    from nnlib.lesson05_data_parallel import train_parallel
-    from nnlib.lesson08_inside_allreduce.zero import ZeRO
-    from nnlib.lesson12_memory.fsdp import FullySharded, FullyShardedNetwork
+    from nnlib.lesson06_data_parallel import train_parallel
+    from nnlib.lesson09_ring_allreduce.zero import ZeRO
+    from nnlib.lesson16_sharding.fsdp import FullySharded, FullyShardedNetwork
 
     rng = np.random.default_rng(4)
     inputs, labels = rng.random((40, 6)), rng.integers(0, 3, 40)

@@ -16,7 +16,7 @@ def test_every_module_says_which_lesson_it_belongs_to():
     missing = [name for name, path in modules().items() if not isinstance(lesson_of(path), int)]
     assert not missing, f"modules without a top-level 'LESSON = N' (N the notebook's number): {missing}"
     lessons = {name: lesson_of(path) for name, path in modules().items()}
-    assert all(0 <= lesson <= 13 for lesson in lessons.values()), lessons
+    assert all(0 <= lesson <= 18 for lesson in lessons.values()), lessons
 
 
 def test_modules_only_the_notebooks_use_say_so():
@@ -69,9 +69,9 @@ def test_an_import_of_a_later_lesson_added_on_purpose_is_caught(tmp_path):
     copy = tmp_path / "nnlib"
     shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
     network = copy / "lesson02_network" / "network.py"
-    network.write_text(network.read_text() + "\n\ndef later():\n    from nnlib.lesson10_faults.watchdog import RunNotes\n")
+    network.write_text(network.read_text() + "\n\ndef later():\n    from nnlib.lesson13_faults.watchdog import RunNotes\n")
     added = set(violations(copy)) - set(violations())
-    assert added == {"nnlib.lesson02_network.network (lesson 2) imports nnlib.lesson10_faults.watchdog (lesson 10)"}
+    assert added == {"nnlib.lesson02_network.network (lesson 2) imports nnlib.lesson13_faults.watchdog (lesson 13)"}
 
 
 def test_no_function_is_longer_than_60_lines_or_takes_more_than_8_parameters():
@@ -86,11 +86,11 @@ def test_every_module_can_be_read_in_one_sitting():
 
 
 def test_the_code_a_lesson_05_reader_opens_is_at_most_900_lines_in_at_most_6_modules():
-    """nnlib.lesson05_data_parallel.data_parallel (train_parallel and its syncs) and every nnlib module it imports, transitively."""
-    opened = closure("nnlib.lesson05_data_parallel.data_parallel")
+    """nnlib.lesson06_data_parallel.data_parallel (train_parallel and its syncs) and every nnlib module it imports, transitively."""
+    opened = closure("nnlib.lesson06_data_parallel.data_parallel")
     lines = {name: len(modules()[name].read_text().splitlines()) for name in opened}
     assert len(opened) <= 6 and sum(lines.values()) <= 900, lines
-    assert all(lesson_of(modules()[name]) <= 5 for name in opened), lines
+    assert all(lesson_of(modules()[name]) <= 6 for name in opened), lines
 
 
 def test_the_size_checks_can_fail(tmp_path):
@@ -103,6 +103,6 @@ def test_the_size_checks_can_fail(tmp_path):
     assert [(name, lines, parameters) for module, name, lines, parameters in functions(copy) if name == "long"] \
         == [("long", 61, 9)]
     assert long_modules(500, copy) == {"nnlib.lesson03_training.training": len(training.read_text().splitlines())}
-    opened = closure("nnlib.lesson05_data_parallel.data_parallel", copy)  # the long function lands in lesson 05's reading
+    opened = closure("nnlib.lesson06_data_parallel.data_parallel", copy)  # the long function lands in lesson 06's reading
     assert sum(len((copy / f"{name.replace('nnlib.', '').replace('.', '/')}.py").read_text().splitlines())
                for name in opened) > 900

@@ -1,4 +1,4 @@
-"""Lesson 13's schedules on their own, without MPI: interleaved 1F1B, ZB-H1 and ZB-H2 as instruction lists.
+"""Lesson 18's schedules on their own, without MPI: interleaved 1F1B, ZB-H1 and ZB-H2 as instruction lists.
 
 For P <= 8 stages, m <= 32 micro-batches (and v = 2, 3 chunks for interleaved): every (micro-batch,
 chunk) is forwarded, backwarded (B and W, or the whole backward) once per stage with the messages
@@ -15,8 +15,8 @@ from collections import Counter
 
 import pytest
 
-from nnlib.lesson13_pipeline_schedules.demo import LAYER_SIZES, balanced_layouts
-from nnlib.lesson13_pipeline_schedules.schedules import (ChunkInstruction, balanced_split, bubble_formula, chunk_of,
+from nnlib.lesson18_pipeline_schedules.demo import LAYER_SIZES, balanced_layouts
+from nnlib.lesson18_pipeline_schedules.schedules import (ChunkInstruction, balanced_split, bubble_formula, chunk_of,
                                                           interleaved, schedule_bubble, schedule_programs,
                                                           simulated_timelines, virtual_stage_layers)
 
@@ -216,7 +216,7 @@ def test_balanced_split_needs_a_wide_layer_per_virtual_stage():
 def test_the_scheduled_pipeline_checks_its_split():
     from mpi4py import MPI
 
-    from nnlib.lesson13_pipeline_schedules.schedules import ScheduledPipeline
+    from nnlib.lesson18_pipeline_schedules.schedules import ScheduledPipeline
 
     assert ScheduledPipeline(MPI.COMM_SELF, (6, 5, 4, 3), chunks=(3,)).chunk_ranges == [(0, 3)]
     with pytest.raises(ValueError, match=re.escape("split (2,) holds 2 layers but the network has 3 weight layers")):

@@ -1,4 +1,4 @@
-"""nnlib.lesson06_scaling.scaling and nnlib.lesson04_collectives.costmodel: fits and tables on synthetic timings with known answers,
+"""nnlib.lesson07_scaling.scaling and nnlib.lesson04_collectives.costmodel: fits and tables on synthetic timings with known answers,
 the cost model against hand-computed step times, and the harness end to end on 1 and 2 ranks."""
 
 import sys
@@ -9,7 +9,7 @@ import pytest
 
 from nnlib.lesson01_mnist.files import write_csv
 from nnlib.lesson04_collectives import costmodel
-from nnlib.lesson06_scaling import scaling
+from nnlib.lesson07_scaling import scaling
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))  # benchmarks/rates.py
 

@@ -2,10 +2,10 @@
 
 Each trace is checked against a JSON schema of the Trace Event Format's parts it uses, its spans
 must nest on every thread (Perfetto draws overlapping spans of one thread wrongly), and they must
-be the recorded timeline: the pipeline stages' (from lesson 09's simulate, interleaved ones naming
+be the recorded timeline: the pipeline stages' (from lesson 11's simulate, interleaved ones naming
 their chunk, and from a batch job with the interleaved schedule under mpiexec), the data-parallel
 phases of a batch job under mpiexec (--trace), the parameter server's updates, overlap's per-bucket
-calls (lesson 08) and the watchdog's waits (lesson 10) of a training run. Each check is also shown failing.
+calls (lesson 09) and the watchdog's waits (lesson 13) of a training run. Each check is also shown failing.
 """
 
 import json
@@ -21,11 +21,11 @@ from nnlib import Network
 from nnlib.course.environment import mpiexec_path
 from nnlib.course.trace import (Span, phase_spans, pipeline_spans, trace_events, update_instants,
                                               write_trace)
-from nnlib.lesson05_data_parallel.data_parallel import train_parallel
-from nnlib.lesson08_inside_allreduce.overlap import BucketedAllreduce
-from nnlib.lesson10_faults.watchdog import record_waits, train_watched, wait_spans
-from nnlib.lesson13_pipeline_schedules.pictures import chunks_of
-from nnlib.lesson13_pipeline_schedules.schedules import schedule_programs, simulated_timelines
+from nnlib.lesson06_data_parallel.data_parallel import train_parallel
+from nnlib.lesson09_ring_allreduce.overlap import BucketedAllreduce
+from nnlib.lesson13_faults.watchdog import record_waits, train_watched, wait_spans
+from nnlib.lesson18_pipeline_schedules.pictures import chunks_of
+from nnlib.lesson18_pipeline_schedules.schedules import schedule_programs, simulated_timelines
 
 NUMBER = {"type": "number"}
 EVENT = {"type": "object", "required": ["ph", "pid", "tid", "name"],

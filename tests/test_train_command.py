@@ -2,15 +2,15 @@
 
 Each refusal is tested where it is decided, in this process: the settings check that every rank makes before any
 collective (nnlib.train_command.check_settings, then the deadline's check of --timeout), with the job's parser and
-the rank count; what the job refuses later (rank 0's data checks, lesson 09's pipeline and grid, lesson 05's check
+the rank count; what the job refuses later (rank 0's data checks, lesson 11's pipeline and grid, lesson 06's check
 of the run, the GPU check, a resume's checkpoint checks) through the job's entry point on this process's one rank,
 or with a stand-in communicator where the rank count decides. Each way a job ends is launched once: a refusal (the
-settings check's, lesson 05's check of the run's and lesson 13's pipeline's, in the launch of the 2-rank jobs), rank
+settings check's, lesson 06's check of the run's and lesson 18's pipeline's, in the launch of the 2-rank jobs), rank
 0's shared verdict, an error on one rank (MPI_Abort), a hang, a resume that does not fit.
 
 Jobs whose results are compared run several to a launch, once per test session (tests/shared_runs.py,
 tests/job_driver.py): a one-rank reference run (in this process) against the data-parallel strategies, the model
-splits and lesson 13's schedules; each stand-in GPU mode against the CPU. Notebook 10, under nbval, kills a rank of
+splits and lesson 18's schedules; each stand-in GPU mode against the CPU. Notebook 13, under nbval, kills a rank of
 a float64 job and resumes it on 2 and on 3 ranks; the float32 kill is here.
 """
 
@@ -67,12 +67,12 @@ def relative_difference(got, expected) -> float:
 
 
 SMALL = ("--samples", "1001", "--epochs", "2", "--batch-size", "50", "--hidden", "16")  # 21 steps per epoch
-# the one-rank reference run, and the strategies and model splits compared with it (4 weight layers: lesson 13's
+# the one-rank reference run, and the strategies and model splits compared with it (4 weight layers: lesson 18's
 # interleaved schedule gives each of 2 ranks 2 of them)
 REFERENCE = ("--samples", "1001", "--epochs", "2", "--batch-size", "64", "--hidden", "16", "12", "8", "--dtype",
              "float64")
 PIPELINE = (*REFERENCE, "--model-parallel", "pipeline", "--micro-batches", "3")
-# lesson 11's asynchronous job against synchronous per-rank training (plain SGD: the server has no momentum)
+# lesson 14's asynchronous job against synchronous per-rank training (plain SGD: the server has no momentum)
 ASYNCHRONOUS = ("--samples", "1001", "--epochs", "2", "--batch-size", "50", "--hidden", "16", "--dtype", "float64",
                 "--momentum", "0", "--learning-rate", "0.5")
 COMPRESSED = ("--samples", "1001", "--epochs", "2", "--batch-size", "64", "--hidden", "16", "--dtype", "float64")
@@ -83,7 +83,7 @@ SHARDED = {"zero": ("--strategy", "zero"), "zero-2": ("--strategy", "zero", "--z
 ADAMW = (*REFERENCE, "--optimizer", "adamw", "--learning-rate", "0.01")  # the model splits with AdamW
 
 #: Each way a job on 2 ranks refuses, run in JOBS_ON[2]'s launch: the settings check (before any collective), lesson
-#: 05's check of the run (check_run, then fail_together, in train_parallel), lesson 13's pipeline (ScheduledPipeline
+#: 06's check of the run (check_run, then fail_together, in train_parallel), lesson 18's pipeline (ScheduledPipeline
 #: with the job's own number of virtual stages: 2 ranks, 2 chunks each, 2 weight layers): {name: (Job, message)}.
 REFUSED_ON_2_RANKS = {
     "refused setting": (Job((*SMALL, "--slow", "5:0.1")), "error: --slow names rank 5, but the job has ranks 0 to 1"),
@@ -230,7 +230,7 @@ def test_a_refusal_on_2_ranks_ends_every_rank_with_exit_2_said_once_by_rank_0(na
 JOB_REFUSED = [  # (arguments, message): refused inside the job, after the settings check; "{tmp}": tmp_path
     (["--samples", "0"], "--samples must be between 1 and 60000; got 0"),  # rank 0's data checks
     (["--output", "/nonexistent/folder/run.npz"], "its folder does not exist"),
-    (["--model-parallel", "pipeline", "--hidden", "16", "--micro-batches", "0"],  # lesson 09's pipeline
+    (["--model-parallel", "pipeline", "--hidden", "16", "--micro-batches", "0"],  # lesson 11's pipeline
      "micro_batches must be a positive integer; got 0"),
     (["--model-parallel", "tensor", "--model-size", "2"], "model_size must divide the number of ranks (1)"),  # grid
     (["--device", "gpu"], "device='gpu' was asked for, but CuPy is not installed"),  # (no CuPy here)
@@ -268,7 +268,7 @@ def test_a_global_batch_smaller_than_the_ranks_is_refused_by_lesson_05s_check_of
     """Decided on every rank as training begins (check_run, then fail_together), for 2 ranks here (on 2 real ranks,
     through the job: REFUSED_ON_2_RANKS)."""
     from nnlib import Network
-    from nnlib.lesson05_data_parallel.data_parallel import check_run
+    from nnlib.lesson06_data_parallel.data_parallel import check_run
     from nnlib.train_command import check_settings
 
     args = job_arguments("--epochs", "1", "--samples", "500", "--batch-size", "1")
@@ -280,7 +280,7 @@ def test_a_global_batch_smaller_than_the_ranks_is_refused_by_lesson_05s_check_of
 
 
 def test_a_model_size_that_does_not_divide_the_ranks_is_refused_by_lesson_09s_grid():
-    from nnlib.lesson09_model_parallel.grid import grid
+    from nnlib.lesson11_tensor_parallel.grid import grid
 
     args = job_arguments("--model-parallel", "tensor", "--model-size", "3")
     with pytest.raises(ValueError, match=r"model_size must divide the number of ranks \(2\)") as refused:
@@ -341,7 +341,7 @@ def stand_in_gpu_runs() -> dict:
 
 @pytest.mark.parametrize("mode", GPU_MODES, ids=" ".join)
 def test_fsdp_model_parallel_asynchronous_and_mixed_precision_jobs_on_the_stand_in_gpu_equal_the_cpu_run(mode):
-    """Every array of the network on the device, its messages staged through host memory (lesson 07's HostStaging;
+    """Every array of the network on the device, its messages staged through host memory (lesson 08's HostStaging;
     the parameter server's through host copies); 2 ranks: the asynchronous job's one worker makes its order fixed.
     Mixed precision keeps float32 master weights: compared in float32 (the stand-in computes as NumPy does)."""
     runs = stand_in_gpu_runs()
@@ -392,7 +392,7 @@ def interrupted_then_resumed(tmp_path, ranks, settings, fault, whole, resume_ran
 
 def test_a_killed_rank_then_resume_gives_bit_identical_parameters(tmp_path):
     """SIGKILL on rank 1 of a float32 job in the middle of epoch 2; resuming with the same number of ranks gives
-    exactly the uninterrupted run's parameters. (Notebook 10, under nbval, kills a float64 job the same way and
+    exactly the uninterrupted run's parameters. (Notebook 13, under nbval, kills a float64 job the same way and
     resumes it on 2 ranks, bit for bit, and on 3, within 1e-10.)"""
     settings = JOBS_ON[2]["whole float32"].arguments
     checkpoints = ("--checkpoint-dir", str(tmp_path / "checkpoints"), "--checkpoint-every", "10")
@@ -537,7 +537,7 @@ def test_asynchronous_job_with_bound_0_equals_synchronous_per_rank_training_on_t
     assert relative_difference(server.params(), synchronous.params()) <= 1e-10
     saved = server.saved()
     assert saved["staleness"].max() <= ranks - 2 and len(saved["worker"]) == 2 * 21 * (ranks - 1)
-    assert int(saved["largest_lead"]) == 0  # s = 0: no worker was let ahead of the slowest (lesson 11 prints it)
+    assert int(saved["largest_lead"]) == 0  # s = 0: no worker was let ahead of the slowest (lesson 14 prints it)
 
 
 def test_compressed_job_reports_its_bytes_and_top_k_of_everything_equals_the_plain_job():
@@ -635,7 +635,7 @@ def test_a_rank_whose_mpi_abort_never_returns_ends_itself():
     program = textwrap.dedent("""
         import sys, time, types
         from nnlib.train_command import job  # (with the real mpi4py)
-        from nnlib.lesson10_faults import watchdog
+        from nnlib.lesson13_faults import watchdog
         fake = types.ModuleType("mpi4py")  # an MPI_Abort that never returns, as with its manager gone
         fake.MPI = types.SimpleNamespace(COMM_WORLD=types.SimpleNamespace(rank=0, Abort=lambda code: time.sleep(600)))
         sys.modules["mpi4py"] = fake
@@ -654,7 +654,7 @@ def test_the_slurm_examples_give_settings_the_batch_job_accepts(script):
     """Each example's `python -m nnlib train ...` parses, passes the job's own checks for its number of ranks,
     and a model-parallel grid divides those ranks into whole replicas."""
     from nnlib.__main__ import build_parser
-    from nnlib.lesson09_model_parallel.tradeoffs import check_pipeline_depth
+    from nnlib.lesson11_tensor_parallel.tradeoffs import check_pipeline_depth
     from nnlib.train_command import check_settings
 
     text = (EXAMPLES / script).read_text()

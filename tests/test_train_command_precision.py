@@ -1,8 +1,8 @@
-"""The batch job's --precision with lesson 12's other options: float16 and bfloat16 combine with --strategy fsdp,
+"""The batch job's --precision with lesson 16's other options: float16 and bfloat16 combine with --strategy fsdp,
 --accumulate, --recompute and --checkpoint-dir (the loss scale is checkpointed: --resume continues exactly, and the
 checkpoint records its precision); and --strategy fsdp with --checkpoint-dir (chunks gathered on save, split on
 resume, over any number of ranks). The uninterrupted jobs, and the jobs compared with float32, run several to a
-launch, once per test session (tests/shared_runs.py). The refusals of what does not combine (lesson 09's model
+launch, once per test session (tests/shared_runs.py). The refusals of what does not combine (lesson 11's model
 parallelism among them) are in tests/test_train_command.py."""
 
 import re

@@ -1,6 +1,6 @@
 """A deadline for every collective: no rank waits forever, and the error names who did not come.
 
-Notebook 10 takes it apart: start the collective without blocking (``comm.Iallreduce``) and poll ``Test()``
+Notebook 13 takes it apart: start the collective without blocking (``comm.Iallreduce``) and poll ``Test()``
 until it completes or the deadline passes. Then the waiting rank sends every other rank a short notice
 ("waiting in Allreduce, at epoch e, step s") and listens for theirs for a grace period: a rank that sent none did
 not arrive, and :class:`CollectiveTimeout` names it. A rank whose own code raises inside
@@ -8,7 +8,7 @@ not arrive, and :class:`CollectiveTimeout` names it. A rank whose own code raise
 
 :func:`watch` gives a :class:`WatchedComm` over a *duplicate* of the communicator: an abandoned collective can
 never be cancelled, so the duplicate is dropped, and the original stays usable while every rank is alive. The
-notebook cluster's ``comm`` has this deadline (nnlib.course.classroom); lesson 10 puts it around training runs.
+notebook cluster's ``comm`` has this deadline (nnlib.course.classroom); lesson 13 puts it around training runs.
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ class WatchedComm:
 
     The object forms (bcast, allgather, gather) are pickled and sent as bytes by the buffer methods, so they
     are watched too. where: what the run is doing, e.g. {'epoch': 1, 'step': 3, 'phase': 'communicate'}, kept
-    current by :meth:`at` (lesson 10's RunNotes) and quoted by every error.
+    current by :meth:`at` (lesson 13's RunNotes) and quoted by every error.
     """
 
     def __init__(self, comm, timeout=None, generation: int = 0):
@@ -246,7 +246,7 @@ class WatchedComm:
     Reduce_scatter_block = _blocking(MPI.Comm.Ireduce_scatter_block, "Reduce_scatter_block")
     Alltoall = _blocking(MPI.Comm.Ialltoall, "Alltoall")
 
-    # -- point-to-point, for collectives built by hand (lesson 08's ring) and pipeline stages (lesson 09) ------
+    # -- point-to-point, for collectives built by hand (lesson 09's ring) and pipeline stages (lesson 11) ------
     def Sendrecv(self, sendbuf, dest, sendtag=0, recvbuf=None, source=MPI.ANY_SOURCE, recvtag=0):
         """Send to ``dest`` and receive from ``source`` at once, within the deadline. The receive matches tag 0
         by default, never ANY_TAG: the notices travel on this communicator too (NOTICE_TAG)."""

@@ -1,4 +1,4 @@
-"""No orphans: a cluster's processes end when the process that started them is gone (notebook 10).
+"""No orphans: a cluster's processes end when the process that started them is gone (notebook 13).
 
 Every process of a cluster (the controller, ``mpiexec`` and the engines) carries ``NNLIB_CLUSTER_OWNER`` =
 ``"<pid>:<start time>"`` of its owner, the kernel that started it; the start time tells a dead owner from a

@@ -1,31 +1,37 @@
-"""Lesson 07's exercises (notebook 07_gpu): a product's GFLOP/s, and when a training step is faster on the GPU, counting its launches."""
+"""Lesson 07's exercises (notebook 07_scaling): Amdahl's and Gustafson's laws, parallel efficiency."""
+
+import numpy as np
 
 from nnlib.exercises import Exercise
 
 LESSON = 7
 
 
-def matmul_gflops(m, k, n, seconds):
-    """The rate, in GFLOP/s, of a product (m, k) @ (k, n) that took `seconds`."""
-    return 2 * m * k * n / seconds / 1e9
+def amdahl_speedup(ranks, serial_fraction):
+    """Amdahl's speedup on each number of ranks (an array) when a fraction of the work is serial."""
+    return 1 / (serial_fraction + (1 - serial_fraction) / ranks)
 
 
-def gpu_wins(batch, hidden, kernels, launch_microseconds, gpu_tflops, cpu_gflops):
-    """Is one training step of a 784-hidden-10 network on `batch` samples faster on the GPU than on one CPU core?
-    The step does batch * (4 * 784 * hidden + 6 * hidden * 10) FLOPs. The GPU's step: `kernels` launches of
-    `launch_microseconds` each, plus the FLOPs at `gpu_tflops`; the CPU's: the FLOPs at `cpu_gflops`. True or False."""
-    flops = batch * (4 * 784 * hidden + 6 * hidden * 10)
-    gpu_seconds = kernels * launch_microseconds * 1e-6 + flops / (gpu_tflops * 1e12)
-    cpu_seconds = flops / (cpu_gflops * 1e9)
-    return gpu_seconds < cpu_seconds
+def gustafson_speedup(ranks, serial_fraction):
+    """Gustafson's scaled speedup on each number of ranks (an array): the work grows with the ranks."""
+    return serial_fraction + (1 - serial_fraction) * ranks
+
+
+def parallel_efficiency(one_rank_seconds, seconds, ranks):
+    """The parallel efficiency of runs taking `seconds` on `ranks` ranks (arrays), against one rank."""
+    return one_rank_seconds / seconds / ranks
+
+
+def speedup_cases():
+    return [(np.array([1, 2, 4, 8, 1000]), 0.05), (np.array([3]), 0.0), (np.array([2, 16]), 1.0)]
 
 
 EXERCISES = [
-    Exercise("07.1", matmul_gflops, lambda: [(1000, 1000, 1000, 0.02), (256, 784, 30, 1e-4), (1, 1, 1, 1e-9)],
-             "each of the m n results takes k multiplications and k additions."),
-    Exercise("07.2", gpu_wins,
-             lambda: [(256, 128, 55, 25, 50, 120), (256, 1024, 55, 25, 50, 120), (256, 128, 16, 25, 50, 120),
-                      (4096, 128, 55, 25, 50, 120), (1, 10, 1, 20, 50, 1)],
-             "the GPU's step is the launches (each a fixed host cost, whatever the size) plus the FLOPs at its rate; "
-             "the CPU's is the FLOPs at its rate."),
+    Exercise("07.1", amdahl_speedup, speedup_cases,
+             "time on P ranks: the serial part as before, the rest divided by P; speedup is the ratio of times."),
+    Exercise("07.2", gustafson_speedup, speedup_cases,
+             "on P ranks the parallel part of the time did P times the work; the serial part did not grow."),
+    Exercise("07.3", parallel_efficiency,
+             lambda: [(10.0, np.array([10.0, 6.0, 3.5]), np.array([1, 2, 4])), (2.0, np.array([3.0]), np.array([2]))],
+             "the speedup divided by what P ranks could give at best."),
 ]

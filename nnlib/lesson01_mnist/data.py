@@ -171,7 +171,7 @@ def load_idx(path: Path, expected_sha256: str | None = None) -> np.ndarray:
 
 def read_idx_rows(path, start: int, stop: int) -> np.ndarray:
     """Rows [start, stop) of an IDX file (.gz or raw), reading only the header and those rows: each rank can read its
-    own shard (nnlib.lesson05_data_parallel.shard; a .gz file is still decompressed up to ``stop``). A slice cannot be
+    own shard (nnlib.lesson06_data_parallel.shard; a .gz file is still decompressed up to ``stop``). A slice cannot be
     checked against the SHA-256: verify the whole file once first (load_idx, or ``python -m nnlib fetch-data``).
     """
     path = Path(path)

@@ -1,7 +1,7 @@
 """Which arrays the math runs on: the Python array API, so the same lines run on NumPy and CuPy.
 
 The network never imports numpy for its math; it asks the arrays for their namespace
-(``x.__array_namespace__()``). Lesson 07 (nnlib.lesson07_gpu.backend) hands it CuPy's namespace instead of NumPy's.
+(``x.__array_namespace__()``). Lesson 08 (nnlib.lesson08_gpu.backend) hands it CuPy's namespace instead of NumPy's.
 """
 
 from __future__ import annotations
@@ -26,13 +26,13 @@ def array_namespace(*arrays):
 
 def namespace_of_device(device):
     """The array namespace a network computes in: ``"cpu"`` -> numpy, or a namespace (a module with ``asarray``:
-    numpy, cupy, array_api_strict) passed as it is; the error names lesson 07's way to a GPU."""
+    numpy, cupy, array_api_strict) passed as it is; the error names lesson 08's way to a GPU."""
     if not isinstance(device, str) and hasattr(device, "asarray"):
         return device
     if device == "cpu":
         return np
-    raise ValueError(f"device must be 'cpu' or an array namespace such as numpy or cupy (for a GPU, lesson 07's "
-                     f"Network(..., device=nnlib.lesson07_gpu.backend.resolve_backend('gpu'))); got {device!r}")
+    raise ValueError(f"device must be 'cpu' or an array namespace such as numpy or cupy (for a GPU, lesson 08's "
+                     f"Network(..., device=nnlib.lesson08_gpu.backend.resolve_backend('gpu'))); got {device!r}")
 
 
 def to_numpy(array) -> np.ndarray:
@@ -59,7 +59,7 @@ def fused(function, xp):
     """``function`` compiled into one GPU kernel where the namespace can fuse (CuPy: ``cupy.fuse``), else itself.
 
     Each element-wise operation CuPy runs is a kernel launch, which costs the host a fixed time whatever the
-    array's size; an expression of several operations fused is one launch (lesson 07 measures why that
+    array's size; an expression of several operations fused is one launch (lesson 08 measures why that
     matters). ``function`` is written once, with the arrays' operators and namespace (``array_namespace`` of
     its arguments), and that plain form is what NumPy (the CPU) runs. It may change its arguments in place
     and return arrays; fused, it must not read ``.shape`` and may end in one reduction (a sum).
@@ -103,7 +103,7 @@ def through_host(array, operation) -> None:
     """``operation(host)`` on ``array``'s values in host memory, written back into ``array``.
 
     For a NumPy array ``host`` is the array itself (no copy); for another device's array, a copy.
-    For code written for NumPy arrays (lesson 08's ring, lesson 11's compression) on any device.
+    For code written for NumPy arrays (lesson 09's ring, lesson 14's compression) on any device.
     """
     host = to_numpy(array)
     operation(host)

@@ -22,7 +22,7 @@ Backpropagation (both outputs give the same output error):
 The weights and biases are views into ``params``, one flat vector laid out [W_1, b_1, W_2, b_2, ...];
 the gradients are views into ``grads`` with the same layout, so all gradients can travel in one message.
 :func:`forward_layers` and :func:`backward_layers` are nnlib's one backpropagation, over a list of
-:class:`Layer` (lesson 09's tensor and pipeline layers run it too). The math uses only the array API
+:class:`Layer` (lesson 11's tensor and pipeline layers run it too). The math uses only the array API
 (``xp``), so it runs on NumPy and CuPy; each element-wise piece is one fused kernel on a GPU (arrays.fused).
 """
 
@@ -226,7 +226,7 @@ class LayerStack(Classifier):
     uses: params and grads (flat), loss_and_gradient, last_correct, and the evaluation methods.
     """
 
-    precision = None  # every array in dtype (lesson 12's mixed precision: "float16" or "bfloat16" copies too)
+    precision = None  # every array in dtype (lesson 16's mixed precision: "float16" or "bfloat16" copies too)
 
     def __init__(self, layer_sizes, output: str, layers, params, grads, xp=None):
         self.layer_sizes, self.output, self.layers = tuple(layer_sizes), output, list(layers)
@@ -323,7 +323,7 @@ class Network(LayerStack):
     dtype:       "float32" (default) or "float64".
     seed:        initial weights are uniform in +-sqrt(6 / (n_in + n_out)) (Glorot),
                  drawn on the CPU from numpy.random.default_rng(seed); biases start at 0.
-    device:      "cpu", or an array API namespace (numpy, cupy: nnlib.lesson07_gpu.backend.resolve_backend("gpu"),
+    device:      "cpu", or an array API namespace (numpy, cupy: nnlib.lesson08_gpu.backend.resolve_backend("gpu"),
                  array_api_strict for tests); the weights are drawn on the CPU and then moved, so
                  every device starts from the same weights.
     """
@@ -379,7 +379,7 @@ def layer_views(flat, shapes, xp=np):
 
 def initial_layers(shapes, seed: int):
     """Each layer's flat float64 starting [W_l, b_l] in turn (W_l uniform in +-sqrt(6 / (n_in + n_out)), b_l = 0), from
-    one default_rng(seed): one layer at a time in memory (lesson 12's sharded network keeps a slice of each)."""
+    one default_rng(seed): one layer at a time in memory (lesson 16's sharded network keeps a slice of each)."""
     rng = np.random.default_rng(seed)
     for n_in, n_out in shapes:
         limit = math.sqrt(6.0 / (n_in + n_out))

@@ -1,6 +1,6 @@
 """Training: full-batch gradient descent (SGD whose batch is the whole training set) and mini-batch SGD, with momentum
 or Adam (optimizers.py), in :func:`train_loop`, the series' one training loop. :func:`train` runs it in one process;
-lesson 05 runs it on every rank, with its own way of combining the gradients (the ``sync``)::
+lesson 06 runs it on every rank, with its own way of combining the gradients (the ``sync``)::
 
     for every epoch:
         for every step of the plan (which rows, and the batch size to divide by):
@@ -132,7 +132,7 @@ class Batches:
     default_rng(seed), cut into batches of b (the last may be smaller), each divided by its length.
     Full-batch gradient descent (b None, or b >= N): one step, rows None (all of them), divide_by N."""
 
-    name = "exact"  # the sequential run's batches (lesson 08's samplers have other names)
+    name = "exact"  # the sequential run's batches (lesson 09's samplers have other names)
 
     def __init__(self, num_samples: int, batch_size: int | None, seed: int):
         self.num_samples = int(num_samples)
@@ -181,15 +181,15 @@ class ProgressLines(Hook):
 
 class LocalUpdate:
     """How one process combines its gradients (the loop's ``sync``): there is nothing to combine. Every sync (lesson
-    05's combine the ranks') has: size (ranks), layer_done (None, or a gradient hook: called as backpropagation
+    06's combine the ranks') has: size (ranks), layer_done (None, or a gradient hook: called as backpropagation
     finishes each layer), optimizer(network, make): ``make(params, xp)`` for the part this rank updates, begin(run),
     step(run): communicate, then ``run.update``, sum_over_ranks(values), score(network, validation),
-    raised_on_every_rank(error), and the run's state, whole (lesson 10's checkpoints): state_dict, load_state_dict."""
+    raised_on_every_rank(error), and the run's state, whole (lesson 13's checkpoints): state_dict, load_state_dict."""
 
     size = 1
     layer_done = None  # nothing to start while backpropagation runs
-    kept_between_steps = None  # what it keeps between steps beyond the optimizer (lesson 11's residuals): None
-    compression = "none"  # of its messages (lesson 11's)
+    kept_between_steps = None  # what it keeps between steps beyond the optimizer (lesson 14's residuals): None
+    compression = "none"  # of its messages (lesson 14's)
 
     def optimizer(self, network, make):
         return make(network.params, network.xp)
@@ -249,7 +249,7 @@ class Run:
     loss_sum: object = 0.0
     correct_sum: object = 0
     rate: float = 0.0
-    scaler: object = None  # lesson 12's loss scaler: it may skip a step whose gradient overflowed
+    scaler: object = None  # lesson 16's loss scaler: it may skip a step whose gradient overflowed
 
     def update(self, params, grads, comm=None) -> None:
         """The optimizer's step on ``params`` from ``grads``: all of them, or this rank's part (``comm``'s ranks hold

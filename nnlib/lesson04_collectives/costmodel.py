@@ -3,9 +3,9 @@
 Lesson 04 introduces the latency-bandwidth (alpha-beta) model of one message of n bytes, T(n) = alpha + beta n:
 alpha (seconds) is the fixed cost of any message (software overhead, network latency), beta (seconds per byte)
 the inverse bandwidth; the crossover is at n = alpha / beta. Later lessons add to this module, and every notebook
-and module that predicts a time calls it (nothing else retypes a formula): the parameter server (lesson 05), the
+and module that predicts a time calls it (nothing else retypes a formula): the parameter server (lesson 06), the
 assumed cluster networks, a step's FLOPs and its time on P ranks (06), the Allreduce algorithms (08).
-Lesson 09's tradeoffs, its bubbles and lesson 11's compression build on these functions.
+Lesson 11's tradeoffs, its bubbles and lesson 14's compression build on these functions.
 
 The time functions take ``n_bytes`` and ``ranks`` as numbers or NumPy arrays (one prediction each)
 and return 0 for one rank: nothing is sent.
@@ -54,7 +54,7 @@ class Machine:
     flops_per_second: float = float("nan")
 
 
-# Assumed figures of cluster networks for the lessons' predictions (lessons 06, 09 and 11), stated,
+# Assumed figures of cluster networks for the lessons' predictions (lessons 07, 11 and 14), stated,
 # not measured here: MPI over TCP on Ethernet pays tens of microseconds per message; 100 Gbit/s
 # InfiniBand (EDR) a few. beta is the inverse of the link's bandwidth.
 ETHERNET_1G = Machine(alpha=50e-6, beta=1 / 125e6)
@@ -62,7 +62,7 @@ ETHERNET_10G = Machine(alpha=30e-6, beta=1 / 1.25e9)
 INFINIBAND_100G = Machine(alpha=2e-6, beta=1 / 12.5e9)
 
 
-# -- lesson 05: the parameter server -----------------------------------------------------------
+# -- lesson 06: the parameter server -----------------------------------------------------------
 
 def parameter_server_time(n_bytes, ranks, alpha: float, beta: float):
     """Gather P-1 gradients into rank 0, then broadcast the parameters back (a binary tree).
@@ -76,13 +76,13 @@ def parameter_server_time(n_bytes, ranks, alpha: float, beta: float):
 
 
 def tree_reduce_broadcast_time(n_bytes, ranks, alpha: float, beta: float):
-    """MPI's Reduce to rank 0, then its Bcast (lesson 05's reduce_broadcast), each a binomial tree of ceil(log2 P)
+    """MPI's Reduce to rank 0, then its Bcast (lesson 06's reduce_broadcast), each a binomial tree of ceil(log2 P)
     rounds of the whole n bytes: T = 2 ceil(log2 P)(alpha + n beta)."""
     rounds = 2 * np.ceil(np.log2(np.maximum(np.asarray(ranks, dtype=np.float64), 1)))
     return rounds * predicted_time(n_bytes, alpha, beta)
 
 
-# -- lesson 06: a training step ----------------------------------------------------------------
+# -- lesson 07: a training step ----------------------------------------------------------------
 
 def step_matmul_shapes(layer_sizes, batch_size: int):
     """The (m, k, n) shapes of every matrix product nnlib's training step runs on ``batch_size`` samples.
@@ -132,13 +132,13 @@ def step_time(ranks, compute_seconds, communication_seconds=0.0, update_seconds=
     flops_per_sample * batch / FLOP/s); communication_seconds: what the ranks exchange per step (e.g.
     :func:`communication_time`); update_seconds: the optimizer step on the full parameter vector (it does not divide:
     with allreduce every rank repeats it, with a parameter server rank 0 does it while the others wait); bubble: the
-    idle fraction of a pipeline (nnlib.lesson09_model_parallel.bubbles.bubble_fraction), 0 otherwise.
+    idle fraction of a pipeline (nnlib.lesson11_tensor_parallel.bubbles.bubble_fraction), 0 otherwise.
     """
     ranks = np.asarray(ranks, dtype=np.float64)
     return compute_seconds / (ranks * (1 - bubble)) + communication_seconds + update_seconds
 
 
-# -- lesson 08: Allreduce algorithms -----------------------------------------------------------
+# -- lesson 09: Allreduce algorithms -----------------------------------------------------------
 
 def ring_allgather_time(n_bytes_per_rank, ranks, alpha: float, beta: float):
     """Ring Allgather of every rank's b bytes: P - 1 steps, each passing one block on.
@@ -172,10 +172,10 @@ def recursive_doubling_time(n_bytes, ranks, alpha: float, beta: float):
 
 
 def reduce_broadcast_time(n_bytes, ranks, alpha: float, beta: float):
-    """Reduce to rank 0 and send back one message at a time (lesson 08's, by hand): T = 2 (P - 1)(alpha + n beta)."""
+    """Reduce to rank 0 and send back one message at a time (lesson 09's, by hand): T = 2 (P - 1)(alpha + n beta)."""
     ranks = np.asarray(ranks, dtype=np.float64)
     return np.where(ranks > 1, 2 * (ranks - 1) * predicted_time(n_bytes, alpha, beta), 0.0)
 
 
 COMMUNICATION_TIMES = {"allreduce": ring_allreduce_time, "parameter_server": parameter_server_time,
-                       "reduce_broadcast": tree_reduce_broadcast_time}  # train_parallel's strategies (lessons 05, 06)
+                       "reduce_broadcast": tree_reduce_broadcast_time}  # train_parallel's strategies (lessons 06, 07)

@@ -14,6 +14,6 @@ model-parallel and asynchronous forms; ``data_parallel``: the data-parallel job;
 from nnlib.train_command.job import run
 from nnlib.train_command.options import add_arguments, check_settings
 
-LESSON = 13  # the batch job: it offers every lesson's options
+LESSON = 18  # the batch job: it offers every lesson's options
 
 __all__ = ["add_arguments", "check_settings", "run"]

@@ -1,8 +1,8 @@
-"""The data-parallel job (lessons 05, 07, 08, 10, 11, 12): this rank's network, its sync, its hooks, and its results.
+"""The data-parallel job (lessons 06, 08, 09, 13, 14, 16): this rank's network, its sync, its hooks, and its results.
 
-Every rank trains its copy of the network on its shard with nnlib.lesson05_data_parallel.train_parallel; the
-network may be on a GPU (lesson 07), sharded or wrapped by lesson 12's memory options; the hooks inject the
-faults and stragglers of lessons 10 and 11 and write checkpoints.
+Every rank trains its copy of the network on its shard with nnlib.lesson06_data_parallel.train_parallel; the
+network may be on a GPU (lesson 08), sharded or wrapped by lesson 16's memory options; the hooks inject the
+faults and stragglers of lessons 13 and 14 and write checkpoints.
 """
 
 from __future__ import annotations
@@ -15,20 +15,20 @@ import time
 from nnlib.train_command.options import TRACE_STEPS, kinds_of, memory_options_used, parse_fault, parse_slow
 from nnlib.train_command.reports import announce, report, save_trace, sent_arrays
 
-LESSON = 13
+LESSON = 18
 
 
 def data_parallel_job(args, comm, settings, data, test) -> int:
     """The data-parallel job: strategy and network, what rank 0 says, the hooks, shard, train
-    (nnlib.lesson05_data_parallel.train_parallel), report."""
+    (nnlib.lesson06_data_parallel.train_parallel), report."""
     from nnlib.lesson02_network.arrays import is_numpy
-    from nnlib.lesson05_data_parallel.data_parallel import EveryStep
-    from nnlib.lesson05_data_parallel import gather_phase_seconds, gather_timeline, shard, train_parallel
-    from nnlib.lesson07_gpu.backend import HostStaging, WaitForDevice
-    from nnlib.lesson08_inside_allreduce.counting import CountingComm
-    from nnlib.lesson08_inside_allreduce.sampling import PerRankBatches
-    from nnlib.lesson10_faults.checkpoint import CheckpointFolder, Checkpointing
-    from nnlib.lesson10_faults.watchdog import RunNotes
+    from nnlib.lesson06_data_parallel.data_parallel import EveryStep
+    from nnlib.lesson06_data_parallel import gather_phase_seconds, gather_timeline, shard, train_parallel
+    from nnlib.lesson08_gpu.backend import HostStaging, WaitForDevice
+    from nnlib.lesson09_ring_allreduce.counting import CountingComm
+    from nnlib.lesson09_ring_allreduce.sampling import PerRankBatches
+    from nnlib.lesson13_faults.checkpoint import CheckpointFolder, Checkpointing
+    from nnlib.lesson13_faults.watchdog import RunNotes
 
     slow = parse_slow(args.slow).get(comm.rank)  # a straggler's extra seconds per step
     straggle = (lambda epoch, step, total_steps: time.sleep(slow)) if slow else None
@@ -42,7 +42,7 @@ def data_parallel_job(args, comm, settings, data, test) -> int:
         hooks.append(Checkpointing(CheckpointFolder(args.checkpoint_dir, args.checkpoint_every or None),
                                    args.resume, progress=True))
     local_inputs, local_labels, start = shard(comm, *data)
-    counting = CountingComm(comm)  # (what each rank hands to its collectives: lessons 08 and 11)
+    counting = CountingComm(comm)  # (what each rank hands to its collectives: lessons 09 and 14)
     staged = HostStaging(counting, network.xp) if on_gpu else counting
     with comm.guard():  # a rank that raises tells the others, which stop at once
         history = train_parallel(staged, network, local_inputs, local_labels, num_samples=args.samples,
@@ -65,13 +65,13 @@ def data_parallel_job(args, comm, settings, data, test) -> int:
 
 def job_parts(args, comm):
     """(strategy, network, every rank's GPU index on rank 0): job_strategy's; this rank's network (sharded for
-    fsdp) on job_device's device, in lesson 12's MixedPrecision or MicroBatched if their options are used."""
+    fsdp) on job_device's device, in lesson 16's MixedPrecision or MicroBatched if their options are used."""
     from nnlib.lesson02_network.network import Network
-    from nnlib.lesson07_gpu.backend import HostStaging
-    from nnlib.lesson08_inside_allreduce.zero import GradientShardedNetwork
-    from nnlib.lesson12_memory.accumulation import MicroBatched
-    from nnlib.lesson12_memory.fsdp import FullyShardedNetwork
-    from nnlib.lesson12_memory.mixed_precision import MixedPrecision
+    from nnlib.lesson08_gpu.backend import HostStaging
+    from nnlib.lesson09_ring_allreduce.zero import GradientShardedNetwork
+    from nnlib.lesson16_sharding.accumulation import MicroBatched
+    from nnlib.lesson16_sharding.fsdp import FullyShardedNetwork
+    from nnlib.lesson16_sharding.mixed_precision import MixedPrecision
 
     (strategy, layer_sizes), (xp, gpus) = (job_strategy(args), (784, *args.hidden, 10)), job_device(args, comm)
     model = dict(output=args.output_layer, dtype=args.dtype, seed=args.seed, device=xp)
@@ -91,12 +91,12 @@ def job_parts(args, comm):
 
 def job_device(args, comm):
     """(the array namespace, every rank's GPU index or None on rank 0) for --device: numpy, or CuPy on this rank's
-    GPU of its node (lesson 07); every rank stops together if one has no usable GPU, or if --device auto differs."""
+    GPU of its node (lesson 08); every rank stops together if one has no usable GPU, or if --device auto differs."""
     from mpi4py import MPI
 
     from nnlib.lesson02_network.arrays import is_numpy
     from nnlib.lesson04_collectives.collectives import fail_together, require_same_on_every_rank
-    from nnlib.lesson07_gpu.backend import resolve_backend, use_gpu_of_local_rank
+    from nnlib.lesson08_gpu.backend import resolve_backend, use_gpu_of_local_rank
 
     gpu_index = use_gpu_of_local_rank(MPI.COMM_WORLD) if args.device != "cpu" else None
     xp, problem = None, None
@@ -114,21 +114,21 @@ def job_strategy(args):
     --local-steps."""
     kind = kinds_of(args)[0]
     if kind == "--local-steps":
-        from nnlib.lesson11_beyond_sync.local_sgd import local_sgd
+        from nnlib.lesson14_asynchronous.local_sgd import local_sgd
 
         return local_sgd(args.local_steps, args.outer_optimizer, args.outer_learning_rate)
     if kind == "--compression powersgd":
-        from nnlib.lesson11_beyond_sync.powersgd import powersgd
+        from nnlib.lesson14_asynchronous.powersgd import powersgd
 
         return powersgd(args.rank, seed=args.seed)
     if kind.startswith("--compression"):
-        from nnlib.lesson11_beyond_sync.compression import compressed
+        from nnlib.lesson14_asynchronous.compression import compressed
 
         return compressed(args.compression, args.topk)
-    from nnlib.lesson05_data_parallel.data_parallel import STRATEGIES
-    from nnlib.lesson08_inside_allreduce.overlap import Overlap
-    from nnlib.lesson08_inside_allreduce.zero import ZeRO, ZeROStage2
-    from nnlib.lesson12_memory.fsdp import FullySharded
+    from nnlib.lesson06_data_parallel.data_parallel import STRATEGIES
+    from nnlib.lesson09_ring_allreduce.overlap import Overlap
+    from nnlib.lesson09_ring_allreduce.zero import ZeRO, ZeROStage2
+    from nnlib.lesson16_sharding.fsdp import FullySharded
 
     zero = ZeROStage2 if args.zero_stage == 2 else ZeRO
     return {**STRATEGIES, "zero": zero, "overlap": Overlap, "fsdp": FullySharded}[args.strategy]
@@ -159,7 +159,7 @@ def fault_injector(fault, rank):
 def job_results(args, comm, network, test):
     """(test accuracy, the whole parameter vector) on rank 0 (None elsewhere); collective for fsdp."""
     if args.strategy == "fsdp":  # every rank scores its share of the test set: the forward pass is collective
-        from nnlib.lesson05_data_parallel import shard
+        from nnlib.lesson06_data_parallel import shard
 
         local_inputs, local_labels, _ = shard(comm, *test)
         correct = comm.allreduce(round(network.accuracy(local_inputs, local_labels) * len(local_labels)))

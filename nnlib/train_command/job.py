@@ -1,5 +1,5 @@
 """The batch job itself: :func:`run` it, end it with MPI_Abort on an error some ranks only have, load MNIST on rank 0;
-its model-parallel job (lessons 09 and 13) and its asynchronous job (lesson 11). The data-parallel job, the
+its model-parallel job (lessons 11 and 18) and its asynchronous job (lesson 14). The data-parallel job, the
 default, is in :mod:`nnlib.train_command.data_parallel`."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from nnlib.train_command.data_parallel import data_parallel_job, job_device
 from nnlib.train_command.options import check_settings, kinds_of, parse_slow
 from nnlib.train_command.reports import report, save_output, save_trace
 
-LESSON = 13
+LESSON = 18
 
 
 ABORT_GRACE = 10  # seconds MPI_Abort may take before the rank ends itself (SIGALRM)
@@ -113,15 +113,15 @@ def load_data(args, comm):
 
 
 def model_parallel_job(args, comm, settings, data, test) -> int:
-    """--model-parallel tensor|pipeline: nnlib.lesson09_model_parallel.grid's grid; every rank gets the data from
+    """--model-parallel tensor|pipeline: nnlib.lesson11_tensor_parallel.grid's grid; every rank gets the data from
     rank 0."""
     from nnlib.lesson04_collectives.collectives import broadcast_new
-    from nnlib.lesson05_data_parallel import gather_phase_seconds
-    from nnlib.lesson07_gpu.backend import HostStaging
-    from nnlib.lesson08_inside_allreduce.sampling import PerRankBatches
-    from nnlib.lesson09_model_parallel.grid import train_hybrid
-    from nnlib.lesson09_model_parallel.tensor import TensorParallelMLP
-    from nnlib.lesson13_pipeline_schedules.schedules import ScheduledPipeline
+    from nnlib.lesson06_data_parallel import gather_phase_seconds
+    from nnlib.lesson08_gpu.backend import HostStaging
+    from nnlib.lesson09_ring_allreduce.sampling import PerRankBatches
+    from nnlib.lesson11_tensor_parallel.grid import train_hybrid
+    from nnlib.lesson11_tensor_parallel.tensor import TensorParallelMLP
+    from nnlib.lesson18_pipeline_schedules.schedules import ScheduledPipeline
 
     (inputs, labels), (test_inputs, test_labels) = [(broadcast_new(comm, first), broadcast_new(comm, second))
                                                     for first, second in (data, test)]
@@ -159,11 +159,11 @@ def model_parallel_job(args, comm, settings, data, test) -> int:
 
 
 def asynchronous_job(args, comm, settings, data, test) -> int:
-    """--asynchronous: nnlib.lesson11_beyond_sync.asynchronous's parameter server on rank 0; every rank gets the data
+    """--asynchronous: nnlib.lesson14_asynchronous.asynchronous's parameter server on rank 0; every rank gets the data
     from rank 0."""
     from nnlib.lesson02_network.network import Network
     from nnlib.lesson04_collectives.collectives import broadcast_new
-    from nnlib.lesson11_beyond_sync.asynchronous import train_async
+    from nnlib.lesson14_asynchronous.asynchronous import train_async
 
     inputs, labels = broadcast_new(comm, data[0]), broadcast_new(comm, data[1])
     xp, gpus = job_device(args, comm)

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import argparse
 
-LESSON = 13
+LESSON = 18
 
 
-JOB_STRATEGIES = ("parameter_server", "reduce_broadcast", "allreduce", "zero", "overlap", "fsdp")  # lessons 05, 08, 12
+JOB_STRATEGIES = ("parameter_server", "reduce_broadcast", "allreduce", "zero", "overlap", "fsdp")  # lessons 06, 09, 16
 
 
 FAULTS = ("raise", "exit", "kill", "hang")
@@ -18,7 +18,7 @@ TRACE_STEPS = 20  # --trace: the data-parallel steps whose phases are written
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Every lesson's options: those of lessons 03-08 and 10 here, the later lessons' in add_later_arguments."""
+    """Every lesson's options: those of lessons 03-09 and 13 here, the later lessons' in add_later_arguments."""
     parser.add_argument("--strategy", choices=JOB_STRATEGIES, default="allreduce",
                         help="how gradients are combined (zero: ZeRO stages 1-2; overlap: sent during backward)")
     parser.add_argument("--zero-stage", type=int, choices=(1, 2), default=1,
@@ -65,16 +65,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_later_arguments(parser: argparse.ArgumentParser) -> None:
-    """Lesson 09's model parallelism, lesson 13's schedules and --trace, lesson 11's compression, local SGD and
-    asynchrony, lesson 12's memory options (--strategy fsdp is one of JOB_STRATEGIES)."""
+    """Lesson 11's model parallelism, lesson 18's schedules and --trace, lesson 14's compression, local SGD and
+    asynchrony, lesson 16's memory options (--strategy fsdp is one of JOB_STRATEGIES)."""
     parser.add_argument("--model-parallel", choices=("none", "tensor", "pipeline"), default="none",
-                        help="split the model too (lesson 09): tensor (hidden units) or pipeline (layers) inside "
+                        help="split the model too (lesson 11): tensor (hidden units) or pipeline (layers) inside "
                              "replicas of --model-size ranks; data parallelism across the replicas")
     parser.add_argument("--model-size", type=int, default=0,
                         help="ranks per model replica with --model-parallel (default 0: all ranks, one replica)")
     parser.add_argument("--micro-batches", type=int, default=4, help="micro-batches per step (pipeline)")
     parser.add_argument("--schedule", choices=("gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2"), default="1f1b",
-                        help="pipeline schedule (lesson 09: gpipe, 1f1b; lesson 13: interleaved 1F1B, the zero-bubble "
+                        help="pipeline schedule (lesson 11: gpipe, 1f1b; lesson 18: interleaved 1F1B, the zero-bubble "
                              "ZB-H1 and ZB-H2; ZB-H2 needs 2P - 1 micro-batches, with fewer it runs ZB-H1)")
     parser.add_argument("--virtual-stages", type=int, default=None,
                         help="with --schedule interleaved: model chunks per pipeline rank, v (default 2)")
@@ -84,7 +84,7 @@ def add_later_arguments(parser: argparse.ArgumentParser) -> None:
                              "server's updates")
     parser.add_argument("--compression", default="none",
                         help="gradients sent as none (float64/32), float16, bfloat16, topk (with --topk K and "
-                             "error feedback) or powersgd (with --rank R); with --strategy allreduce (lesson 11)")
+                             "error feedback) or powersgd (with --rank R); with --strategy allreduce (lesson 14)")
     parser.add_argument("--topk", type=int, default=None, help="K, the gradient entries each rank sends (topk)")
     parser.add_argument("--rank", type=int, default=None,
                         help="with --compression powersgd: R, the rank of each weight gradient's approximation")
@@ -106,10 +106,10 @@ def add_later_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--recompute", type=int, default=0, metavar="K",
                         help="keep every K-th layer's activations, recompute the rest in backward (0: keep all)")
     parser.add_argument("--accumulate", type=int, default=1, metavar="K",
-                        help="K micro-batches per step, nothing sent before the last (lesson 12)")
+                        help="K micro-batches per step, nothing sent before the last (lesson 16)")
     parser.add_argument("--precision", choices=("float32", "float16", "bfloat16"), default="float32",
                         help="float16: weights, activations, gradients stored in float16, float32 master weights "
-                             "and dynamic loss scaling; bfloat16: the same in bfloat16, unscaled (lesson 12; "
+                             "and dynamic loss scaling; bfloat16: the same in bfloat16, unscaled (lesson 16; "
                              "with --strategy allreduce, zero or fsdp)")
 
 
@@ -149,8 +149,8 @@ OPTIONS = {"--recompute": lambda args: args.recompute > 0, "--accumulate": lambd
 MEMORY, RUN = ("--recompute", "--accumulate", "--precision"), ("--checkpoint-dir", "--fault", "--slow", "--trace")
 
 #: THE table: the kinds of training the job runs (one at a time), how the arguments show each, and the options
-#: each combines with. Lesson 12's savers (MEMORY) go with data parallelism and FSDP, not with lesson 09's model
-#: parallelism nor lesson 11's compression and asynchrony; mixed precision with the strategies whose ranks agree on
+#: each combines with. Lesson 16's savers (MEMORY) go with data parallelism and FSDP, not with lesson 11's model
+#: parallelism nor lesson 14's compression and asynchrony; mixed precision with the strategies whose ranks agree on
 #: the overflow verdict (the summed gradient, or one flag Allreduce over ZeRO's slices or FSDP's chunks).
 COMBINES = {
     "--strategy allreduce": (lambda args: False, {*MEMORY, "--device", *RUN}),  # (the default: no other kind)
@@ -195,7 +195,7 @@ def combination_problem(args) -> str | None:
 
 # -- the checks ------------------------------------------------------------------------------------------------
 
-#: lesson 11's checks, in the job's words: its flags
+#: lesson 14's checks, in the job's words: its flags
 FLAGS = dict(asynchronous="--asynchronous", batch_size="--batch-size", staleness="--staleness",
              unbounded="leave it out", slow="--slow's rank", delay="--slow's delay for rank")
 
@@ -203,11 +203,11 @@ FLAGS = dict(asynchronous="--asynchronous", batch_size="--batch-size", staleness
 def check_settings(args, ranks: int):
     """The job's training settings (lesson 03's Settings), or ValueError for options that are wrong or cannot go
     together on ``ranks`` ranks (no I/O, no MPI: every rank reaches the same verdict from the same arguments, before
-    any collective): each option's own values and what it needs first (lesson 11's own checks of --asynchronous's
+    any collective): each option's own values and what it needs first (lesson 14's own checks of --asynchronous's
     and --local-steps' values, naming the flags), then the table of what combines."""
     from nnlib.lesson03_training.training import Settings
-    from nnlib.lesson11_beyond_sync.asynchronous import asynchronous_problems
-    from nnlib.lesson11_beyond_sync.local_sgd import DILOCO_MOMENTUM, check_local_sgd
+    from nnlib.lesson14_asynchronous.asynchronous import asynchronous_problems
+    from nnlib.lesson14_asynchronous.local_sgd import DILOCO_MOMENTUM, check_local_sgd
 
     adam = {name: getattr(args, name) for name in ("beta1", "beta2", "eps", "weight_decay")
             if getattr(args, name) is not None}  # (the flags given; Settings' defaults for the rest)
@@ -232,8 +232,8 @@ def option_problems(args, ranks: int) -> list[tuple[bool, str]]:
     """(wrong?, what to do) for each option's own value, then for the options that belong to another (--staleness
     to --asynchronous, ...)."""
     from nnlib.lesson02_network.network import count_parameters
-    from nnlib.lesson11_beyond_sync.compression import check_method
-    from nnlib.lesson11_beyond_sync.powersgd import check_rank
+    from nnlib.lesson14_asynchronous.compression import check_method
+    from nnlib.lesson14_asynchronous.powersgd import check_rank
 
     compression = [] if args.compression == "powersgd" else check_method(args.compression, args.topk,
                                                                           count_parameters((784, *args.hidden, 10)))
@@ -273,7 +273,7 @@ def option_problems(args, ranks: int) -> list[tuple[bool, str]]:
         (args.precision != "float32" and args.dtype != "float32",
          f"--precision {args.precision} keeps float32 master weights (--dtype float32)"),
         (args.zero_stage == 2 and (args.precision != "float32" or args.device != "cpu"),
-         "--zero-stage 2 keeps float32 or float64 gradients on the CPU (lesson 08's buckets); with --precision or "
+         "--zero-stage 2 keeps float32 or float64 gradients on the CPU (lesson 09's buckets); with --precision or "
          "--device gpu use --zero-stage 1"),
         (args.precision == "bfloat16" and args.device != "cpu",
          "--precision bfloat16 needs --device cpu (CuPy has no bfloat16 arrays); on a GPU use --precision float16"),

@@ -7,15 +7,15 @@ import numpy as np
 from nnlib.lesson01_mnist.files import atomic_write
 from nnlib.train_command.options import memory_options_used
 
-LESSON = 13
+LESSON = 18
 
 
 def announce(args, comm, network, gpus) -> None:
     """Rank 0 says what the job runs: ranks, strategy, network, samples, batch; what compression sends or how often
-    local SGD talks (lesson 11); lesson 12's options and memory model's count for rank 0, if used; the GPUs."""
-    from nnlib.lesson07_gpu.backend import cuda_aware_mpi, gpu_status
-    from nnlib.lesson11_beyond_sync import compression, powersgd
-    from nnlib.lesson12_memory.budget import predicted_bytes
+    local SGD talks (lesson 14); lesson 16's options and memory model's count for rank 0, if used; the GPUs."""
+    from nnlib.lesson08_gpu.backend import cuda_aware_mpi, gpu_status
+    from nnlib.lesson14_asynchronous import compression, powersgd
+    from nnlib.lesson16_sharding.budget import predicted_bytes
 
     if comm.rank != 0:
         return
@@ -42,7 +42,7 @@ def announce(args, comm, network, gpus) -> None:
         rows = -(-batch // comm.size)  # rank 0's rows, ceil(B / P): split_evenly gives the first ranks the extra rows
         held = predicted_bytes((784, *args.hidden, 10), rows, comm.size, 0, args.strategy, args.recompute or None,
                                args.accumulate, args.dtype if args.precision == "float32" else args.precision)
-        lines.append(f"memory model (nnlib.lesson12_memory.budget): rank 0 holds {sum(held.values()) / 2 ** 20:.2f} "
+        lines.append(f"memory model (nnlib.lesson16_sharding.budget): rank 0 holds {sum(held.values()) / 2 ** 20:.2f} "
                      f"MiB at a step's peak, NumPy's temporaries aside")
     if any(gpu is not None for gpu in gpus):
         lines.append(f"on the GPU ({gpu_status()[1]}); GPU of each rank: {gpus}; gradients "
@@ -64,7 +64,7 @@ def sent_arrays(args, counting, history) -> dict:
 def report(args, ranks, history, phases, test_accuracy, params, layer_sizes, more: dict) -> None:
     """On rank 0: print the test accuracy and every rank's seconds per phase; write --output if given, with the
     arrays of ``more`` (the strategy's name among them)."""
-    from nnlib.lesson05_data_parallel import PHASES
+    from nnlib.lesson06_data_parallel import PHASES
 
     print(f"test accuracy {test_accuracy:.4f}; seconds per phase (summed over the run):")
     print("rank " + "".join(f"{phase:>12s}" for phase in PHASES))

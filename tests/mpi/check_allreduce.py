@@ -11,7 +11,7 @@ import numpy as np
 from harness import expect_error_everywhere, run_checks
 from mpi4py import MPI
 
-from nnlib.lesson08_inside_allreduce.allreduce import (ALGORITHMS, allreduce, ring_allgather, ring_reduce_scatter,
+from nnlib.lesson09_ring_allreduce.allreduce import (ALGORITHMS, allreduce, ring_allgather, ring_reduce_scatter,
                                                        ring_schedule)
 
 comm = MPI.COMM_WORLD

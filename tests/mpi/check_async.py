@@ -1,4 +1,4 @@
-"""Run under mpiexec with 1 to 4 ranks: asynchronous and bounded-staleness SGD (nnlib.lesson11_beyond_sync.asynchronous).
+"""Run under mpiexec with 1 to 4 ranks: asynchronous and bounded-staleness SGD (nnlib.lesson14_asynchronous.asynchronous).
 
 With s = 0 the server's run equals synchronous data parallelism with the per-rank sampler on the
 P - 1 workers, both computed in one process (synchronous_reference) and by train_parallel on the
@@ -15,9 +15,9 @@ from mpi4py import MPI
 from nnlib import Network
 from nnlib.lesson03_training.optimizers import sgd_update
 from nnlib.lesson04_collectives.collectives import split_evenly
-from nnlib.lesson05_data_parallel import train_parallel
-from nnlib.lesson08_inside_allreduce.sampling import PerRankBatches, per_rank_plan
-from nnlib.lesson11_beyond_sync.asynchronous import train_async
+from nnlib.lesson06_data_parallel import train_parallel
+from nnlib.lesson09_ring_allreduce.sampling import PerRankBatches, per_rank_plan
+from nnlib.lesson14_asynchronous.asynchronous import train_async
 
 comm = MPI.COMM_WORLD
 rank, size = comm.rank, comm.size

@@ -1,4 +1,4 @@
-"""Run under mpiexec with 1 to 4 ranks: lesson 13's schedules train exactly as sequential training.
+"""Run under mpiexec with 1 to 4 ranks: lesson 18's schedules train exactly as sequential training.
 
 Interleaved 1F1B (v = 2 chunks per rank), ZB-H1 and ZB-H2 (the backward split into B and W, W
 deferred) on a network of 9 weight layers (uneven over 1-4 stages and over their 2-8 virtual
@@ -16,7 +16,7 @@ from harness import expect_error_everywhere, run_checks
 from mpi4py import MPI
 
 from nnlib import Network, train
-from nnlib.lesson13_pipeline_schedules.schedules import ScheduledPipeline, live_peak, peak_alive, schedule_programs
+from nnlib.lesson18_pipeline_schedules.schedules import ScheduledPipeline, live_peak, peak_alive, schedule_programs
 
 comm = MPI.COMM_WORLD
 rank, size = comm.rank, comm.size
@@ -86,7 +86,7 @@ def test_equal_to_sequential_training_with_a_custom_split():
 
 
 def test_measured_schedules_come_with_their_formula_simulation_peaks_and_layers():
-    from nnlib.lesson13_pipeline_schedules.schedules import measure_schedules
+    from nnlib.lesson18_pipeline_schedules.schedules import measure_schedules
 
     results = measure_schedules(comm, SIZES, 60, 4, ("1f1b", "interleaved", "zb-h1"), repeats=2)
     if rank != 0:

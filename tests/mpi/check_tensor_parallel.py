@@ -1,6 +1,6 @@
 """Run under mpiexec with 1 to 4 ranks: tensor-parallel training equals sequential training.
 
-Hidden units split over the ranks (nnlib.lesson09_model_parallel.tensor), trained by the sequential trainer:
+Hidden units split over the ranks (nnlib.lesson11_tensor_parallel.tensor), trained by the sequential trainer:
 one and several hidden layers (column/row pairs, a replicated last layer when the count is odd),
 hidden sizes that the ranks do not divide (down to ranks holding no unit), sigmoid and softmax
 outputs, full batch and mini-batch with momentum, float64: the gathered parameters equal the
@@ -14,7 +14,7 @@ from harness import run_checks
 from mpi4py import MPI
 
 from nnlib import Network, train
-from nnlib.lesson09_model_parallel.tensor import TensorParallelMLP, layer_kinds
+from nnlib.lesson11_tensor_parallel.tensor import TensorParallelMLP, layer_kinds
 
 comm = MPI.COMM_WORLD
 rank, size = comm.rank, comm.size
@@ -80,7 +80,7 @@ def test_allreduces_per_step():
 
 
 def test_the_bytes_handed_to_mpi_are_what_the_model_counts():
-    from nnlib.lesson09_model_parallel.tradeoffs import handed_bytes
+    from nnlib.lesson11_tensor_parallel.tradeoffs import handed_bytes
 
     for sizes in SHAPES:
         recording = RecordingComm(comm)

@@ -1,7 +1,7 @@
 """Run under mpiexec (2 or more ranks): no collective of nnlib waits forever.
 
-Each fault is made to happen on the last rank, while the others train (nnlib.lesson05_data_parallel, under
-nnlib.lesson10_faults.watchdog.train_watched) or wait in a watched collective (nnlib.course.deadline),
+Each fault is made to happen on the last rank, while the others train (nnlib.lesson06_data_parallel, under
+nnlib.lesson13_faults.watchdog.train_watched) or wait in a watched collective (nnlib.course.deadline),
 and every rank checks what it was told and how soon:
 
 * a rank raising between two steps, and inside a step's compute (others in the Allreduce):
@@ -26,11 +26,11 @@ import numpy as np
 from mpi4py import MPI
 
 from nnlib import Network, train
-from nnlib.lesson05_data_parallel import shard, train_parallel
+from nnlib.lesson06_data_parallel import shard, train_parallel
 from nnlib.course import classroom
 from nnlib.course.classroom import ClassroomComm
 from nnlib.course.deadline import CollectiveTimeout, watch
-from nnlib.lesson10_faults.watchdog import train_watched
+from nnlib.lesson13_faults.watchdog import train_watched
 
 comm = MPI.COMM_WORLD
 rank, size = comm.rank, comm.size

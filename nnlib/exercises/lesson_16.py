@@ -1,0 +1,79 @@
+"""Lesson 16's exercises (notebook 16_sharding_state): one FSDP layer's gather and reduce-scatter on every rank at
+once, the activations held with checkpoints every k layers, and one update of the dynamic loss scale.
+"""
+
+import math
+
+import numpy as np
+
+from nnlib.exercises import Exercise, case_generator, uniform
+
+LESSON = 16
+
+
+def fsdp_layer_step(shards, inputs, deltas, n_in, n_out):
+    """One FSDP sigmoid layer on every rank at once. shards[r]: rank r's chunk of the layer's flat
+    [W, b] (W (n_in, n_out) row after row, then b), its n_in n_out + n_out values cut as lesson 04
+    splits rows; inputs[r] (N_r, n_in), deltas[r] = dJ/dz (N_r, n_out): rank r's rows.
+    Each rank gathers the whole layer, computes a = sigmoid(x W + b) and its gradient [dJ/dW = x.T delta,
+    dJ/db = delta summed over its rows], flat as [W, b]; the reduce-scatter leaves rank r only chunk r
+    of the sum over the ranks. Returns (outputs, gradient chunks): tuples of P arrays, (N_r, n_out)
+    and shaped like shards[r]."""
+    whole = np.concatenate(shards)  # the allgather: every rank's chunk, in rank order
+    weights, biases = whole[:n_in * n_out].reshape(n_in, n_out), whole[n_in * n_out:]
+    outputs = tuple(1 / (1 + np.exp(-(x @ weights + biases))) for x in inputs)
+    gradients = [np.concatenate([(x.T @ delta).ravel(), delta.sum(axis=0)]) for x, delta in zip(inputs, deltas)]
+    summed = sum(gradients)  # the reduce-scatter: the sum over the ranks, cut where the shards are cut
+    stops = np.cumsum([len(shard) for shard in shards])
+    return outputs, tuple(summed[stop - len(shard):stop] for shard, stop in zip(shards, stops))
+
+
+def peak_arrays(num_layers, every):
+    """Activation arrays a_l held at the peak of backward with a checkpoint every `every` layers (the
+    inputs of layers 0, k, 2k, ... are kept; a_0 is the batch itself and not counted): the checkpoints
+    after a_0, the output a_L, and the recomputed inputs of the longest segment but its checkpoint."""
+    checkpoints = list(range(0, num_layers, every))
+    longest = max(min(start + every, num_layers) - start for start in checkpoints)
+    return len(checkpoints) - 1 + 1 + longest - 1
+
+
+def loss_scale_update(scale, good_steps, overflowed, growth_interval):
+    """One step of dynamic loss scaling -> (new scale, new count of good steps in a row, skip this step?).
+    Overflow: halve, reset the count, skip. Otherwise count the step; every growth_interval-th good
+    step in a row doubles the scale."""
+    if overflowed:
+        return scale / 2, 0, True
+    good_steps += 1
+    return (scale * 2 if good_steps % growth_interval == 0 else scale), good_steps, False
+
+
+def fsdp_cases():
+    """(shards, inputs, deltas, n_in, n_out): layers whose n_in n_out + n_out values do not split evenly
+    (one with an empty chunk), ranks with different numbers of rows, one rank alone."""
+    generator, cases = case_generator("16.1"), []
+    for n_in, n_out, rows in [(7, 4, (4, 4, 3)), (3, 2, (2, 3, 2)), (6, 5, (3, 3, 2, 2)), (2, 1, (1, 2, 1, 1)),
+                              (4, 3, (5,))]:
+        size, ranks = n_in * n_out + n_out, len(rows)
+        whole = uniform(generator, size)
+        counts = [size // ranks + (rank < size % ranks) for rank in range(ranks)]
+        shards = [part.copy() for part in np.split(whole, np.cumsum(counts)[:-1])]
+        cases.append((shards, [uniform(generator, n, n_in) for n in rows],
+                      [0.1 * uniform(generator, n, n_out) for n in rows], n_in, n_out))
+    return cases
+
+
+def peak_cases():
+    return [(16, every) for every in (1, 3, 4, 16)] + [(7, 3), (10, round(math.sqrt(10)))]
+
+
+EXERCISES = [
+    Exercise("16.1", fsdp_layer_step, fsdp_cases,
+             "on one machine the allgather is a concatenation of the shards in rank order; W is its first "
+             "n_in n_out values in n_in rows. The reduce-scatter adds the ranks' flat gradients and cuts the "
+             "sum at the shards' lengths."),
+    Exercise("16.2", peak_arrays, peak_cases,
+             "list the checkpoints range(0, L, k); the last segment may be shorter than k."),
+    Exercise("16.3", loss_scale_update,
+             lambda: [(1024.0, 5, True, 10), (1024.0, 9, False, 10), (1024.0, 3, False, 10), (2.0, 0, False, 1)],
+             "an overflow wins over everything else; count the good step before testing the interval."),
+]
