@@ -81,6 +81,17 @@ def cpu_model(path: str = "/proc/cpuinfo") -> str:
     return cpuinfo("model name", path) or platform.processor() or "unknown CPU"
 
 
+def usable_cores(cpu_max: str = "/sys/fs/cgroup/cpu.max") -> int:
+    """The cores this process may use: its CPU affinity (``taskset``), capped by a cgroup's CPU quota where Linux
+    sets one (Binder's limit, Docker's ``--cpus``: quota / period, at least 1); ``os.cpu_count()`` counts neither."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    try:
+        quota, period = open(cpu_max).read().split()[:2]
+        return min(cores, max(1, int(quota) // int(period)))
+    except (OSError, ValueError):  # no cgroup v2 file, or "max": no quota
+        return cores
+
+
 def keep_freed_memory() -> bool:
     """Make the C library's allocator keep the memory a training step frees, for the next step to reuse.
 
