@@ -28,9 +28,9 @@ from nnlib.lesson02_network.network import (Classifier, Network, backward_layers
                                             output_loss, parameter_offsets)
 from nnlib.lesson04_collectives.collectives import (allgather_rows, raised_on_every_rank, require_same_on_every_rank,
                                                     split_evenly)
-from nnlib.lesson11_tensor_parallel.instructions import COMPUTE, SCHEDULES
+from nnlib.lesson12_pipeline.instructions import COMPUTE, SCHEDULES
 
-LESSON = 11
+LESSON = 12
 
 
 def stage_layers(num_layers: int, stages: int) -> list[tuple[int, int]]:

@@ -14,10 +14,10 @@ from collections import defaultdict, deque
 
 import numpy as np
 
-from nnlib.lesson11_tensor_parallel.instructions import COMPUTE, SCHEDULES
-from nnlib.lesson11_tensor_parallel.pipeline import PipelineMLP
+from nnlib.lesson12_pipeline.instructions import COMPUTE, SCHEDULES
+from nnlib.lesson12_pipeline.pipeline import PipelineMLP
 
-LESSON = 11
+LESSON = 12
 
 #: The messages: each instruction's direction and the step from the stage that runs it to the channel's receiver
 #: (a send goes to the next or the previous stage; a receive listens on its own stage's channel).

@@ -28,10 +28,10 @@ from __future__ import annotations
 import math
 
 from nnlib.lesson04_collectives.collectives import split_evenly
-from nnlib.lesson11_tensor_parallel.pipeline import stage_layers
+from nnlib.lesson12_pipeline.pipeline import stage_layers
 from nnlib.lesson11_tensor_parallel.tensor import layer_kinds
 
-LESSON = 11
+LESSON = 12
 
 
 def layer_params(layer_sizes) -> list[int]:
