@@ -53,29 +53,24 @@ def tensor_split(size: int = 2, inputs: int = 5, hidden: int = 5, outputs: int =
 
 
 def holdings(layer_sizes, kinds, columns_by_rank):
-    """Who holds what: each weight matrix W_l (n_in x n_out, drawn as a unit box) with the block each rank holds
-    coloured: a column layer's columns, the next (row) layer's matching rows, a replicated layer whole on every
-    rank. columns_by_rank[r]: rank r's TensorParallelMLP.columns (the (start, stop) of each layer's units)."""
+    """Who holds what: each W_l as a unit box, the block each rank holds coloured (a column layer's columns, the row
+    layer's matching rows; a replicated layer whole everywhere), from each rank's TensorParallelMLP.columns."""
     import matplotlib.pyplot as plt
 
     figure, axes = plt.subplots(1, len(kinds), figsize=(2.6 * len(kinds), 2.9))
     for layer, (axis, kind) in enumerate(zip(np.atleast_1d(axes), kinds)):
         n_in, n_out = layer_sizes[layer], layer_sizes[layer + 1]
-        axis.add_patch(plt.Rectangle((0, 0), 1, 1, fill=False, linewidth=1.2))
-        for rank, columns in enumerate(columns_by_rank):
-            if kind == "replicated":
-                axis.add_patch(plt.Rectangle((0, 0), 1, 1, facecolor="0.8", hatch="//", edgecolor="0.5"))
-                axis.text(0.5, 0.5, "every rank:\na whole copy", ha="center", va="center", fontsize=8)
-                break
+        axis.add_patch(plt.Rectangle((0, 0), 1, 1, **({"facecolor": "0.8", "hatch": "//"} if kind == "replicated" else
+                                                      {"fill": False})))
+        axis.text(0.5, 0.5, "every rank:\na whole copy" if kind == "replicated" else "", ha="center", va="center")
+        for rank, columns in enumerate(columns_by_rank if kind != "replicated" else []):
             start, stop = columns[layer] if kind == "column" else columns[layer - 1]
-            width = n_out if kind == "column" else n_in
-            low, high = start / width, stop / width
-            xy, w, h = ((low, 0), high - low, 1) if kind == "column" else ((0, 1 - high), 1, high - low)
-            axis.add_patch(plt.Rectangle(xy, w, h, color=f"C{rank}", alpha=0.55))
-            axis.text(xy[0] + w / 2, xy[1] + h / 2, f"rank {rank}\n{kind}s {start}-{stop - 1}", ha="center",
-                      va="center", fontsize=8)
-        axis.set(xlim=(-0.05, 1.05), ylim=(-0.05, 1.05), aspect="equal",
-                 title=f"W{layer + 1}: {n_in} x {n_out}, {kind}")
+            low, high = start / (n_out if kind == "column" else n_in), stop / (n_out if kind == "column" else n_in)
+            (x, y), w, h = ((low, 0), high - low, 1) if kind == "column" else ((0, 1 - high), 1, high - low)
+            axis.add_patch(plt.Rectangle((x, y), w, h, color=f"C{rank}", alpha=0.55))
+            axis.text(x + w / 2, y + h / 2, f"rank {rank}\n{kind}s {start}-{stop - 1}", ha="center", va="center",
+                      fontsize=8)
+        axis.set(xlim=(-0.05, 1.05), ylim=(-0.05, 1.05), aspect="equal", title=f"W{layer + 1}: {n_in} x {n_out}, {kind}")
         axis.axis("off")
     figure.tight_layout()
     return figure

@@ -1,17 +1,11 @@
 """When each kind of parallelism wins: bytes, memory and time per rank for one training step.
 
-For a fully connected network with layer widths n_0, ..., n_L (W weights and biases in all), a
-global batch of N samples, P ranks, values of ``itemsize`` bytes (4: float32):
-
-data      every rank holds the whole network and N/P samples. Per step it hands MPI the whole
-          gradient, W values, in one Allreduce.
-tensor    hidden units split (nnlib.lesson11_tensor_parallel.tensor). Per step: for each column/row pair one
-          Allreduce of the pair's (N, n_out) output forward, and one of its (N, n_in) input
-          gradient backward unless the pair comes first. Weights: 1/P of each split layer.
-pipeline  consecutive layers per stage (nnlib.lesson12_pipeline.pipeline). Per step a stage sends its output
-          activations (N, n_boundary) forward and receives their gradient back (and likewise
-          with the stage before it). Weights: its own layers only; activations kept: the whole
-          batch (GPipe) or min(P - s, m) of m micro-batches (1F1B).
+A network of widths n_0, ..., n_L (W weights and biases), a global batch of N, P ranks. Per step a rank hands MPI:
+data      the whole gradient, W values, in one Allreduce (and holds the whole network, N/P samples);
+tensor    per column/row pair an Allreduce of its (N, n_out) output, and backward one of its (N, n_in) input
+          gradient unless the pair comes first (lesson 11); it holds 1/P of each split layer;
+pipeline  its stage's output activations (N, n_boundary) forward and the input gradient back (Isend); it holds
+          its own layers and the whole batch (GPipe) or min(P - s, m) of m micro-batches (1F1B).
 """
 
 from __future__ import annotations
