@@ -17,7 +17,7 @@ Starts itself under ``mpiexec -n 2`` (one BLAS thread per rank) and, for GPipe a
 m = 1, 2, 4, 8, 16 micro-batches, runs pipeline steps on a random float32 batch (a warm-up step,
 then the median of 5 steps), in R rounds (default 3) that interleave every case. It prints the
 medians over the rounds of: the measured idle fraction (with its range), the one
-nnlib.lesson11_tensor_parallel.bubbles.simulated_bubble predicts from each stage's measured forward and backward
+nnlib.lesson12_pipeline.bubbles.simulated_bubble predicts from each stage's measured forward and backward
 times, and the step's time (first computation to last); beside them (P - 1) / (m + P - 1), which
 assumes equal stages, and the most micro-batches each stage kept alive. Then, per network and m,
 1F1B's step time over GPipe's (1F1B keeps fewer micro-batches alive; it should not be slower).
@@ -51,7 +51,7 @@ def speed_round(comm, batch: int = SPEED_BATCH) -> dict | None:
     import numpy as np
 
     from nnlib import Network, train
-    from nnlib.lesson11_tensor_parallel.pipeline import PipelineMLP
+    from nnlib.lesson12_pipeline.pipeline import PipelineMLP
 
     rng = np.random.default_rng(0)
     inputs = rng.random((batch * SPEED_STEPS, SPEED_SIZES[0])).astype(np.float32)
@@ -218,7 +218,7 @@ def worker(rounds: int, speed_rounds: int, only: str | None = None, batch: int =
     from mpi4py import MPI
 
     from nnlib.course.deadline import watch
-    from nnlib.lesson11_tensor_parallel.bubbles import measure_bubbles
+    from nnlib.lesson12_pipeline.bubbles import measure_bubbles
 
     comm = watch(MPI.COMM_WORLD)  # every message under the default deadline, as in a batch job
     if only != "bubbles":

@@ -80,7 +80,7 @@ def nnlib_micro_batched_seconds(comm) -> float | None:
     from mpi4py import MPI
 
     from nnlib import train
-    from nnlib.lesson11_tensor_parallel.pipeline import PipelineMLP
+    from nnlib.lesson12_pipeline.pipeline import PipelineMLP
 
     quiet_wait(comm)
     if comm.rank != 0:

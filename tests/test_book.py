@@ -70,7 +70,7 @@ def test_math_is_rendered_with_a_local_mathjax_and_the_figures_are_there(book):
 
 def test_the_api_pages_come_from_the_docstrings(book):
     api = (book / "api.html").read_text()
-    for name in ("nnlib.lesson02_network.network.Network", "nnlib.lesson09_ring_allreduce.allreduce.ring_allreduce", "nnlib.lesson11_tensor_parallel.pipeline.PipelineMLP",
+    for name in ("nnlib.lesson02_network.network.Network", "nnlib.lesson09_ring_allreduce.allreduce.ring_allreduce", "nnlib.lesson12_pipeline.pipeline.PipelineMLP",
                  "nnlib.course.deadline.watch"):
         assert f'id="{name}"' in api, name
     assert "delta_l = (delta_{l+1} @ W_{l+1}.T) * a_l * (1 - a_l)" in api  # the math, as written

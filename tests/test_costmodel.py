@@ -1,5 +1,5 @@
 """nnlib.lesson04_collectives.costmodel, the one home of every prediction: the alpha-beta models against counting messages,
-the FLOP count against the products a training step runs, the step time (the bubble is lesson 11's:
+the FLOP count against the products a training step runs, the step time (the bubble is lesson 12's:
 tests/test_model_parallel_parts.py)."""
 
 import numpy as np
@@ -106,10 +106,10 @@ def test_step_time_and_communication_time():
 
 def test_the_tradeoffs_predictions_are_the_cost_models():
     """tradeoffs.parallel_step_time computes nothing of its own: compute, rings and messages from costmodel, the
-    bubble from lesson 11's bubbles."""
+    bubble from lesson 12's bubbles."""
     from nnlib.lesson04_collectives import costmodel
-    from nnlib.lesson11_tensor_parallel import tradeoffs
-    from nnlib.lesson11_tensor_parallel.bubbles import bubble_fraction
+    from nnlib.lesson12_pipeline import tradeoffs
+    from nnlib.lesson12_pipeline.bubbles import bubble_fraction
 
     sizes, batch = (784, 512, 512, 10), 256
     machine = costmodel.Machine(alpha=20e-6, beta=1 / 1.25e9, flops_per_second=50e9)

@@ -25,7 +25,7 @@ from nnlib.lesson03_training import optimizers, training
 from nnlib.lesson04_collectives import collectives, costmodel
 from nnlib.lesson07_scaling import scaling
 from nnlib.lesson09_ring_allreduce import allreduce, overlap, zero
-from nnlib.lesson11_tensor_parallel import bubbles, instructions
+from nnlib.lesson12_pipeline import bubbles, instructions
 from nnlib.lesson14_asynchronous import compression, local_sgd, powersgd
 from nnlib.lesson16_sharding import budget, fsdp
 from nnlib.lesson18_pipeline_schedules import schedules
@@ -72,7 +72,7 @@ ONE_F_ONE_B_CODES = {"recv_forward": 0, "forward": 1, "send_forward": 2, "recv_b
 
 
 def one_f_one_b_by_nnlib(stages, stage, micro_batches):
-    """Stage s's instructions in nnlib's 1F1B lists (lesson 11's), coded as exercise 18.3 codes them."""
+    """Stage s's instructions in nnlib's 1F1B lists (lesson 12's), coded as exercise 18.3 codes them."""
     program = instructions.one_f_one_b(stages, micro_batches)[stage]
     kinds, micro = np.array([(ONE_F_ONE_B_CODES[i.kind], i.micro_batch) for i in program]).T
     return kinds, micro
@@ -290,7 +290,9 @@ NNLIB = {
     "09.3": lambda params, grads, velocity, rate, momentum: zero_step_by_nnlib(params, grads, velocity, rate, momentum),
     "11.1": lambda inputs, weights, biases: sigmoid(inputs @ np.hstack(weights) + np.concatenate(biases)),
     "11.2": lambda hidden, weights, biases: np.hstack(hidden) @ np.vstack(weights) + biases,  # the unsplit layer
-    "11.3": bubbles.bubble_fraction,
+    "12.1": bubbles.bubble_fraction,
+    "12.2": lambda stages, stage, m, schedule: int(np.cumsum([  # the most forwards not yet matched by a backward
+        {"forward": 1, "backward": -1}.get(step.kind, 0) for step in instructions.SCHEDULES[schedule](stages, m)[stage]]).max()),
     "14.1": compression.to_bfloat16,
     "14.2": top_k_step_by_nnlib,
     "14.3": powersgd_approximation_by_nnlib,
@@ -477,6 +479,11 @@ HALF_FINISHED = [
     ("07.1", lambda ranks, s: 1 / (s + (1 - s) // ranks), "values", "relative error"),
     ("08.2", lambda batch, hidden, kernels, launch, gpu, cpu: 1, "dtype", "expected True/False values"),
     ("11.2", lambda hidden, weights, b: sum(h @ w + b for h, w in zip(hidden, weights)), "values", "wrong values"),
+    ("12.2", lambda stages, stage, m, schedule: m if schedule == "gpipe" else stages - stage, "values",
+     "micro_batches_alive(4, 1, 2, '1f1b'): 1 of 1 wrong; the first at the value: got 3, expected 2."),  # no min(., m)
+    ("12.2", lambda stages, stage, m, schedule: m if schedule == "gpipe" else min(stages - stage - 1, m), "values",
+     "micro_batches_alive(4, 0, 8, '1f1b'): 1 of 1 wrong; the first at the value: got 3, expected 4."),  # warm-up only
+    ("12.2", lambda stages, stage, m, schedule: min(stages - stage, m), "values", "got 2, expected 4."),  # as 1F1B
     ("13.1", lambda arrived, size: [], "shape", "missing_ranks([0, 2], 3) returned shape (0,); expected shape (1,)"),
     ("13.1", lambda arrived, size: [0], "values", "got 0, expected 1"),
     ("99.9", forward_right, "unknown", "there is no exercise '99.9'"),

@@ -1,4 +1,4 @@
-"""The pieces of lesson 11 that need no MPI: how layers are split and scheduled, and the bubble."""
+"""The pieces of lessons 11 and 12 that need no MPI: how layers are split and scheduled, and the bubble."""
 
 import importlib.util
 from pathlib import Path
@@ -6,9 +6,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from nnlib.lesson11_tensor_parallel.bubbles import bubble_fraction, simulated_bubble
-from nnlib.lesson11_tensor_parallel.instructions import SCHEDULES
-from nnlib.lesson11_tensor_parallel.pipeline import stage_layers
+from nnlib.lesson12_pipeline.bubbles import bubble_fraction, simulated_bubble
+from nnlib.lesson12_pipeline.instructions import SCHEDULES
+from nnlib.lesson12_pipeline.pipeline import stage_layers
 from nnlib.lesson11_tensor_parallel.tensor import layer_kinds
 
 
@@ -73,7 +73,7 @@ def test_the_pipeline_benchmarks_balanced_network_gives_each_stage_the_same_work
 
 
 def test_the_cost_model_counts_bytes_and_memory_per_rank():
-    from nnlib.lesson11_tensor_parallel import memory, tradeoffs
+    from nnlib.lesson12_pipeline import memory, tradeoffs
 
     sizes = (784, 512, 512, 10)
     weights = 784 * 512 + 512 + 512 * 512 + 512 + 512 * 10 + 10
@@ -97,7 +97,7 @@ def test_the_cost_model_counts_bytes_and_memory_per_rank():
 
 
 def test_which_kind_wins_follows_the_bytes():
-    from nnlib.lesson11_tensor_parallel import tradeoffs
+    from nnlib.lesson12_pipeline import tradeoffs
 
     def deep(hidden):
         return (784,) + (hidden,) * 7 + (10,)

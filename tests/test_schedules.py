@@ -1,6 +1,6 @@
 """Pipeline schedules on their own, without MPI: the instruction lists of every schedule are right.
 
-nnlib.lesson11_tensor_parallel.instructions' schedules are data: for each stage, the list of instructions its
+nnlib.lesson12_pipeline.instructions' schedules are data: for each stage, the list of instructions its
 executor runs. For every schedule, P <= 8 stages and m <= 32 micro-batches, these tests check:
 every micro-batch is forwarded and backwarded exactly once per stage, with the messages that
 carry it; every dependency holds (forward k on stage s after forward k on s-1; backward k on s
@@ -13,8 +13,8 @@ from collections import Counter
 
 import pytest
 
-from nnlib.lesson11_tensor_parallel.bubbles import simulate
-from nnlib.lesson11_tensor_parallel.instructions import SCHEDULES, Instruction
+from nnlib.lesson12_pipeline.bubbles import simulate
+from nnlib.lesson12_pipeline.instructions import SCHEDULES, Instruction
 
 CASES = [(stages, micro_batches) for stages in range(1, 9) for micro_batches in (1, 2, 3, 5, 8, 13, 32)]
 

@@ -2,7 +2,7 @@
 
 Each trace is checked against a JSON schema of the Trace Event Format's parts it uses, its spans
 must nest on every thread (Perfetto draws overlapping spans of one thread wrongly), and they must
-be the recorded timeline: the pipeline stages' (from lesson 11's simulate, interleaved ones naming
+be the recorded timeline: the pipeline stages' (from lesson 12's simulate, interleaved ones naming
 their chunk, and from a batch job with the interleaved schedule under mpiexec), the data-parallel
 phases of a batch job under mpiexec (--trace), the parameter server's updates, overlap's per-bucket
 calls (lesson 09) and the watchdog's waits (lesson 13) of a training run. Each check is also shown failing.

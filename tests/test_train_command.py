@@ -2,7 +2,7 @@
 
 Each refusal is tested where it is decided, in this process: the settings check that every rank makes before any
 collective (nnlib.train_command.check_settings, then the deadline's check of --timeout), with the job's parser and
-the rank count; what the job refuses later (rank 0's data checks, lesson 11's pipeline and grid, lesson 06's check
+the rank count; what the job refuses later (rank 0's data checks, lesson 12's pipeline and grid, lesson 06's check
 of the run, the GPU check, a resume's checkpoint checks) through the job's entry point on this process's one rank,
 or with a stand-in communicator where the rank count decides. Each way a job ends is launched once: a refusal (the
 settings check's, lesson 06's check of the run's and lesson 18's pipeline's, in the launch of the 2-rank jobs), rank
@@ -230,7 +230,7 @@ def test_a_refusal_on_2_ranks_ends_every_rank_with_exit_2_said_once_by_rank_0(na
 JOB_REFUSED = [  # (arguments, message): refused inside the job, after the settings check; "{tmp}": tmp_path
     (["--samples", "0"], "--samples must be between 1 and 60000; got 0"),  # rank 0's data checks
     (["--output", "/nonexistent/folder/run.npz"], "its folder does not exist"),
-    (["--model-parallel", "pipeline", "--hidden", "16", "--micro-batches", "0"],  # lesson 11's pipeline
+    (["--model-parallel", "pipeline", "--hidden", "16", "--micro-batches", "0"],  # lesson 12's pipeline
      "micro_batches must be a positive integer; got 0"),
     (["--model-parallel", "tensor", "--model-size", "2"], "model_size must divide the number of ranks (1)"),  # grid
     (["--device", "gpu"], "device='gpu' was asked for, but CuPy is not installed"),  # (no CuPy here)
@@ -280,7 +280,7 @@ def test_a_global_batch_smaller_than_the_ranks_is_refused_by_lesson_05s_check_of
 
 
 def test_a_model_size_that_does_not_divide_the_ranks_is_refused_by_lesson_09s_grid():
-    from nnlib.lesson11_tensor_parallel.grid import grid
+    from nnlib.lesson12_pipeline.grid import grid
 
     args = job_arguments("--model-parallel", "tensor", "--model-size", "3")
     with pytest.raises(ValueError, match=r"model_size must divide the number of ranks \(2\)") as refused:
@@ -654,7 +654,7 @@ def test_the_slurm_examples_give_settings_the_batch_job_accepts(script):
     """Each example's `python -m nnlib train ...` parses, passes the job's own checks for its number of ranks,
     and a model-parallel grid divides those ranks into whole replicas."""
     from nnlib.__main__ import build_parser
-    from nnlib.lesson11_tensor_parallel.tradeoffs import check_pipeline_depth
+    from nnlib.lesson12_pipeline.tradeoffs import check_pipeline_depth
     from nnlib.train_command import check_settings
 
     text = (EXAMPLES / script).read_text()

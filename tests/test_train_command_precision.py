@@ -2,7 +2,7 @@
 --accumulate, --recompute and --checkpoint-dir (the loss scale is checkpointed: --resume continues exactly, and the
 checkpoint records its precision); and --strategy fsdp with --checkpoint-dir (chunks gathered on save, split on
 resume, over any number of ranks). The uninterrupted jobs, and the jobs compared with float32, run several to a
-launch, once per test session (tests/shared_runs.py). The refusals of what does not combine (lesson 11's model
+launch, once per test session (tests/shared_runs.py). The refusals of what does not combine (lessons 11 and 12's model
 parallelism among them) are in tests/test_train_command.py."""
 
 import re

@@ -246,7 +246,7 @@ class WatchedComm:
     Reduce_scatter_block = _blocking(MPI.Comm.Ireduce_scatter_block, "Reduce_scatter_block")
     Alltoall = _blocking(MPI.Comm.Ialltoall, "Alltoall")
 
-    # -- point-to-point, for collectives built by hand (lesson 09's ring) and pipeline stages (lesson 11) ------
+    # -- point-to-point, for collectives built by hand (lesson 09's ring) and pipeline stages (lesson 12) ------
     def Sendrecv(self, sendbuf, dest, sendtag=0, recvbuf=None, source=MPI.ANY_SOURCE, recvtag=0):
         """Send to ``dest`` and receive from ``source`` at once, within the deadline. The receive matches tag 0
         by default, never ANY_TAG: the notices travel on this communicator too (NOTICE_TAG)."""

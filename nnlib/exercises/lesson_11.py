@@ -1,6 +1,4 @@
-"""Lesson 11's exercises (notebook 11_tensor_parallelism): a layer split by columns, the
-next split by rows, and the pipeline's bubble.
-"""
+"""Lesson 11's exercises (notebook 11_tensor_parallelism): a layer split by columns, the next split by rows."""
 
 import numpy as np
 
@@ -22,11 +20,6 @@ def row_parallel_logits(hidden_shards, weight_shards, biases):
     the Allreduce."""
     partial_sums = [hidden @ weights for hidden, weights in zip(hidden_shards, weight_shards)]
     return sum(partial_sums) + biases  # the biases once, not once per rank
-
-
-def bubble_fraction(stages, micro_batches):
-    """The idle fraction of a pipeline step with equal stages and this many micro-batches."""
-    return (stages - 1) / (micro_batches + stages - 1)
 
 
 def column_cases():
@@ -52,6 +45,4 @@ EXERCISES = [
     Exercise("11.2", row_parallel_logits, row_cases,
              "each rank's product is a partial sum over its own hidden units; the Allreduce adds them. "
              "How many times should the biases be added?"),
-    Exercise("11.3", bubble_fraction, lambda: [(1, 1), (2, 1), (4, 8), (3, 5)],
-             "draw the timeline: how many slots does each stage have, and in how many is it busy?"),
 ]

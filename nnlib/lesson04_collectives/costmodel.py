@@ -5,7 +5,7 @@ alpha (seconds) is the fixed cost of any message (software overhead, network lat
 the inverse bandwidth; the crossover is at n = alpha / beta. Later lessons add to this module, and every notebook
 and module that predicts a time calls it (nothing else retypes a formula): the parameter server (lesson 06), the
 assumed cluster networks, a step's FLOPs and its time on P ranks (06), the Allreduce algorithms (08).
-Lesson 11's tradeoffs, its bubbles and lesson 14's compression build on these functions.
+Lesson 12's tradeoffs, its bubbles and lesson 14's compression build on these functions.
 
 The time functions take ``n_bytes`` and ``ranks`` as numbers or NumPy arrays (one prediction each)
 and return 0 for one rank: nothing is sent.
@@ -54,7 +54,7 @@ class Machine:
     flops_per_second: float = float("nan")
 
 
-# Assumed figures of cluster networks for the lessons' predictions (lessons 07, 11 and 14), stated,
+# Assumed figures of cluster networks for the lessons' predictions (lessons 07, 12 and 14), stated,
 # not measured here: MPI over TCP on Ethernet pays tens of microseconds per message; 100 Gbit/s
 # InfiniBand (EDR) a few. beta is the inverse of the link's bandwidth.
 ETHERNET_1G = Machine(alpha=50e-6, beta=1 / 125e6)
@@ -132,7 +132,7 @@ def step_time(ranks, compute_seconds, communication_seconds=0.0, update_seconds=
     flops_per_sample * batch / FLOP/s); communication_seconds: what the ranks exchange per step (e.g.
     :func:`communication_time`); update_seconds: the optimizer step on the full parameter vector (it does not divide:
     with allreduce every rank repeats it, with a parameter server rank 0 does it while the others wait); bubble: the
-    idle fraction of a pipeline (nnlib.lesson11_tensor_parallel.bubbles.bubble_fraction), 0 otherwise.
+    idle fraction of a pipeline (nnlib.lesson12_pipeline.bubbles.bubble_fraction), 0 otherwise.
     """
     ranks = np.asarray(ranks, dtype=np.float64)
     return compute_seconds / (ranks * (1 - bubble)) + communication_seconds + update_seconds

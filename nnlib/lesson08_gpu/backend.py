@@ -125,7 +125,7 @@ class HostStaging:
         return getattr(self.comm, name)  # rank, size, bcast, guard, at, wait_all, ...
 
     def Split(self, *args, **keywords):
-        """The wrapped communicator's Split, staged as this one (lesson 11's grid of ranks)."""
+        """The wrapped communicator's Split, staged as this one (lesson 12's grid of ranks)."""
         return HostStaging(self.comm.Split(*args, **keywords), self.xp, cuda_aware=self.direct)
 
     def call(self, method, args, keywords):

@@ -1,25 +1,13 @@
 """Tensor (intra-layer) parallelism: the hidden units are split over the ranks (Megatron-LM's MLP).
 
-Every rank has *all* of the data and part of every large layer. Layers go in pairs:
+Every rank has *all* of the data and part of every large layer, in pairs (cols_r: rank r's hidden units):
 
-column-split layer (W: n_in x h, split by columns into h_r columns per rank)
-    a_r = sigmoid(a @ W[:, cols_r] + b[cols_r])              (N, h_r): rank r's hidden units,
-    from the full input a, with no communication.
-row-split layer (W: h x n_out, split by rows, the same rows as the columns above)
-    z = sum over ranks of a_r @ W[cols_r, :]   + b          (N, n_out): one Allreduce of the
-    partial products completes it (the bias, replicated, is added once after the sum).
+column-split   a_r = sigmoid(a @ W[:, cols_r] + b[cols_r])   (N, h_r), no communication
+row-split      z = sum_r a_r @ W[cols_r, :] + b             one Allreduce of the partial products, then b once
+backward       every gradient but the pair's input gradient is local; that one, sum_r delta_r @ W[:, cols_r].T,
+               takes one Allreduce, needed only if a layer comes before the pair.
 
-Backward, with the full delta (N, n_out) of the row layer on every rank:
-
-    dJ/dW[cols_r, :] = a_r.T @ delta                         local
-    delta_r = (delta @ W[cols_r, :].T) * a_r (1 - a_r)       local: rank r's hidden units only
-    dJ/dW[:, cols_r] = a.T @ delta_r,  dJ/db[cols_r] = sum delta_r      local
-    delta of the pair's input = sum over ranks of delta_r @ W[:, cols_r].T    one Allreduce
-
-The last Allreduce is needed only if a layer comes before the pair: with one hidden layer
-(784-128-10) the backward pass communicates nothing at all, and the forward pass one
-(N, 10) array. A network with an odd number of weight layers keeps its last layer (the output
-layer) whole on every rank ("replicated": the same small product computed everywhere).
+A network with an odd number of weight layers keeps its last layer whole on every rank ("replicated").
 """
 
 from __future__ import annotations

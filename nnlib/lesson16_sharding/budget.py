@@ -1,4 +1,4 @@
-"""Lesson 16's savers in lesson 11's memory model (nnlib.lesson11_tensor_parallel.memory): what a data-parallel
+"""Lesson 16's savers in lesson 12's memory model (nnlib.lesson12_pipeline.memory): what a data-parallel
 rank holds at the peak of a step, by kind, counted from the arrays the math needs.
 
 Rank r of P trains on its B rows of the batch; the network has n parameters in layers of n_l; FSDP gives the
@@ -15,7 +15,7 @@ rank chunk c_{l,r} of every layer (c = sum_l c_{l,r}), ZeRO a slice of the n val
                             chunks: float32, 4) + float32 gradient 4 ("gradients"), float32 momentum 4; activations,
                             backward's arrays and the gathered layer low, 2 bytes (float16 and bfloat16 alike)
 
-Left out, beside lesson 11's temporaries: a recomputing forward's z, FSDP's float32 copy of a gradient before its
+Left out, beside lesson 12's temporaries: a recomputing forward's z, FSDP's float32 copy of a gradient before its
 reduce-scatter, mixed precision's float32 copies of what a product reads. Against tracemalloc's whole peak
 (nnlib.lesson16_sharding.demo), on notebook 16's cases on 1 to 4 ranks, the error (predicted - measured) / measured
 lies within MODEL_ERROR (tests/mpi/check_memory.py; seen: -32% to -0.3%): less is counted than NumPy holds, most
@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 
 from nnlib.lesson04_collectives.collectives import split_evenly
-from nnlib.lesson11_tensor_parallel.memory import held_bytes, layer_params
+from nnlib.lesson12_pipeline.memory import held_bytes, layer_params
 from nnlib.lesson16_sharding.recompute import checkpoint_layers
 
 LESSON = 16
@@ -57,7 +57,7 @@ def predicted_bytes(layer_sizes, rows: int, ranks: int = 1, rank: int = 0, strat
                          f"{precision!r}")
     itemsize, low = BYTES[precision], precision in ("float16", "bfloat16")
     micro_rows, layers, sharded = math.ceil(rows / micro_batches), layer_params(layer_sizes), strategy == "fsdp"
-    held = held_bytes(layer_sizes, micro_rows, itemsize)  # lesson 11's: the whole network, one micro-batch
+    held = held_bytes(layer_sizes, micro_rows, itemsize)  # lesson 12's: the whole network, one micro-batch
     held["activations"] = itemsize * micro_rows * (layer_sizes[0] + activation_widths(layer_sizes, every))
     count = sum(split_evenly(size, ranks)[0][rank] for size in layers) if sharded else sum(layers)
     updated = split_evenly(count, ranks)[0][rank] if strategy == "zero" else count

@@ -17,9 +17,9 @@ from nnlib.lesson06_data_parallel.data_parallel import Allreduce
 from nnlib.lesson09_ring_allreduce.counting import ring_bytes
 from nnlib.lesson09_ring_allreduce.sampling import PerRankBatches
 from nnlib.lesson09_ring_allreduce.zero import GradientShardedNetwork, ZeRO, ZeROStage2
-from nnlib.lesson11_tensor_parallel.bubbles import random_batch
-from nnlib.lesson11_tensor_parallel.memory import layer_params, rank_bytes
-from nnlib.lesson11_tensor_parallel.pipeline import PipelineMLP
+from nnlib.lesson12_pipeline.bubbles import random_batch
+from nnlib.lesson12_pipeline.memory import layer_params, rank_bytes
+from nnlib.lesson12_pipeline.pipeline import PipelineMLP
 from nnlib.lesson11_tensor_parallel.tensor import TensorParallelMLP
 from nnlib.lesson16_sharding.accumulation import MicroBatched
 from nnlib.lesson16_sharding.budget import predicted_bytes
@@ -50,7 +50,7 @@ DATA_PARALLEL_CASES = {"data parallel": ("allreduce", None, 1, "float64"),
                        "ZeRO-1 (08)": ("zero", None, 1, "float64"), "FSDP": ("fsdp", None, 1, "float64"),
                        "FSDP, k = 3": ("fsdp", 3, 1, "float64"), "FSDP, k = 3, 4 micro": ("fsdp", 3, 4, "float64"),
                        "mixed FSDP, k = 3": ("fsdp", 3, 1, "float16")}
-#: case -> (kind, schedule, micro-batches): lesson 11's model parallelism, every rank on the whole batch
+#: case -> (kind, schedule, micro-batches): lessons 11 and 12's model parallelism, every rank on the whole batch
 MODEL_PARALLEL_CASES = {"tensor parallel (09)": ("tensor", None, 1), "pipeline GPipe, m = 4": ("pipeline", "gpipe", 4),
                         "pipeline 1F1B, m = 4": ("pipeline", "1f1b", 4)}
 
@@ -58,7 +58,7 @@ MODEL_PARALLEL_CASES = {"tensor parallel (09)": ("tensor", None, 1), "pipeline G
 def measured_peak(build, step) -> tuple:
     """(the most bytes NumPy held while ``step(built)`` ran, counting what ``built = build()`` made and kept, built):
     tracemalloc counts every allocation from its start; its peak is reset once ``build`` returns, so what building
-    passed through (lesson 11's build a Network and keep their part) is left out, what it keeps is not."""
+    passed through (lessons 11 and 12's build a Network and keep their part) is left out, what it keeps is not."""
     tracemalloc.start()
     try:
         built = build()
@@ -95,7 +95,7 @@ def data_parallel_peak(comm, case, rows: int = BUDGET_ROWS) -> tuple:
 
 
 def model_parallel_peak(comm, case, rows: int = BUDGET_ROWS) -> tuple:
-    """(tracemalloc's peak on this rank, lesson 11's rank_bytes) over two steps of ``rows`` samples on BUDGET_SIZES,
+    """(tracemalloc's peak on this rank, lesson 12's rank_bytes) over two steps of ``rows`` samples on BUDGET_SIZES,
     every rank on the whole batch (lesson 03's train): ``case`` = ("tensor", None, 1) for a TensorParallelMLP,
     ("pipeline", schedule, micro-batches) for a PipelineMLP stage."""
     kind, schedule, micro_batches = case

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from nnlib.lesson11_tensor_parallel import diagrams
+from nnlib.lesson12_pipeline import diagrams
 from nnlib.lesson18_pipeline_schedules.schedules import LETTERS, chunk_of
 
 LESSON = 18
@@ -19,7 +19,7 @@ def chunks_of(programs) -> list[list[int]]:
 
 
 def draw_timelines(axis, timelines, title: str, chunks=None, unit: float = 1.0) -> None:
-    """Lesson 11's drawing of every stage's timeline on ``axis``, with W hatched and a second chunk's bars
+    """Lesson 12's drawing of every stage's timeline on ``axis``, with W hatched and a second chunk's bars
     outlined in black. chunks: chunks_of(programs) for an interleaved schedule; unit: seconds per unit of the x axis.
     """
     diagrams.draw_timelines(axis, timelines, title, unit, STYLE, outlined=chunks)

@@ -1,6 +1,6 @@
-"""Three newer pipeline schedules, as data for lesson 11's executor, which this module extends.
+"""Three newer pipeline schedules, as data for lesson 12's executor, which this module extends.
 
-Lesson 11's 1F1B leaves every stage idle for (P - 1)(F + B) of a step (F, B: one micro-batch's
+Lesson 12's 1F1B leaves every stage idle for (P - 1)(F + B) of a step (F, B: one micro-batch's
 forward and backward time on a stage), a fraction (P - 1) / (m + P - 1). Two ideas shrink it:
 
 ``interleaved`` (Narayanan et al. 2021, Megatron-LM) gives each of the P ranks v *chunks*: the
@@ -35,13 +35,13 @@ from nnlib.lesson02_network.arrays import to_numpy
 from nnlib.lesson02_network.network import dense_layers, parameter_offsets
 from nnlib.lesson04_collectives.collectives import (allgather_rows, raised_on_every_rank, require_same_on_every_rank,
                                                     split_evenly)
-from nnlib.lesson11_tensor_parallel.bubbles import bubble_fraction, idle_fraction, measured, random_batch, simulate
-from nnlib.lesson11_tensor_parallel.instructions import COMPUTE, SCHEDULES, Instruction, program
-from nnlib.lesson11_tensor_parallel.pipeline import PipelineMLP, Stage
+from nnlib.lesson12_pipeline.bubbles import bubble_fraction, idle_fraction, measured, random_batch, simulate
+from nnlib.lesson12_pipeline.instructions import COMPUTE, SCHEDULES, Instruction, program
+from nnlib.lesson12_pipeline.pipeline import PipelineMLP, Stage
 
 LESSON = 18
 
-#: The computing instructions and their letters: lesson 11's, and the backward split into B and W.
+#: The computing instructions and their letters: lesson 12's, and the backward split into B and W.
 LETTERS = {**COMPUTE, "backward_input": "B", "backward_weight": "W"}
 
 
@@ -49,19 +49,19 @@ LETTERS = {**COMPUTE, "backward_input": "B", "backward_weight": "W"}
 
 @dataclass(frozen=True)
 class ChunkInstruction(Instruction):
-    """Lesson 11's instruction for one of the stage's v chunks: chunk c of stage s is virtual stage c P + s of v P,
+    """Lesson 12's instruction for one of the stage's v chunks: chunk c of stage s is virtual stage c P + s of v P,
     and messages go from virtual stage j to j + 1 (forward) or j - 1 (backward)."""
 
     chunk: int = 0
 
 
 def chunk_of(instruction) -> int:
-    """The chunk an instruction is for (lesson 11's instructions: 0, a stage's only one)."""
+    """The chunk an instruction is for (lesson 12's instructions: 0, a stage's only one)."""
     return instruction.chunk if isinstance(instruction, ChunkInstruction) else 0
 
 
 def chunk_program(stage: int, stages: int, order, chunks: int = 1) -> list[ChunkInstruction]:
-    """A stage's instructions from its order of work [(kind, k, chunk)]: lesson 11's program on virtual stage
+    """A stage's instructions from its order of work [(kind, k, chunk)]: lesson 12's program on virtual stage
     chunk x P + stage of v P for each unit (a B, "backward_input", sends what "backward" sends); a W has no message."""
     instructions = []
     for kind, k, chunk in order:
@@ -131,7 +131,7 @@ def zb_h2(stages: int, micro_batches: int):
     return zero_bubble(stages, micro_batches, lambda stage: 2 * (stages - stage - 1), lambda stage: 2 * stage)
 
 
-#: Every schedule by name, lesson 11's and this lesson's: (P, m) -> the stages' lists (interleaved: v too, default 2).
+#: Every schedule by name, lesson 12's and this lesson's: (P, m) -> the stages' lists (interleaved: v too, default 2).
 ALL_SCHEDULES = {**SCHEDULES, "interleaved": interleaved, "zb-h1": zb_h1, "zb-h2": zb_h2}
 
 
@@ -152,12 +152,12 @@ def peak_alive(instructions) -> int:
     return peak
 
 
-# -- their bubbles: lesson 11's formula and simulation -------------------------------------------------------
+# -- their bubbles: lesson 12's formula and simulation -------------------------------------------------------
 
 def bubble_formula(name: str, stages: int, micro_batches: int, seconds=(1.0, 1.0, 1.0), chunks: int = 1) -> float:
-    """The idle fraction of a step with P equal stages, from lesson 11's (P - 1) / (m' + P - 1).
+    """The idle fraction of a step with P equal stages, from lesson 12's (P - 1) / (m' + P - 1).
 
-    seconds: (F, B, W) of one micro-batch on a whole stage (B + W: lesson 11's backward). Idle per stage:
+    seconds: (F, B, W) of one micro-batch on a whole stage (B + W: lesson 12's backward). Idle per stage:
     gpipe, 1f1b (P - 1)(F + B + W): m' = m; interleaved (P - 1)(F + B + W) / v: m' = v m; zb-h1
     (P - 1) max(F + B - W, F) and zb-h2 (P - 1) max(F + B - 2W, F): m' = m (F + B + W) / that max, the step's
     work counted in units of the idle time per stage and per P - 1. ZB-H2 with m < 2P - 1 runs ZB-H1's lists
@@ -173,7 +173,7 @@ def bubble_formula(name: str, stages: int, micro_batches: int, seconds=(1.0, 1.0
 
 
 def schedule_bubble(name: str, stage_seconds, micro_batches: int, chunks: int = 1) -> float:
-    """The idle fraction of schedule ``name``'s lists run on lesson 11's clock (idle_fraction of simulate's).
+    """The idle fraction of schedule ``name``'s lists run on lesson 12's clock (idle_fraction of simulate's).
 
     stage_seconds[s]: {"F", "B", "W"} seconds of one micro-batch on stage s's whole slice of the
     network (B + W the full backward; a chunk takes 1/v of it).
@@ -187,7 +187,7 @@ def schedule_bubble(name: str, stage_seconds, micro_batches: int, chunks: int = 
 
 
 def simulated_timelines(programs, seconds):
-    """Lesson 11's simulate for this lesson's lists: W's letter, and each chunk on its virtual stage's channels."""
+    """Lesson 12's simulate for this lesson's lists: W's letter, and each chunk on its virtual stage's channels."""
     return simulate(programs, seconds, letters=LETTERS,
                     position=lambda stage, instruction: chunk_of(instruction) * len(programs) + stage)
 
@@ -229,7 +229,7 @@ def balanced_split(num_layers: int, virtual_stages: int) -> tuple[int, ...]:
 # -- the executor with these schedules -------------------------------------------------------------------
 
 class ZeroBubbleStage(Stage):
-    """Lesson 11's stage that also runs the backward split in two: B ("backward_input") and, later, W
+    """Lesson 12's stage that also runs the backward split in two: B ("backward_input") and, later, W
     ("backward_weight"). Between them a micro-batch's layer inputs and deltas wait in ``waiting``."""
 
     def begin(self) -> None:
@@ -259,7 +259,7 @@ class ZeroBubbleStage(Stage):
 
 
 class ScheduledPipeline(PipelineMLP):
-    """Lesson 11's PipelineMLP running any schedule of ALL_SCHEDULES, with ``chunks`` (v) stages per rank.
+    """Lesson 12's PipelineMLP running any schedule of ALL_SCHEDULES, with ``chunks`` (v) stages per rank.
 
     Arguments as PipelineMLP's, plus chunks: v (interleaved only; every rank needs at least v layers), or the layer
     counts of the v P virtual stages themselves, e.g. (3, 2, 2, 3) for v = 2 on 2 ranks or (5, 5) for v = 1
@@ -286,7 +286,7 @@ class ScheduledPipeline(PipelineMLP):
         super().__init__(comm, layer_sizes, schedule=schedule, **pipeline)  # output, dtype, seed, micro_batches, device
 
     def check_settings(self, pieces: int, num_layers: int, micro_batches, schedule) -> None:
-        """Lesson 11's checks on the v P virtual stages, and the split's (the same verdict on every rank)."""
+        """Lesson 12's checks on the v P virtual stages, and the split's (the same verdict on every rank)."""
         super().check_settings(pieces * self.chunks, num_layers, micro_batches, schedule)
         virtual_stage_layers(num_layers, pieces * self.chunks, self.split)  # (raises the split's problem)
 
@@ -337,7 +337,7 @@ def measure_schedules(comm, layer_sizes, batch: int, micro_batches: int, schedul
     """Each schedule's measured bubble beside its formula and its simulation, and its micro-batches alive.
 
     schedules: names of ALL_SCHEDULES (interleaved with ``chunks``), or {name: its ScheduledPipeline chunks: v, or
-    its virtual stages' layer counts (balanced_split)}. Every rank runs lesson 11's ``measured`` steps on the same
+    its virtual stages' layer counts (balanced_split)}. Every rank runs lesson 12's ``measured`` steps on the same
     random batch. Returns, on rank 0, {name: measured's dict (formula: from the mean F, B, W) with layers per
     virtual stage}; None elsewhere.
     """

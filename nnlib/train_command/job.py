@@ -1,5 +1,5 @@
 """The batch job itself: :func:`run` it, end it with MPI_Abort on an error some ranks only have, load MNIST on rank 0;
-its model-parallel job (lessons 11 and 18) and its asynchronous job (lesson 14). The data-parallel job, the
+its model-parallel job (lessons 11, 12 and 18) and its asynchronous job (lesson 14). The data-parallel job, the
 default, is in :mod:`nnlib.train_command.data_parallel`."""
 
 from __future__ import annotations
@@ -113,13 +113,13 @@ def load_data(args, comm):
 
 
 def model_parallel_job(args, comm, settings, data, test) -> int:
-    """--model-parallel tensor|pipeline: nnlib.lesson11_tensor_parallel.grid's grid; every rank gets the data from
+    """--model-parallel tensor|pipeline: nnlib.lesson12_pipeline.grid's grid; every rank gets the data from
     rank 0."""
     from nnlib.lesson04_collectives.collectives import broadcast_new
     from nnlib.lesson06_data_parallel import gather_phase_seconds
     from nnlib.lesson08_gpu.backend import HostStaging
     from nnlib.lesson09_ring_allreduce.sampling import PerRankBatches
-    from nnlib.lesson11_tensor_parallel.grid import train_hybrid
+    from nnlib.lesson12_pipeline.grid import train_hybrid
     from nnlib.lesson11_tensor_parallel.tensor import TensorParallelMLP
     from nnlib.lesson18_pipeline_schedules.schedules import ScheduledPipeline
 

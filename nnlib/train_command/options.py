@@ -65,16 +65,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_later_arguments(parser: argparse.ArgumentParser) -> None:
-    """Lesson 11's model parallelism, lesson 18's schedules and --trace, lesson 14's compression, local SGD and
+    """Lessons 11 and 12's model parallelism, lesson 18's schedules and --trace, lesson 14's compression, local SGD and
     asynchrony, lesson 16's memory options (--strategy fsdp is one of JOB_STRATEGIES)."""
     parser.add_argument("--model-parallel", choices=("none", "tensor", "pipeline"), default="none",
-                        help="split the model too (lesson 11): tensor (hidden units) or pipeline (layers) inside "
+                        help="split the model too (lessons 11-12): tensor (hidden units) or pipeline (layers) inside "
                              "replicas of --model-size ranks; data parallelism across the replicas")
     parser.add_argument("--model-size", type=int, default=0,
                         help="ranks per model replica with --model-parallel (default 0: all ranks, one replica)")
     parser.add_argument("--micro-batches", type=int, default=4, help="micro-batches per step (pipeline)")
     parser.add_argument("--schedule", choices=("gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2"), default="1f1b",
-                        help="pipeline schedule (lesson 11: gpipe, 1f1b; lesson 18: interleaved 1F1B, the zero-bubble "
+                        help="pipeline schedule (lesson 12: gpipe, 1f1b; lesson 18: interleaved 1F1B, the zero-bubble "
                              "ZB-H1 and ZB-H2; ZB-H2 needs 2P - 1 micro-batches, with fewer it runs ZB-H1)")
     parser.add_argument("--virtual-stages", type=int, default=None,
                         help="with --schedule interleaved: model chunks per pipeline rank, v (default 2)")
@@ -149,7 +149,7 @@ OPTIONS = {"--recompute": lambda args: args.recompute > 0, "--accumulate": lambd
 MEMORY, RUN = ("--recompute", "--accumulate", "--precision"), ("--checkpoint-dir", "--fault", "--slow", "--trace")
 
 #: THE table: the kinds of training the job runs (one at a time), how the arguments show each, and the options
-#: each combines with. Lesson 16's savers (MEMORY) go with data parallelism and FSDP, not with lesson 11's model
+#: each combines with. Lesson 16's savers (MEMORY) go with data parallelism and FSDP, not with lessons 11 and 12's model
 #: parallelism nor lesson 14's compression and asynchrony; mixed precision with the strategies whose ranks agree on
 #: the overflow verdict (the summed gradient, or one flag Allreduce over ZeRO's slices or FSDP's chunks).
 COMBINES = {

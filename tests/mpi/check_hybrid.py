@@ -2,7 +2,7 @@
 
 For each model size M that divides P, up to the 4 weight layers (so 2 x 1, 1 x 2; 4 x 1, 2 x 2, 1 x 4; 6 x 1,
 3 x 2, 2 x 3), tensor and pipeline
-parallelism inside each replica, data parallelism across the replicas (nnlib.lesson11_tensor_parallel.grid), full batch
+parallelism inside each replica, data parallelism across the replicas (nnlib.lesson12_pipeline.grid), full batch
 and mini-batch with momentum or AdamW, float64: the gathered parameters equal sequential training's to
 1e-10 on every rank. A model size that does not divide P fails on every rank at once.
 """
@@ -14,8 +14,8 @@ from harness import run_checks
 from mpi4py import MPI
 
 from nnlib import Network, train
-from nnlib.lesson11_tensor_parallel.grid import grid, train_hybrid
-from nnlib.lesson11_tensor_parallel.pipeline import PipelineMLP
+from nnlib.lesson12_pipeline.grid import grid, train_hybrid
+from nnlib.lesson12_pipeline.pipeline import PipelineMLP
 from nnlib.lesson11_tensor_parallel.tensor import TensorParallelMLP
 
 comm = MPI.COMM_WORLD

@@ -10,7 +10,7 @@ equal to one step on the whole batch within 1e-12, one Allreduce per step. Every
 (FSDP + accumulation + recomputation) equal to sequential. Mixed precision: every rank skips the same
 overflowed steps. The memory model against tracemalloc's peak on every rank (up to 4 ranks): data parallelism,
 ZeRO, FSDP, recomputation, accumulation and mixed precision (float16 and bfloat16) within the error bounds
-nnlib.lesson16_sharding.budget states; lesson 11's tensor and pipeline ranks hold at least what lesson 11's model
+nnlib.lesson16_sharding.budget states; lessons 11-12's tensor and pipeline ranks hold at least what lesson 12's model
 counts, 1F1B less than GPipe. On 4 ranks a network over twice the per-rank budget trains under it. A bad setup
 fails on every rank at once.
 """
@@ -203,7 +203,7 @@ def test_the_memory_model_is_within_its_stated_error_of_the_measured_peak():
 
 
 def test_model_parallel_ranks_hold_at_least_what_lesson_09s_model_counts():
-    """Lesson 11's tensor parallelism and pipeline (GPipe and 1F1B with 1, 4 and 7 micro-batches) on uneven widths
+    """Lessons 11-12's tensor parallelism and pipeline (GPipe and 1F1B with 1, 4 and 7 micro-batches) on uneven widths
     (127 hidden units do not split evenly, 7 layers make uneven stages): on every rank the model counts at most
     MODEL_ERROR's upper bound more than tracemalloc's peak, and a tensor-parallel rank within MODEL_ERROR; a
     pipeline stage holds more that the model leaves out (the whole batch, the messages its sends keep until the

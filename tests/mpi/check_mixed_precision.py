@@ -8,7 +8,7 @@ steps are skipped), the same verdicts on every rank, and weights within 1e-3 (fl
 largest of the sequential run's (tolerance: each rank's low-precision gradient is a partial sum over its rows,
 rounded to 2 bytes, where one process rounds the whole batch's; on 1 rank they are bit-identical). FSDP's ranks reach the same skip verdict when only one
 rank's chunk overflowed. An FSDP float16 run checkpointed and resumed equals an uninterrupted one bit for bit.
-(Mixed precision is taught with data parallelism and FSDP: it does not combine with lesson 11's tensor or pipeline
+(Mixed precision is taught with data parallelism and FSDP: it does not combine with lessons 11-12's tensor or pipeline
 parallelism, and the batch job refuses those combinations: tests/test_train_command.py.)
 """
 

@@ -1,11 +1,11 @@
 """Run under mpiexec with 1 to 4 ranks: pipeline-parallel training equals sequential training.
 
-Consecutive layers on consecutive ranks (nnlib.lesson11_tensor_parallel.pipeline), m micro-batches (1, 3 and 8; batches of
+Consecutive layers on consecutive ranks (nnlib.lesson12_pipeline.pipeline), m micro-batches (1, 3 and 8; batches of
 203 and 32 samples, which do not divide), GPipe and 1F1B, sigmoid and softmax, full batch and
 mini-batch with momentum, float64: the stages' parameters, put together, equal the sequential
 run's to 1e-10. Also: 1F1B keeps at most P - s micro-batches alive on stage s and GPipe all m,
 the bytes sent (counted on a communicator that records its calls: the pipeline uses the one it is
-given), lesson 11's bubble measurement (nnlib.lesson11_tensor_parallel.bubbles.measure_bubbles) gives its rows,
+given), lesson 12's bubble measurement (nnlib.lesson12_pipeline.bubbles.measure_bubbles) gives its rows,
 bad settings fail on every rank at once, and a stage that stalls is caught at the deadline
 when the caller passes a watched communicator (nnlib.lesson13_faults.watchdog). The schedules' instruction lists
 are tested on their own, without MPI, in tests/test_schedules.py.
@@ -18,7 +18,7 @@ from harness import expect_error_everywhere, run_checks
 from mpi4py import MPI
 
 from nnlib import Network, train
-from nnlib.lesson11_tensor_parallel.pipeline import PipelineMLP, stage_layers
+from nnlib.lesson12_pipeline.pipeline import PipelineMLP, stage_layers
 from nnlib.course.deadline import CollectiveTimeout, watch
 
 comm = MPI.COMM_WORLD
@@ -74,7 +74,7 @@ def test_stages_take_consecutive_layers():
 
 
 def test_the_bytes_sent_are_what_the_model_counts():
-    from nnlib.lesson11_tensor_parallel.tradeoffs import handed_bytes
+    from nnlib.lesson12_pipeline.tradeoffs import handed_bytes
 
     for micro_batches in (1, 3):
         recording = RecordingComm(comm)
@@ -96,7 +96,7 @@ def test_bad_settings_fail_on_every_rank():
 
 
 def test_measured_bubbles_come_with_the_formula_the_simulation_and_the_peaks():
-    from nnlib.lesson11_tensor_parallel.bubbles import bubble_fraction, measure_bubbles
+    from nnlib.lesson12_pipeline.bubbles import bubble_fraction, measure_bubbles
 
     rows = measure_bubbles(comm, SIZES, 60, micro_batch_counts=(1, 3), schedule="1f1b", repeats=2, dtype="float64")
     if rank != 0:

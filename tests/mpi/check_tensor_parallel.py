@@ -80,7 +80,7 @@ def test_allreduces_per_step():
 
 
 def test_the_bytes_handed_to_mpi_are_what_the_model_counts():
-    from nnlib.lesson11_tensor_parallel.tradeoffs import handed_bytes
+    from nnlib.lesson12_pipeline.tradeoffs import handed_bytes
 
     for sizes in SHAPES:
         recording = RecordingComm(comm)

@@ -6,13 +6,10 @@ samples is cut into m micro-batches; micro-batch k flows forward and back with p
     forward:   stage 0 --a--> stage 1 --a--> ... --> stage P-1 (loss, delta_L)
     backward:  stage 0 <--g-- stage 1 <--g-- ... <-- stage P-1,    g = delta_first @ W_first.T
 
-(a: the stage's output activations; g: the gradient with respect to its input, which the receiver multiplies by
-a (1 - a) to get its top layer's delta). Each stage adds the weight gradients of the m micro-batches, each
-divided by the whole batch's N: one step equals the sequential step on the whole batch (up to the order of the
-additions). **Schedules are data** (instructions.py): :meth:`PipelineMLP.loss_and_gradient` runs its stage's
-instructions one by one, each a :class:`Stage` method of the same name; the bubble is in bubbles.py. Lesson 03's
-train drives a PipelineMLP, every rank passing the same batch; for a deadline on every message, pass
-nnlib.course.deadline.watch(comm, timeout) (the communicator is used as given).
+(a: the stage's output; g: the gradient with respect to its input). Each stage adds the weight gradients of the m
+micro-batches, each divided by the whole batch's N: one step is the sequential step on the whole batch.
+**Schedules are data** (instructions.py): :meth:`PipelineMLP.loss_and_gradient` runs its stage's instructions,
+each a :class:`Stage` method of the same name. For a deadline on every message, pass deadline.watch(comm, t).
 """
 
 from __future__ import annotations
@@ -28,9 +25,9 @@ from nnlib.lesson02_network.network import (Classifier, Network, backward_layers
                                             output_loss, parameter_offsets)
 from nnlib.lesson04_collectives.collectives import (allgather_rows, raised_on_every_rank, require_same_on_every_rank,
                                                     split_evenly)
-from nnlib.lesson11_tensor_parallel.instructions import COMPUTE, SCHEDULES
+from nnlib.lesson12_pipeline.instructions import COMPUTE, SCHEDULES
 
-LESSON = 11
+LESSON = 12
 
 
 def stage_layers(num_layers: int, stages: int) -> list[tuple[int, int]]:

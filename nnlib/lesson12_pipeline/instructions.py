@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-LESSON = 11
+LESSON = 12
 
 
 #: The computing instructions, and their letter in a timeline (F3: the forward of micro-batch 3).

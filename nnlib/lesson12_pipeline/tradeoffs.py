@@ -1,17 +1,11 @@
 """When each kind of parallelism wins: bytes, memory and time per rank for one training step.
 
-For a fully connected network with layer widths n_0, ..., n_L (W weights and biases in all), a
-global batch of N samples, P ranks, values of ``itemsize`` bytes (4: float32):
-
-data      every rank holds the whole network and N/P samples. Per step it hands MPI the whole
-          gradient, W values, in one Allreduce.
-tensor    hidden units split (nnlib.lesson11_tensor_parallel.tensor). Per step: for each column/row pair one
-          Allreduce of the pair's (N, n_out) output forward, and one of its (N, n_in) input
-          gradient backward unless the pair comes first. Weights: 1/P of each split layer.
-pipeline  consecutive layers per stage (nnlib.lesson11_tensor_parallel.pipeline). Per step a stage sends its output
-          activations (N, n_boundary) forward and receives their gradient back (and likewise
-          with the stage before it). Weights: its own layers only; activations kept: the whole
-          batch (GPipe) or min(P - s, m) of m micro-batches (1F1B).
+A network of widths n_0, ..., n_L (W weights and biases), a global batch of N, P ranks. Per step a rank hands MPI:
+data      the whole gradient, W values, in one Allreduce (and holds the whole network, N/P samples);
+tensor    per column/row pair an Allreduce of its (N, n_out) output, and backward one of its (N, n_in) input
+          gradient unless the pair comes first (lesson 11); it holds 1/P of each split layer;
+pipeline  its stage's output activations (N, n_boundary) forward and the input gradient back (Isend); it holds
+          its own layers and the whole batch (GPipe) or min(P - s, m) of m micro-batches (1F1B).
 """
 
 from __future__ import annotations
@@ -23,13 +17,13 @@ import numpy as np
 from nnlib.lesson02_network.network import count_parameters
 from nnlib.lesson04_collectives.costmodel import (Machine, flops_per_sample, predicted_time, ring_allreduce_time,
                                                   step_time)
-from nnlib.lesson11_tensor_parallel.bubbles import bubble_fraction
-from nnlib.lesson11_tensor_parallel.memory import busiest_rank_bytes
-from nnlib.lesson11_tensor_parallel.pipeline import stage_layers
+from nnlib.lesson12_pipeline.bubbles import bubble_fraction
+from nnlib.lesson12_pipeline.memory import busiest_rank_bytes
+from nnlib.lesson12_pipeline.pipeline import stage_layers
 from nnlib.lesson11_tensor_parallel.tensor import layer_kinds
 
-LESSON = 11
-NOTEBOOKS_ONLY = True  # used by notebook 11, by no other nnlib module
+LESSON = 12
+NOTEBOOKS_ONLY = True  # used by notebook 12, by no other nnlib module
 
 
 KINDS = ("data", "tensor", "pipeline")
@@ -114,7 +108,7 @@ def fastest(layer_sizes_of, hidden_sizes, rank_counts, batch: int, alpha: float,
 def largest_hidden_size(kind: str, layer_sizes_of, ranks: int, budget_bytes: float, batch: int,
                         itemsize: int = 4, micro_batches: int = 8) -> int:
     """The widest hidden size (a multiple of 64) whose busiest rank holds at most ``budget_bytes``
-    (nnlib.lesson11_tensor_parallel.memory's count: parameters, gradients, momentum, activations, backward's arrays).
+    (nnlib.lesson12_pipeline.memory's count: parameters, gradients, momentum, activations, backward's arrays).
 
     0 if none fits (or a pipeline has more stages than the network has layers).
     """

@@ -9,18 +9,12 @@ of s bytes (8 in float64, 4 in float32):
     backward       B max_l (n_{l+1} + 2 n_l) s    going down to hidden layer l, the chain rule's operands:
                                                   delta_{l+1}, delta_{l+1} @ W_{l+1}.T and a_l (1 - a_l)
 
-On P ranks, a global batch of N rows (rank r's share: split_evenly, uneven where P does not divide N):
+On P ranks, a global batch of N rows: data, the whole chain on rank r's split_evenly share; tensor, the chain
+(n_0, h_1, n_2, h_3, ...) with each column layer cut to the rank's units, on all N; pipeline, stage s's layers,
+with the activations of every micro-batch (N / m rows) whose backward has not run: GPipe all m, 1F1B P - s.
 
-    data       the whole chain; B = rank r's share
-    tensor     the chain (n_0, h_1, n_2, h_3, ...): each column layer's output cut to the rank's h units
-               (nnlib.lesson11_tensor_parallel.tensor), every other width whole; B = N, the whole batch
-    pipeline   stage s's layers (widths n_first .. n_stop); the activations of every micro-batch whose backward
-               has not run yet, N / m rows each: GPipe keeps all m, 1F1B at most P - s
-
-Left out, the temporaries NumPy makes on the way (1 - a, a weight-gradient product added to a gradient, the
-update's eta g, the loss's arrays), the messages a pipeline's sends keep until the step ends, the whole batch
-every pipeline stage takes, and Python's own objects: the model counts less than a rank holds. Lesson 16
-measures the whole peak with tracemalloc and prints how far below it the count stays.
+Left out: NumPy's temporaries, the messages a pipeline's sends keep, the whole batch every stage takes, Python's
+objects. The count is below what a rank holds; lesson 16 measures how far, with tracemalloc.
 """
 
 from __future__ import annotations
@@ -28,10 +22,10 @@ from __future__ import annotations
 import math
 
 from nnlib.lesson04_collectives.collectives import split_evenly
-from nnlib.lesson11_tensor_parallel.pipeline import stage_layers
+from nnlib.lesson12_pipeline.pipeline import stage_layers
 from nnlib.lesson11_tensor_parallel.tensor import layer_kinds
 
-LESSON = 11
+LESSON = 12
 
 
 def layer_params(layer_sizes) -> list[int]:

@@ -2,7 +2,7 @@
 
 P = D x M ranks. Each group of M consecutive ranks holds one *replica* of the model, split over
 them by tensor parallelism (nnlib.lesson11_tensor_parallel.tensor) or pipeline parallelism
-(nnlib.lesson11_tensor_parallel.pipeline); the D replicas each train on their own shard of the data, as in
+(nnlib.lesson12_pipeline.pipeline); the D replicas each train on their own shard of the data, as in
 nnlib.lesson06_data_parallel.data_parallel:
 
     rank = d * M + m          d = rank // M: which replica (and data shard)
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from nnlib.lesson04_collectives.collectives import raised_on_every_rank
 
-LESSON = 11
+LESSON = 12
 
 
 def grid(comm, model_size: int):

@@ -1,11 +1,8 @@
 """The pipeline's bubble, the one place it is computed: by formula, by simulating a schedule, and measured.
 
-While the pipe fills and drains some stages wait. With P equal stages and m micro-batches each stage is busy
-for m micro-batch times and idle for P - 1 of them, so the idle ("bubble") fraction of a step is
-
-    (P - 1) / (m + P - 1)                                                     (:func:`bubble_fraction`)
-
-and more micro-batches mean less waste. Lesson 18 builds its schedules' formulas and simulations from these.
+While the pipe fills and drains some stages wait: with P equal stages and m micro-batches each stage is busy for m
+micro-batch times of m + P - 1, idle (the "bubble") (P - 1) / (m + P - 1) of a step (:func:`bubble_fraction`).
+Lesson 18 builds its schedules' formulas and simulations from these.
 """
 
 from __future__ import annotations
@@ -14,10 +11,10 @@ from collections import defaultdict, deque
 
 import numpy as np
 
-from nnlib.lesson11_tensor_parallel.instructions import COMPUTE, SCHEDULES
-from nnlib.lesson11_tensor_parallel.pipeline import PipelineMLP
+from nnlib.lesson12_pipeline.instructions import COMPUTE, SCHEDULES
+from nnlib.lesson12_pipeline.pipeline import PipelineMLP
 
-LESSON = 11
+LESSON = 12
 
 #: The messages: each instruction's direction and the step from the stage that runs it to the channel's receiver
 #: (a send goes to the next or the previous stage; a receive listens on its own stage's channel).
