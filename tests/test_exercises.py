@@ -27,7 +27,8 @@ from nnlib.lesson07_scaling import scaling
 from nnlib.lesson09_ring_allreduce import allreduce, overlap, zero
 from nnlib.lesson11_tensor_parallel import bubbles, instructions
 from nnlib.lesson14_asynchronous import compression, local_sgd, powersgd
-from nnlib.lesson16_sharding import budget, fsdp
+from nnlib.lesson16_sharding import fsdp
+from nnlib.lesson17_activations import budget
 from nnlib.lesson18_pipeline_schedules import schedules
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -296,7 +297,7 @@ NNLIB = {
     "14.3": powersgd_approximation_by_nnlib,
     "14.4": diloco_outer_step_by_nnlib,
     "16.1": fsdp_layer_step_by_nnlib,  # (lesson 16's own lines: fsdp_layer_step_by_nnlib above)
-    "16.2": lambda num_layers, every: budget.activation_widths((1,) * (num_layers + 1), every),  # widths of 1
+    "17.1": lambda num_layers, every: budget.activation_widths((1,) * (num_layers + 1), every),  # widths of 1
     "18.1": lambda stages, micro_batches, chunks: schedules.bubble_formula("interleaved", stages, micro_batches,
                                                                           chunks=chunks),
     "18.2": lambda stages, stage, micro_batches: zb_h1_order_by_nnlib(stages, stage, micro_batches),
@@ -320,9 +321,9 @@ BY_HAND = [
     ("13.1", ([3, 1, 0], 4), [2]),
     ("13.1", ([1, 0], 2), []),
     ("13.2", (50.0, 40_000.0, 4), 1000.0),  # sqrt(2 * 50 * 10 000)
-    ("16.3", (1024.0, 5, True, 10), (512.0, 0, True)),
-    ("16.3", (1024.0, 9, False, 10), (2048.0, 10, False)),
-    ("16.3", (1024.0, 3, False, 10), (1024.0, 4, False)),
+    ("17.2", (1024.0, 5, True, 10), (512.0, 0, True)),
+    ("17.2", (1024.0, 9, False, 10), (2048.0, 10, False)),
+    ("17.2", (1024.0, 3, False, 10), (1024.0, 4, False)),
 ]
 
 

@@ -19,7 +19,7 @@ On P ranks, a global batch of N rows (rank r's share: split_evenly, uneven where
 
 Left out, the temporaries NumPy makes on the way (1 - a, a weight-gradient product added to a gradient, the
 update's eta g, the loss's arrays), the messages a pipeline's sends keep until the step ends, the whole batch
-every pipeline stage takes, and Python's own objects: the model counts less than a rank holds. Lesson 16
+every pipeline stage takes, and Python's own objects: the model counts less than a rank holds. Lesson 17
 measures the whole peak with tracemalloc and prints how far below it the count stays.
 """
 

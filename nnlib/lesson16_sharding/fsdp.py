@@ -51,7 +51,7 @@ class GatherLog:
 
 class ShardedLayer(Layer):
     """Layer ``index`` of a fully sharded network: this rank holds chunk r of its flat [W, b] (``shard``) and of
-    its gradient (``grad_shard``). ``whole``: a ``compute`` (lesson 02's Layer, or lesson 16's HalfLayer) over views
+    its gradient (``grad_shard``). ``whole``: a ``compute`` (lesson 02's Layer, or lesson 17's HalfLayer) over views
     of the gathered [W, b], from a gather to its free (None otherwise).
     shape (n_in, n_out); counts, starts: the chunks of n_in n_out + n_out.
     """

@@ -37,10 +37,10 @@ from mpi4py import MPI
 from nnlib.lesson02_network.arrays import array_namespace
 from nnlib.lesson02_network.network import Layer, dense_layers
 from nnlib.lesson03_training.training import Batches, Run, Settings, train_loop
-from nnlib.lesson16_sharding.accumulation import MicroBatched
+from nnlib.lesson17_activations.accumulation import MicroBatched
 from nnlib.lesson16_sharding.fsdp import ShardedLayer
 
-LESSON = 16
+LESSON = 17
 
 HALF, SINGLE = np.float16, np.float32
 
@@ -172,7 +172,7 @@ class MixedPrecision(MicroBatched):
 
     @property
     def loss_scale(self) -> float:
-        """S, the scaler's: backpropagation starts from S dJ/dz_L (lesson 16's MicroBatched reads it)."""
+        """S, the scaler's: backpropagation starts from S dJ/dz_L (lesson 17's MicroBatched reads it)."""
         return self.scaler.loss_scale
 
     def state_dict(self) -> dict:

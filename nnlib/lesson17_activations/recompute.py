@@ -12,7 +12,7 @@ the forward pass of each segment from its checkpoint, then backpropagate through
 
 With k = 1 nothing is recomputed (every input is kept); k near sqrt(L) makes ceil(L / k) + k - 1, the
 peak, smallest: about 2 sqrt(L) arrays instead of L, for about one more forward pass (for any widths,
-nnlib.lesson16_sharding.budget.activation_widths counts the values per row held at the peak). The forward runs
+nnlib.lesson17_activations.budget.activation_widths counts the values per row held at the peak). The forward runs
 are lesson 02's ``Layer.forward`` (through ``forward_layers``) and the backward is ``backward_layers`` on
 each segment, so the gradients, and the parameters after training, are bit-identical to keeping everything.
 """
@@ -23,7 +23,7 @@ import math
 
 from nnlib.lesson02_network.network import backward_layers, forward_layers
 
-LESSON = 16
+LESSON = 17
 
 
 def checkpoint_layers(num_layers: int, every: int) -> list[int]:
