@@ -225,6 +225,11 @@ FSDP_HALF_FINISHED = [
     ("16.1", fsdp_gathered_in_reverse, "values", ", result 1 of 2, result 1 of 3: wrong values"),
     ("16.1", fsdp_allreduced, "shape", "result 2 of 2, result 1 of 3 returned shape (32,); expected shape (11,)."),
     ("16.1", fsdp_averaged, "values", ", result 2 of 2, result 1 of 3: wrong values"),
+    # 16.2: only the state sharded; everything from stage 1 on; the paper's K = 12 written in
+    ("16.2", lambda stage, ranks, k: 2 + 2 + (k / ranks if stage >= 1 else k), "values", "(2, 4, 12.0): wrong values"),
+    ("16.2", lambda stage, ranks, k: (4 + k) / (ranks if stage >= 1 else 1), "values", "(1, 4, 12.0): wrong values"),
+    ("16.2", lambda stage, ranks, k: [16.0, 4 + 12 / ranks, 2 + 14 / ranks, 16 / ranks][stage], "values",
+     "(1, 8, 4.0): wrong values"),
 ]
 # ---- end of lesson 16's lines ----
 
@@ -321,6 +326,11 @@ BY_HAND = [
     ("13.1", ([3, 1, 0], 4), [2]),
     ("13.1", ([1, 0], 2), []),
     ("13.2", (50.0, 40_000.0, 4), 1000.0),  # sqrt(2 * 50 * 10 000)
+    ("16.2", (0, 4, 12.0), 16.0),  # lesson 10's 16 bytes, on every rank
+    ("16.2", (1, 4, 12.0), 7.0),  # 2 + 2 + 12 / 4
+    ("16.2", (2, 8, 12.0), 3.75),  # 2 + 14 / 8
+    ("16.2", (3, 64, 12.0), 0.25),  # 16 / 64
+    ("16.2", (2, 8, 4.0), 2.75),  # K = 4 (SGD with momentum, float32 master): 2 + 6 / 8
     ("17.2", (1024.0, 5, True, 10), (512.0, 0, True)),
     ("17.2", (1024.0, 9, False, 10), (2048.0, 10, False)),
     ("17.2", (1024.0, 3, False, 10), (1024.0, 4, False)),

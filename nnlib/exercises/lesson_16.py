@@ -1,5 +1,5 @@
-"""Lesson 16's exercise (notebook 16_sharding_state): one FSDP layer's gather and reduce-scatter on every rank at
-once.
+"""Lesson 16's exercises (notebook 16_sharding_state): one FSDP layer's gather and reduce-scatter on every rank at
+once, and Adam's bytes per parameter at a ZeRO stage.
 """
 
 import numpy as np
@@ -26,6 +26,17 @@ def fsdp_layer_step(shards, inputs, deltas, n_in, n_out):
     return outputs, tuple(summed[stop - len(shard):stop] for shard, stop in zip(shards, stops))
 
 
+def zero_bytes_per_parameter(stage, ranks, state_bytes):
+    """Bytes per parameter that each of `ranks` ranks holds for mixed-precision Adam under ZeRO `stage`
+    (0 to 3), the ZeRO paper's count: 2 bytes of float16 weights, 2 of float16 gradient and `state_bytes`
+    of float32 optimizer state (master, momentum, variance: K = 12). Stage 1 shards the state over the
+    ranks, stage 2 the gradient too, stage 3 the weights too."""
+    weights = 2 / ranks if stage >= 3 else 2.0
+    gradient = 2 / ranks if stage >= 2 else 2.0
+    state = state_bytes / ranks if stage >= 1 else state_bytes
+    return weights + gradient + state
+
+
 def fsdp_cases():
     """(shards, inputs, deltas, n_in, n_out): layers whose n_in n_out + n_out values do not split evenly
     (one with an empty chunk), ranks with different numbers of rows, one rank alone."""
@@ -46,4 +57,8 @@ EXERCISES = [
              "on one machine the allgather is a concatenation of the shards in rank order; W is its first "
              "n_in n_out values in n_in rows. The reduce-scatter adds the ranks' flat gradients and cuts the "
              "sum at the shards' lengths."),
+    Exercise("16.2", zero_bytes_per_parameter,
+             lambda: [(stage, ranks, 12.0) for stage in range(4) for ranks in (1, 4, 64)] + [(1, 8, 4.0), (2, 3, 4.0)],
+             "each of the three parts is divided by the ranks from its own stage on: the state from stage 1, "
+             "the gradient from stage 2, the weights at stage 3."),
 ]
