@@ -1,10 +1,6 @@
-"""Lesson 16's measurements on several ranks, run in notebook 16's cluster (``%%px``) and by
-tests/mpi/check_memory.py: the network and settings its FSDP cells train (SIZES, SETTINGS), the bytes FSDP sends by
-lesson 09's ring formulas (for CountingComm to check on the real MPI calls), and Adam's bytes per parameter at each
-ZeRO stage (tracemalloc) beside this code's count and the ZeRO paper's.
-"""
-
-from __future__ import annotations
+"""Lesson 16's measurements on several ranks, run in notebook 16's cluster (``%%px``) and by tests/mpi/check_memory.py:
+the network and settings its FSDP cells train, the bytes FSDP sends by lesson 09's ring formulas (CountingComm checks
+them on the real calls), and Adam's bytes per parameter at each ZeRO stage beside this code's count and the paper's."""
 
 import tracemalloc
 
@@ -31,13 +27,12 @@ def fsdp_bytes(layer_sizes, size: int, rank: int, itemsize: int = 8) -> int:
     return 3 * sum(ring_bytes(count, size, rank, itemsize) for count in layer_params(layer_sizes))
 
 
-#: ZeRO's stages as this code has them: 0 lesson 06's Allreduce, 1 and 2 lesson 09's ZeRO and ZeROStage2, 3 FSDP
+#: ZeRO's stages as this code has them: 0 lesson 06's Allreduce, 1 and 2 lesson 10's ZeRO and ZeROStage2, 3 FSDP
 ZERO_STAGES = {0: Allreduce, 1: ZeRO, 2: ZeROStage2, 3: FullySharded}
 
 
 def adam_network(comm, stage: int, wrap=None):
-    """SIZES' network in float32 as ZeRO ``stage`` trains it, wrapped by ``wrap`` if given (lesson 17's
-    MixedPrecision; not at stage 2)."""
+    """SIZES' float32 network as ZeRO ``stage`` trains it, in ``wrap`` if given (lesson 17's MixedPrecision)."""
     if stage == 2:
         return GradientShardedNetwork(comm, SIZES, dtype="float32", seed=1)
     network = FullyShardedNetwork(comm, SIZES, dtype="float32", seed=1) if stage == 3 else Network(SIZES, seed=1)

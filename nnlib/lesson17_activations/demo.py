@@ -1,9 +1,5 @@
-"""Lesson 17's measurements on several ranks, run in notebook 17's cluster (``%%px``) and by
-tests/mpi/check_memory.py: each rank's peak memory over a step (tracemalloc) beside the memory model's prediction,
-for every case below.
-"""
-
-from __future__ import annotations
+"""Lesson 17's measurements on several ranks, run in notebook 17's cluster (``%%px``) and by tests/mpi/check_memory.py:
+each rank's peak memory over a step (tracemalloc) beside the memory model's prediction, for every case below."""
 
 import tracemalloc
 
@@ -25,9 +21,7 @@ from nnlib.lesson17_activations.mixed_precision import MixedPrecision
 LESSON = 17
 NOTEBOOKS_ONLY = True  # run by notebook 17, imported by no nnlib module
 
-
-BUDGET_SIZES, BUDGET_ROWS = (64, 127, 96, 121, 80, 113, 72, 10), 256  # uneven widths: tensor parallelism's 127
-#: hidden units do not split evenly, 7 layers make uneven pipeline stages
+BUDGET_SIZES, BUDGET_ROWS = (64, 127, 96, 121, 80, 113, 72, 10), 256  # 127 and 7 layers split unevenly
 #: case -> (strategy, recompute every, micro-batches, precision): data parallelism with lessons 10, 16 and 17's savers
 DATA_PARALLEL_CASES = {"data parallel": ("allreduce", None, 1, "float64"),
                        "data parallel, float32": ("allreduce", None, 1, "float32"),  # mixed precision's baseline
