@@ -1,4 +1,4 @@
-"""Lesson 16's memory savers: each technique's time per step against plain data parallelism, on 2 ranks.
+"""Lessons 16 and 17's memory savers: each technique's time per step against plain data parallelism, on 2 ranks.
 
 Run:   make benchmark        (or: .venv/bin/python benchmarks/memory.py [--rounds R] [--samples N] [--steps S])
 
@@ -40,13 +40,13 @@ CASES = {"allreduce (wide, float64)": (WIDE, "float64", "allreduce", None),
 
 
 def build(comm, sizes, dtype: str, technique: str):
-    """(network, strategy) of one case: lesson 06's data parallelism, or one of lessons 09 and 16's savers."""
+    """(network, strategy) of one case: lesson 06's data parallelism, or one of lessons 10, 16 and 17's savers."""
     from nnlib import Network
     from nnlib.lesson06_data_parallel.data_parallel import Allreduce
     from nnlib.lesson09_ring_allreduce.zero import ZeRO
-    from nnlib.lesson16_sharding.accumulation import MicroBatched
+    from nnlib.lesson17_activations.accumulation import MicroBatched
     from nnlib.lesson16_sharding.fsdp import FullySharded, FullyShardedNetwork
-    from nnlib.lesson16_sharding.mixed_precision import MixedPrecision
+    from nnlib.lesson17_activations.mixed_precision import MixedPrecision
 
     if technique == "fsdp":
         return FullyShardedNetwork(comm, sizes, dtype=dtype, seed=1), FullySharded

@@ -27,7 +27,8 @@ from nnlib.lesson07_scaling import scaling
 from nnlib.lesson09_ring_allreduce import allreduce, overlap, zero
 from nnlib.lesson12_pipeline import bubbles, instructions
 from nnlib.lesson14_asynchronous import compression, local_sgd, powersgd
-from nnlib.lesson16_sharding import budget, fsdp
+from nnlib.lesson16_sharding import fsdp
+from nnlib.lesson17_activations import budget
 from nnlib.lesson18_pipeline_schedules import schedules
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -224,6 +225,11 @@ FSDP_HALF_FINISHED = [
     ("16.1", fsdp_gathered_in_reverse, "values", ", result 1 of 2, result 1 of 3: wrong values"),
     ("16.1", fsdp_allreduced, "shape", "result 2 of 2, result 1 of 3 returned shape (32,); expected shape (11,)."),
     ("16.1", fsdp_averaged, "values", ", result 2 of 2, result 1 of 3: wrong values"),
+    # 16.2: only the state sharded; everything from stage 1 on; the paper's K = 12 written in
+    ("16.2", lambda stage, ranks, k: 2 + 2 + (k / ranks if stage >= 1 else k), "values", "(2, 4, 12.0): wrong values"),
+    ("16.2", lambda stage, ranks, k: (4 + k) / (ranks if stage >= 1 else 1), "values", "(1, 4, 12.0): wrong values"),
+    ("16.2", lambda stage, ranks, k: [16.0, 4 + 12 / ranks, 2 + 14 / ranks, 16 / ranks][stage], "values",
+     "(1, 8, 4.0): wrong values"),
 ]
 # ---- end of lesson 16's lines ----
 
@@ -298,7 +304,7 @@ NNLIB = {
     "14.3": powersgd_approximation_by_nnlib,
     "14.4": diloco_outer_step_by_nnlib,
     "16.1": fsdp_layer_step_by_nnlib,  # (lesson 16's own lines: fsdp_layer_step_by_nnlib above)
-    "16.2": lambda num_layers, every: budget.activation_widths((1,) * (num_layers + 1), every),  # widths of 1
+    "17.1": lambda num_layers, every: budget.activation_widths((1,) * (num_layers + 1), every),  # widths of 1
     "18.1": lambda stages, micro_batches, chunks: schedules.bubble_formula("interleaved", stages, micro_batches,
                                                                           chunks=chunks),
     "18.2": lambda stages, stage, micro_batches: zb_h1_order_by_nnlib(stages, stage, micro_batches),
@@ -322,9 +328,14 @@ BY_HAND = [
     ("13.1", ([3, 1, 0], 4), [2]),
     ("13.1", ([1, 0], 2), []),
     ("13.2", (50.0, 40_000.0, 4), 1000.0),  # sqrt(2 * 50 * 10 000)
-    ("16.3", (1024.0, 5, True, 10), (512.0, 0, True)),
-    ("16.3", (1024.0, 9, False, 10), (2048.0, 10, False)),
-    ("16.3", (1024.0, 3, False, 10), (1024.0, 4, False)),
+    ("16.2", (0, 4, 12.0), 16.0),  # lesson 10's 16 bytes, on every rank
+    ("16.2", (1, 4, 12.0), 7.0),  # 2 + 2 + 12 / 4
+    ("16.2", (2, 8, 12.0), 3.75),  # 2 + 14 / 8
+    ("16.2", (3, 64, 12.0), 0.25),  # 16 / 64
+    ("16.2", (2, 8, 4.0), 2.75),  # K = 4 (SGD with momentum, float32 master): 2 + 6 / 8
+    ("17.2", (1024.0, 5, True, 10), (512.0, 0, True)),
+    ("17.2", (1024.0, 9, False, 10), (2048.0, 10, False)),
+    ("17.2", (1024.0, 3, False, 10), (1024.0, 4, False)),
 ]
 
 

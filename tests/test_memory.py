@@ -1,4 +1,4 @@
-"""Lesson 16 in one process: recomputation is bit-identical and costs what the formulas say; mixed
+"""Lesson 17 in one process: recomputation is bit-identical and costs what the formulas say; mixed
 precision's loss scaler, underflow count, accuracy and bytes per parameter; gradient accumulation's
 micro-batches; the memory model's counts by hand, and against tracemalloc. (Equality with sequential training
 on many ranks, and the memory model on them: tests/mpi/check_memory.py.)"""
@@ -12,10 +12,10 @@ import pytest
 from nnlib import Network, train
 from nnlib.lesson03_training.optimizers import Adam
 from nnlib.lesson03_training.training import Settings
-from nnlib.lesson16_sharding.accumulation import MicroBatched
-from nnlib.lesson16_sharding.mixed_precision import MixedPrecision, train_mixed, underflow_per_layer
-from nnlib.lesson16_sharding.budget import MODEL_ERROR, activation_widths, predicted_bytes
-from nnlib.lesson16_sharding.recompute import checkpoint_layers, extra_forward_flops, sqrt_every
+from nnlib.lesson17_activations.accumulation import MicroBatched
+from nnlib.lesson17_activations.mixed_precision import MixedPrecision, train_mixed, underflow_per_layer
+from nnlib.lesson17_activations.budget import MODEL_ERROR, activation_widths, predicted_bytes
+from nnlib.lesson17_activations.recompute import checkpoint_layers, extra_forward_flops, sqrt_every
 
 rng = np.random.default_rng(0)
 DEEP = (16,) * 17  # 16 layers, 16 wide: a deep narrow network (16 classes)
@@ -75,7 +75,7 @@ def test_sqrt_l_checkpoints_hold_the_fewest_arrays():
 def test_tracemalloc_measures_what_the_model_counts_and_its_temporaries(every, micro_batches):
     """What NumPy really holds over a training step of a deep narrow network (tracemalloc) lies within the
     memory model's stated error of its count (a few arrays of temporaries more)."""
-    from nnlib.lesson16_sharding.demo import measured_peak
+    from nnlib.lesson17_activations.demo import measured_peak
 
     sizes, rows = (64,) * 17, 1024
     inputs, labels = rng.random((2 * rows, 64)), rng.integers(0, 64, 2 * rows)

@@ -1,4 +1,4 @@
-"""Lesson 16's mixed precision in one process, beyond float16 alone (tests/test_memory.py): bfloat16 (the ml_dtypes
+"""Lesson 17's mixed precision in one process, beyond float16 alone (tests/test_memory.py): bfloat16 (the ml_dtypes
 package) keeps the gradients float16 flushes to zero and learns as float32 does without loss scaling; mixed
 precision combined with gradient accumulation (the verdict once per step, on the sum), with recomputation
 (bit-identical), with FSDP on one rank (bit-identical to the unsharded network), and with checkpoints (the loss
@@ -15,7 +15,7 @@ from nnlib.lesson06_data_parallel import train_parallel
 from nnlib.lesson06_data_parallel.data_parallel import Allreduce
 from nnlib.lesson13_faults.checkpoint import CheckpointFolder, Checkpointing
 from nnlib.lesson16_sharding.fsdp import FullySharded, FullyShardedNetwork
-from nnlib.lesson16_sharding.mixed_precision import (MixedPrecision, low_precision, train_mixed,
+from nnlib.lesson17_activations.mixed_precision import (MixedPrecision, low_precision, train_mixed,
                                                    underflow_per_layer)
 
 rng = np.random.default_rng(0)

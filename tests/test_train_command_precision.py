@@ -1,4 +1,4 @@
-"""The batch job's --precision with lesson 16's other options: float16 and bfloat16 combine with --strategy fsdp,
+"""The batch job's --precision with lessons 16-17's other options: float16 and bfloat16 combine with --strategy fsdp,
 --accumulate, --recompute and --checkpoint-dir (the loss scale is checkpointed: --resume continues exactly, and the
 checkpoint records its precision); and --strategy fsdp with --checkpoint-dir (chunks gathered on save, split on
 resume, over any number of ranks). The uninterrupted jobs, and the jobs compared with float32, run several to a

@@ -1,8 +1,6 @@
 """Lesson 16's exercises (notebook 16_sharding_state): one FSDP layer's gather and reduce-scatter on every rank at
-once, the activations held with checkpoints every k layers, and one update of the dynamic loss scale.
+once, and Adam's bytes per parameter at a ZeRO stage.
 """
-
-import math
 
 import numpy as np
 
@@ -28,23 +26,15 @@ def fsdp_layer_step(shards, inputs, deltas, n_in, n_out):
     return outputs, tuple(summed[stop - len(shard):stop] for shard, stop in zip(shards, stops))
 
 
-def peak_arrays(num_layers, every):
-    """Activation arrays a_l held at the peak of backward with a checkpoint every `every` layers (the
-    inputs of layers 0, k, 2k, ... are kept; a_0 is the batch itself and not counted): the checkpoints
-    after a_0, the output a_L, and the recomputed inputs of the longest segment but its checkpoint."""
-    checkpoints = list(range(0, num_layers, every))
-    longest = max(min(start + every, num_layers) - start for start in checkpoints)
-    return len(checkpoints) - 1 + 1 + longest - 1
-
-
-def loss_scale_update(scale, good_steps, overflowed, growth_interval):
-    """One step of dynamic loss scaling -> (new scale, new count of good steps in a row, skip this step?).
-    Overflow: halve, reset the count, skip. Otherwise count the step; every growth_interval-th good
-    step in a row doubles the scale."""
-    if overflowed:
-        return scale / 2, 0, True
-    good_steps += 1
-    return (scale * 2 if good_steps % growth_interval == 0 else scale), good_steps, False
+def zero_bytes_per_parameter(stage, ranks, state_bytes):
+    """Bytes per parameter that each of `ranks` ranks holds for mixed-precision Adam under ZeRO `stage`
+    (0 to 3), the ZeRO paper's count: 2 bytes of float16 weights, 2 of float16 gradient and `state_bytes`
+    of float32 optimizer state (master, momentum, variance: K = 12). Stage 1 shards the state over the
+    ranks, stage 2 the gradient too, stage 3 the weights too."""
+    weights = 2 / ranks if stage >= 3 else 2.0
+    gradient = 2 / ranks if stage >= 2 else 2.0
+    state = state_bytes / ranks if stage >= 1 else state_bytes
+    return weights + gradient + state
 
 
 def fsdp_cases():
@@ -62,18 +52,13 @@ def fsdp_cases():
     return cases
 
 
-def peak_cases():
-    return [(16, every) for every in (1, 3, 4, 16)] + [(7, 3), (10, round(math.sqrt(10)))]
-
-
 EXERCISES = [
     Exercise("16.1", fsdp_layer_step, fsdp_cases,
              "on one machine the allgather is a concatenation of the shards in rank order; W is its first "
              "n_in n_out values in n_in rows. The reduce-scatter adds the ranks' flat gradients and cuts the "
              "sum at the shards' lengths."),
-    Exercise("16.2", peak_arrays, peak_cases,
-             "list the checkpoints range(0, L, k); the last segment may be shorter than k."),
-    Exercise("16.3", loss_scale_update,
-             lambda: [(1024.0, 5, True, 10), (1024.0, 9, False, 10), (1024.0, 3, False, 10), (2.0, 0, False, 1)],
-             "an overflow wins over everything else; count the good step before testing the interval."),
+    Exercise("16.2", zero_bytes_per_parameter,
+             lambda: [(stage, ranks, 12.0) for stage in range(4) for ranks in (1, 4, 64)] + [(1, 8, 4.0), (2, 3, 4.0)],
+             "each of the three parts is divided by the ranks from its own stage on: the state from stage 1, "
+             "the gradient from stage 2, the weights at stage 3."),
 ]

@@ -226,7 +226,7 @@ class LayerStack(Classifier):
     uses: params and grads (flat), loss_and_gradient, last_correct, and the evaluation methods.
     """
 
-    precision = None  # every array in dtype (lesson 16's mixed precision: "float16" or "bfloat16" copies too)
+    precision = None  # every array in dtype (lesson 17's mixed precision: "float16" or "bfloat16" copies too)
 
     def __init__(self, layer_sizes, output: str, layers, params, grads, xp=None):
         self.layer_sizes, self.output, self.layers = tuple(layer_sizes), output, list(layers)

@@ -249,7 +249,7 @@ class Run:
     loss_sum: object = 0.0
     correct_sum: object = 0
     rate: float = 0.0
-    scaler: object = None  # lesson 16's loss scaler: it may skip a step whose gradient overflowed
+    scaler: object = None  # lesson 17's loss scaler: it may skip a step whose gradient overflowed
 
     def update(self, params, grads, comm=None) -> None:
         """The optimizer's step on ``params`` from ``grads``: all of them, or this rank's part (``comm``'s ranks hold

@@ -14,7 +14,7 @@ On P ranks, a global batch of N rows: data, the whole chain on rank r's split_ev
 with the activations of every micro-batch (N / m rows) whose backward has not run: GPipe all m, 1F1B P - s.
 
 Left out: NumPy's temporaries, the messages a pipeline's sends keep, the whole batch every stage takes, Python's
-objects. The count is below what a rank holds; lesson 16 measures how far, with tracemalloc.
+objects. The count is below what a rank holds; lesson 17 measures how far, with tracemalloc.
 """
 
 from __future__ import annotations

@@ -10,10 +10,9 @@ where P does not divide n_l), and rank r keeps chunk r of every layer, its gradi
                         ->  reduce-scatter: chunk r of sum over ranks  ->  dJ/da_{l-1}  ->  free them
     update:             the optimizer (lesson 03's) on this rank's chunks only, layer by layer (no communication)
 
-At any moment a rank holds its chunks plus one layer's whole parameters and gradient. :class:`ShardedLayer`
-computes with lesson 02's :class:`~nnlib.lesson02_network.network.Layer` over the gathered weights, so the forward
-and backward passes are lesson 02's ``forward_layers`` and ``backward_layers`` unchanged. Equal to sequential
-training within 1e-10 in float64 (tests/mpi/check_memory.py).
+At any moment a rank holds its chunks plus one layer's whole parameters and gradient. :class:`ShardedLayer` is
+lesson 02's ``Layer`` over the gathered weights, so ``forward_layers`` and ``backward_layers`` run unchanged.
+Equal to sequential training within 1e-10 in float64 (tests/mpi/check_memory.py).
 """
 
 from __future__ import annotations
@@ -30,15 +29,14 @@ LESSON = 16
 
 
 def as_message(array):
-    """``array`` as MPI may send it: a 2-byte float (float16, bfloat16, which MPI has no type for) as its bits
-    (uint16); others unchanged. Gathers only move values, so the bits are enough."""
+    """``array`` as MPI may send it: a 2-byte float (float16, bfloat16: MPI has no type for them) as its bits
+    (uint16), which is enough for gathers (they only move values); others unchanged."""
     return array.view(np.uint16) if array.dtype.itemsize == 2 else array
 
 
 class GatherLog:
-    """What a rank holds beyond its chunks: ``held`` whole-layer bytes now, and (while ``recording``, for a
-    picture of a step) ``events`` [(event, layer, whole bytes held after)], event "gather forward",
-    "gather backward", "free" or "reduce-scatter"."""
+    """What a rank holds beyond its chunks: ``held`` whole-layer bytes now, and (while ``recording``) ``events``
+    [(event, layer, whole bytes held after)], event "gather forward", "gather backward", "free" or "reduce-scatter"."""
 
     def __init__(self):
         self.events, self.held, self.recording = [], 0, False
@@ -51,7 +49,7 @@ class GatherLog:
 
 class ShardedLayer(Layer):
     """Layer ``index`` of a fully sharded network: this rank holds chunk r of its flat [W, b] (``shard``) and of
-    its gradient (``grad_shard``). ``whole``: a ``compute`` (lesson 02's Layer, or lesson 16's HalfLayer) over views
+    its gradient (``grad_shard``). ``whole``: a ``compute`` (lesson 02's Layer, or lesson 17's HalfLayer) over views
     of the gathered [W, b], from a gather to its free (None otherwise).
     shape (n_in, n_out); counts, starts: the chunks of n_in n_out + n_out.
     """

@@ -1,7 +1,7 @@
-"""The data-parallel job (lessons 06, 08, 09, 13, 14, 16): this rank's network, its sync, its hooks, and its results.
+"""The data-parallel job (lessons 06, 08, 09, 13, 14, 16, 17): this rank's network, sync, hooks, and results.
 
 Every rank trains its copy of the network on its shard with nnlib.lesson06_data_parallel.train_parallel; the
-network may be on a GPU (lesson 08), sharded or wrapped by lesson 16's memory options; the hooks inject the
+network may be on a GPU (lesson 08), sharded or wrapped by lessons 16 and 17's memory options; the hooks inject the
 faults and stragglers of lessons 13 and 14 and write checkpoints.
 """
 
@@ -65,13 +65,13 @@ def data_parallel_job(args, comm, settings, data, test) -> int:
 
 def job_parts(args, comm):
     """(strategy, network, every rank's GPU index on rank 0): job_strategy's; this rank's network (sharded for
-    fsdp) on job_device's device, in lesson 16's MixedPrecision or MicroBatched if their options are used."""
+    fsdp) on job_device's device, in lesson 17's MixedPrecision or MicroBatched if their options are used."""
     from nnlib.lesson02_network.network import Network
     from nnlib.lesson08_gpu.backend import HostStaging
     from nnlib.lesson09_ring_allreduce.zero import GradientShardedNetwork
-    from nnlib.lesson16_sharding.accumulation import MicroBatched
+    from nnlib.lesson17_activations.accumulation import MicroBatched
     from nnlib.lesson16_sharding.fsdp import FullyShardedNetwork
-    from nnlib.lesson16_sharding.mixed_precision import MixedPrecision
+    from nnlib.lesson17_activations.mixed_precision import MixedPrecision
 
     (strategy, layer_sizes), (xp, gpus) = (job_strategy(args), (784, *args.hidden, 10)), job_device(args, comm)
     model = dict(output=args.output_layer, dtype=args.dtype, seed=args.seed, device=xp)

@@ -66,7 +66,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_later_arguments(parser: argparse.ArgumentParser) -> None:
     """Lessons 11 and 12's model parallelism, lesson 18's schedules and --trace, lesson 14's compression, local SGD and
-    asynchrony, lesson 16's memory options (--strategy fsdp is one of JOB_STRATEGIES)."""
+    asynchrony, lessons 16 and 17's memory options (--strategy fsdp is one of JOB_STRATEGIES)."""
     parser.add_argument("--model-parallel", choices=("none", "tensor", "pipeline"), default="none",
                         help="split the model too (lessons 11-12): tensor (hidden units) or pipeline (layers) inside "
                              "replicas of --model-size ranks; data parallelism across the replicas")
@@ -106,10 +106,10 @@ def add_later_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--recompute", type=int, default=0, metavar="K",
                         help="keep every K-th layer's activations, recompute the rest in backward (0: keep all)")
     parser.add_argument("--accumulate", type=int, default=1, metavar="K",
-                        help="K micro-batches per step, nothing sent before the last (lesson 16)")
+                        help="K micro-batches per step, nothing sent before the last (lesson 17)")
     parser.add_argument("--precision", choices=("float32", "float16", "bfloat16"), default="float32",
                         help="float16: weights, activations, gradients stored in float16, float32 master weights "
-                             "and dynamic loss scaling; bfloat16: the same in bfloat16, unscaled (lesson 16; "
+                             "and dynamic loss scaling; bfloat16: the same in bfloat16, unscaled (lesson 17; "
                              "with --strategy allreduce, zero or fsdp)")
 
 
@@ -149,9 +149,10 @@ OPTIONS = {"--recompute": lambda args: args.recompute > 0, "--accumulate": lambd
 MEMORY, RUN = ("--recompute", "--accumulate", "--precision"), ("--checkpoint-dir", "--fault", "--slow", "--trace")
 
 #: THE table: the kinds of training the job runs (one at a time), how the arguments show each, and the options
-#: each combines with. Lesson 16's savers (MEMORY) go with data parallelism and FSDP, not with lessons 11 and 12's model
-#: parallelism nor lesson 14's compression and asynchrony; mixed precision with the strategies whose ranks agree on
-#: the overflow verdict (the summed gradient, or one flag Allreduce over ZeRO's slices or FSDP's chunks).
+#: each combines with. Lessons 16 and 17's savers (MEMORY) go with data parallelism and FSDP, not with lessons 11
+#: and 12's model parallelism nor lessons 14 and 15's asynchrony and compression; mixed precision with the strategies
+#: whose ranks agree on the overflow verdict (the summed gradient, or one flag Allreduce over ZeRO's slices or FSDP's
+#: chunks).
 COMBINES = {
     "--strategy allreduce": (lambda args: False, {*MEMORY, "--device", *RUN}),  # (the default: no other kind)
     "--strategy zero": (lambda args: args.strategy == "zero", {*MEMORY, "--device", *RUN, "--zero-stage"}),

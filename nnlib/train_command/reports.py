@@ -12,10 +12,10 @@ LESSON = 18
 
 def announce(args, comm, network, gpus) -> None:
     """Rank 0 says what the job runs: ranks, strategy, network, samples, batch; what compression sends or how often
-    local SGD talks (lesson 14); lesson 16's options and memory model's count for rank 0, if used; the GPUs."""
+    local SGD talks (lesson 14); lessons 16-17's options and the memory model's count for rank 0, if used; the GPUs."""
     from nnlib.lesson08_gpu.backend import cuda_aware_mpi, gpu_status
     from nnlib.lesson14_asynchronous import compression, powersgd
-    from nnlib.lesson16_sharding.budget import predicted_bytes
+    from nnlib.lesson17_activations.budget import predicted_bytes
 
     if comm.rank != 0:
         return
@@ -42,8 +42,8 @@ def announce(args, comm, network, gpus) -> None:
         rows = -(-batch // comm.size)  # rank 0's rows, ceil(B / P): split_evenly gives the first ranks the extra rows
         held = predicted_bytes((784, *args.hidden, 10), rows, comm.size, 0, args.strategy, args.recompute or None,
                                args.accumulate, args.dtype if args.precision == "float32" else args.precision)
-        lines.append(f"memory model (nnlib.lesson16_sharding.budget): rank 0 holds {sum(held.values()) / 2 ** 20:.2f} "
-                     f"MiB at a step's peak, NumPy's temporaries aside")
+        lines.append(f"memory model (nnlib.lesson17_activations.budget): rank 0 holds "
+                     f"{sum(held.values()) / 2 ** 20:.2f} MiB at a step's peak, NumPy's temporaries aside")
     if any(gpu is not None for gpu in gpus):
         lines.append(f"on the GPU ({gpu_status()[1]}); GPU of each rank: {gpus}; gradients "
                      f"{'passed directly (CUDA-aware MPI)' if cuda_aware_mpi() else 'staged through host memory'}")

@@ -1,18 +1,18 @@
-"""Run under mpiexec with 1 to 4 (and 7) ranks: lesson 16's memory savers train exactly as sequential.
+"""Run under mpiexec with 1 to 4 (and 7) ranks: lessons 16 and 17's memory savers train exactly as sequential.
 
 ZeRO-3 / FSDP (every layer's parameters sharded, gathered on use): equal to sequential training within
 1e-10 in float64, for uneven layer sizes (117, 80, 63, 32 parameters per layer) and rank counts, sigmoid
 and softmax, full batch and mini-batch with momentum, and with Adam; a rank holds its chunks and at most one whole layer
 (its log, and weak references to what Allgatherv fills);
 the bytes it sends, counted on the real calls, are 3 (n_l - c_{l,r}) per layer, against the Allreduce's
-2 (n - c_r). Gradient accumulation (k micro-batches, with the Allreduce and with lesson 09's overlap):
+2 (n - c_r). Gradient accumulation (k micro-batches, with the Allreduce and with lesson 10's overlap):
 equal to one step on the whole batch within 1e-12, one Allreduce per step. Everything together
 (FSDP + accumulation + recomputation) equal to sequential. Mixed precision: every rank skips the same
 overflowed steps. The memory model against tracemalloc's peak on every rank (up to 4 ranks): data parallelism,
 ZeRO, FSDP, recomputation, accumulation and mixed precision (float16 and bfloat16) within the error bounds
-nnlib.lesson16_sharding.budget states; lessons 11-12's tensor and pipeline ranks hold at least what lesson 12's model
-counts, 1F1B less than GPipe. On 4 ranks a network over twice the per-rank budget trains under it. A bad setup
-fails on every rank at once.
+nnlib.lesson17_activations.budget states; lessons 11 and 12's tensor and pipeline ranks hold at least what
+lesson 12's model counts, 1F1B less than GPipe. On 4 ranks a network over twice the per-rank budget trains under
+it. A bad setup fails on every rank at once.
 """
 
 import tracemalloc
@@ -28,12 +28,12 @@ from nnlib.lesson06_data_parallel import shard, train_parallel
 from nnlib.lesson06_data_parallel.data_parallel import Allreduce
 from nnlib.lesson04_collectives.collectives import split_evenly
 from nnlib.lesson09_ring_allreduce.overlap import Overlap
-from nnlib.lesson16_sharding.accumulation import MicroBatched
-from nnlib.lesson16_sharding.budget import MODEL_ERROR
-from nnlib.lesson16_sharding.demo import (DATA_PARALLEL_CASES, adam_bytes, adam_model, data_parallel_peak, fsdp_bytes,
-                                        measured_peak, model_parallel_peak)
+from nnlib.lesson17_activations.accumulation import MicroBatched
+from nnlib.lesson17_activations.budget import MODEL_ERROR
+from nnlib.lesson16_sharding.demo import adam_bytes, adam_model, fsdp_bytes
+from nnlib.lesson17_activations.demo import DATA_PARALLEL_CASES, data_parallel_peak, measured_peak, model_parallel_peak
 from nnlib.lesson16_sharding.fsdp import FullySharded, FullyShardedNetwork
-from nnlib.lesson16_sharding.mixed_precision import MixedPrecision, train_mixed
+from nnlib.lesson17_activations.mixed_precision import MixedPrecision, train_mixed
 from nnlib.lesson09_ring_allreduce.counting import CountingComm, ring_bytes
 
 comm = MPI.COMM_WORLD
@@ -180,7 +180,7 @@ def error(peak: int, held: dict) -> float:
 
 
 def test_the_memory_model_is_within_its_stated_error_of_the_measured_peak():
-    """Notebook 16's data-parallel cases and a few more (recomputation and accumulation alone and with ZeRO, mixed
+    """Notebook 17's data-parallel cases and a few more (recomputation and accumulation alone and with ZeRO, mixed
     precision with ZeRO, checkpoints every 2 with 3 micro-batches in float16 and bfloat16): tracemalloc's peak on
     every rank against predicted_bytes, within MODEL_ERROR (up to 4 ranks: with more ranks than cores,
     tracemalloc's bookkeeping makes the busy-waiting ranks slow). bfloat16 holds the bytes float16 does: the
@@ -203,7 +203,7 @@ def test_the_memory_model_is_within_its_stated_error_of_the_measured_peak():
 
 
 def test_model_parallel_ranks_hold_at_least_what_lesson_09s_model_counts():
-    """Lessons 11-12's tensor parallelism and pipeline (GPipe and 1F1B with 1, 4 and 7 micro-batches) on uneven widths
+    """Lessons 11 and 12's tensor parallelism and pipeline (GPipe and 1F1B, 1, 4 and 7 micro-batches) on uneven widths
     (127 hidden units do not split evenly, 7 layers make uneven stages): on every rank the model counts at most
     MODEL_ERROR's upper bound more than tracemalloc's peak, and a tensor-parallel rank within MODEL_ERROR; a
     pipeline stage holds more that the model leaves out (the whole batch, the messages its sends keep until the
@@ -320,12 +320,13 @@ def test_zero_stage_2_holds_its_slice_of_the_gradient_and_one_bucket():
 
 
 def test_adams_bytes_per_parameter_are_within_10_percent_of_the_stated_model_at_every_zero_stage():
-    """Notebook 16's optional table: Adam under ZeRO stages 0-3 (FSDP as 3), float32 and float16 (stage 2: float32),
+    """Notebook 16's table: Adam under ZeRO stages 0-3 (FSDP as 3), float32, and float16 (lesson 17; not stage 2),
     every rank's tracemalloc measure of the optimizer's state (8 / P bytes a parameter from stage 1 on) and of the
     weights and gradients within 10% of demo.adam_model."""
     failures = []
     for precision, stage in [("float32", stage) for stage in range(4)] + [("float16", stage) for stage in (0, 1, 3)]:
-        got, model = adam_bytes(comm, stage, precision), adam_model(stage, precision, size)
+        wrap = None if precision == "float32" else (lambda network: MixedPrecision(network, precision=precision))
+        got, model = adam_bytes(comm, stage, wrap), adam_model(stage, precision, size)
         failures += [f"{precision} stage {stage} {kind}: {got[kind]:.2f} bytes against {model[kind]:.2f}"
                      for kind in model if kind in got and abs(got[kind] - model[kind]) > 0.10 * model[kind]]
     assert_on_every_rank(failures)

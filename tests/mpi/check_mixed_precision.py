@@ -1,5 +1,5 @@
 """Run under mpiexec with 1 to 4 ranks: mixed precision (float16 with loss scaling, bfloat16 without) combined with
-lesson 16's other savers trains as the same run does in one process.
+lessons 16 and 17's other savers trains as the same run does in one process.
 
 Data parallel (lesson 06's Allreduce) and FSDP, each with gradient accumulation (3 micro-batches) and recomputation
 (every 2nd layer), on 203 samples and layers of 117, 80, 63, 32 parameters (uneven over any rank count): the same
@@ -8,8 +8,8 @@ steps are skipped), the same verdicts on every rank, and weights within 1e-3 (fl
 largest of the sequential run's (tolerance: each rank's low-precision gradient is a partial sum over its rows,
 rounded to 2 bytes, where one process rounds the whole batch's; on 1 rank they are bit-identical). FSDP's ranks reach the same skip verdict when only one
 rank's chunk overflowed. An FSDP float16 run checkpointed and resumed equals an uninterrupted one bit for bit.
-(Mixed precision is taught with data parallelism and FSDP: it does not combine with lessons 11-12's tensor or pipeline
-parallelism, and the batch job refuses those combinations: tests/test_train_command.py.)
+(Mixed precision is taught with data parallelism and FSDP: it does not combine with lessons 11 and 12's tensor or
+pipeline parallelism, and the batch job refuses those combinations: tests/test_train_command.py.)
 """
 
 import shutil
@@ -26,7 +26,7 @@ from nnlib.lesson06_data_parallel.data_parallel import Allreduce
 from nnlib.lesson09_ring_allreduce.zero import ZeRO
 from nnlib.lesson13_faults.checkpoint import CheckpointFolder, Checkpointing
 from nnlib.lesson16_sharding.fsdp import FullySharded, FullyShardedNetwork
-from nnlib.lesson16_sharding.mixed_precision import MixedPrecision, train_mixed
+from nnlib.lesson17_activations.mixed_precision import MixedPrecision, train_mixed
 
 comm = MPI.COMM_WORLD
 rank, size = comm.rank, comm.size
@@ -51,7 +51,7 @@ def sequential(precision: str) -> MixedPrecision:
 
 
 def parallel(sharded, precision: str, hooks=(), on_step=None) -> MixedPrecision:
-    """``sharded``: True (FSDP), False (Allreduce) or "zero" (lesson 09's ZeRO-1/2: sliced momentum and update)."""
+    """``sharded``: True (FSDP), False (Allreduce) or "zero" (lesson 10's ZeRO-1/2: sliced momentum and update)."""
     master = FullyShardedNetwork(comm, SIZES, dtype="float32", seed=3) if sharded is True else Network(SIZES, seed=3)
     mixed = MixedPrecision(master, **options(precision))
     local_inputs, local_labels, start = shard(comm, INPUTS if rank == 0 else None, LABELS if rank == 0 else None)
@@ -78,7 +78,7 @@ def test_data_parallel_mixed_precision_with_accumulation_and_recomputation_equal
 
 
 def test_zero_mixed_precision_with_accumulation_and_recomputation_equals_sequential():
-    """Lesson 09's ZeRO-1/2: each rank checks and updates its slice of the summed gradient; the ranks agree on the
+    """Lesson 10's ZeRO-1/2: each rank checks and updates its slice of the summed gradient; the ranks agree on the
     verdict with one flag Allreduce, and the allgathered float32 master equals the sequential run's within the
     tolerances (the same on every rank: the allgather hands out the same slices)."""
     for precision in ("float16", "bfloat16"):

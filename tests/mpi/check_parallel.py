@@ -217,7 +217,7 @@ def check_zero_stage_2_equals_sequential_and_holds_only_its_slice_of_the_gradien
     into the slice): sequential training's parameters within 1e-10, the same on every rank; ``grads`` is rank r's
     slice only, and the buckets hold at most Psi / (4P) values (but for a row wider than that)."""
     from nnlib.lesson09_ring_allreduce.zero import GradientShardedNetwork, ZeROStage2, rank_slice
-    from nnlib.lesson16_sharding.accumulation import MicroBatched
+    from nnlib.lesson17_activations.accumulation import MicroBatched
 
     class Buckets:  # comm, with the length of every bucket it reduce-scatters
         def __init__(self):

@@ -11,10 +11,9 @@ the forward pass of each segment from its checkpoint, then backpropagate through
                                 sum over those layers of 2 N n_in n_out multiply-adds' FLOPs
 
 With k = 1 nothing is recomputed (every input is kept); k near sqrt(L) makes ceil(L / k) + k - 1, the
-peak, smallest: about 2 sqrt(L) arrays instead of L, for about one more forward pass (for any widths,
-nnlib.lesson16_sharding.budget.activation_widths counts the values per row held at the peak). The forward runs
-are lesson 02's ``Layer.forward`` (through ``forward_layers``) and the backward is ``backward_layers`` on
-each segment, so the gradients, and the parameters after training, are bit-identical to keeping everything.
+peak, smallest: about 2 sqrt(L) arrays instead of L, for about one more forward pass (any widths:
+budget.activation_widths). The forward runs are lesson 02's ``forward_layers`` and the backward its
+``backward_layers`` on each segment, so the gradients and the trained parameters are bit-identical.
 """
 
 from __future__ import annotations
@@ -23,7 +22,7 @@ import math
 
 from nnlib.lesson02_network.network import backward_layers, forward_layers
 
-LESSON = 16
+LESSON = 17
 
 
 def checkpoint_layers(num_layers: int, every: int) -> list[int]:

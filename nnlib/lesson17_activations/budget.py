@@ -1,10 +1,10 @@
-"""Lesson 16's savers in lesson 12's memory model (nnlib.lesson12_pipeline.memory): what a data-parallel
-rank holds at the peak of a step, by kind, counted from the arrays the math needs.
+"""Lessons 16 and 17's savers in lesson 12's memory model (nnlib.lesson12_pipeline.memory): what a
+data-parallel rank holds at the peak of a step, by kind, counted from the arrays the math needs.
 
 Rank r of P trains on its B rows of the batch; the network has n parameters in layers of n_l; FSDP gives the
 rank chunk c_{l,r} of every layer (c = sum_l c_{l,r}), ZeRO a slice of the n values (both: split_evenly):
 
-    ZeRO-1/2 (lesson 09)    the momentum of its slice only
+    ZeRO-1/2 (lesson 10)    the momentum of its slice only
     FSDP                    parameters, gradients and momentum: its chunks, c values each; one layer's parameters
                             whole while it computes, max_l n_l ("gathered"; its whole gradient lives only until
                             its reduce-scatter, before backward's arrays for the layer below come)
@@ -16,11 +16,9 @@ rank chunk c_{l,r} of every layer (c = sum_l c_{l,r}), ZeRO a slice of the n val
                             backward's arrays and the gathered layer low, 2 bytes (float16 and bfloat16 alike)
 
 Left out, beside lesson 12's temporaries: a recomputing forward's z, FSDP's float32 copy of a gradient before its
-reduce-scatter, mixed precision's float32 copies of what a product reads. Against tracemalloc's whole peak
-(nnlib.lesson16_sharding.demo), on notebook 16's cases on 1 to 4 ranks, the error (predicted - measured) / measured
-lies within MODEL_ERROR (tests/mpi/check_memory.py; seen: -32% to -0.3%): less is counted than NumPy holds, most
-where little is kept (checkpoints, micro-batches, chunks) beside the temporaries. It could count more only where
-its maxima (the largest layer, the widest backward) are apart.
+reduce-scatter, mixed precision's float32 copies of what a product reads. Against tracemalloc's whole peak (demo, on
+1 to 4 ranks) the error (predicted - measured) / measured lies within MODEL_ERROR (seen: -32% to -0.3%): less is counted
+than NumPy holds, most where little is kept; more only where its maxima (largest layer, widest backward) are apart.
 """
 
 from __future__ import annotations
@@ -29,9 +27,9 @@ import math
 
 from nnlib.lesson04_collectives.collectives import split_evenly
 from nnlib.lesson12_pipeline.memory import held_bytes, layer_params
-from nnlib.lesson16_sharding.recompute import checkpoint_layers
+from nnlib.lesson17_activations.recompute import checkpoint_layers
 
-LESSON = 16
+LESSON = 17
 
 MODEL_ERROR = (-0.35, 0.05)  # the bounds of (predicted - measured) / measured that tests/mpi/check_memory.py holds
 BYTES = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2}  # bfloat16 drops mantissa bits, not bytes

@@ -10,18 +10,17 @@ one step on it within 1e-12 in float64, the additions being in another order):
 
 Activations are held for one micro-batch only: B / k rows instead of B. In data parallelism the
 ranks need to agree only on the final sum, so nothing is sent until the last micro-batch's backward
-(PyTorch DDP's ``no_sync``): a gradient hook (``on_layer_done``, lesson 09's overlap) hears only the
-last micro-batch, and the sync's one Allreduce follows it. Sending after every micro-batch would
-send k times the bytes (nnlib.lesson09_ring_allreduce.counting counts them on the real calls).
+(PyTorch DDP's ``no_sync``): a gradient hook (``on_layer_done``, lesson 10's overlap) hears only the
+last micro-batch, and the sync's one Allreduce follows it, not k of them (CountingComm counts them).
 """
 
 from __future__ import annotations
 
 from nnlib.lesson02_network.network import output_loss
 from nnlib.lesson04_collectives.collectives import split_evenly
-from nnlib.lesson16_sharding.recompute import checkpointed_forward, recomputed_backward
+from nnlib.lesson17_activations.recompute import checkpointed_forward, recomputed_backward
 
-LESSON = 16
+LESSON = 17
 
 
 class MicroBatched:

@@ -14,16 +14,15 @@ Per step, with the loss scale S and the low precision ``low`` (float16, or bfloa
               itself would overflow, whichever pieces it was added from):  skip the step, S <- S / 2
     otherwise:  the optimizer's step on the float32 master;  after ``growth_interval`` good steps in a row, S <- 2 S
 
-Why scale: float16's smallest subnormal is 2^-24 (about 6e-8), and a gradient below half of it
-rounds to 0 (:func:`underflow_per_layer` counts them, layer by layer). Scaling moves the gradients
-up into float16's range for the trip through backward; dividing in float32 brings them back.
-bfloat16 keeps float32's 8 exponent bits (its smallest normal is 2^-126, about 1e-38) and drops
-mantissa bits instead (8 significant bits against float16's 11): the same gradients survive without
-scaling, so bfloat16 runs with S = 1 and no scaler (an overflow still skips the step).
+Why scale: float16's smallest subnormal is 2^-24 (about 6e-8), and a gradient below half of it rounds to 0
+(:func:`underflow_per_layer` counts them, layer by layer). Scaling moves the gradients up into float16's range for
+the trip through backward; dividing in float32 brings them back. bfloat16 keeps float32's 8 exponent bits (smallest
+normal 2^-126, about 1e-38) and drops mantissa bits instead (8 significant bits against float16's 11): the same
+gradients survive unscaled, so bfloat16 runs with S = 1 and no scaler (an overflow still skips the step).
 
 With FSDP the gradient is reduce-scattered in float32: MPI has no 16-bit float sum, and rounding each partial
-sum to 2 bytes would lose bits at every one of the P - 1 additions. Memory per parameter with momentum:
-2 + 2 bytes low, 4 + 4 + 4 float32 (:meth:`MixedPrecision.state_bytes`; the ZeRO paper counts 2 + 2 + 12 for Adam).
+sum to 2 bytes would lose bits at every one of the P - 1 additions. Bytes per parameter with momentum: 2 + 2 low,
+4 + 4 + 4 float32 (:meth:`MixedPrecision.state_bytes`).
 """
 
 from __future__ import annotations
@@ -37,10 +36,10 @@ from mpi4py import MPI
 from nnlib.lesson02_network.arrays import array_namespace
 from nnlib.lesson02_network.network import Layer, dense_layers
 from nnlib.lesson03_training.training import Batches, Run, Settings, train_loop
-from nnlib.lesson16_sharding.accumulation import MicroBatched
+from nnlib.lesson17_activations.accumulation import MicroBatched
 from nnlib.lesson16_sharding.fsdp import ShardedLayer
 
-LESSON = 16
+LESSON = 17
 
 HALF, SINGLE = np.float16, np.float32
 
@@ -172,7 +171,7 @@ class MixedPrecision(MicroBatched):
 
     @property
     def loss_scale(self) -> float:
-        """S, the scaler's: backpropagation starts from S dJ/dz_L (lesson 16's MicroBatched reads it)."""
+        """S, the scaler's: backpropagation starts from S dJ/dz_L (lesson 17's MicroBatched reads it)."""
         return self.scaler.loss_scale
 
     def state_dict(self) -> dict:
