@@ -26,7 +26,7 @@ from nnlib.lesson04_collectives import collectives, costmodel
 from nnlib.lesson07_scaling import scaling
 from nnlib.lesson09_ring_allreduce import allreduce, overlap, zero
 from nnlib.lesson11_tensor_parallel import bubbles, instructions
-from nnlib.lesson14_asynchronous import compression, local_sgd, powersgd
+from nnlib.lesson15_compression import compression, local_sgd, powersgd
 from nnlib.lesson16_sharding import budget, fsdp
 from nnlib.lesson18_pipeline_schedules import schedules
 
@@ -291,10 +291,10 @@ NNLIB = {
     "11.1": lambda inputs, weights, biases: sigmoid(inputs @ np.hstack(weights) + np.concatenate(biases)),
     "11.2": lambda hidden, weights, biases: np.hstack(hidden) @ np.vstack(weights) + biases,  # the unsplit layer
     "11.3": bubbles.bubble_fraction,
-    "14.1": compression.to_bfloat16,
-    "14.2": top_k_step_by_nnlib,
-    "14.3": powersgd_approximation_by_nnlib,
-    "14.4": diloco_outer_step_by_nnlib,
+    "15.1": compression.to_bfloat16,
+    "15.2": top_k_step_by_nnlib,
+    "15.3": powersgd_approximation_by_nnlib,
+    "15.4": diloco_outer_step_by_nnlib,
     "16.1": fsdp_layer_step_by_nnlib,  # (lesson 16's own lines: fsdp_layer_step_by_nnlib above)
     "16.2": lambda num_layers, every: budget.activation_widths((1,) * (num_layers + 1), every),  # widths of 1
     "18.1": lambda stages, micro_batches, chunks: schedules.bubble_formula("interleaved", stages, micro_batches,
@@ -320,6 +320,8 @@ BY_HAND = [
     ("13.1", ([3, 1, 0], 4), [2]),
     ("13.1", ([1, 0], 2), []),
     ("13.2", (50.0, 40_000.0, 4), 1000.0),  # sqrt(2 * 50 * 10 000)
+    ("14.1", (np.array([1, 2, 1, 1, 2]),), np.array([0, 1, 1, 0, 2])),  # worker 2 starts 1 behind
+    ("14.1", (np.array([2, 2, 1, 2]),), np.array([0, 0, 2, 1])),
     ("16.3", (1024.0, 5, True, 10), (512.0, 0, True)),
     ("16.3", (1024.0, 9, False, 10), (2048.0, 10, False)),
     ("16.3", (1024.0, 3, False, 10), (1024.0, 4, False)),
@@ -443,6 +445,33 @@ def backward_wrong_derivative(inputs, weights, activations, grad_activations):
     return inputs.T @ delta, delta.sum(axis=0), delta @ weights.T
 
 
+# ---- lesson 14 (exercise 14.1, the staleness of each update): the mistakes a student makes ----
+def staleness_counting_its_own_update(workers):
+    """The answer's parameters taken as those before the worker's own update: one too stale."""
+    sent, staleness = {}, []
+    for version, worker in enumerate(workers):
+        staleness.append(version - sent.get(worker, 0))
+        sent[worker] = version
+    return np.array(staleness)
+
+
+def staleness_fresh_at_first(workers):
+    """A worker's first gradient taken as fresh, although it comes from the first parameters (version 0)."""
+    sent, staleness = {}, []
+    for version, worker in enumerate(workers):
+        staleness.append(version - sent.get(worker, version))
+        sent[worker] = version + 1
+    return np.array(staleness)
+
+
+def top_k_without_error_feedback(gradient, residual, k):
+    """Lesson 15's top-k forgetting the residual: what was not sent is lost."""
+    sent = np.zeros_like(gradient)
+    largest = np.argsort(np.abs(gradient))[-k:]
+    sent[largest] = gradient[largest]
+    return sent, gradient - sent
+
+
 HALF_FINISHED = [
     ("02.1", ..., "not written", "`layer_forward` is still Ellipsis"),
     ("02.1", None, "not written", "`layer_forward` is still None"),
@@ -487,6 +516,10 @@ HALF_FINISHED = [
     ("18.3", one_f_one_b_warming_up(lambda stages, stage: stages - stage - 1), "right", ""),  # the helpers are right
     ("18.3", sends_before_their_work, "values", "one_f_one_b_program(3, 0, 5), result 1 of 2"),
     ("18.3", messages_past_the_ends, "shape", "result 1 of 2 returned shape (30,); expected shape (20,)"),
+    ("14.1", staleness_counting_its_own_update, "values", "got 2, expected 1"),
+    ("14.1", staleness_fresh_at_first, "values", "got 0, expected 1"),
+    ("14.1", lambda workers: np.zeros(len(workers)), "dtype", "expected whole numbers (integers)"),
+    ("15.2", top_k_without_error_feedback, "values", "wrong values"),
 ] + FSDP_HALF_FINISHED  # lesson 16's, defined above
 
 # Lesson 09's write-the-core exercises: the mistakes a student makes must fail, each with its message.
