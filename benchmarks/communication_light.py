@@ -1,4 +1,4 @@
-"""Talking less (issue 27, lesson 14): every way of sending fewer bytes, on the same network and the same steps.
+"""Talking less (issue 27, lesson 15): every way of sending fewer bytes, on the same network and the same steps.
 
 One batch job per method (``mpiexec -n 4 python -m nnlib train``, 784-256-10 on MNIST, 4 workers,
 per-rank sampler, global batch 100, momentum 0.9, float32):
@@ -31,7 +31,7 @@ import numpy as np
 
 from nnlib.course.environment import blas_kernel, mpiexec_path
 from nnlib.lesson04_collectives.costmodel import ETHERNET_1G, INFINIBAND_100G
-from nnlib.lesson14_asynchronous.compression import counted_seconds
+from nnlib.lesson15_compression.compression import counted_seconds
 
 NETWORKS = {"1 Gbit/s": ETHERNET_1G, "100 Gbit/s": INFINIBAND_100G}
 WORKERS = (8, 64)

@@ -1,10 +1,10 @@
-"""nnlib.lesson14_asynchronous.compression in one process: bfloat16 by hand, top-k, bytes and the alpha-beta times."""
+"""nnlib.lesson15_compression.compression in one process: bfloat16 by hand, top-k, bytes and the alpha-beta times."""
 
 import numpy as np
 import pytest
 
 from nnlib.lesson04_collectives.costmodel import ring_allreduce_time
-from nnlib.lesson14_asynchronous.compression import (METHODS, Compressor, check_method, exchange_time, from_bfloat16,
+from nnlib.lesson15_compression.compression import (METHODS, Compressor, check_method, exchange_time, from_bfloat16,
                                                     message_bytes, to_bfloat16, top_k)
 
 

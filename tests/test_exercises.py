@@ -26,7 +26,7 @@ from nnlib.lesson04_collectives import collectives, costmodel
 from nnlib.lesson07_scaling import scaling
 from nnlib.lesson09_ring_allreduce import allreduce, overlap, zero
 from nnlib.lesson12_pipeline import bubbles, instructions
-from nnlib.lesson14_asynchronous import compression, local_sgd, powersgd
+from nnlib.lesson15_compression import compression, local_sgd, powersgd
 from nnlib.lesson16_sharding import fsdp
 from nnlib.lesson17_activations import budget
 from nnlib.lesson18_pipeline_schedules import schedules
@@ -299,10 +299,10 @@ NNLIB = {
     "12.1": bubbles.bubble_fraction,
     "12.2": lambda stages, stage, m, schedule: int(np.cumsum([  # the most forwards not yet matched by a backward
         {"forward": 1, "backward": -1}.get(step.kind, 0) for step in instructions.SCHEDULES[schedule](stages, m)[stage]]).max()),
-    "14.1": compression.to_bfloat16,
-    "14.2": top_k_step_by_nnlib,
-    "14.3": powersgd_approximation_by_nnlib,
-    "14.4": diloco_outer_step_by_nnlib,
+    "15.1": compression.to_bfloat16,
+    "15.2": top_k_step_by_nnlib,
+    "15.3": powersgd_approximation_by_nnlib,
+    "15.4": diloco_outer_step_by_nnlib,
     "16.1": fsdp_layer_step_by_nnlib,  # (lesson 16's own lines: fsdp_layer_step_by_nnlib above)
     "17.1": lambda num_layers, every: budget.activation_widths((1,) * (num_layers + 1), every),  # widths of 1
     "18.1": lambda stages, micro_batches, chunks: schedules.bubble_formula("interleaved", stages, micro_batches,
@@ -336,6 +336,8 @@ BY_HAND = [
     ("17.2", (1024.0, 5, True, 10), (512.0, 0, True)),
     ("17.2", (1024.0, 9, False, 10), (2048.0, 10, False)),
     ("17.2", (1024.0, 3, False, 10), (1024.0, 4, False)),
+    ("14.1", (np.array([1, 2, 1, 1, 2]),), np.array([0, 1, 1, 0, 2])),  # worker 2 starts 1 behind
+    ("14.1", (np.array([2, 2, 1, 2]),), np.array([0, 0, 2, 1])),
 ]
 
 
@@ -399,10 +401,10 @@ def test_every_notebook_exercise_cell_is_the_worked_answers_def_line_and_docstri
 
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda path: path.stem)
 def test_every_lesson_ends_with_its_exercises_each_followed_by_its_check(notebook):
-    """2 to 4 exercises per lesson; the notebook's cells are the templates, unsolved, each followed by a
+    """1 to 4 exercises per lesson; the notebook's cells are the templates, unsolved, each followed by a
     sentence and its check cell, whose saved output is the "not written yet" verdict."""
     exercises = lesson_exercises(notebook.name[:2])
-    assert 2 <= len(exercises) <= 4
+    assert 1 <= len(exercises) <= 4
     cells = nbformat.read(notebook, 4).cells
     exercise_cells = [index for index, cell in enumerate(cells) if "exercise" in cell.metadata.get("tags", [])]
     assert len(exercise_cells) == len(exercises)
@@ -456,6 +458,33 @@ def backward_wrong_derivative(inputs, weights, activations, grad_activations):
     return inputs.T @ delta, delta.sum(axis=0), delta @ weights.T
 
 
+# ---- lesson 14 (exercise 14.1, the staleness of each update): the mistakes a student makes ----
+def staleness_counting_its_own_update(workers):
+    """The answer's parameters taken as those before the worker's own update: one too stale."""
+    sent, staleness = {}, []
+    for version, worker in enumerate(workers):
+        staleness.append(version - sent.get(worker, 0))
+        sent[worker] = version
+    return np.array(staleness)
+
+
+def staleness_fresh_at_first(workers):
+    """A worker's first gradient taken as fresh, although it comes from the first parameters (version 0)."""
+    sent, staleness = {}, []
+    for version, worker in enumerate(workers):
+        staleness.append(version - sent.get(worker, version))
+        sent[worker] = version + 1
+    return np.array(staleness)
+
+
+def top_k_without_error_feedback(gradient, residual, k):
+    """Lesson 15's top-k forgetting the residual: what was not sent is lost."""
+    sent = np.zeros_like(gradient)
+    largest = np.argsort(np.abs(gradient))[-k:]
+    sent[largest] = gradient[largest]
+    return sent, gradient - sent
+
+
 HALF_FINISHED = [
     ("02.1", ..., "not written", "`layer_forward` is still Ellipsis"),
     ("02.1", None, "not written", "`layer_forward` is still None"),
@@ -505,6 +534,10 @@ HALF_FINISHED = [
     ("18.3", one_f_one_b_warming_up(lambda stages, stage: stages - stage - 1), "right", ""),  # the helpers are right
     ("18.3", sends_before_their_work, "values", "one_f_one_b_program(3, 0, 5), result 1 of 2"),
     ("18.3", messages_past_the_ends, "shape", "result 1 of 2 returned shape (30,); expected shape (20,)"),
+    ("14.1", staleness_counting_its_own_update, "values", "got 2, expected 1"),
+    ("14.1", staleness_fresh_at_first, "values", "got 0, expected 1"),
+    ("14.1", lambda workers: np.zeros(len(workers)), "dtype", "expected whole numbers (integers)"),
+    ("15.2", top_k_without_error_feedback, "values", "wrong values"),
 ] + FSDP_HALF_FINISHED  # lesson 16's, defined above
 
 # Lesson 09's write-the-core exercises: the mistakes a student makes must fail, each with its message.

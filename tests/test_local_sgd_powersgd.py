@@ -1,4 +1,4 @@
-"""Lesson 14's ways of talking less, in one process and as batch-job flags: PowerSGD's bytes and power iteration,
+"""Lesson 15's ways of talking less, in one process and as batch-job flags: PowerSGD's bytes and power iteration,
 local SGD / DiLoCo's outer step and rounds, the byte counter and its alpha-beta time; the flags' refusals, where the
 job's settings check decides them; the jobs' byte counts (one launch of 3 ranks). The equalities under mpiexec on 1
 to 4 ranks are in tests/mpi/check_communication_light.py (run by test_mpi.py)."""
@@ -12,9 +12,9 @@ from test_train_command import settings_refusal
 from nnlib.lesson02_network.network import count_parameters
 from nnlib.lesson04_collectives.costmodel import ETHERNET_1G, ring_allgather_time, ring_allreduce_time
 from nnlib.lesson09_ring_allreduce.counting import CountingComm
-from nnlib.lesson14_asynchronous.compression import counted_seconds
-from nnlib.lesson14_asynchronous.local_sgd import check_local_sgd, outer_step
-from nnlib.lesson14_asynchronous.powersgd import PowerSGDCompressor, check_rank, message_bytes
+from nnlib.lesson15_compression.compression import counted_seconds
+from nnlib.lesson15_compression.local_sgd import check_local_sgd, outer_step
+from nnlib.lesson15_compression.powersgd import PowerSGDCompressor, check_rank, message_bytes
 
 SMALL = ("--samples", "1001", "--epochs", "2", "--batch-size", "64", "--hidden", "16")
 

@@ -188,8 +188,8 @@ class LocalUpdate:
 
     size = 1
     layer_done = None  # nothing to start while backpropagation runs
-    kept_between_steps = None  # what it keeps between steps beyond the optimizer (lesson 14's residuals): None
-    compression = "none"  # of its messages (lesson 14's)
+    kept_between_steps = None  # what it keeps between steps beyond the optimizer (lesson 15's residuals): None
+    compression = "none"  # of its messages (lesson 15's)
 
     def optimizer(self, network, make):
         return make(network.params, network.xp)

@@ -5,7 +5,7 @@ alpha (seconds) is the fixed cost of any message (software overhead, network lat
 the inverse bandwidth; the crossover is at n = alpha / beta. Later lessons add to this module, and every notebook
 and module that predicts a time calls it (nothing else retypes a formula): the parameter server (lesson 06), the
 assumed cluster networks, a step's FLOPs and its time on P ranks (06), the Allreduce algorithms (08).
-Lesson 12's tradeoffs, its bubbles and lesson 14's compression build on these functions.
+Lesson 12's tradeoffs, its bubbles and lesson 15's compression build on these functions.
 
 The time functions take ``n_bytes`` and ``ranks`` as numbers or NumPy arrays (one prediction each)
 and return 0 for one rank: nothing is sent.
@@ -54,7 +54,7 @@ class Machine:
     flops_per_second: float = float("nan")
 
 
-# Assumed figures of cluster networks for the lessons' predictions (lessons 07, 12 and 14), stated,
+# Assumed figures of cluster networks for the lessons' predictions (lessons 07, 12 and 15), stated,
 # not measured here: MPI over TCP on Ethernet pays tens of microseconds per message; 100 Gbit/s
 # InfiniBand (EDR) a few. beta is the inverse of the link's bandwidth.
 ETHERNET_1G = Machine(alpha=50e-6, beta=1 / 125e6)

@@ -53,7 +53,7 @@ class Checkpointing(Hook):
         if not isinstance(self.folder, CheckpointFolder):
             problem = ("checkpoints need a nnlib.lesson13_faults.checkpoint.CheckpointFolder; got "
                        f"{type(self.folder).__name__}")
-        elif run.sync.kept_between_steps:  # (lesson 14's top-k, PowerSGD, local SGD)
+        elif run.sync.kept_between_steps:  # (lesson 15's top-k, PowerSGD, local SGD)
             problem = f"checkpoints do not keep {run.sync.kept_between_steps}: run it without checkpoints"
         elif self.comm.rank == 0 and not self.resume and self.folder.files():  # (kept by step count, another
             # run's later files could push out this run's newest, and a later resume would pick up the other run)

@@ -1,4 +1,4 @@
-"""The data-parallel job (lessons 06, 08, 09, 13, 14, 16, 17): this rank's network, sync, hooks, and results.
+"""The data-parallel job (lessons 06, 08-10, 13-17): this rank's network, sync, hooks, and results.
 
 Every rank trains its copy of the network on its shard with nnlib.lesson06_data_parallel.train_parallel; the
 network may be on a GPU (lesson 08), sharded or wrapped by lessons 16 and 17's memory options; the hooks inject the
@@ -42,7 +42,7 @@ def data_parallel_job(args, comm, settings, data, test) -> int:
         hooks.append(Checkpointing(CheckpointFolder(args.checkpoint_dir, args.checkpoint_every or None),
                                    args.resume, progress=True))
     local_inputs, local_labels, start = shard(comm, *data)
-    counting = CountingComm(comm)  # (what each rank hands to its collectives: lessons 09 and 14)
+    counting = CountingComm(comm)  # (what each rank hands to its collectives: lessons 09 and 15)
     staged = HostStaging(counting, network.xp) if on_gpu else counting
     with comm.guard():  # a rank that raises tells the others, which stop at once
         history = train_parallel(staged, network, local_inputs, local_labels, num_samples=args.samples,
@@ -114,15 +114,15 @@ def job_strategy(args):
     --local-steps."""
     kind = kinds_of(args)[0]
     if kind == "--local-steps":
-        from nnlib.lesson14_asynchronous.local_sgd import local_sgd
+        from nnlib.lesson15_compression.local_sgd import local_sgd
 
         return local_sgd(args.local_steps, args.outer_optimizer, args.outer_learning_rate)
     if kind == "--compression powersgd":
-        from nnlib.lesson14_asynchronous.powersgd import powersgd
+        from nnlib.lesson15_compression.powersgd import powersgd
 
         return powersgd(args.rank, seed=args.seed)
     if kind.startswith("--compression"):
-        from nnlib.lesson14_asynchronous.compression import compressed
+        from nnlib.lesson15_compression.compression import compressed
 
         return compressed(args.compression, args.topk)
     from nnlib.lesson06_data_parallel.data_parallel import STRATEGIES

@@ -65,8 +65,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_later_arguments(parser: argparse.ArgumentParser) -> None:
-    """Lessons 11 and 12's model parallelism, lesson 18's schedules and --trace, lesson 14's compression, local SGD and
-    asynchrony, lessons 16 and 17's memory options (--strategy fsdp is one of JOB_STRATEGIES)."""
+    """Lessons 11 and 12's model parallelism, lesson 18's schedules and --trace, lesson 14's asynchrony, lesson 15's
+    compression and local SGD, lessons 16 and 17's memory options (--strategy fsdp is one of JOB_STRATEGIES)."""
     parser.add_argument("--model-parallel", choices=("none", "tensor", "pipeline"), default="none",
                         help="split the model too (lessons 11-12): tensor (hidden units) or pipeline (layers) inside "
                              "replicas of --model-size ranks; data parallelism across the replicas")
@@ -84,7 +84,7 @@ def add_later_arguments(parser: argparse.ArgumentParser) -> None:
                              "server's updates")
     parser.add_argument("--compression", default="none",
                         help="gradients sent as none (float64/32), float16, bfloat16, topk (with --topk K and "
-                             "error feedback) or powersgd (with --rank R); with --strategy allreduce (lesson 14)")
+                             "error feedback) or powersgd (with --rank R); with --strategy allreduce (lesson 15)")
     parser.add_argument("--topk", type=int, default=None, help="K, the gradient entries each rank sends (topk)")
     parser.add_argument("--rank", type=int, default=None,
                         help="with --compression powersgd: R, the rank of each weight gradient's approximation")
@@ -204,11 +204,11 @@ FLAGS = dict(asynchronous="--asynchronous", batch_size="--batch-size", staleness
 def check_settings(args, ranks: int):
     """The job's training settings (lesson 03's Settings), or ValueError for options that are wrong or cannot go
     together on ``ranks`` ranks (no I/O, no MPI: every rank reaches the same verdict from the same arguments, before
-    any collective): each option's own values and what it needs first (lesson 14's own checks of --asynchronous's
+    any collective): each option's own values and what it needs first (lesson 14's and 15's checks of --asynchronous's
     and --local-steps' values, naming the flags), then the table of what combines."""
     from nnlib.lesson03_training.training import Settings
     from nnlib.lesson14_asynchronous.asynchronous import asynchronous_problems
-    from nnlib.lesson14_asynchronous.local_sgd import DILOCO_MOMENTUM, check_local_sgd
+    from nnlib.lesson15_compression.local_sgd import DILOCO_MOMENTUM, check_local_sgd
 
     adam = {name: getattr(args, name) for name in ("beta1", "beta2", "eps", "weight_decay")
             if getattr(args, name) is not None}  # (the flags given; Settings' defaults for the rest)
@@ -233,8 +233,8 @@ def option_problems(args, ranks: int) -> list[tuple[bool, str]]:
     """(wrong?, what to do) for each option's own value, then for the options that belong to another (--staleness
     to --asynchronous, ...)."""
     from nnlib.lesson02_network.network import count_parameters
-    from nnlib.lesson14_asynchronous.compression import check_method
-    from nnlib.lesson14_asynchronous.powersgd import check_rank
+    from nnlib.lesson15_compression.compression import check_method
+    from nnlib.lesson15_compression.powersgd import check_rank
 
     compression = [] if args.compression == "powersgd" else check_method(args.compression, args.topk,
                                                                           count_parameters((784, *args.hidden, 10)))

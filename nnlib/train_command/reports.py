@@ -12,9 +12,9 @@ LESSON = 18
 
 def announce(args, comm, network, gpus) -> None:
     """Rank 0 says what the job runs: ranks, strategy, network, samples, batch; what compression sends or how often
-    local SGD talks (lesson 14); lessons 16-17's options and the memory model's count for rank 0, if used; the GPUs."""
+    local SGD talks (lesson 15); lessons 16-17's options and the memory model's count for rank 0, if used; the GPUs."""
     from nnlib.lesson08_gpu.backend import cuda_aware_mpi, gpu_status
-    from nnlib.lesson14_asynchronous import compression, powersgd
+    from nnlib.lesson15_compression import compression, powersgd
     from nnlib.lesson17_activations.budget import predicted_bytes
 
     if comm.rank != 0:

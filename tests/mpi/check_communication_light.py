@@ -1,5 +1,5 @@
-"""Run under mpiexec with 1 to 4 ranks: local SGD / DiLoCo (nnlib.lesson14_asynchronous.local_sgd) and PowerSGD
-(nnlib.lesson14_asynchronous.powersgd) in data-parallel training.
+"""Run under mpiexec with 1 to 4 ranks: local SGD / DiLoCo (nnlib.lesson15_compression.local_sgd) and PowerSGD
+(nnlib.lesson15_compression.powersgd) in data-parallel training.
 
 Local SGD with H = 1, plain averaging and outer rate 1 equals synchronous data parallelism with the
 per-rank sampler to 1e-10 in float64, with and without momentum (203 samples, batches of 30: nothing
@@ -20,8 +20,8 @@ from nnlib.lesson06_data_parallel import shard, train_parallel
 from nnlib.lesson09_ring_allreduce.sampling import PerRankBatches
 from nnlib.lesson13_faults.checkpoint import CheckpointFolder, Checkpointing
 from nnlib.lesson09_ring_allreduce.counting import CountingComm
-from nnlib.lesson14_asynchronous.local_sgd import local_sgd
-from nnlib.lesson14_asynchronous.powersgd import PowerSGDCompressor, message_bytes, powersgd
+from nnlib.lesson15_compression.local_sgd import local_sgd
+from nnlib.lesson15_compression.powersgd import PowerSGDCompressor, message_bytes, powersgd
 
 comm = MPI.COMM_WORLD
 rank, size = comm.rank, comm.size

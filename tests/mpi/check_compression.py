@@ -1,4 +1,4 @@
-"""Run under mpiexec with 1 to 4 ranks: compressed gradients (nnlib.lesson14_asynchronous.compression) in data-parallel training.
+"""Run under mpiexec with 1 to 4 ranks: compressed gradients (nnlib.lesson15_compression.compression) in data-parallel training.
 
 Top-k with k = every parameter and float64 values sends everything: training equals the plain
 Allreduce's to 1e-10 (203 samples, batches of 32: nothing divides). One float16 or bfloat16 exchange
@@ -14,7 +14,7 @@ from mpi4py import MPI
 from nnlib import Network
 from nnlib.lesson06_data_parallel import shard, train_parallel
 from nnlib.lesson13_faults.checkpoint import CheckpointFolder, Checkpointing
-from nnlib.lesson14_asynchronous.compression import Compressor, compressed, from_bfloat16, to_bfloat16
+from nnlib.lesson15_compression.compression import Compressor, compressed, from_bfloat16, to_bfloat16
 
 comm = MPI.COMM_WORLD
 rank, size = comm.rank, comm.size

@@ -29,9 +29,9 @@ from mpi4py import MPI
 from nnlib.lesson02_network.arrays import to_numpy
 from nnlib.lesson02_network.network import layer_views
 from nnlib.lesson03_training.training import is_whole
-from nnlib.lesson14_asynchronous.compression import CompressedAllreduce
+from nnlib.lesson15_compression.compression import CompressedAllreduce
 
-LESSON = 14
+LESSON = 15
 
 
 def check_rank(rank) -> list[str]:
@@ -98,6 +98,6 @@ class PowerSGDCompressor:
 
 def powersgd(rank: int, seed: int = 0):
     """The strategy ``train_parallel`` takes for PowerSGD of this rank: a function of (comm, network) giving
-    lesson 14's CompressedAllreduce with a :class:`PowerSGDCompressor`."""
+    lesson 15's CompressedAllreduce with a :class:`PowerSGDCompressor`."""
     return lambda comm, network: CompressedAllreduce(comm, network, "powersgd", compressor=PowerSGDCompressor(
         network.shapes, rank, to_numpy(network.params[:1]).dtype, seed))

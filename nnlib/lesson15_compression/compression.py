@@ -32,7 +32,7 @@ from nnlib.lesson02_network.arrays import through_host, to_numpy
 from nnlib.lesson04_collectives.costmodel import ring_allgather_time, ring_allreduce_time
 from nnlib.lesson06_data_parallel.data_parallel import DataParallel
 
-LESSON = 14
+LESSON = 15
 
 
 METHODS = ("none", "float16", "bfloat16", "topk")
@@ -117,7 +117,7 @@ class CompressedAllreduce(DataParallel):
 
     ``train_parallel(..., strategy=compressed("topk", k=1000))`` trains this way. ``compressor``: another
     object with ``allreduce(comm, grads)``, a ``name`` and what it keeps between steps (``kept_between_steps``,
-    which checkpoints would lose), in place of a Compressor: nnlib.lesson14_asynchronous.powersgd's.
+    which checkpoints would lose), in place of a Compressor: nnlib.lesson15_compression.powersgd's.
     """
 
     def __init__(self, comm, network, method: str, k: int | None = None, compressor=None):
