@@ -9,9 +9,9 @@ from nnlib.lesson06_data_parallel import shard, train_parallel
 from nnlib.lesson06_data_parallel.data_parallel import Allreduce
 from nnlib.lesson09_ring_allreduce.sampling import PerRankBatches
 from nnlib.lesson09_ring_allreduce.zero import ZeRO
-from nnlib.lesson11_tensor_parallel.bubbles import random_batch
-from nnlib.lesson11_tensor_parallel.memory import rank_bytes
-from nnlib.lesson11_tensor_parallel.pipeline import PipelineMLP
+from nnlib.lesson12_pipeline.bubbles import random_batch
+from nnlib.lesson12_pipeline.memory import rank_bytes
+from nnlib.lesson12_pipeline.pipeline import PipelineMLP
 from nnlib.lesson11_tensor_parallel.tensor import TensorParallelMLP
 from nnlib.lesson16_sharding.fsdp import FullySharded, FullyShardedNetwork
 from nnlib.lesson17_activations.accumulation import MicroBatched
