@@ -43,7 +43,7 @@ def build(comm, sizes, dtype: str, technique: str):
     """(network, strategy) of one case: lesson 06's data parallelism, or one of lessons 09 and 16's savers."""
     from nnlib import Network
     from nnlib.lesson06_data_parallel.data_parallel import Allreduce
-    from nnlib.lesson09_ring_allreduce.zero import ZeRO
+    from nnlib.lesson10_zero_overlap.zero import ZeRO
     from nnlib.lesson16_sharding.accumulation import MicroBatched
     from nnlib.lesson16_sharding.fsdp import FullySharded, FullyShardedNetwork
     from nnlib.lesson16_sharding.mixed_precision import MixedPrecision

@@ -22,7 +22,7 @@ from nnlib.course.environment import mpiexec_path
 from nnlib.course.trace import (Span, phase_spans, pipeline_spans, trace_events, update_instants,
                                               write_trace)
 from nnlib.lesson06_data_parallel.data_parallel import train_parallel
-from nnlib.lesson09_ring_allreduce.overlap import BucketedAllreduce
+from nnlib.lesson10_zero_overlap.overlap import BucketedAllreduce
 from nnlib.lesson13_faults.watchdog import record_waits, train_watched, wait_spans
 from nnlib.lesson18_pipeline_schedules.pictures import chunks_of
 from nnlib.lesson18_pipeline_schedules.schedules import schedule_programs, simulated_timelines

@@ -111,7 +111,7 @@ def ring_steps(comm, buffer, lag: int, reduce=None):
     chunk = [buffer[start:start + count] for start, count in zip(starts, counts)]
     incoming = np.empty(counts[0], dtype=buffer.dtype) if reduce else None  # the first chunk is the longest
     right, left = (rank + 1) % size, (rank - 1) % size
-    with np.errstate(over="ignore", invalid="ignore"):  # as MPI's sum: an inf passes on (lesson 16's scaler sees it)
+    with np.errstate(over="ignore", invalid="ignore"):  # as MPI's sum: an inf passes on (lesson 17's scaler sees it)
         for step in range(size - 1):
             send, receive = (rank - step - lag) % size, (rank - step - lag - 1) % size
             arrived = incoming[:counts[receive]] if reduce else chunk[receive]

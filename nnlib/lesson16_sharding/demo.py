@@ -15,8 +15,8 @@ from nnlib.lesson04_collectives.collectives import split_evenly
 from nnlib.lesson06_data_parallel import shard, train_parallel
 from nnlib.lesson06_data_parallel.data_parallel import Allreduce
 from nnlib.lesson09_ring_allreduce.counting import ring_bytes
-from nnlib.lesson09_ring_allreduce.sampling import PerRankBatches
-from nnlib.lesson09_ring_allreduce.zero import GradientShardedNetwork, ZeRO, ZeROStage2
+from nnlib.lesson10_zero_overlap.sampling import PerRankBatches
+from nnlib.lesson10_zero_overlap.zero import GradientShardedNetwork, ZeRO, ZeROStage2
 from nnlib.lesson11_tensor_parallel.bubbles import random_batch
 from nnlib.lesson11_tensor_parallel.memory import layer_params, rank_bytes
 from nnlib.lesson11_tensor_parallel.pipeline import PipelineMLP

@@ -17,9 +17,9 @@ from nnlib.lesson04_collectives.collectives import split_evenly
 from nnlib.lesson06_data_parallel import shard, train_parallel
 from nnlib.lesson06_data_parallel.data_parallel import STRATEGIES as LESSON_06
 from nnlib.lesson08_gpu.backend import HostStaging, WaitForDevice
-from nnlib.lesson09_ring_allreduce.overlap import Overlap
-from nnlib.lesson09_ring_allreduce.sampling import PerRankBatches
-from nnlib.lesson09_ring_allreduce.zero import ZeRO
+from nnlib.lesson10_zero_overlap.overlap import Overlap
+from nnlib.lesson10_zero_overlap.sampling import PerRankBatches
+from nnlib.lesson10_zero_overlap.zero import ZeRO
 
 comm = MPI.COMM_WORLD
 rank, size = comm.rank, comm.size
@@ -170,7 +170,7 @@ def check_bad_configurations_fail_on_every_rank():
 def check_zero_keeps_one_slice_of_the_optimizer_state():
     """ZeRO: each rank's velocity is its uneven slice; the slices tile the whole vector once."""
     from nnlib.lesson03_training.training import Settings
-    from nnlib.lesson09_ring_allreduce.zero import ZeRO
+    from nnlib.lesson10_zero_overlap.zero import ZeRO
 
     network = Network((12, 7, 4), dtype="float64", seed=3)  # 123 parameters: uneven for P = 2 and 4
     zero = ZeRO(comm, network)
@@ -216,7 +216,7 @@ def check_zero_stage_2_equals_sequential_and_holds_only_its_slice_of_the_gradien
     float64, full batch, momentum, Adam and AdamW, with and without 3 micro-batches (each micro-batch's buckets added
     into the slice): sequential training's parameters within 1e-10, the same on every rank; ``grads`` is rank r's
     slice only, and the buckets hold at most Psi / (4P) values (but for a row wider than that)."""
-    from nnlib.lesson09_ring_allreduce.zero import GradientShardedNetwork, ZeROStage2, rank_slice
+    from nnlib.lesson10_zero_overlap.zero import GradientShardedNetwork, ZeROStage2, rank_slice
     from nnlib.lesson16_sharding.accumulation import MicroBatched
 
     class Buckets:  # comm, with the length of every bucket it reduce-scatters
@@ -270,8 +270,8 @@ def check_the_per_rank_sampler():
 def check_overlapped_buckets_equal_one_allreduce():
     """Deeper network, any bucket size, on the ranks' MPI or a simulated link over it: the overlapped Iallreduces give
     the plain Allreduce's sums."""
-    from nnlib.lesson09_ring_allreduce.overlap import BucketedAllreduce, bucket_ranges
-    from nnlib.lesson09_ring_allreduce.simulated_link import SimulatedLink
+    from nnlib.lesson10_zero_overlap.overlap import BucketedAllreduce, bucket_ranges
+    from nnlib.lesson10_zero_overlap.simulated_link import SimulatedLink
 
     local_inputs, local_labels, _ = shard(comm, INPUTS if rank == 0 else None, LABELS if rank == 0 else None)
     network = Network((12, 9, 8, 7, 4), dtype="float64", seed=3)
@@ -294,7 +294,7 @@ def check_communication_split_into_waiting_and_transfer():
     """A rank that is late to every step: the others' communication is waiting, not transfer."""
     import time
 
-    from nnlib.lesson09_ring_allreduce.waiting import communication_split
+    from nnlib.lesson10_zero_overlap.waiting import communication_split
 
     delay, steps = 0.06, 8  # long beside a transfer even with 4 ranks taking turns on 2 busy cores
     late = size - 1
