@@ -1,6 +1,6 @@
 """Data-parallel speed: 1 rank versus 2 ranks (one BLAS thread each), and against PyTorch DDP.
 
-Each strategy (allreduce, zero, overlap) and sampler (exact, per_rank) of lesson 09 gets a row.
+Each strategy (allreduce, zero, overlap) and sampler (exact, per_rank) of lesson 10 gets a row.
 
 Run:   make benchmark        (or: .venv/bin/python benchmarks/data_parallel.py)
 

@@ -1,4 +1,4 @@
-"""The pieces of lessons 06 and 09 that need no MPI: the shard's batches, ZeRO's slices, the overlap's buckets,
+"""The pieces of lessons 06 and 10 that need no MPI: the shard's batches, ZeRO's slices, the overlap's buckets,
 the samplers."""
 
 import time
@@ -134,7 +134,7 @@ def test_a_ranking_of_noisy_runs_says_which_runs_the_rounds_cannot_tell_apart():
     assert ranking({"only": [1.0]}) == (["only"], [])
 
 
-# -- lesson 09's simulated link ----------------------------------------------------------------------------------
+# -- lesson 10's simulated link ----------------------------------------------------------------------------------
 
 class SelfAsTwoRanks:
     """MPI.COMM_SELF (its sums are the buffer itself) that says it has 2 ranks: a link of 2 ranks in one process."""

@@ -5,7 +5,7 @@ must nest on every thread (Perfetto draws overlapping spans of one thread wrongl
 be the recorded timeline: the pipeline stages' (from lesson 11's simulate, interleaved ones naming
 their chunk, and from a batch job with the interleaved schedule under mpiexec), the data-parallel
 phases of a batch job under mpiexec (--trace), the parameter server's updates, overlap's per-bucket
-calls (lesson 09) and the watchdog's waits (lesson 13) of a training run. Each check is also shown failing.
+calls (lesson 10) and the watchdog's waits (lesson 13) of a training run. Each check is also shown failing.
 """
 
 import json

@@ -16,7 +16,7 @@ Bounded staleness (stale-synchronous parallel, Ho et al. 2013): every worker cou
 the server answers a worker only while c_w - min_u c_u <= s, so no worker runs more than s steps ahead of the
 slowest. At s = 0 every worker computes its step-c gradient from the parameters after all step c-1 gradients, and
 the server's updates add up to the synchronous step w <- w - eta sum_w g_w (each g_w normalized by the global
-batch) in another order: ``staleness=0`` equals synchronous data parallelism with lesson 09's per-rank sampler
+batch) in another order: ``staleness=0`` equals synchronous data parallelism with lesson 10's per-rank sampler
 (per_rank_plan) on the P-1 workers, to rounding; ``staleness=None`` is fully asynchronous.
 
 The server keeps one ``Irecv`` open per worker and waits for any of them (MPI's Waitany). Plain SGD (no
@@ -98,7 +98,7 @@ def train_async(comm, network, inputs, labels, settings: Settings | None = None,
 
     inputs (N, n_0), labels (N,): the whole training set on every rank; each worker takes its shard (split_evenly
     over the P-1 workers). ``settings``: lesson 03's Settings, or its fields as keywords; a worker's batches are its
-    share of the batch size through its shard (lesson 09's PerRankBatches), as many updates as synchronous
+    share of the batch size through its shard (lesson 10's PerRankBatches), as many updates as synchronous
     training makes. ``staleness``: the bound s (None: fully asynchronous); ``slow``: {rank: seconds} added to every
     step of those workers (a straggler). Every message has ``comm``'s deadline (a WatchedComm's, or the default).
     Every rank ends with the server's final parameters; rank 0 returns the :class:`AsyncHistory`, the workers None.

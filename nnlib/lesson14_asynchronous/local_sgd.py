@@ -14,7 +14,7 @@ moments), then one Allreduce of n numbers and the outer step, the same on every 
 g_r is rank r's part of the global batch gradient, divided by the global batch B as lesson 06's loop computes it;
 P g_r is the gradient of rank r's own batch of B / P samples (exactly, where B divides). With H = 1, ``average``
 and eta_out = 1 the outer step is x - eta sum_r g_r: synchronous data parallelism (with momentum too: the ranks'
-mean velocity follows the synchronous one) with lesson 09's per-rank sampler (PerRankBatches), each rank drawing
+mean velocity follows the synchronous one) with lesson 10's per-rank sampler (PerRankBatches), each rank drawing
 its own batches. The tests check that equality; H > 1 is the experiment.
 
 A round ends after H steps, and at the end of every epoch, so that each epoch ends with one model on

@@ -4,7 +4,7 @@ rank holds at the peak of a step, by kind, counted from the arrays the math need
 Rank r of P trains on its B rows of the batch; the network has n parameters in layers of n_l; FSDP gives the
 rank chunk c_{l,r} of every layer (c = sum_l c_{l,r}), ZeRO a slice of the n values (both: split_evenly):
 
-    ZeRO-1/2 (lesson 09)    the momentum of its slice only
+    ZeRO-1/2 (lesson 10)    the momentum of its slice only
     FSDP                    parameters, gradients and momentum: its chunks, c values each; one layer's parameters
                             whole while it computes, max_l n_l ("gathered"; its whole gradient lives only until
                             its reduce-scatter, before backward's arrays for the layer below come)

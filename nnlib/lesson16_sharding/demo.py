@@ -42,7 +42,7 @@ def fsdp_bytes(layer_sizes, size: int, rank: int, itemsize: int = 8) -> int:
 
 BUDGET_SIZES, BUDGET_ROWS = (64, 127, 96, 121, 80, 113, 72, 10), 256  # uneven widths: tensor parallelism's 127
 #: hidden units do not split evenly, 7 layers make uneven pipeline stages
-#: case -> (strategy, recompute every, micro-batches, precision): data parallelism with lesson 09's and 16's savers
+#: case -> (strategy, recompute every, micro-batches, precision): data parallelism with lesson 10's and 16's savers
 DATA_PARALLEL_CASES = {"data parallel": ("allreduce", None, 1, "float64"),
                        "data parallel, float32": ("allreduce", None, 1, "float32"),  # mixed precision's baseline
                        "mixed float16": ("allreduce", None, 1, "float16"),
@@ -72,7 +72,7 @@ def measured_peak(build, step) -> tuple:
 def data_parallel_peak(comm, case, rows: int = BUDGET_ROWS) -> tuple:
     """(tracemalloc's peak on this rank, predicted_bytes) over two data-parallel steps of ``rows`` samples on
     BUDGET_SIZES: ``case`` = (strategy, recompute every, micro-batches, precision). Each rank takes its
-    split_evenly share of every batch (lesson 09's PerRankBatches), the rows the prediction is for."""
+    split_evenly share of every batch (lesson 10's PerRankBatches), the rows the prediction is for."""
     strategy, every, micro_batches, precision = case
     mixed = precision in ("float16", "bfloat16")
     dtype = "float32" if mixed else precision
@@ -116,7 +116,7 @@ def budgets(comm) -> dict:
             for name, (peak, held) in measured.items()}
 
 
-#: ZeRO's stages as this code has them: 0 lesson 06's Allreduce, 1 and 2 lesson 09's ZeRO and ZeROStage2, 3 FSDP
+#: ZeRO's stages as this code has them: 0 lesson 06's Allreduce, 1 and 2 lesson 10's ZeRO and ZeROStage2, 3 FSDP
 ZERO_STAGES = {0: Allreduce, 1: ZeRO, 2: ZeROStage2, 3: FullySharded}
 
 

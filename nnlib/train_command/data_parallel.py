@@ -1,4 +1,4 @@
-"""The data-parallel job (lessons 06, 08, 09, 13, 14, 16): this rank's network, its sync, its hooks, and its results.
+"""The data-parallel job (lessons 06, 08, 09, 10, 13, 14, 16): this rank's network, its sync, its hooks, and its results.
 
 Every rank trains its copy of the network on its shard with nnlib.lesson06_data_parallel.train_parallel; the
 network may be on a GPU (lesson 08), sharded or wrapped by lesson 16's memory options; the hooks inject the

@@ -5,7 +5,7 @@ ZeRO-3 / FSDP (every layer's parameters sharded, gathered on use): equal to sequ
 and softmax, full batch and mini-batch with momentum, and with Adam; a rank holds its chunks and at most one whole layer
 (its log, and weak references to what Allgatherv fills);
 the bytes it sends, counted on the real calls, are 3 (n_l - c_{l,r}) per layer, against the Allreduce's
-2 (n - c_r). Gradient accumulation (k micro-batches, with the Allreduce and with lesson 09's overlap):
+2 (n - c_r). Gradient accumulation (k micro-batches, with the Allreduce and with lesson 10's overlap):
 equal to one step on the whole batch within 1e-12, one Allreduce per step. Everything together
 (FSDP + accumulation + recomputation) equal to sequential. Mixed precision: every rank skips the same
 overflowed steps. The memory model against tracemalloc's peak on every rank (up to 4 ranks): data parallelism,

@@ -51,7 +51,7 @@ def sequential(precision: str) -> MixedPrecision:
 
 
 def parallel(sharded, precision: str, hooks=(), on_step=None) -> MixedPrecision:
-    """``sharded``: True (FSDP), False (Allreduce) or "zero" (lesson 09's ZeRO-1/2: sliced momentum and update)."""
+    """``sharded``: True (FSDP), False (Allreduce) or "zero" (lesson 10's ZeRO-1/2: sliced momentum and update)."""
     master = FullyShardedNetwork(comm, SIZES, dtype="float32", seed=3) if sharded is True else Network(SIZES, seed=3)
     mixed = MixedPrecision(master, **options(precision))
     local_inputs, local_labels, start = shard(comm, INPUTS if rank == 0 else None, LABELS if rank == 0 else None)
@@ -78,7 +78,7 @@ def test_data_parallel_mixed_precision_with_accumulation_and_recomputation_equal
 
 
 def test_zero_mixed_precision_with_accumulation_and_recomputation_equals_sequential():
-    """Lesson 09's ZeRO-1/2: each rank checks and updates its slice of the summed gradient; the ranks agree on the
+    """Lesson 10's ZeRO-1/2: each rank checks and updates its slice of the summed gradient; the ranks agree on the
     verdict with one flag Allreduce, and the allgathered float32 master equals the sequential run's within the
     tolerances (the same on every rank: the allgather hands out the same slices)."""
     for precision in ("float16", "bfloat16"):

@@ -27,7 +27,7 @@ rng = np.random.default_rng(0)
 N = 997
 INPUTS, LABELS = rng.random((N, 12)), rng.integers(0, 4, N)
 TOLERANCE = {"float64": 1e-10, "float32": 1e-5}
-STRATEGIES = [*LESSON_06, ZeRO, Overlap]  # lesson 06's three by name, lesson 09's two as classes
+STRATEGIES = [*LESSON_06, ZeRO, Overlap]  # lesson 06's three by name, lesson 10's two as classes
 CHECK_PREFIX = "check_"  # the checks' names (run_checkers.py reads it too)
 
 
@@ -190,7 +190,7 @@ class KeepOptimizer(Hook):
 
 
 def check_adam_equals_sequential_adam():
-    """Adam and AdamW in float64 on 140 parameters and 997 samples (uneven over P = 3): every strategy, lesson 09's
+    """Adam and AdamW in float64 on 140 parameters and 997 samples (uneven over P = 3): every strategy, lesson 10's
     ZeRO (each rank's optimizer made for and stepped on its slice, and keeping 2 numbers of state per parameter of
     it) among them, equals sequential Adam within 1e-10; every rank holds the same parameters."""
     sizes = (12, 8, 4)  # 140 parameters
@@ -278,7 +278,7 @@ def check_overlapped_buckets_equal_one_allreduce():
     network.loss_and_gradient(local_inputs, local_labels, normalizer=N)
     expected = network.grads.copy()
     comm.Allreduce(MPI.IN_PLACE, expected, op=MPI.SUM)
-    link = SimulatedLink(comm, 1e-5, 1e-9)  # lesson 09's simulated link: it sums as MPI does, later
+    link = SimulatedLink(comm, 1e-5, 1e-9)  # lesson 10's simulated link: it sums as MPI does, later
     for bucket_bytes, through in ((0, comm), (300, comm), (10**9, comm), (0, link), (300, link)):
         overlap = BucketedAllreduce(through, network, bucket_bytes)
         done = []
