@@ -1,7 +1,5 @@
 """Lesson 09's pictures: the ring's schedule and measured Allreduce times."""
 
-from __future__ import annotations
-
 import numpy as np
 
 LESSON = 9

@@ -1,7 +1,5 @@
 """Lesson 10's pictures: one ZeRO step, and overlap as a timeline."""
 
-from __future__ import annotations
-
 from nnlib.lesson10_zero_overlap.simulated_link import Link
 
 LESSON = 10

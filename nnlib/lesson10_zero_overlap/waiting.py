@@ -57,9 +57,8 @@ def ranking(samples: dict) -> tuple[list, list]:
 
 
 def range_verdict(times, reference) -> str:
-    """The range rule for two lists of repeated timings: "faster" or "slower" than ``reference`` only where
-    their ranges (min to max) do not overlap, else "within noise" (with 5 interleaved rounds each, noise alone
-    puts the ranges apart 2 / C(10, 5) = 1 time in 126)."""
+    """The range rule: ``times`` are "faster" or "slower" than ``reference`` only where their ranges do not overlap,
+    else "within noise" (with 5 interleaved rounds each, noise alone puts them apart 2 / C(10, 5) = 1 time in 126)."""
     if max(times) < min(reference):
         return "faster"
     return "slower" if min(times) > max(reference) else "within noise"
