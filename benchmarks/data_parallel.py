@@ -1,6 +1,6 @@
 """Data-parallel speed: 1 rank versus 2 ranks (one BLAS thread each), and against PyTorch DDP.
 
-Each strategy (allreduce, zero, overlap) and sampler (exact, per_rank) of lesson 09 gets a row.
+Each strategy (allreduce, zero, overlap) and sampler (exact, per_rank) of lesson 10 gets a row.
 
 Run:   make benchmark        (or: .venv/bin/python benchmarks/data_parallel.py)
 
@@ -97,7 +97,7 @@ def worker(case_name: str, strategy: str, sampler: str = "exact") -> None:
     from nnlib.lesson02_network.network import Network
     from nnlib.lesson04_collectives import timing
     from nnlib.lesson06_data_parallel import shard, train_parallel
-    from nnlib.lesson09_ring_allreduce.waiting import communication_split
+    from nnlib.lesson10_zero_overlap.waiting import communication_split
 
     comm = MPI.COMM_WORLD
     case = CASES[case_name]
@@ -111,9 +111,9 @@ def worker(case_name: str, strategy: str, sampler: str = "exact") -> None:
         cold = timing.time_allreduce(comm, [network.grads.nbytes], repeats=100, dtype=np.float32, cold=True)[0]
         return hot, cold
 
-    from nnlib.lesson09_ring_allreduce.overlap import Overlap
-    from nnlib.lesson09_ring_allreduce.sampling import PerRankBatches
-    from nnlib.lesson09_ring_allreduce.zero import ZeRO
+    from nnlib.lesson10_zero_overlap.overlap import Overlap
+    from nnlib.lesson10_zero_overlap.sampling import PerRankBatches
+    from nnlib.lesson10_zero_overlap.zero import ZeRO
 
     if strategy == "none":
         no_communication(comm, network, case, local_inputs, local_labels)

@@ -8,7 +8,7 @@ reports the time per step; the R rounds (default 3) interleave every case, so a 
 hits them alike. Printed: the median over the rounds (with its range) and its ratio to the plain
 ``Allreduce`` on the same network and dtype:
 
-* a wide network, float64: ZeRO stage 1 (lesson 09), FSDP (ZeRO-3),
+* a wide network, float64: ZeRO stage 1 (lesson 10), FSDP (ZeRO-3),
   gradient accumulation in 4 micro-batches;
 * the same in float32, and in mixed precision (float16 storage, float32 products, loss scaling);
 * a deep narrow network (16 layers), float64: activation recomputation with a checkpoint every k = 2
@@ -43,7 +43,7 @@ def build(comm, sizes, dtype: str, technique: str):
     """(network, strategy) of one case: lesson 06's data parallelism, or one of lessons 10, 16 and 17's savers."""
     from nnlib import Network
     from nnlib.lesson06_data_parallel.data_parallel import Allreduce
-    from nnlib.lesson09_ring_allreduce.zero import ZeRO
+    from nnlib.lesson10_zero_overlap.zero import ZeRO
     from nnlib.lesson17_activations.accumulation import MicroBatched
     from nnlib.lesson16_sharding.fsdp import FullySharded, FullyShardedNetwork
     from nnlib.lesson17_activations.mixed_precision import MixedPrecision

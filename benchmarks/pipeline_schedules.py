@@ -21,7 +21,7 @@ from __future__ import annotations
 import argparse
 from statistics import median
 
-from nnlib.lesson09_ring_allreduce.allreduce_timing import range_verdict
+from nnlib.lesson10_zero_overlap.waiting import range_verdict
 
 COLUMNS = ("measured", "formula", "simulated", "step_seconds")
 BATCH = 1024  # the batch of the runs recorded in benchmarks/RESULTS.md
@@ -61,7 +61,7 @@ def report(results: dict, layouts: dict) -> None:
         print(f"{name:12s} {str(layouts[name]):26s} " + " ".join(f"{cell:>22s}" for cell in cells))
     steps = {name: [row["step_seconds"] for row in rows] for name, rows in results.items()}
     for name in ("interleaved", "zb-h1"):
-        verdict = range_verdict(steps[name], steps["1f1b"])  # lesson 09's rule
+        verdict = range_verdict(steps[name], steps["1f1b"])  # lesson 10's rule
         print(f"{name} against 1F1B: {verdict} (median step {median(steps[name]) / median(steps['1f1b']):.2f} x 1F1B's)")
 
 

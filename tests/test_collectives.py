@@ -91,8 +91,8 @@ def test_notebook_04_script_twin(ranks):
 
 
 def test_the_range_rule_calls_a_difference_only_where_the_ranges_are_apart():
-    """Lesson 09's rule (allreduce_timing.range_verdict), used by lessons 09 and 18 and the schedules benchmark."""
-    from nnlib.lesson09_ring_allreduce.allreduce_timing import range_verdict
+    """Lesson 10's rule (waiting.range_verdict), used by lessons 10 and 18 and the schedules benchmark."""
+    from nnlib.lesson10_zero_overlap.waiting import range_verdict
 
     assert range_verdict([1.0, 1.2, 1.1], [1.3, 1.5]) == "faster"
     assert range_verdict([1.6, 1.7], [1.3, 1.5]) == "slower"

@@ -1,4 +1,4 @@
-"""The pieces of lessons 06 and 09 that need no MPI: the shard's batches, ZeRO's slices, the overlap's buckets,
+"""The pieces of lessons 06 and 10 that need no MPI: the shard's batches, ZeRO's slices, the overlap's buckets,
 the samplers."""
 
 import time
@@ -12,10 +12,10 @@ from nnlib.lesson03_training.optimizers import SGD
 from nnlib.lesson03_training.training import Settings
 from nnlib.lesson04_collectives.collectives import split_evenly
 from nnlib.lesson06_data_parallel.data_parallel import ShardBatches
-from nnlib.lesson09_ring_allreduce.overlap import bucket_ranges
-from nnlib.lesson09_ring_allreduce.sampling import exact_imbalance, per_rank_plan
-from nnlib.lesson09_ring_allreduce.simulated_link import Link, SimulatedLink, overlapped_finish
-from nnlib.lesson09_ring_allreduce.zero import rank_slice
+from nnlib.lesson10_zero_overlap.overlap import bucket_ranges
+from nnlib.lesson10_zero_overlap.sampling import exact_imbalance, per_rank_plan
+from nnlib.lesson10_zero_overlap.simulated_link import Link, SimulatedLink, overlapped_finish
+from nnlib.lesson10_zero_overlap.zero import rank_slice
 
 
 @pytest.mark.parametrize("ranks", [1, 2, 3, 4, 7])
@@ -106,7 +106,7 @@ def test_an_unknown_keyword_is_refused_with_the_known_ones():
 
 @pytest.mark.parametrize("layers", [1, 3, 5])
 def test_the_overlap_diagram_ends_the_step_where_the_formula_says(layers):
-    from nnlib.lesson09_ring_allreduce.diagrams import overlap_spans
+    from nnlib.lesson10_zero_overlap.diagrams import overlap_spans
 
     backward, transfer = 1.0, 0.8  # a bucket's transfer shorter than a layer's backward pass
     for overlap, expected in [(False, layers * (backward + transfer)), (True, layers * backward + transfer)]:
@@ -116,7 +116,7 @@ def test_the_overlap_diagram_ends_the_step_where_the_formula_says(layers):
 
 
 def test_the_zero_diagram_leaves_each_rank_one_summed_chunk_and_everyone_all_updated():
-    from nnlib.lesson09_ring_allreduce.diagrams import zero_states
+    from nnlib.lesson10_zero_overlap.diagrams import zero_states
 
     phases = dict(zero_states(3))
     assert [[state == "summed gradient" for state in row] for row in phases["reduce-scatter"]] == \
@@ -125,7 +125,7 @@ def test_the_zero_diagram_leaves_each_rank_one_summed_chunk_and_everyone_all_upd
 
 
 def test_a_ranking_of_noisy_runs_says_which_runs_the_rounds_cannot_tell_apart():
-    from nnlib.lesson09_ring_allreduce.waiting import ranking
+    from nnlib.lesson10_zero_overlap.waiting import ranking
 
     samples = {"a": [0.70, 0.74, 0.72], "b": [0.80, 0.79, 0.83], "c": [0.75, 0.81, 0.77], "d": [0.60, 0.62, 0.61]}
     order, tied = ranking(samples)
@@ -134,7 +134,7 @@ def test_a_ranking_of_noisy_runs_says_which_runs_the_rounds_cannot_tell_apart():
     assert ranking({"only": [1.0]}) == (["only"], [])
 
 
-# -- lesson 09's simulated link ----------------------------------------------------------------------------------
+# -- lesson 10's simulated link ----------------------------------------------------------------------------------
 
 class SelfAsTwoRanks:
     """MPI.COMM_SELF (its sums are the buffer itself) that says it has 2 ranks: a link of 2 ranks in one process."""

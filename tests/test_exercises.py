@@ -24,7 +24,8 @@ from nnlib.lesson02_network.network import count_parameters, cross_entropy_from_
 from nnlib.lesson03_training import optimizers, training
 from nnlib.lesson04_collectives import collectives, costmodel
 from nnlib.lesson07_scaling import scaling
-from nnlib.lesson09_ring_allreduce import allreduce, overlap, zero
+from nnlib.lesson09_ring_allreduce import allreduce
+from nnlib.lesson10_zero_overlap import overlap, zero
 from nnlib.lesson12_pipeline import bubbles, instructions
 from nnlib.lesson15_compression import compression, local_sgd, powersgd
 from nnlib.lesson16_sharding import fsdp
@@ -235,7 +236,7 @@ FSDP_HALF_FINISHED = [
 
 
 
-# -- lesson 09's write-the-core exercises against nnlib's own overlap.py and zero.py ---------------------
+# -- lesson 10's write-the-core exercises against nnlib's own overlap.py and zero.py ---------------------
 
 def bucket_starts_by_nnlib_overlap(layer_bytes, bucket_bytes):
     """overlap.BucketedAllreduce's own hook through one backward pass, on a stand-in network whose float64
@@ -292,8 +293,8 @@ NNLIB = {
     "07.1": scaling.amdahl_speedup,
     "07.2": scaling.gustafson_speedup,
     "09.1": ring_step_by_nnlib_schedule,
-    "09.2": lambda layer_bytes, bucket_bytes: bucket_starts_by_nnlib_overlap(layer_bytes, bucket_bytes),
-    "09.3": lambda params, grads, velocity, rate, momentum: zero_step_by_nnlib(params, grads, velocity, rate, momentum),
+    "10.1": lambda layer_bytes, bucket_bytes: bucket_starts_by_nnlib_overlap(layer_bytes, bucket_bytes),
+    "10.2": lambda params, grads, velocity, rate, momentum: zero_step_by_nnlib(params, grads, velocity, rate, momentum),
     "11.1": lambda inputs, weights, biases: sigmoid(inputs @ np.hstack(weights) + np.concatenate(biases)),
     "11.2": lambda hidden, weights, biases: np.hstack(hidden) @ np.vstack(weights) + biases,  # the unsplit layer
     "12.1": bubbles.bubble_fraction,
@@ -540,7 +541,7 @@ HALF_FINISHED = [
     ("15.2", top_k_without_error_feedback, "values", "wrong values"),
 ] + FSDP_HALF_FINISHED  # lesson 16's, defined above
 
-# Lesson 09's write-the-core exercises: the mistakes a student makes must fail, each with its message.
+# Lesson 10's write-the-core exercises: the mistakes a student makes must fail, each with its message.
 def buckets_forgetting_the_last(layer_bytes, bucket_bytes):
     started, bucket, filled = [], 0, 0
     for size in layer_bytes:
@@ -581,7 +582,7 @@ def zero_with_own_gradient(params, grads, velocity, learning_rate, momentum):
 
 def zero_averaging(params, grads, velocity, learning_rate, momentum):
     """The ranks' gradients averaged (as if each were a whole batch's mean), not added."""
-    return EXERCISES["09.3"].worked_answer(params, grads / len(grads), velocity, learning_rate, momentum)
+    return EXERCISES["10.2"].worked_answer(params, grads / len(grads), velocity, learning_rate, momentum)
 
 
 def zero_without_allgather(params, grads, velocity, learning_rate, momentum):
@@ -596,14 +597,14 @@ def zero_without_allgather(params, grads, velocity, learning_rate, momentum):
 
 
 HALF_FINISHED += [
-    ("09.2", buckets_forgetting_the_last, "values", "216793): 1 of 6 wrong; the first at (5,): got -1, expected 0."),
-    ("09.2", buckets_never_emptied, "values", "4304): 4 of 6 wrong; the first at (2,): got 1, expected -1."),
-    ("09.2", buckets_started_over_the_size, "values", "4304): 2 of 6 wrong; the first at (1,): got -1, expected 0."),
-    ("09.2", lambda layer_bytes, bucket_bytes: np.arange(len(layer_bytes)), "values", "got 0, expected -1"),
-    ("09.3", zero_with_own_gradient, "values", "result 1 of 2: wrong values"),
-    ("09.3", zero_averaging, "values", "result 1 of 2: wrong values"),
-    ("09.3", zero_without_allgather, "values", "result 1 of 2: wrong values"),
-    ("09.3", lambda p, g, v, rate, mu: (p - rate * g, tuple(v)), "values",  # every rank: its own gradient, everywhere
+    ("10.1", buckets_forgetting_the_last, "values", "216793): 1 of 6 wrong; the first at (5,): got -1, expected 0."),
+    ("10.1", buckets_never_emptied, "values", "4304): 4 of 6 wrong; the first at (2,): got 1, expected -1."),
+    ("10.1", buckets_started_over_the_size, "values", "4304): 2 of 6 wrong; the first at (1,): got -1, expected 0."),
+    ("10.1", lambda layer_bytes, bucket_bytes: np.arange(len(layer_bytes)), "values", "got 0, expected -1"),
+    ("10.2", zero_with_own_gradient, "values", "result 1 of 2: wrong values"),
+    ("10.2", zero_averaging, "values", "result 1 of 2: wrong values"),
+    ("10.2", zero_without_allgather, "values", "result 1 of 2: wrong values"),
+    ("10.2", lambda p, g, v, rate, mu: (p - rate * g, tuple(v)), "values",  # every rank: its own gradient, everywhere
      "result 1 of 2: wrong values, relative error"),
 ]
 

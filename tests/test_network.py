@@ -156,7 +156,7 @@ def test_flop_count_by_hand():
 
 
 def test_the_backward_pass_reports_each_layer_as_soon_as_its_gradient_is_final():
-    """nnlib.lesson09_ring_allreduce.overlap starts sending a layer's gradient at on_layer_done(layer): it must be final by then,
+    """nnlib.lesson10_zero_overlap.overlap starts sending a layer's gradient at on_layer_done(layer): it must be final by then,
     also when a large batch is processed in chunks (only the last chunk reports)."""
     rng = np.random.default_rng(0)
     network = Network((6, 5, 4, 3), dtype="float64", seed=1)

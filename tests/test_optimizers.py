@@ -164,7 +164,7 @@ def test_a_run_with_adamw_resumed_from_a_checkpoint_is_bit_identical(tmp_path, s
     from mpi4py import MPI
 
     from nnlib.lesson06_data_parallel import train_parallel
-    from nnlib.lesson09_ring_allreduce.zero import ZeRO
+    from nnlib.lesson10_zero_overlap.zero import ZeRO
     from nnlib.lesson16_sharding.fsdp import FullySharded, FullyShardedNetwork
 
     rng = np.random.default_rng(4)
@@ -203,7 +203,7 @@ def test_every_strategy_on_one_process_steps_adam_as_train_does():
     from mpi4py import MPI
 
     from nnlib.lesson06_data_parallel import train_parallel
-    from nnlib.lesson09_ring_allreduce.zero import ZeRO
+    from nnlib.lesson10_zero_overlap.zero import ZeRO
     from nnlib.lesson16_sharding.fsdp import FullySharded, FullyShardedNetwork
 
     rng = np.random.default_rng(4)

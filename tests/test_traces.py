@@ -5,7 +5,7 @@ must nest on every thread (Perfetto draws overlapping spans of one thread wrongl
 be the recorded timeline: the pipeline stages' (from lesson 12's simulate, interleaved ones naming
 their chunk, and from a batch job with the interleaved schedule under mpiexec), the data-parallel
 phases of a batch job under mpiexec (--trace), the parameter server's updates, overlap's per-bucket
-calls (lesson 09) and the watchdog's waits (lesson 13) of a training run. Each check is also shown failing.
+calls (lesson 10) and the watchdog's waits (lesson 13) of a training run. Each check is also shown failing.
 """
 
 import json
@@ -22,7 +22,7 @@ from nnlib.course.environment import mpiexec_path
 from nnlib.course.trace import (Span, phase_spans, pipeline_spans, trace_events, update_instants,
                                               write_trace)
 from nnlib.lesson06_data_parallel.data_parallel import train_parallel
-from nnlib.lesson09_ring_allreduce.overlap import BucketedAllreduce
+from nnlib.lesson10_zero_overlap.overlap import BucketedAllreduce
 from nnlib.lesson13_faults.watchdog import record_waits, train_watched, wait_spans
 from nnlib.lesson18_pipeline_schedules.pictures import chunks_of
 from nnlib.lesson18_pipeline_schedules.schedules import schedule_programs, simulated_timelines

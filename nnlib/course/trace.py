@@ -1,7 +1,7 @@
 """Timelines as Chrome trace-event JSON, which Perfetto (ui.perfetto.dev) and chrome://tracing open.
 
 Any of the series' timelines (data-parallel phases, pipeline stages, the parameter server's updates;
-lessons 09 and 13 make their own spans) becomes a trace that can be zoomed, searched and measured.
+lessons 10 and 13 make their own spans) becomes a trace that can be zoomed, searched and measured.
 The Trace Event Format (Horovod's timeline and PyTorch's profiler write it too) is
 ``{"traceEvents": [...], "displayTimeUnit": "ms"}``, each event a dict with
 

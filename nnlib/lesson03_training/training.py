@@ -132,7 +132,7 @@ class Batches:
     default_rng(seed), cut into batches of b (the last may be smaller), each divided by its length.
     Full-batch gradient descent (b None, or b >= N): one step, rows None (all of them), divide_by N."""
 
-    name = "exact"  # the sequential run's batches (lesson 09's samplers have other names)
+    name = "exact"  # the sequential run's batches (lesson 10's samplers have other names)
 
     def __init__(self, num_samples: int, batch_size: int | None, seed: int):
         self.num_samples = int(num_samples)

@@ -3,7 +3,7 @@
     data_parallel  train_parallel: lesson 03's loop on every rank, the gradients combined by
                    ParameterServer, ReduceBroadcast or Allreduce; shard splits the samples
     plots          each rank's phases gathered, on a time line, and the time per step by phase (drawn
-                   again in lessons 07 and 09)
+                   again in lessons 07 and 10)
 """
 
 from nnlib.lesson06_data_parallel.data_parallel import (PHASES, STRATEGIES, Allreduce, ParameterServer, ReduceBroadcast,

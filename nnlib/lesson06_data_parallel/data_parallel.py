@@ -233,7 +233,7 @@ def agree_on_the_run(comm, network, settings: Settings, sync, options: dict, num
 
 
 #: What train_parallel takes besides the settings, with defaults. strategy: a name of STRATEGIES, or a class making
-#: the sync from (comm, network) (lesson 09's ZeRO); batches: a class making the plan from (shard_sizes, rank,
+#: the sync from (comm, network) (lesson 10's ZeRO); batches: a class making the plan from (shard_sizes, rank,
 #: settings), None: ShardBatches; validation: (inputs, labels), on every rank; progress: rank 0 prints a line per
 #: epoch; timeline_steps: the steps whose phases are kept; on_step: (epoch, step, total_steps) -> None, after every
 #: step; hooks: more hooks; scaler: lesson 17's loss scaler (Run.scaler).

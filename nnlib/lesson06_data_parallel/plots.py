@@ -1,4 +1,4 @@
-"""Lesson 06's pictures of a data-parallel step, also drawn again in lessons 07 and 09: each rank's phases, gathered
+"""Lesson 06's pictures of a data-parallel step, also drawn again in lessons 07 and 10: each rank's phases, gathered
 to rank 0 (also for the batch job's report), on a time line, and the time per step split by phase."""
 
 from __future__ import annotations

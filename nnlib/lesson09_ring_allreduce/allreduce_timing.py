@@ -28,15 +28,6 @@ def bus_bandwidth(n_bytes, seconds, ranks):
     return np.asarray(n_bytes, dtype=np.float64) / np.asarray(seconds, dtype=np.float64) * 2 * (ranks - 1) / ranks
 
 
-def range_verdict(times, reference) -> str:
-    """Lesson 09's rule for two lists of repeated timings: "faster" or "slower" than ``reference`` only where
-    their ranges (min to max) do not overlap, else "within noise" (with 5 interleaved rounds each, noise alone
-    puts the ranges apart 2 / C(10, 5) = 1 time in 126)."""
-    if max(times) < min(reference):
-        return "faster"
-    return "slower" if min(times) > max(reference) else "within noise"
-
-
 def time_algorithms(comm, sizes_in_bytes, algorithms=("mpi", *ALGORITHMS), repeats: int = 10,
                     dtype=np.float32) -> dict:
     """Median seconds of one in-place Allreduce per (algorithm, size), the same on every rank.

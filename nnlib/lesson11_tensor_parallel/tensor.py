@@ -119,7 +119,7 @@ class TensorParallelMLP(LayerStack):
         """LayerStack's (every rank passes the same rows), refusing ``on_layer_done``: no whole layers here."""
         if on_layer_done is not None:
             raise ValueError("the overlap strategy sends whole layers' gradients; a tensor-parallel rank holds "
-                             "pieces of layers: use strategy 'allreduce' or nnlib.lesson09_ring_allreduce.zero.ZeRO")
+                             "pieces of layers: use strategy 'allreduce' or nnlib.lesson10_zero_overlap.zero.ZeRO")
         return super().loss_and_gradient(inputs, labels, normalizer, check, on_device)
 
     def full_params(self) -> np.ndarray:

@@ -34,7 +34,7 @@ from nnlib.lesson02_network.arrays import through_host, to_numpy
 from nnlib.lesson03_training.optimizers import sgd_update
 from nnlib.lesson03_training.training import Settings
 from nnlib.lesson04_collectives.collectives import raised_on_every_rank, split_evenly
-from nnlib.lesson09_ring_allreduce.sampling import PerRankBatches
+from nnlib.lesson10_zero_overlap.sampling import PerRankBatches
 from nnlib.course.deadline import watch
 
 LESSON = 14

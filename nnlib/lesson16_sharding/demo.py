@@ -9,7 +9,7 @@ from nnlib.lesson02_network.network import count_parameters
 from nnlib.lesson03_training.training import Settings
 from nnlib.lesson06_data_parallel.data_parallel import Allreduce
 from nnlib.lesson09_ring_allreduce.counting import ring_bytes
-from nnlib.lesson09_ring_allreduce.zero import GradientShardedNetwork, ZeRO, ZeROStage2
+from nnlib.lesson10_zero_overlap.zero import GradientShardedNetwork, ZeRO, ZeROStage2
 from nnlib.lesson12_pipeline.memory import layer_params
 from nnlib.lesson16_sharding.fsdp import FullySharded, FullyShardedNetwork
 

@@ -11,7 +11,8 @@ one step on it within 1e-12 in float64, the additions being in another order):
 Activations are held for one micro-batch only: B / k rows instead of B. In data parallelism the
 ranks need to agree only on the final sum, so nothing is sent until the last micro-batch's backward
 (PyTorch DDP's ``no_sync``): a gradient hook (``on_layer_done``, lesson 10's overlap) hears only the
-last micro-batch, and the sync's one Allreduce follows it, not k of them (CountingComm counts them).
+last micro-batch, and the sync's one Allreduce follows it. Sending after every micro-batch would
+send k times the bytes (nnlib.lesson09_ring_allreduce.counting counts them on the real calls).
 """
 
 from __future__ import annotations

@@ -7,8 +7,8 @@ from nnlib import Network, train
 from nnlib.lesson04_collectives.collectives import split_evenly
 from nnlib.lesson06_data_parallel import shard, train_parallel
 from nnlib.lesson06_data_parallel.data_parallel import Allreduce
-from nnlib.lesson09_ring_allreduce.sampling import PerRankBatches
-from nnlib.lesson09_ring_allreduce.zero import ZeRO
+from nnlib.lesson10_zero_overlap.sampling import PerRankBatches
+from nnlib.lesson10_zero_overlap.zero import ZeRO
 from nnlib.lesson12_pipeline.bubbles import random_batch
 from nnlib.lesson12_pipeline.memory import rank_bytes
 from nnlib.lesson12_pipeline.pipeline import PipelineMLP

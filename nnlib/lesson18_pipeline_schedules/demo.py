@@ -3,7 +3,7 @@
 Every schedule (1F1B, interleaved with v = 2, ZB-H1, ZB-H2) runs steps with m = 8 micro-batches of
 (64,) + (512,) * 9 + (10,), cut by schedules.balanced_split so that each of the P (or 2P) virtual stages
 does the same work, as the bubble formulas assume. The rounds interleave the schedules, so that a slow spell
-of the machine hits all alike (lesson 09's rule for timings).
+of the machine hits all alike (lesson 10's rule for timings).
 """
 
 from __future__ import annotations

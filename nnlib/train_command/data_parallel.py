@@ -26,7 +26,7 @@ def data_parallel_job(args, comm, settings, data, test) -> int:
     from nnlib.lesson06_data_parallel import gather_phase_seconds, gather_timeline, shard, train_parallel
     from nnlib.lesson08_gpu.backend import HostStaging, WaitForDevice
     from nnlib.lesson09_ring_allreduce.counting import CountingComm
-    from nnlib.lesson09_ring_allreduce.sampling import PerRankBatches
+    from nnlib.lesson10_zero_overlap.sampling import PerRankBatches
     from nnlib.lesson13_faults.checkpoint import CheckpointFolder, Checkpointing
     from nnlib.lesson13_faults.watchdog import RunNotes
 
@@ -68,7 +68,7 @@ def job_parts(args, comm):
     fsdp) on job_device's device, in lesson 17's MixedPrecision or MicroBatched if their options are used."""
     from nnlib.lesson02_network.network import Network
     from nnlib.lesson08_gpu.backend import HostStaging
-    from nnlib.lesson09_ring_allreduce.zero import GradientShardedNetwork
+    from nnlib.lesson10_zero_overlap.zero import GradientShardedNetwork
     from nnlib.lesson17_activations.accumulation import MicroBatched
     from nnlib.lesson16_sharding.fsdp import FullyShardedNetwork
     from nnlib.lesson17_activations.mixed_precision import MixedPrecision
@@ -126,8 +126,8 @@ def job_strategy(args):
 
         return compressed(args.compression, args.topk)
     from nnlib.lesson06_data_parallel.data_parallel import STRATEGIES
-    from nnlib.lesson09_ring_allreduce.overlap import Overlap
-    from nnlib.lesson09_ring_allreduce.zero import ZeRO, ZeROStage2
+    from nnlib.lesson10_zero_overlap.overlap import Overlap
+    from nnlib.lesson10_zero_overlap.zero import ZeRO, ZeROStage2
     from nnlib.lesson16_sharding.fsdp import FullySharded
 
     zero = ZeROStage2 if args.zero_stage == 2 else ZeRO

@@ -118,7 +118,7 @@ def model_parallel_job(args, comm, settings, data, test) -> int:
     from nnlib.lesson04_collectives.collectives import broadcast_new
     from nnlib.lesson06_data_parallel import gather_phase_seconds
     from nnlib.lesson08_gpu.backend import HostStaging
-    from nnlib.lesson09_ring_allreduce.sampling import PerRankBatches
+    from nnlib.lesson10_zero_overlap.sampling import PerRankBatches
     from nnlib.lesson12_pipeline.grid import train_hybrid
     from nnlib.lesson11_tensor_parallel.tensor import TensorParallelMLP
     from nnlib.lesson18_pipeline_schedules.schedules import ScheduledPipeline

@@ -8,7 +8,7 @@ import argparse
 LESSON = 18
 
 
-JOB_STRATEGIES = ("parameter_server", "reduce_broadcast", "allreduce", "zero", "overlap", "fsdp")  # lessons 06, 09, 16
+JOB_STRATEGIES = ("parameter_server", "reduce_broadcast", "allreduce", "zero", "overlap", "fsdp")  # lessons 06, 10, 16
 
 
 FAULTS = ("raise", "exit", "kill", "hang")
@@ -18,7 +18,7 @@ TRACE_STEPS = 20  # --trace: the data-parallel steps whose phases are written
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Every lesson's options: those of lessons 03-09 and 13 here, the later lessons' in add_later_arguments."""
+    """Every lesson's options: those of lessons 03-10 and 13 here, the later lessons' in add_later_arguments."""
     parser.add_argument("--strategy", choices=JOB_STRATEGIES, default="allreduce",
                         help="how gradients are combined (zero: ZeRO stages 1-2; overlap: sent during backward)")
     parser.add_argument("--zero-stage", type=int, choices=(1, 2), default=1,
@@ -274,7 +274,7 @@ def option_problems(args, ranks: int) -> list[tuple[bool, str]]:
         (args.precision != "float32" and args.dtype != "float32",
          f"--precision {args.precision} keeps float32 master weights (--dtype float32)"),
         (args.zero_stage == 2 and (args.precision != "float32" or args.device != "cpu"),
-         "--zero-stage 2 keeps float32 or float64 gradients on the CPU (lesson 09's buckets); with --precision or "
+         "--zero-stage 2 keeps float32 or float64 gradients on the CPU (lesson 10's buckets); with --precision or "
          "--device gpu use --zero-stage 1"),
         (args.precision == "bfloat16" and args.device != "cpu",
          "--precision bfloat16 needs --device cpu (CuPy has no bfloat16 arrays); on a GPU use --precision float16"),

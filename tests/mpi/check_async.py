@@ -18,7 +18,7 @@ from nnlib.exercises.lesson_14 import staleness_of_updates
 from nnlib.lesson03_training.optimizers import sgd_update
 from nnlib.lesson04_collectives.collectives import split_evenly
 from nnlib.lesson06_data_parallel import train_parallel
-from nnlib.lesson09_ring_allreduce.sampling import PerRankBatches, per_rank_plan
+from nnlib.lesson10_zero_overlap.sampling import PerRankBatches, per_rank_plan
 from nnlib.lesson14_asynchronous.asynchronous import train_async
 
 comm = MPI.COMM_WORLD

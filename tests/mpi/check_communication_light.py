@@ -17,7 +17,7 @@ from mpi4py import MPI
 from nnlib import Network
 from nnlib.lesson02_network.network import layer_views
 from nnlib.lesson06_data_parallel import shard, train_parallel
-from nnlib.lesson09_ring_allreduce.sampling import PerRankBatches
+from nnlib.lesson10_zero_overlap.sampling import PerRankBatches
 from nnlib.lesson13_faults.checkpoint import CheckpointFolder, Checkpointing
 from nnlib.lesson09_ring_allreduce.counting import CountingComm
 from nnlib.lesson15_compression.local_sgd import local_sgd

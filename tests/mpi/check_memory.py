@@ -27,7 +27,7 @@ from nnlib.lesson03_training.training import Settings
 from nnlib.lesson06_data_parallel import shard, train_parallel
 from nnlib.lesson06_data_parallel.data_parallel import Allreduce
 from nnlib.lesson04_collectives.collectives import split_evenly
-from nnlib.lesson09_ring_allreduce.overlap import Overlap
+from nnlib.lesson10_zero_overlap.overlap import Overlap
 from nnlib.lesson17_activations.accumulation import MicroBatched
 from nnlib.lesson17_activations.budget import MODEL_ERROR
 from nnlib.lesson16_sharding.demo import adam_bytes, adam_model, fsdp_bytes
@@ -284,7 +284,7 @@ class GradientAtEachBucket:
         return getattr(self.comm, name)
 
     def Reduce_scatter(self, *arguments, **keywords):
-        from nnlib.lesson09_ring_allreduce import zero
+        from nnlib.lesson10_zero_overlap import zero
 
         arrays = tracemalloc.take_snapshot().filter_traces([tracemalloc.DomainFilter(True, np.lib.tracemalloc_domain)])
         self.held.append(sum(trace.size for trace in arrays.filter_traces([tracemalloc.Filter(True, zero.__file__)])
@@ -297,7 +297,7 @@ def test_zero_stage_2_holds_its_slice_of_the_gradient_and_one_bucket():
     """784-128-10 in float64 under ZeRO stage 2: at every bucket's reduce-scatter the gradient bytes a rank holds
     (tracemalloc) are at most (1/P + 1/(4P)) Psi itemsize, its slice and the bucket in flight (stage 1 and data
     parallelism hold Psi itemsize: the whole gradient); and the run equals sequential training."""
-    from nnlib.lesson09_ring_allreduce.zero import GradientShardedNetwork, ZeROStage2
+    from nnlib.lesson10_zero_overlap.zero import GradientShardedNetwork, ZeROStage2
 
     rng = np.random.default_rng(2)
     inputs, labels = rng.random((301, 784)), rng.integers(0, 10, 301)

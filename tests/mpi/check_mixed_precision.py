@@ -23,7 +23,7 @@ from nnlib import Network
 from nnlib.lesson03_training.training import Settings
 from nnlib.lesson06_data_parallel import shard, train_parallel
 from nnlib.lesson06_data_parallel.data_parallel import Allreduce
-from nnlib.lesson09_ring_allreduce.zero import ZeRO
+from nnlib.lesson10_zero_overlap.zero import ZeRO
 from nnlib.lesson13_faults.checkpoint import CheckpointFolder, Checkpointing
 from nnlib.lesson16_sharding.fsdp import FullySharded, FullyShardedNetwork
 from nnlib.lesson17_activations.mixed_precision import MixedPrecision, train_mixed

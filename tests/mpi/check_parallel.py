@@ -17,9 +17,9 @@ from nnlib.lesson04_collectives.collectives import split_evenly
 from nnlib.lesson06_data_parallel import shard, train_parallel
 from nnlib.lesson06_data_parallel.data_parallel import STRATEGIES as LESSON_06
 from nnlib.lesson08_gpu.backend import HostStaging, WaitForDevice
-from nnlib.lesson09_ring_allreduce.overlap import Overlap
-from nnlib.lesson09_ring_allreduce.sampling import PerRankBatches
-from nnlib.lesson09_ring_allreduce.zero import ZeRO
+from nnlib.lesson10_zero_overlap.overlap import Overlap
+from nnlib.lesson10_zero_overlap.sampling import PerRankBatches
+from nnlib.lesson10_zero_overlap.zero import ZeRO
 
 comm = MPI.COMM_WORLD
 rank, size = comm.rank, comm.size
@@ -27,7 +27,7 @@ rng = np.random.default_rng(0)
 N = 997
 INPUTS, LABELS = rng.random((N, 12)), rng.integers(0, 4, N)
 TOLERANCE = {"float64": 1e-10, "float32": 1e-5}
-STRATEGIES = [*LESSON_06, ZeRO, Overlap]  # lesson 06's three by name, lesson 09's two as classes
+STRATEGIES = [*LESSON_06, ZeRO, Overlap]  # lesson 06's three by name, lesson 10's two as classes
 CHECK_PREFIX = "check_"  # the checks' names (run_checkers.py reads it too)
 
 
@@ -170,7 +170,7 @@ def check_bad_configurations_fail_on_every_rank():
 def check_zero_keeps_one_slice_of_the_optimizer_state():
     """ZeRO: each rank's velocity is its uneven slice; the slices tile the whole vector once."""
     from nnlib.lesson03_training.training import Settings
-    from nnlib.lesson09_ring_allreduce.zero import ZeRO
+    from nnlib.lesson10_zero_overlap.zero import ZeRO
 
     network = Network((12, 7, 4), dtype="float64", seed=3)  # 123 parameters: uneven for P = 2 and 4
     zero = ZeRO(comm, network)
@@ -190,7 +190,7 @@ class KeepOptimizer(Hook):
 
 
 def check_adam_equals_sequential_adam():
-    """Adam and AdamW in float64 on 140 parameters and 997 samples (uneven over P = 3): every strategy, lesson 09's
+    """Adam and AdamW in float64 on 140 parameters and 997 samples (uneven over P = 3): every strategy, lesson 10's
     ZeRO (each rank's optimizer made for and stepped on its slice, and keeping 2 numbers of state per parameter of
     it) among them, equals sequential Adam within 1e-10; every rank holds the same parameters."""
     sizes = (12, 8, 4)  # 140 parameters
@@ -216,7 +216,7 @@ def check_zero_stage_2_equals_sequential_and_holds_only_its_slice_of_the_gradien
     float64, full batch, momentum, Adam and AdamW, with and without 3 micro-batches (each micro-batch's buckets added
     into the slice): sequential training's parameters within 1e-10, the same on every rank; ``grads`` is rank r's
     slice only, and the buckets hold at most Psi / (4P) values (but for a row wider than that)."""
-    from nnlib.lesson09_ring_allreduce.zero import GradientShardedNetwork, ZeROStage2, rank_slice
+    from nnlib.lesson10_zero_overlap.zero import GradientShardedNetwork, ZeROStage2, rank_slice
     from nnlib.lesson17_activations.accumulation import MicroBatched
 
     class Buckets:  # comm, with the length of every bucket it reduce-scatters
@@ -270,15 +270,15 @@ def check_the_per_rank_sampler():
 def check_overlapped_buckets_equal_one_allreduce():
     """Deeper network, any bucket size, on the ranks' MPI or a simulated link over it: the overlapped Iallreduces give
     the plain Allreduce's sums."""
-    from nnlib.lesson09_ring_allreduce.overlap import BucketedAllreduce, bucket_ranges
-    from nnlib.lesson09_ring_allreduce.simulated_link import SimulatedLink
+    from nnlib.lesson10_zero_overlap.overlap import BucketedAllreduce, bucket_ranges
+    from nnlib.lesson10_zero_overlap.simulated_link import SimulatedLink
 
     local_inputs, local_labels, _ = shard(comm, INPUTS if rank == 0 else None, LABELS if rank == 0 else None)
     network = Network((12, 9, 8, 7, 4), dtype="float64", seed=3)
     network.loss_and_gradient(local_inputs, local_labels, normalizer=N)
     expected = network.grads.copy()
     comm.Allreduce(MPI.IN_PLACE, expected, op=MPI.SUM)
-    link = SimulatedLink(comm, 1e-5, 1e-9)  # lesson 09's simulated link: it sums as MPI does, later
+    link = SimulatedLink(comm, 1e-5, 1e-9)  # lesson 10's simulated link: it sums as MPI does, later
     for bucket_bytes, through in ((0, comm), (300, comm), (10**9, comm), (0, link), (300, link)):
         overlap = BucketedAllreduce(through, network, bucket_bytes)
         done = []
@@ -294,7 +294,7 @@ def check_communication_split_into_waiting_and_transfer():
     """A rank that is late to every step: the others' communication is waiting, not transfer."""
     import time
 
-    from nnlib.lesson09_ring_allreduce.waiting import communication_split
+    from nnlib.lesson10_zero_overlap.waiting import communication_split
 
     delay, steps = 0.06, 8  # long beside a transfer even with 4 ranks taking turns on 2 busy cores
     late = size - 1

@@ -20,7 +20,7 @@ from mpi4py import MPI
 
 from nnlib.lesson04_collectives.costmodel import ring_allreduce_time
 
-LESSON = 9
+LESSON = 10
 
 
 @dataclass

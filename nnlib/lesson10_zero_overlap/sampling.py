@@ -12,7 +12,7 @@
     Rank r shuffles only its own shard, with a generator seeded by (seed, rank, epoch) (so a run resumed from a
     checkpoint draws the same batches), and takes its next b_r = split_evenly(b, P)[0][r] samples at every step: even
     work, every sample still seen once per epoch, but batches other than the sequential ones, so the run equals
-    sequential training only statistically (lesson 09 compares accuracies). Both give ceil(N / b) steps per epoch
+    sequential training only statistically (lesson 10 compares accuracies). Both give ceil(N / b) steps per epoch
     (``per_rank`` a few more where b is not much larger than P and the shards do not fit ceil(N / b) local batches).
 
 Each plan is a list, one entry per step, of (rows, divide_by): this rank's rows of the step (indices into its
@@ -27,7 +27,7 @@ import numpy as np
 from nnlib.lesson03_training.training import Batches, batches
 from nnlib.lesson04_collectives.collectives import split_evenly
 
-LESSON = 9
+LESSON = 10
 
 
 class PerRankBatches(Batches):

@@ -1,5 +1,5 @@
 """Where a data-parallel step's communication time goes: waiting for a slower rank, or the transfer itself
-(:func:`communication_split`). Lesson 09 uses this to say what bounds the efficiency of data parallelism."""
+(:func:`communication_split`); and what a few noisy timings can say (:func:`ranking`, the range rule)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from mpi4py import MPI
 from nnlib.lesson04_collectives.collectives import fail_together
 from nnlib.lesson06_data_parallel.data_parallel import ParallelHistory
 
-LESSON = 9
-NOTEBOOKS_ONLY = True  # used by notebook 09 and benchmarks/data_parallel.py, by no other nnlib module
+LESSON = 10
+NOTEBOOKS_ONLY = True  # used by notebooks 10 and 18 and the benchmarks, by no other nnlib module
 
 
 def communication_split(comm, history: ParallelHistory):
@@ -54,3 +54,11 @@ def ranking(samples: dict) -> tuple[list, list]:
     order = sorted(samples, key=medians.get, reverse=True)
     best_low = min(samples[order[0]])
     return order, [run for run in order[1:] if max(samples[run]) >= best_low]
+
+
+def range_verdict(times, reference) -> str:
+    """The range rule: ``times`` are "faster" or "slower" than ``reference`` only where their ranges do not overlap,
+    else "within noise" (with 5 interleaved rounds each, noise alone puts them apart 2 / C(10, 5) = 1 time in 126)."""
+    if max(times) < min(reference):
+        return "faster"
+    return "slower" if min(times) > max(reference) else "within noise"

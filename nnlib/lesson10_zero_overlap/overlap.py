@@ -25,7 +25,7 @@ from nnlib.lesson02_network.arrays import to_numpy
 from nnlib.lesson02_network.network import parameter_offsets
 from nnlib.lesson06_data_parallel.data_parallel import DataParallel
 
-LESSON = 9
+LESSON = 10
 
 
 BUCKET_BYTES = 1 << 16  # 64 KiB: 784-128-10 gets one bucket (its last layer is 5 kB); 0 gives one per layer

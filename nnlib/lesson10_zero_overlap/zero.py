@@ -10,7 +10,7 @@ divide the number of parameters, as ``collectives.split_evenly``) and, per step:
     3. allgather the parameter slices: every rank has the whole new p again.
 
 :class:`ZeRO` (stage 1) computes the whole local gradient g, then reduce-scatters it: the same bytes as the
-``allreduce`` strategy, steps 1 and 3 being the two halves of the ring (allreduce.py). :class:`ZeROStage2` trains a
+``allreduce`` strategy, steps 1 and 3 being the two halves of the ring (lesson 09). :class:`ZeROStage2` trains a
 :class:`GradientShardedNetwork`, whose backpropagation reduce-scatters g a bucket at a time (at most Psi / (4P)
 values, or a row of W_l) to the ranks whose slices it covers, then drops it: a rank holds g_r and one bucket. With
 gradient accumulation every micro-batch's buckets are sent and added into g_r (stage 1 sends once per step, after the
@@ -32,7 +32,7 @@ from nnlib.lesson04_collectives.collectives import allgather_rows, split_evenly
 from nnlib.lesson06_data_parallel.data_parallel import DataParallel
 from nnlib.lesson09_ring_allreduce.allreduce import ring_allgather, ring_reduce_scatter
 
-LESSON = 9
+LESSON = 10
 
 
 def rank_slice(num_params: int, size: int, rank: int) -> slice:
