@@ -1,9 +1,6 @@
-"""The one alpha-beta fit of the series: lesson 05 makes it on this machine, the later lessons read it.
-
-:func:`measure` times one message of each of SIZES (lesson 04's timing.time_messages), fits T(n) = alpha + beta n
-(costmodel.fit_latency_bandwidth) and saves the fit in FIT_FILE; :func:`saved_fit` reads it back, or, where lesson 05
-has not run yet, measures it as lesson 05 does.
-"""
+"""The series' one alpha-beta fit: :func:`measure` times one message of each of SIZES (timing.time_messages), fits
+T(n) = alpha + beta n (costmodel.fit_latency_bandwidth) and saves the fit in FIT_FILE; :func:`saved_fit` reads it
+back in the later lessons, or measures it as lesson 05 does where lesson 05 has not run yet."""
 
 from pathlib import Path
 
@@ -21,8 +18,8 @@ FIELDS = ("alpha", "beta", "ranks")
 
 
 def measure(comm, repeats: int = 20, path=FIT_FILE):
-    """On every rank: the median seconds of one message of each of SIZES (len(SIZES),), the fitted alpha (s) and
-    beta (s per byte), the same on every rank; rank 0 saves alpha, beta and the number of ranks in ``path``."""
+    """On every rank: the median seconds of one message of each of SIZES, and the fitted alpha (s) and beta (s per
+    byte), the same on every rank; rank 0 saves alpha, beta and the number of ranks in ``path``."""
     seconds = time_messages(comm, SIZES, repeats)
     alpha, beta = fit_latency_bandwidth(SIZES, seconds)
     if comm.rank == 0:
@@ -31,12 +28,10 @@ def measure(comm, repeats: int = 20, path=FIT_FILE):
 
 
 def saved_fit(comm, path=FIT_FILE):
-    """On every rank: (alpha, beta, the number of ranks they were measured on) as lesson 05 saved them in ``path``;
-    if it has not, measured now as lesson 05 does, and saved."""
-    found = None
-    if comm.rank == 0 and Path(path).exists():
-        found = read_csv(path, FIELDS, integers=("ranks",), floats=("alpha", "beta"), what="alpha-beta fits")[0]
-    found = comm.bcast(found)
+    """On every rank: (alpha, beta, the number of ranks they were measured on) as saved in ``path``; if nothing is
+    saved there, measured now as lesson 05 does (and saved)."""
+    read = comm.rank == 0 and Path(path).exists()
+    found = comm.bcast(read_csv(path, FIELDS, integers=("ranks",), floats=("alpha", "beta"))[0] if read else None)
     if found is None:
         return (*measure(comm, path=path)[1:], comm.size)
     return found["alpha"], found["beta"], found["ranks"]
