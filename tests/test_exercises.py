@@ -289,7 +289,7 @@ NNLIB = {
     "03.1": momentum_step_by_nnlib,
     "03.3": lambda samples, batch: np.array(training.batch_ranges(samples, batch)).reshape(-1, 2),
     "04.1": lambda rows, ranks, length: tuple(np.array(part) * length for part in collectives.split_evenly(rows, ranks)),
-    "04.2": costmodel.predicted_time,
+    "05.1": costmodel.predicted_time,
     "07.1": scaling.amdahl_speedup,
     "07.2": scaling.gustafson_speedup,
     "09.1": ring_step_by_nnlib_schedule,
@@ -318,6 +318,10 @@ BY_HAND = [
     ("02.2", (np.array([[1.0, 2.0]]), np.array([[3.0], [4.0]]), np.array([[0.5]]), np.array([[2.0]])),
      (np.array([[0.5], [1.0]]), np.array([0.5]), np.array([[1.5, 2.0]]))),  # dJ/dz = 2 * 0.5 * 0.5
     ("03.2", (np.array([[0.1, 0.9], [0.8, 0.2], [0.3, 0.7]]), np.array([1, 1, 1])), 2 / 3),
+    ("05.2", ([["send 1", "recv 1"], ["send 0", "recv 0"]],), np.array([0, 0])),  # both send first: a deadlock
+    ("05.2", ([["recv 1", "send 1"], ["send 0", "recv 0"]],), np.array([2, 2])),  # rank 0 receives first
+    ("05.2", ([["send 2"], ["send 2"], ["recv 1", "recv 0"]],), np.array([1, 1, 2])),  # rank 0 waits for rank 1's
+    ("05.2", ([["send 1", "recv 2"], ["recv 0", "send 2"], ["send 0", "recv 1"]],), np.array([2, 2, 2])),
     ("06.1", (np.zeros(1), [np.array([1.0]), np.array([4.0])], [1, 3], 1.0), np.array([-3.25])),  # (1 + 12) / 4
     ("06.2", (np.array([7, 2, 9, 4, 0]), 3, 8), np.array([4, 1])),  # samples 7 and 4 of the shard 3..7
     ("06.2", (np.array([7, 2, 9, 4, 0]), 8, 9), np.zeros(0, dtype=int)),  # a shard this batch does not touch
@@ -511,6 +515,9 @@ HALF_FINISHED = [
      "scatterv_counts(10, 3, 4), result 1 of 2: 3 of 3 wrong; the first at (0,): got 3, expected 16."),
     ("04.1", lambda rows, ranks, length: (np.full(ranks, rows / ranks), np.zeros(ranks)), "dtype",
      "expected whole numbers (integers)"),
+    ("05.1", lambda n_bytes, alpha, beta: alpha * n_bytes + beta, "values", "relative error"),  # alpha and beta swapped
+    ("05.2", lambda programs: np.array([len(calls) for calls in programs]), "values",  # every call completes
+     "calls_completed([['send 1', 'recv 1'], ['send 0', 'recv 0']]): 2 of 2 wrong; the first at (0,): got 2"),
     ("06.2", lambda batch, start, stop: batch[(batch >= start) & (batch < stop)], "values",
      "8, 16): 3 of 3 wrong; the first at (0,): got 8, expected 0."),  # sample numbers, not rows
     ("06.2", lambda batch, start, stop: np.sort(batch[(batch >= start) & (batch < stop)] - start), "values",
@@ -606,6 +613,42 @@ HALF_FINISHED += [
     ("10.2", zero_without_allgather, "values", "result 1 of 2: wrong values"),
     ("10.2", lambda p, g, v, rate, mu: (p - rate * g, tuple(v)), "values",  # every rank: its own gradient, everywhere
      "result 1 of 2: wrong values, relative error"),
+]
+
+
+# -- lesson 05's exercise 05.2 (how far each rank gets when every Send waits for its Recv): wrong answers --------
+def calls_with_buffered_sends(programs):
+    """Wrong: every send completes at once (as if MPI buffered it), a recv once its message has been sent."""
+    done, sent, progress = [0] * len(programs), [], True
+    while progress:
+        progress = False
+        for rank, calls in enumerate(programs):
+            if done[rank] < len(calls):
+                kind, peer = calls[done[rank]].split()
+                if kind == "send" or (int(peer), rank) in sent:
+                    sent.append((rank, int(peer))) if kind == "send" else sent.remove((int(peer), rank))
+                    done[rank], progress = done[rank] + 1, True
+    return np.array(done)
+
+
+def calls_matching(programs, matches, sweeps):
+    """The worked answer's sweeps, with ``matches(sender, receiver's next call)`` deciding a match."""
+    done = [0] * len(programs)
+    for _ in range(sweeps):
+        for sender, calls in enumerate(programs):
+            if done[sender] < len(calls) and calls[done[sender]].startswith("send"):
+                receiver = int(calls[done[sender]].split()[1])
+                if done[receiver] < len(programs[receiver]) and matches(sender, programs[receiver][done[receiver]]):
+                    done[sender], done[receiver] = done[sender] + 1, done[receiver] + 1
+    return np.array(done)
+
+
+HALF_FINISHED += [
+    ("05.2", calls_with_buffered_sends, "values", "'recv 0']]): 2 of 2 wrong; the first at (0,): got 2, expected 0."),
+    ("05.2", lambda programs: calls_matching(programs, lambda sender, call: call.startswith("recv"), 10), "values",
+     "'recv 2'], ['recv 1']]): 2 of 3 wrong; the first at (0,): got 2, expected 1."),  # any recv taken for its own
+    ("05.2", lambda programs: calls_matching(programs, lambda sender, call: call == f"recv {sender}", 1), "values",
+     "got 1, expected 2"),  # one sweep over the ranks, not until nothing changes
 ]
 
 

@@ -55,7 +55,7 @@ RANK_COUNTS = {  # each checker (tests/mpi/<name>.py) and the numbers of ranks i
     "check_allreduce": tuple(range(1, 8)), "check_tensor_parallel": ONE_TO_FOUR, "check_pipeline": ONE_TO_FOUR,
     "check_hybrid": (2, 4, 6), "check_schedules": ONE_TO_FOUR, "check_async": ONE_TO_FOUR,
     "check_compression": ONE_TO_FOUR, "check_communication_light": ONE_TO_FOUR, "check_memory": (1, 2, 3, 4, 7),
-    "check_mixed_precision": ONE_TO_FOUR,
+    "check_mixed_precision": ONE_TO_FOUR, "check_messages": ONE_TO_FOUR,
 }
 OWN_LAUNCH = {"check_watchdog"}  # it makes a rank fail: it owns its processes
 CASES = [pytest.param(checker, ranks, id=f"{ranks}-{checker}")

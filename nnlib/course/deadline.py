@@ -254,9 +254,11 @@ class WatchedComm:
         sending = self.comm.Isend(sendbuf, dest=dest, tag=sendtag)
         self.wait_all([receiving, sending], "Sendrecv")
 
-    def Recv(self, buffer, source, tag=0):
-        """Receive into ``buffer`` from ``source`` within the deadline."""
-        self.wait(self.comm.Irecv(buffer, source=source, tag=tag), f"Recv from rank {source}")
+    def Recv(self, buffer, source=MPI.ANY_SOURCE, tag=0, status=None):
+        """Receive into ``buffer`` from ``source`` within the deadline; ``status``, if given, says who sent it."""
+        request = self.comm.Irecv(buffer, source=source, tag=tag)
+        what = "Recv" if source == MPI.ANY_SOURCE else f"Recv from rank {source}"
+        self.wait(_Until(lambda: request.Test(status) or None), what)  # _Until: done once Test is true
 
     def send(self, obj, dest, tag=0):
         """MPI's send of a Python object (pickled) within the deadline."""

@@ -1,4 +1,4 @@
-"""Lesson 04's exercises (notebook 04_mpi_collectives): Scatterv's counts, and the alpha-beta model."""
+"""Lesson 04's exercise (notebook 04_mpi_collectives): Scatterv's counts. (The alpha-beta model is lesson 05's.)"""
 
 import numpy as np
 
@@ -18,17 +18,8 @@ def scatterv_counts(rows, ranks, row_length):
     return counts, displacements
 
 
-def alpha_beta_time(n_bytes, alpha, beta):
-    """The alpha-beta model's time to send messages of n_bytes (an array), alpha seconds of
-    latency plus beta seconds per byte."""
-    return alpha + beta * n_bytes
-
-
 EXERCISES = [
     Exercise("04.1", scatterv_counts, lambda: [(10, 3, 4), (7, 2, 784), (3, 4, 5), (12, 4, 1)],
              "rows // ranks each, and one more for the first rows % ranks ranks; then multiply by the row "
              "length; each displacement is the sum of the counts before it."),
-    Exercise("04.2", alpha_beta_time,
-             lambda: [(np.array([8.0, 1e3, 1e6]), 2e-6, 1e-9), (np.array([0.0]), 1e-5, 5e-10)],
-             "a start-up cost paid once per message, plus a cost per byte."),
 ]

@@ -1,12 +1,9 @@
-"""MPI collectives on NumPy arrays, with uneven splits and a guard against bad buffers.
-
-Every helper uses mpi4py's **buffer** (uppercase) methods: the array's memory goes to MPI as it is, with no
-pickling. That is fast, but MPI then sees only raw bytes in memory order: a Fortran-ordered or strided array handed
-to ``Bcast`` arrives scrambled, so every helper first calls :func:`require_contiguous`.
-
-Uneven splits (:func:`split_evenly`, nnlib's one split): 10 rows over 4 ranks are counts [3, 3, 2, 2] from starts
-[0, 3, 6, 8], the first ``total % parts`` ranks one more, for ``Scatterv``/``Gatherv``. At the end: every rank reaching
-the same verdict."""
+"""MPI collectives on NumPy arrays, with uneven splits and a guard against bad buffers. Every helper uses mpi4py's
+**buffer** (uppercase) methods: the array's memory goes to MPI as it is, unpickled, but as raw bytes in memory order,
+so a Fortran-ordered or strided array handed to ``Bcast`` would arrive scrambled: every helper first calls
+:func:`require_contiguous`. Uneven splits (:func:`split_evenly`, nnlib's one split): 10 rows over 4 ranks are counts
+[3, 3, 2, 2] from starts [0, 3, 6, 8], the first ``total % parts`` ranks one more, for ``Scatterv``/``Gatherv``. At
+the end: every rank reaching the same verdict."""
 
 from __future__ import annotations
 

@@ -1,11 +1,7 @@
-"""The collectives of notebook 04 as a plain MPI script (no ipyparallel):
+"""The collectives of notebook 04 up to Gatherv as a plain MPI script: ``mpiexec -n 4 python -m nnlib collectives``.
 
-    mpiexec -n 4 python -m nnlib collectives
-
-Each demo runs on every rank and returns (before, after): what this rank held before
-and after the collective (None: nothing). Rank 0 gathers them and prints one line per
-rank, in rank order. tests/test_collectives.py runs it with 1 to 4 ranks.
-"""
+Each demo runs on every rank and returns (before, after): what this rank held before and after the collective (None:
+nothing). Rank 0 gathers them and prints one line per rank, in rank order. tests/test_collectives.py runs it."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Every prediction of the series, in one place: what a message, an Allreduce and a training step cost.
 
-Lesson 04 introduces the latency-bandwidth (alpha-beta) model of one message of n bytes, T(n) = alpha + beta n:
+Lesson 05 introduces the latency-bandwidth (alpha-beta) model of one message of n bytes, T(n) = alpha + beta n:
 alpha (seconds) is the fixed cost of any message (software overhead, network latency), beta (seconds per byte)
 the inverse bandwidth; the crossover is at n = alpha / beta. Later lessons add to this module, and every notebook
 and module that predicts a time calls it (nothing else retypes a formula): the parameter server (lesson 06), the
@@ -20,7 +20,7 @@ import numpy as np
 LESSON = 4
 
 
-# -- lesson 04: one message --------------------------------------------------------------------
+# -- lesson 05: one message (fitted once, nnlib.lesson05_messages.alpha_beta) ---------------------
 
 def predicted_time(sizes_in_bytes, alpha: float, beta: float):
     """One point-to-point message of n bytes: T(n) = alpha + beta n, for each size."""

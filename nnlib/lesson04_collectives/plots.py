@@ -9,13 +9,10 @@ NOTEBOOKS_ONLY = True  # drawn in the notebooks; no other module uses it
 
 
 def rank_arrays(collectives: dict, per_row: int = 2):
-    """Which rank holds which values, before and after each collective, in one figure.
-
-    collectives: {title: (before, after)}, each a list with one 1-D array (or None: nothing) per
-    rank, in rank order. Each collective is a pair of panels, ``per_row`` pairs to a row; in a panel
-    each rank is a row of boxes with its values written in, the colour encoding the value (one scale
-    for the whole figure).
-    """
+    """Which rank holds which values, before and after each collective, in one figure. collectives: {title: (before,
+    after)}, each a list with one 1-D array (or None: nothing) per rank, in rank order. Each collective is a pair of
+    panels, ``per_row`` pairs to a row; in a panel each rank is a row of boxes with its values written in, the colour
+    encoding the value (one scale for the whole figure)."""
     import matplotlib.pyplot as plt
 
     arrays = [v for pair in collectives.values() for side in pair for v in side if v is not None]

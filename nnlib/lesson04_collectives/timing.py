@@ -1,10 +1,7 @@
-"""Timing a piece of code honestly: warm-up calls first, then the median of several timed calls.
-
-One timer for the whole series. The first calls of anything are slow (caches, memory allocation,
-compiled GPU kernels), so ``warmup`` calls run untimed; a median ignores the odd slow call that a
-mean would let decide everything. Work that returns before it is finished (a GPU kernel) needs
-``synchronize``; a collective needs every rank to start together (:func:`time_collective`).
-"""
+"""Timing code honestly, one timer for the whole series: ``warmup`` calls first, untimed (the first calls of anything
+are slow: caches, memory allocation, compiled GPU kernels), then the median of several timed calls (a mean would let
+the odd slow call decide). Work that returns before it is finished (a GPU kernel) needs ``synchronize``; a
+collective needs every rank to start together (:func:`time_collective`)."""
 
 from __future__ import annotations
 
