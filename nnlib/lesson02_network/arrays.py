@@ -103,7 +103,7 @@ def through_host(array, operation) -> None:
     """``operation(host)`` on ``array``'s values in host memory, written back into ``array``.
 
     For a NumPy array ``host`` is the array itself (no copy); for another device's array, a copy.
-    For code written for NumPy arrays (lesson 09's ring, lesson 14's compression) on any device.
+    For code written for NumPy arrays (lesson 09's ring, lesson 15's compression) on any device.
     """
     host = to_numpy(array)
     operation(host)

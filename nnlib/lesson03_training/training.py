@@ -132,7 +132,7 @@ class Batches:
     default_rng(seed), cut into batches of b (the last may be smaller), each divided by its length.
     Full-batch gradient descent (b None, or b >= N): one step, rows None (all of them), divide_by N."""
 
-    name = "exact"  # the sequential run's batches (lesson 09's samplers have other names)
+    name = "exact"  # the sequential run's batches (lesson 10's samplers have other names)
 
     def __init__(self, num_samples: int, batch_size: int | None, seed: int):
         self.num_samples = int(num_samples)
@@ -188,8 +188,8 @@ class LocalUpdate:
 
     size = 1
     layer_done = None  # nothing to start while backpropagation runs
-    kept_between_steps = None  # what it keeps between steps beyond the optimizer (lesson 14's residuals): None
-    compression = "none"  # of its messages (lesson 14's)
+    kept_between_steps = None  # what it keeps between steps beyond the optimizer (lesson 15's residuals): None
+    compression = "none"  # of its messages (lesson 15's)
 
     def optimizer(self, network, make):
         return make(network.params, network.xp)
@@ -249,7 +249,7 @@ class Run:
     loss_sum: object = 0.0
     correct_sum: object = 0
     rate: float = 0.0
-    scaler: object = None  # lesson 16's loss scaler: it may skip a step whose gradient overflowed
+    scaler: object = None  # lesson 17's loss scaler: it may skip a step whose gradient overflowed
 
     def update(self, params, grads, comm=None) -> None:
         """The optimizer's step on ``params`` from ``grads``: all of them, or this rank's part (``comm``'s ranks hold
