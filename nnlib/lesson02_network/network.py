@@ -22,7 +22,7 @@ Backpropagation (both outputs give the same output error):
 The weights and biases are views into ``params``, one flat vector laid out [W_1, b_1, W_2, b_2, ...];
 the gradients are views into ``grads`` with the same layout, so all gradients can travel in one message.
 :func:`forward_layers` and :func:`backward_layers` are nnlib's one backpropagation, over a list of
-:class:`Layer` (lesson 11's tensor and 12's pipeline layers run it too). The math uses only the array API
+:class:`Layer` (lessons 11 and 12's tensor and pipeline layers run it too). The math uses only the array API
 (``xp``), so it runs on NumPy and CuPy; each element-wise piece is one fused kernel on a GPU (arrays.fused).
 """
 
