@@ -4,7 +4,7 @@ Lesson 05 introduces the latency-bandwidth (alpha-beta) model of one message of 
 alpha (seconds) is the fixed cost of any message (software overhead, network latency), beta (seconds per byte)
 the inverse bandwidth; the crossover is at n = alpha / beta. Later lessons add to this module, and every notebook
 and module that predicts a time calls it (nothing else retypes a formula): the parameter server (lesson 06), the
-assumed cluster networks, a step's FLOPs and its time on P ranks (06), the Allreduce algorithms (08).
+assumed cluster networks, a step's FLOPs and its time on P ranks (07), the Allreduce algorithms (09).
 Lesson 12's tradeoffs, its bubbles and lesson 15's compression build on these functions.
 
 The time functions take ``n_bytes`` and ``ranks`` as numbers or NumPy arrays (one prediction each)
