@@ -59,13 +59,8 @@ def engine_environment(mpiexec: str) -> dict:
 
 
 class MPICluster:
-    """A running ipyparallel cluster of MPI engines. Use :func:`start` to make one.
-
-    cluster   the ipyparallel.Cluster
-    client    the ipyparallel.Client connected to it
-    view      a DirectView of all engines, ordered by MPI rank
-    rank_of   {engine id: MPI rank}
-    """
+    """A running ipyparallel cluster of MPI engines (:func:`start` makes one): ``cluster``, the ipyparallel.Cluster;
+    ``client``, its Client; ``view``, a DirectView of all engines in MPI rank order; ``rank_of``, {engine id: rank}."""
 
     def __init__(self, cluster, client, n: int, timeout: float, reaper=None):
         self.cluster, self.client, self.n, self.timeout = cluster, client, n, timeout
@@ -79,8 +74,7 @@ class MPICluster:
         self.stop()  # (None: an error in the block goes on)
 
     def _start_engines(self):
-        """Launch the n engines with mpiexec and wait until all registered: fails early if mpiexec exits, and at
-        the latest after ``timeout`` seconds."""
+        """Launch the n engines and wait until all registered (an error as soon as mpiexec exits, or after timeout)."""
         engine_set = self.cluster.start_engines_sync(self.n)
         launcher = self.cluster.engines[engine_set]
         deadline = time.monotonic() + self.timeout

@@ -348,8 +348,7 @@ def point_to_point_peer(what: str) -> int | None:
 
 
 def completed_within(test, seconds: float, pause: float = 0.001) -> bool:
-    """Call ``test()`` (a Test of started requests: it makes MPI progress) until it is true, for ``seconds``
-    at most, sleeping ``pause`` between calls; whether it became true."""
+    """Whether ``test()`` (e.g. requests' Test: MPI progress) came true within ``seconds``, tried every ``pause``."""
     give_up = time.monotonic() + seconds
     while not test():
         if time.monotonic() > give_up:

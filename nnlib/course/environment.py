@@ -14,8 +14,7 @@ import textwrap
 
 LESSON = 0  # the course's own tools: any lesson may use them
 
-# Environment variables that give each process one BLAS thread: with several MPI ranks on one
-# machine, more threads per rank only make the ranks fight over the cores.
+# One BLAS thread per process: with several MPI ranks on one machine, more threads only make them fight over the cores.
 ONE_BLAS_THREAD = {name: "1" for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
 MINIMUM_CUPY = 14  # the first CuPy whose main namespace has every array API function nnlib uses
 # glibc's malloc settings (mallopt's parameter numbers, from malloc.h) that keep_freed_memory sets.

@@ -1,13 +1,12 @@
 """A scaling harness: data-parallel training over a grid of rank counts and problem sizes.
 
-Each point of the grid is one ``mpiexec -n P`` job (one BLAS thread per rank), repeated a few
-times; each run returns a *record* (a flat dict, one CSV row): the point, the epoch time, the time
-per phase, the test accuracy, and the machine (:func:`measure`; notebook 07, or ``python -m nnlib scaling``).
+Each point of the grid is one ``mpiexec -n P`` job (one BLAS thread per rank), repeated a few times; each run returns
+a *record* (a flat dict, one CSV row): the point, the epoch time, the time per phase, the test accuracy, and the
+machine (:func:`measure`; notebook 07, or ``python -m nnlib scaling``).
 
-Strong scaling keeps the total work fixed (N samples for any P): ideal time T1 / P.
-Weak scaling keeps the work *per rank* fixed (N = n P): ideal time T1 for every P.
-Points with more ranks than physical cores are marked ``oversubscribed``: there the ranks take
-turns on the cores, which is not what a cluster does, and tables and plots must show it.
+Strong scaling keeps the total work fixed (N samples for any P): ideal time T1 / P. Weak scaling keeps the work *per
+rank* fixed (N = n P): ideal time T1 for every P. Points with more ranks than physical cores are marked
+``oversubscribed``: there the ranks take turns on the cores, as a cluster does not, and tables and plots show it.
 """
 
 from __future__ import annotations
@@ -23,7 +22,6 @@ import numpy as np
 from nnlib.lesson01_mnist.files import read_csv, write_csv
 
 LESSON = 7
-
 
 RECORD_FIELDS = ["kind", "ranks", "samples", "strategy", "repeat", "epoch_seconds", "load_seconds",
                  "data_seconds", "compute_seconds", "communicate_seconds", "update_seconds", "accuracy",
@@ -41,7 +39,6 @@ def machine_fields() -> dict:
 
 
 # -- One point: an mpiexec job -----------------------------------------------------------------------
-
 
 #: One point's training, unless :func:`measure` is given others. The first epoch is a warm-up: the epoch time is
 #: the median of the others (so epochs >= 2); phase times are per epoch, each the slowest rank's.
@@ -131,14 +128,10 @@ def measure(ranks_list, kind: str = "strong", samples: int = 20000, strategy: st
 
 # -- Tables ------------------------------------------------------------------------------------------
 
-
 def summarize(records) -> list[dict]:
-    """One row per (kind, strategy, ranks): median and spread of the epoch time, speedup, efficiency.
-
-    Strong: speedup = T1 / TP, efficiency = speedup / P. Weak: efficiency = T1 / TP and the
-    scaled speedup = P * T1 / TP. T1 is the median of the 1-rank repeats of the same kind and
-    strategy (missing: no speedup). Phase times are medians too.
-    """
+    """One row per (kind, strategy, ranks): medians of the epoch and phase times, the spread, speedup, efficiency.
+    Strong: speedup = T1 / TP, efficiency = speedup / P. Weak: efficiency = T1 / TP and the scaled speedup =
+    P * T1 / TP. T1: the median of the 1-rank repeats of that kind and strategy (missing: no speedup)."""
     groups: dict = {}
     for record in records:
         groups.setdefault((record["kind"], record["strategy"], record["ranks"]), []).append(record)
@@ -176,7 +169,6 @@ def format_table(rows, kind: str) -> str:
 
 # -- Laws --------------------------------------------------------------------------------------------
 
-
 def fit_amdahl(ranks, speedups) -> float:
     """The serial fraction f of Amdahl's law, S(P) = 1 / (f + (1 - f) / P), fitted to strong scaling:
     1/S - 1/P = f (1 - 1/P) is linear in f, so least squares through the origin."""
@@ -209,7 +201,6 @@ def gustafson_speedup(ranks, serial_fraction: float):
 
 # -- The large-batch effect --------------------------------------------------------------------------
 
-
 def warmup_schedule(base_rate: float, target_rate: float, warmup_epochs: float):
     """Goyal et al. (2017)'s gradual warm-up: from base_rate to target_rate linearly over warmup_epochs."""
     def schedule(progress: float) -> float:
@@ -221,12 +212,10 @@ def large_batch_accuracy(inputs, labels, test_inputs, test_labels, ranks_list, s
                          warmup_epochs: float = 1.0):
     """Test accuracy after 2 epochs with a global batch of 32 P (32 per rank), for each P of ``ranks_list``: a
     784-64-10 network (seed 0), SGD with momentum 0.9 from one rank's learning rate 0.05. Returns (len(ranks_list),).
-
     Without ``scale_rate`` every P uses that rate: bigger batches mean fewer steps of the same size, and accuracy
     falls. With it, the linear scaling rule (Goyal et al. 2017): a batch k times larger gets a k times larger rate
     (0.05 P), reached by a gradual warm-up over ``warmup_epochs``. Simulated in one process: P ranks take exactly
-    the steps of sequential training with the global batch (lesson 06 shows it), so only the global batch matters.
-    """
+    the steps of sequential training with the global batch (lesson 06), so only the global batch matters."""
     from nnlib.lesson02_network.network import Network
     from nnlib.lesson03_training.training import train
 
@@ -241,7 +230,6 @@ def large_batch_accuracy(inputs, labels, test_inputs, test_labels, ranks_list, s
 
 
 # -- CSV ---------------------------------------------------------------------------------------------
-
 
 def load_csv(path) -> list[dict]:
     """Records from a CSV of RECORD_FIELDS (main's ``--output``), numbers converted."""

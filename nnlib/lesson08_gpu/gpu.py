@@ -1,12 +1,10 @@
 """Measuring matrix products and training on the CPU and the GPU, honestly.
 
-GPU work is *asynchronous*: a CuPy call returns as soon as the work is queued, so a timer must
-wait for the GPU (stream synchronisation) before it stops, and the first calls (which compile kernels and
-allocate memory) must be left out as warm-up. :func:`device_seconds` (lesson 04's timer, synchronised) does both.
-
-Everything here takes the array module as an argument (numpy or cupy), so the same code
-measures both; ``python -m nnlib gpu-benchmark --results-dir notebooks/results`` records the figures
-on a GPU machine for notebook 08 to show on machines without one.
+GPU work is *asynchronous*: a CuPy call returns as soon as the work is queued, so a timer must wait for the GPU
+(stream synchronisation) before it stops, and the first calls (which compile kernels and allocate memory) must be
+left out as warm-up. :func:`device_seconds` (lesson 04's timer, synchronised) does both. Everything here takes the
+array module (numpy or cupy) as an argument; ``python -m nnlib gpu-benchmark --results-dir notebooks/results``
+records the figures on a GPU machine for notebook 08 to show on machines without one.
 """
 
 from __future__ import annotations
@@ -25,9 +23,7 @@ from nnlib.lesson08_gpu.backend import gpu_status, resolve_backend, synchronizer
 
 LESSON = 8
 
-
-# Matrix shapes (m, k, n) for A (m x k) @ B (k x n), tiny to large. The first is the seed's
-# per-layer product (a batch of 120 samples through a 30 -> 20 layer).
+# Shapes (m, k, n) of A (m x k) @ B (k x n), tiny to large; the first: the seed's layer product (120 samples, 30 -> 20).
 MATMUL_SHAPES = [(120, 30, 20), (64, 64, 64), (128, 128, 128), (256, 256, 256), (512, 512, 512),
                  (1024, 1024, 1024), (2048, 2048, 2048), (4096, 4096, 4096)]
 CSV_FIELDS = ["kind", "variant", "m", "k", "n", "hidden", "samples", "cpu_seconds", "gpu_seconds",

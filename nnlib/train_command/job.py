@@ -18,10 +18,7 @@ from nnlib.train_command.reports import report, save_output, save_trace
 
 LESSON = 18
 
-
 ABORT_GRACE = 10  # seconds MPI_Abort may take before the rank ends itself (SIGALRM)
-
-
 RELAY_PAUSE = 1.0  # seconds for mpiexec to relay what a rank printed before MPI_Abort ends the job
 
 
@@ -67,8 +64,7 @@ def abort_job(error: BaseException) -> None:
 
 
 def train_job(args) -> int:
-    """Check the options on every rank, put a deadline on every collective, run the data-parallel,
-    model-parallel or asynchronous job."""
+    """Check the options on every rank, put a deadline on every collective, run the job of the kind asked for."""
     from mpi4py import MPI
     from threadpoolctl import threadpool_limits
 

@@ -10,9 +10,7 @@ LESSON = 18
 
 JOB_STRATEGIES = ("parameter_server", "reduce_broadcast", "allreduce", "zero", "overlap", "fsdp")  # lessons 06, 09, 16
 
-
 FAULTS = ("raise", "exit", "kill", "hang")
-
 
 TRACE_STEPS = 20  # --trace: the data-parallel steps whose phases are written
 
