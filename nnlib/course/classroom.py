@@ -1,19 +1,17 @@
 """The engines' ``comm`` in the notebook cluster: a student's own collectives never hang the class.
 
-In a first MPI class one rank often raises before a collective (a shape error on an uneven shard), or two ranks
-both ``Send`` first, and the others would wait for ever. So on every engine of :func:`nnlib.course.cluster.start`,
-``comm = MPI.COMM_WORLD = ClassroomComm(the real COMM_WORLD)``: its collectives, ``Send``/``Recv``/``Sendrecv``
-and the object forms (``bcast``, ``gather``...) run under the classroom deadline ($NNLIB_TIMEOUT: 20 s). A rank
-whose cell (or ``view.apply`` function) raised tells the others at once, and they stop with its traceback; a rank
-that waits past the deadline names who did not come or, in a deadlock, the call each rank waited in; Interrupt
-Kernel ends a wait at once. A rooted collective (Bcast, Reduce, Gather, Scatter, their v forms) first checks that
-every rank names the same root (one small Allgather): MPI does not, and a mismatch need not hang.
+In a first MPI class one rank often raises before a collective, or two ranks both ``Send`` first, and the others would
+wait for ever. So on every engine of :func:`nnlib.course.cluster.start`, ``comm = MPI.COMM_WORLD = ClassroomComm(the
+real COMM_WORLD)``: its collectives, ``Send``/``Recv``/``Sendrecv`` and the object forms (``bcast``, ``gather``...)
+run under the classroom deadline ($NNLIB_TIMEOUT: 20 s). A rank whose cell (or ``view.apply`` function) raised tells
+the others at once, and they stop with its traceback; a rank that waits past the deadline names who did not come or,
+in a deadlock, the call each rank waited in; Interrupt Kernel ends a wait. A rooted collective (Bcast, Reduce, Gather,
+Scatter...) first checks that every rank names the same root: MPI does not, and a mismatch need not hang.
 
-An abandoned collective can never be cancelled, so after every cell that ran on the engines the client has each
-engine :func:`settle`: the ranks agree whether any of them abandoned a call (or heard of one), and if so all make a
-fresh duplicate of COMM_WORLD together. A rank that does not come within :data:`SETTLE_SECONDS` is stuck or dead:
-every later call then says to run ``mpi.restart()``. ``Split`` keeps the deadline; any other method (``Isend``,
-``Scan``...) runs on the current duplicate without one.
+An abandoned collective cannot be cancelled, so after every cell the client has each engine :func:`settle`: the ranks
+agree whether any of them abandoned a call (or heard of one), and if so all make a fresh duplicate of COMM_WORLD
+together. A rank that does not come within :data:`SETTLE_SECONDS` is stuck or dead: every later call then says to run
+``mpi.restart()``. ``Split`` keeps the deadline; other methods (``Isend``, ``Scan``...) have none.
 """
 
 from __future__ import annotations

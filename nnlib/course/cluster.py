@@ -3,11 +3,10 @@
     with nnlib.course.cluster.start(n=4) as cluster:   # in a notebook: `%%px` cells now run on 4 ranks
         cluster.view.apply_sync(...)            # the view's engines are in MPI rank order
 
-It runs the ``mpiexec`` beside this Python, with Open MPI's settings for root and for more ranks than cores when
-that is the MPI in use, and one BLAS thread per rank. ``%%px`` shows one output block per rank, in rank order,
-without a progress bar (notebooks are tested against their saved outputs). A failed start raises
-:class:`ClusterStartError` within ``timeout`` seconds, with the command, the engines' log and the likely fix. The
-engines' ``comm`` has the classroom deadline (nnlib.course.classroom); no process outlives the kernel (reaper).
+It runs the ``mpiexec`` beside this Python, with Open MPI's settings for root and for more ranks than cores when that
+is the MPI in use, and one BLAS thread per rank. ``%%px`` shows one output block per rank, in rank order, without a
+progress bar. A failed start raises :class:`ClusterStartError` within ``timeout`` seconds, with the command, the
+engines' log and the likely fix. The engines' ``comm`` has the classroom deadline; no process outlives the kernel.
 """
 
 from __future__ import annotations

@@ -1,11 +1,10 @@
 """A deadline for every collective: no rank waits forever, and the error names who did not come.
 
-Notebook 13 takes it apart: start the collective without blocking (``comm.Iallreduce``) and poll ``Test()``
-until it completes or the deadline passes. Then tell every other rank "waiting in Allreduce, at epoch e, step s"
-and listen for their notices for a grace period: a rank that sent none did not arrive, and
-:class:`CollectiveTimeout` names it. A rank that raises inside :meth:`WatchedComm.guard` sends its traceback.
-:func:`watch` works on a *duplicate* of the communicator: an abandoned collective cannot be cancelled, so the
-duplicate is dropped and the original stays usable. The notebook cluster's ``comm`` has this deadline.
+Notebook 13 takes it apart: start the collective without blocking (``comm.Iallreduce``) and poll ``Test()`` until it
+completes or the deadline passes. Then tell every other rank "waiting in Allreduce, at epoch e, step s" and listen for
+their notices for a grace period: a rank that sent none did not arrive, and :class:`CollectiveTimeout` names it. A
+rank that raises inside :meth:`WatchedComm.guard` sends its traceback. :func:`watch` works on a *duplicate* of the
+communicator: an abandoned collective cannot be cancelled, so the duplicate is dropped and the original stays usable.
 """
 
 from __future__ import annotations

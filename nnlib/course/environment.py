@@ -1,16 +1,17 @@
-"""What this machine and environment are: versions, cores, BLAS, MPI library, GPU.
-
-Notebook 00 prints it as an environment check; benchmarks record it beside their figures.
-"""
+"""What this machine and environment are: versions, cores, BLAS, MPI library, GPU (notebook 00's environment check;
+benchmarks record it beside their figures)."""
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import os
 import platform
 import re
+import shutil
 import sys
 import textwrap
+import time
 
 LESSON = 0  # the course's own tools: any lesson may use them
 
@@ -43,8 +44,7 @@ def blas_library() -> dict:
 def blas() -> str:
     """The BLAS library NumPy calls and its thread count (from threadpoolctl)."""
     info = blas_library()
-    found = f"{info.get('internal_api')} {info.get('version')} ({info.get('num_threads')} threads)"
-    return found if info else "unknown"
+    return f"{info.get('internal_api')} {info.get('version')} ({info.get('num_threads')} threads)" if info else "unknown"
 
 
 # The variables that can force OpenBLAS's kernel (https://github.com/OpenMathLib/OpenBLAS, USAGE.md), and the
@@ -100,8 +100,6 @@ def keep_freed_memory() -> bool:
     global _freed_memory_kept
     if os.environ.get("NNLIB_KEEP_FREED_MEMORY", "1") == "0" or platform.libc_ver()[0] != "glibc":
         return _freed_memory_kept
-    import ctypes
-
     mallopt = ctypes.CDLL(None).mallopt  # (the C library the interpreter already runs on)
     _freed_memory_kept = bool(mallopt(M_TRIM_THRESHOLD, KEEP_FREED_BYTES)) and bool(
         mallopt(M_MMAP_THRESHOLD, MAPPED_FROM_BYTES))
@@ -110,8 +108,6 @@ def keep_freed_memory() -> bool:
 
 def product_seconds(size: int = 768, repeats: int = 7) -> float:
     """Median seconds of one float32 (the series' dtype) (size x size) @ (size x size) product, one BLAS thread."""
-    import time
-
     import numpy
     from threadpoolctl import threadpool_limits
 
@@ -171,8 +167,6 @@ def describe() -> dict:
 def mpiexec_path() -> str | None:
     """The ``mpiexec`` named by ``$NNLIB_MPIEXEC`` (a site's own, or a wrapper such as the tests' counting one),
     else the running Python's environment's (beside its interpreter), else the one on PATH."""
-    import shutil
-
     if os.environ.get("NNLIB_MPIEXEC"):
         return os.environ["NNLIB_MPIEXEC"]
     beside = os.path.join(os.path.dirname(sys.executable), "mpiexec")

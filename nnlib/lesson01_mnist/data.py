@@ -56,11 +56,8 @@ class MNISTError(RuntimeError):
 
 @dataclass
 class MNIST:
-    """The MNIST arrays as stored in the IDX files.
-
-    train_images: (60000, 28, 28) uint8    train_labels: (60000,) uint8
-    test_images:  (10000, 28, 28) uint8    test_labels:  (10000,) uint8
-    """
+    """The MNIST arrays as stored in the IDX files: train_images (60000, 28, 28) uint8, train_labels (60000,) uint8,
+    test_images (10000, 28, 28) uint8, test_labels (10000,) uint8."""
 
     train_images: np.ndarray
     train_labels: np.ndarray
@@ -262,8 +259,7 @@ def load_verified(path: Path, expected_sha256: str, arrays_dir=None) -> np.ndarr
 
 def scale_pixels(images: np.ndarray, dtype=np.float32) -> np.ndarray:
     """Flatten images (N, 28, 28) uint8 to (N, 784) in [0, 1] as ``dtype``."""
-    flat = images.reshape(len(images), -1)
-    return np.multiply(flat, 1 / 255, dtype=dtype)
+    return np.multiply(images.reshape(len(images), -1), 1 / 255, dtype=dtype)
 
 
 def one_hot(labels: np.ndarray, num_classes: int = 10, dtype=np.float32) -> np.ndarray:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import csv
+import io
 import os
 import tempfile
 from pathlib import Path
@@ -35,9 +37,6 @@ def atomic_write(destination):
 def write_csv(records, path, fields) -> None:
     """Write dict records as CSV with the columns ``fields`` (other keys ignored), atomically, creating the folder
     if it does not exist yet (e.g. notebooks/results/ in a fresh clone)."""
-    import csv
-    import io
-
     text = io.StringIO()
     writer = csv.DictWriter(text, fieldnames=fields, extrasaction="ignore")
     writer.writeheader()
@@ -50,8 +49,6 @@ def write_csv(records, path, fields) -> None:
 def read_csv(path, fields, integers=(), floats=(), what: str = "records") -> list[dict]:
     """Read CSV records, checking that every column of ``fields`` is there (else ValueError naming the file and the
     missing columns). Columns in ``integers`` and ``floats`` are converted; an empty cell becomes None or NaN."""
-    import csv
-
     records = []
     with open(path, newline="") as stream:
         for row in csv.DictReader(stream):

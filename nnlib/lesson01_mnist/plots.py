@@ -1,7 +1,4 @@
-"""Lessons 01 and 03's pictures: digit grids, learning curves, confusion matrices, hidden units' weights.
-
-Later lessons draw their own pictures in their own folders (lesson 04's ranks, 06's phases, 07's scaling).
-"""
+"""Lessons 01 and 03's pictures: digit grids, learning curves, confusion matrices, hidden units' weights."""
 
 from __future__ import annotations
 

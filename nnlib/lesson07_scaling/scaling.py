@@ -11,11 +11,13 @@ rank* fixed (N = n P): ideal time T1 for every P. Points with more ranks than ph
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import statistics
 import subprocess
 import sys
+import time
 
 import numpy as np
 
@@ -66,8 +68,6 @@ def _run_job(ranks: int, settings: dict, timeout: float):
 
 def _worker(settings: dict) -> None:
     """Runs on every rank of a point's mpiexec job; rank 0 prints one JSON line."""
-    import time
-
     from mpi4py import MPI
 
     from nnlib.lesson01_mnist import data
@@ -243,8 +243,6 @@ def load_csv(path) -> list[dict]:
 
 def main(argv=None) -> int:
     """``python -m nnlib scaling``: measure strong and weak scaling, print tables, optionally save CSV."""
-    import argparse
-
     parser = argparse.ArgumentParser(prog="python -m nnlib scaling", description=main.__doc__)
     parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--strong-samples", type=int, default=60000, help="total samples for strong scaling")

@@ -57,9 +57,7 @@ def use_gpu_of_local_rank(comm):
 def synchronizer(xp):
     """A function that waits until the GPU has finished its queued work (does nothing for CPU arrays): CuPy calls
     return as soon as the work is queued; a timer, or MPI reading a buffer, must wait."""
-    if hasattr(xp, "cuda"):
-        return xp.cuda.get_current_stream().synchronize
-    return lambda: None
+    return xp.cuda.get_current_stream().synchronize if hasattr(xp, "cuda") else lambda: None
 
 
 def cuda_aware_mpi() -> bool:

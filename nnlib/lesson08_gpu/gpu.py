@@ -9,6 +9,7 @@ records the figures on a GPU machine for notebook 08 to show on machines without
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import re
 
@@ -139,8 +140,6 @@ def format_records(records) -> str:
 
 def main(argv=None) -> int:
     """``python -m nnlib gpu-benchmark``: record the matmul sweep and training epochs, CPU (1 thread) and GPU."""
-    import argparse
-
     from threadpoolctl import threadpool_limits
 
     from nnlib.lesson01_mnist import data

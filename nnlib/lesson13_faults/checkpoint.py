@@ -12,8 +12,7 @@ import numpy as np
 from nnlib.lesson03_training.training import Hook
 from nnlib.lesson04_collectives.collectives import fail_together
 from nnlib.lesson13_faults.checkpoint_files import (FORMAT_VERSION, HEADER, MAGIC, SUFFIX, Checkpoint,  # noqa: F401
-                                                    CheckpointError, CheckpointFolder, from_bytes, load, save,
-                                                    to_bytes)
+                                                    CheckpointError, CheckpointFolder, from_bytes, load, save, to_bytes)
 
 LESSON = 13
 

@@ -72,13 +72,11 @@ def chunk_program(stage: int, stages: int, order, chunks: int = 1) -> list[Chunk
 
 
 def interleaved(stages: int, micro_batches: int, chunks: int = 2):
-    """Interleaved 1F1B with v = ``chunks`` chunks per rank: warm-up, one forward one backward, drain.
-
-    Every rank runs the same (micro-batch, chunk) units: micro-batches go in groups of about P (m // P groups, as
-    even as possible; one group if m < P), and a group runs forward through chunk 0, then chunk 1, ..., backward
-    the last chunk first. Rank s first runs w = (v - 1) G + 2 (P - s - 1) forward units (G: the first group's
-    size; at most v m), then alternates forward unit w + i and backward unit i, then drains.
-    """
+    """Interleaved 1F1B with v = ``chunks`` chunks per rank: warm-up, one forward one backward, drain. Every rank runs
+    the same (micro-batch, chunk) units: micro-batches go in groups of about P (m // P groups, as even as possible;
+    one group if m < P), and a group runs forward through chunk 0, then chunk 1, ..., backward the last chunk first.
+    Rank s first runs w = (v - 1) G + 2 (P - s - 1) forward units (G: the first group's size; at most v m), then
+    alternates forward unit w + i and backward unit i, then drains."""
     counts, starts = split_evenly(micro_batches, max(1, micro_batches // stages))
     forwards = [(k, chunk) for count, start in zip(counts, starts) for chunk in range(chunks)
                 for k in range(start, start + count)]
