@@ -104,8 +104,7 @@ class ClassroomComm:
 
     # -- the rooted collectives: MPI does not check that every rank names the same root -------------
     def same_root(self, root: int, what: str) -> WatchedComm:
-        """Every rank's ``root``, gathered (one small Allgather); raise on every rank if they differ.
-        Mismatched roots need not hang (MPICH completes a Bcast with them, with wrong data)."""
+        """The watched comm, once one small Allgather found that every rank names the same ``root`` (else raise)."""
         watched = self.current()
         roots = np.empty(self.size, dtype=np.int64)
         watched.wait(watched.comm.Iallgather(np.array([root], dtype=np.int64), roots), what)  # errors say `what`

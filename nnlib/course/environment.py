@@ -90,10 +90,9 @@ def usable_cores(cpu_max: str = "/sys/fs/cgroup/cpu.max") -> int:
 
 
 def keep_freed_memory() -> bool:
-    """Make the C library's allocator keep the memory a training step frees, for the next step to reuse.
-
-    By default glibc's malloc hands freed memory back to the system (its heap's top above M_TRIM_THRESHOLD, arrays
-    above M_MMAP_THRESHOLD as whole mappings), so each step's arrays are new pages, zeroed by the kernel at their first
+    """Make the C library's allocator keep the memory a training step frees, for the next step to reuse. By default
+    glibc's malloc hands freed memory back to the system (its heap's top above M_TRIM_THRESHOLD, arrays above
+    M_MMAP_THRESHOLD as whole mappings), so each step's arrays are new pages, zeroed by the kernel at their first
     touch: for 784-1024-10 on 2,048 rows, about 32,000 page faults per epoch of 30,000 samples, and about 200 with the
     thresholds at 64 and 32 MiB (tests/test_allocator.py). ``import nnlib`` calls it. Returns whether the setting is
     in effect: False where the C library is not glibc, or when $NNLIB_KEEP_FREED_MEMORY is 0."""

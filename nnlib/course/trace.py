@@ -74,12 +74,10 @@ def phase_spans(timelines) -> list[Span]:
 
 def pipeline_spans(timelines, chunks=None, stages: int | None = None) -> list[Span]:
     """Pipeline stages: timelines[rank] = [(letter, micro-batch, start, end)] -> spans "F3", a thread per letter.
-
     chunks: chunks[rank][i], the chunk of the rank's i-th computation (ScheduledPipeline.timeline_chunks; for a
     schedule's lists, the chunk of each computing instruction); with several a span names its chunk, "F3 (chunk 1)".
     Every span's args hold its micro-batch, chunk and virtual stage chunk x P + stage, the stage being rank % P
-    (P = ``stages``, default len(timelines); a replica of a (data x model) grid holds ranks d P .. d P + P - 1).
-    """
+    (P = ``stages``, default len(timelines); a replica of a (data x model) grid holds ranks d P .. d P + P - 1)."""
     spans, stages = [], stages or len(timelines)
     several = chunks is not None and any(chunk for rank_chunks in chunks for chunk in rank_chunks)
     for rank, timeline in enumerate(timelines):

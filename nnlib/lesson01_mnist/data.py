@@ -290,8 +290,7 @@ def crop_center(images: np.ndarray, size: int = 20) -> np.ndarray:
 
 def course_subset(mnist: MNIST, per_class: int = 500, size: int = 20, seed: int = 0):
     """The seed experiments' data: ``per_class`` training digits of each class, drawn with ``seed``, shuffled, their
-    central ``size`` x ``size`` pixels: (images (5000, 20, 20) uint8, labels (5000,) uint8) by default, which
-    :func:`scale_pixels` flattens to the network's 400 inputs."""
+    central ``size`` x ``size`` pixels: (images (5000, 20, 20) uint8, labels (5000,) uint8) by default."""
     rng = np.random.default_rng(seed)
     chosen = [rng.choice(np.flatnonzero(mnist.train_labels == digit), per_class, replace=False) for digit in range(10)]
     order = rng.permutation(np.concatenate(chosen))

@@ -14,11 +14,10 @@ LESSON = 1
 
 @contextlib.contextmanager
 def atomic_write(destination):
-    """Yield an open binary file; on success it becomes ``destination``, on any error it is removed.
-
-    The bytes go to a temporary file in the destination's folder, renamed over ``destination`` only after the block
-    finished (a rename within one folder is atomic), so a crash or an interrupted download never leaves a file that
-    looks complete. The file gets the usual permissions (0666 less the umask), not mkstemp's private 0600."""
+    """Yield an open binary file; on success it becomes ``destination``, on any error it is removed. The bytes go to a
+    temporary file in the destination's folder, renamed over ``destination`` only after the block finished (a rename
+    within one folder is atomic), so a crash or an interrupted download never leaves a file that looks complete. The
+    file gets the usual permissions (0666 less the umask), not mkstemp's private 0600."""
     destination = Path(destination).expanduser()
     handle, temporary = tempfile.mkstemp(dir=destination.parent, prefix=destination.name + ".", suffix=".part")
     os.close(handle)

@@ -90,12 +90,11 @@ def cuda_aware_mpi() -> bool:
 
 
 class HostStaging:
-    """A communicator that hands MPI the network's buffers wherever they live.
-
-    NumPy arrays go to MPI as they are; so do GPU arrays with a CUDA-aware MPI, once the GPU has finished writing
-    them (MPI must not read a half-written buffer). With an ordinary MPI, GPU arrays are *staged*: copied to host
-    memory, communicated, copied back. It wraps any communicator (MPI's, or a WatchedComm: ``HostStaging(watch(comm),
-    xp)``, never the other way round); everything else is the wrapped one's. ``cuda_aware``: None asks MPI."""
+    """A communicator that hands MPI the network's buffers wherever they live: NumPy arrays as they are, and so GPU
+    arrays with a CUDA-aware MPI, once the GPU has finished writing them (MPI must not read a half-written buffer).
+    With an ordinary MPI, GPU arrays are *staged*: copied to host memory, communicated, copied back. It wraps any
+    communicator (MPI's, or a WatchedComm: ``HostStaging(watch(comm), xp)``, never the other way round); everything
+    else is the wrapped one's. ``cuda_aware``: None asks MPI."""
 
     BUFFER_METHODS = ("Allgather", "Allgatherv", "Allreduce", "Bcast", "Gather", "Gatherv", "Isend", "Recv", "Reduce",
                       "Reduce_scatter", "Scatter", "Scatterv", "Send", "Sendrecv")

@@ -116,11 +116,10 @@ def zb_h1(stages: int, micro_batches: int):
 
 
 def zb_h2(stages: int, micro_batches: int):
-    """ZB-H2: 2 (P - s - 1) warm-up forwards fill the start; stage s defers 2 s W's into the drain.
-
-    With m < 2P - 1 micro-batches the warm-up cannot fill the start, and stage s's 2 s deferred W's pile up after its
-    last B while it sat idle earlier (P = 3, m = 3: a bubble of 0.250 against ZB-H1's 0.182, with equal F, B, W):
-    there ZB-H2 is ZB-H1."""
+    """ZB-H2: 2 (P - s - 1) warm-up forwards fill the start; stage s defers 2 s W's into the drain. With m < 2P - 1
+    micro-batches the warm-up cannot fill the start, and stage s's 2 s deferred W's pile up after its last B while it
+    sat idle earlier (P = 3, m = 3: a bubble of 0.250 against ZB-H1's 0.182, with equal F, B, W): there ZB-H2 is
+    ZB-H1."""
     if micro_batches < 2 * stages - 1:
         return zb_h1(stages, micro_batches)
     return zero_bubble(stages, micro_batches, lambda stage: 2 * (stages - stage - 1), lambda stage: 2 * stage)
@@ -203,11 +202,10 @@ def virtual_stage_layers(num_layers: int, virtual_stages: int, split=None) -> li
 
 
 def balanced_split(num_layers: int, virtual_stages: int) -> tuple[int, ...]:
-    """Layer counts per virtual stage that balance a network with a narrow (cheap) first and last layer.
-
-    The L - 2 wide layers go as evenly as possible (each costs one unit of F, one of B, one of W per micro-batch); the
-    narrow first layer joins virtual stage 0, which computes no input gradient for it, and the narrow last one joins
-    the last, beside the loss. (64,) + (512,) * 9 + (10,), 10 layers: (5, 5) on 2 virtual stages, (3, 2, 2, 3) on 4,
+    """Layer counts per virtual stage that balance a network with a narrow (cheap) first and last layer: the L - 2
+    wide layers go as evenly as possible (each costs one unit of F, one of B, one of W per micro-batch); the narrow
+    first layer joins virtual stage 0, which computes no input gradient for it, and the narrow last one joins the
+    last, beside the loss. (64,) + (512,) * 9 + (10,), 10 layers: (5, 5) on 2, (3, 2, 2, 3) on 4 virtual stages,
     (2, 1, 1, 1, 1, 1, 1, 2) on 8."""
     if virtual_stages < 1 or num_layers - 2 < virtual_stages:
         raise ValueError(f"{num_layers} layers cannot give each of {virtual_stages} virtual stages a wide layer: "
