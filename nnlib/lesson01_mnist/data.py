@@ -231,9 +231,8 @@ def load_mnist(data_dir=None, download: bool = True, progress: bool = True) -> M
     missing = [name for name in SHA256 if find_file(name, search) is None]
     if missing:
         if not download:
-            raise MNISTError(
-                f"MNIST files {', '.join(missing)} not found in {', '.join(map(str, search))}. "
-                + how_to_fetch(missing, MIRRORS[0]))
+            raise MNISTError(f"MNIST files {', '.join(missing)} not found in {', '.join(map(str, search))}. "
+                             + how_to_fetch(missing, MIRRORS[0]))
         fetch_mnist(progress=progress)
     arrays = [load_verified(find_file(name, search), SHA256[name], os.environ.get("NNLIB_MNIST_ARRAYS"))
               for name in SHA256]

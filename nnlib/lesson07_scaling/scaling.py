@@ -94,8 +94,7 @@ def _worker(settings: dict) -> None:
     history = train_parallel(comm, network, local_inputs, local_labels, num_samples=settings["samples"],
                              start=start, epochs=settings["epochs"], learning_rate=settings["learning_rate"],
                              batch_size=settings["batch_size"], momentum=0.9, strategy=settings["strategy"])
-    phases = {phase: comm.allreduce(history.phase_seconds[phase], op=MPI.MAX) / settings["epochs"]
-              for phase in PHASES}
+    phases = {phase: comm.allreduce(history.phase_seconds[phase], op=MPI.MAX) / settings["epochs"] for phase in PHASES}
     if comm.rank == 0:
         accuracy = network.accuracy(data.scale_pixels(mnist.test_images), mnist.test_labels.astype(np.int64))
         print(json.dumps({"epoch_seconds": float(np.median(history.seconds[1:])), "load_seconds": load_seconds,
@@ -117,9 +116,8 @@ def measure(ranks_list, kind: str = "strong", samples: int = 20000, strategy: st
         for repeat in range(repeats):
             point = dict(POINT_SETTINGS, samples=total, strategy=strategy, **settings)
             measured = _run_job(ranks, dict(point, hidden=list(point["hidden"])), timeout=600)
-            records.append({"kind": kind, "ranks": ranks, "samples": total, "strategy": strategy,
-                            "repeat": repeat, **measured, "oversubscribed": ranks > machine["physical_cores"],
-                            **machine})
+            records.append({"kind": kind, "ranks": ranks, "samples": total, "strategy": strategy, "repeat": repeat,
+                            **measured, "oversubscribed": ranks > machine["physical_cores"], **machine})
             if progress:
                 print(f"{kind} P={ranks} N={total} repeat {repeat + 1}/{repeats}: "
                       f"{measured['epoch_seconds']:.3f} s/epoch", flush=True)

@@ -44,8 +44,7 @@ def matmul_sweep(shapes=MATMUL_SHAPES, gpu=None, repeats: int = 10, seed: int = 
     records = []
     for m, k, n in shapes:
         a, b = rng.random((m, k), dtype=np.float32), rng.random((k, n), dtype=np.float32)
-        record = {"kind": "matmul", "m": m, "k": k, "n": n,
-                  "cpu_seconds": device_seconds(lambda: a @ b, np, repeats),
+        record = {"kind": "matmul", "m": m, "k": k, "n": n, "cpu_seconds": device_seconds(lambda: a @ b, np, repeats),
                   "gpu_seconds": float("nan"), "gpu_with_copies_seconds": float("nan")}
         if gpu is not None:
             device_a, device_b = gpu.asarray(a), gpu.asarray(b)

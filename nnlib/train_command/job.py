@@ -181,8 +181,7 @@ def asynchronous_job(args, comm, settings, data, test) -> int:
 
 def report_asynchronous(args, ranks: int, history, network, test) -> None:
     """On rank 0: every epoch's loss and accuracy, the test accuracy, the staleness; write --output if given."""
-    for epoch, (loss, accuracy, seconds) in enumerate(zip(history.loss, history.train_accuracy,
-                                                          history.epoch_seconds)):
+    for epoch, (loss, accuracy, seconds) in enumerate(zip(history.loss, history.train_accuracy, history.epoch_seconds)):
         print(f"epoch {epoch + 1}/{args.epochs}: loss {loss:.4f}, training accuracy {accuracy:.4f}, "
               f"{seconds:.2f} s from the start")
     staleness = np.array(history.staleness)
