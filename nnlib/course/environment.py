@@ -44,7 +44,8 @@ def blas_library() -> dict:
 def blas() -> str:
     """The BLAS library NumPy calls and its thread count (from threadpoolctl)."""
     info = blas_library()
-    return f"{info.get('internal_api')} {info.get('version')} ({info.get('num_threads')} threads)" if info else "unknown"
+    found = f"{info.get('internal_api')} {info.get('version')} ({info.get('num_threads')} threads)"
+    return found if info else "unknown"
 
 
 # The variables that can force OpenBLAS's kernel (https://github.com/OpenMathLib/OpenBLAS, USAGE.md), and the

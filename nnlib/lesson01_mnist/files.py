@@ -34,8 +34,7 @@ def atomic_write(destination):
 
 
 def write_csv(records, path, fields) -> None:
-    """Write dict records as CSV with the columns ``fields`` (other keys ignored), atomically, creating the folder
-    if it does not exist yet (e.g. notebooks/results/ in a fresh clone)."""
+    """Write dict records as CSV with the columns ``fields`` (other keys ignored), atomically, creating the folder."""
     text = io.StringIO()
     writer = csv.DictWriter(text, fieldnames=fields, extrasaction="ignore")
     writer.writeheader()

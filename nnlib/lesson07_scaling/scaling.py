@@ -152,8 +152,7 @@ def summarize(records) -> list[dict]:
 
 
 def format_table(rows, kind: str) -> str:
-    """A table of samples, ranks, time, speedup, efficiency (oversubscribed points marked *). Weak scaling's
-    speedup is the *scaled* speedup P T1 / TP (the work grows with P)."""
+    """A table of samples, ranks, time, speedup (weak: scaled, P T1 / TP), efficiency; * marks oversubscribed points."""
     speedup = "speedup" if kind == "strong" else "scaled speedup"
     rows = [row for row in rows if row["kind"] == kind]
     lines = [f"{'samples':>8s} {'ranks':>5s} {'s/epoch':>9s} {'spread':>8s} {speedup:>14s} {'efficiency':>10s}"]

@@ -103,8 +103,7 @@ def forward_comparison(inputs, hidden: int = 1024, gpu=None, repeats: int = 3) -
 
 
 def epoch_seconds(hidden: int, inputs, labels, device: str = "cpu", batch_size: int = 256, seed: int = 0) -> float:
-    """Seconds of one training epoch of 784-hidden-10 (the second of two: the first warms up). On the GPU the data
-    moves to the device once, before timing, and stays there."""
+    """Seconds of one training epoch of 784-hidden-10 (the second of two; on a GPU, the data moved there first)."""
     from nnlib.lesson03_training.training import train
 
     network = Network((inputs.shape[1], hidden, 10), seed=seed, device=resolve_backend(device))
