@@ -1,12 +1,11 @@
 """Self-checking exercises: ``check("02.2", layer_backward)`` prints a verdict on a student's function.
 
-The function is called on several cases (:mod:`nnlib.exercises` makes them, sizes that do not divide
-evenly included), each with fresh copies of the inputs, and compared with the worked answer. A wrong
-verdict names the first problem found (:func:`run_cases` and :func:`compare` check in order: not written
-yet, not a function, raised, the wrong kind of result, shape, dtype, NaN, values), since the later ones
-usually follow from it, and ends with a hint that points at the idea without giving the answer. Nothing
-the student writes can make ``check`` raise. ``solution("02.2")`` prints the worked answer, for after
-trying; checking "02.2" imports lesson 02's exercises only, never a later lesson's code.
+The function is called on several cases (:mod:`nnlib.exercises` makes them, uneven sizes included), each with fresh
+copies of the inputs, and compared with the worked answer. A wrong verdict names the first problem found, in the order
+:func:`run_cases` and :func:`compare` check (not written yet, not a function, raised, the wrong kind of result, shape,
+dtype, NaN, values: the later ones usually follow from it), and ends with a hint that points at the idea without
+giving the answer. Nothing the student writes can make ``check`` raise. ``solution("02.2")`` prints the worked answer,
+for after trying; checking "02.2" imports lesson 02's exercises only.
 """
 
 from __future__ import annotations
@@ -25,7 +24,6 @@ from nnlib.exercises import all_exercises, find
 
 LESSON = 0  # the exercises' checker, used from lesson 00 on
 NOTEBOOKS_ONLY = True  # used by the notebooks' exercise cells, by no other nnlib module
-
 
 PASS, FAIL = "✓", "✗"
 WIDTH = 100  # characters of one line of a verdict

@@ -1,22 +1,17 @@
 """The engines' ``comm`` in the notebook cluster: a student's own collectives never hang the class.
 
-In a first MPI class one rank often raises before a collective (a shape error on an uneven shard), or two
-ranks both ``Send`` first, and the others would wait for ever. So on every engine of
-:func:`nnlib.course.cluster.start`, ``comm = MPI.COMM_WORLD = ClassroomComm(the real COMM_WORLD)``: its
-collectives, ``Send``/``Recv``/``Sendrecv`` and the object forms (``bcast``, ``gather``, ``allreduce``...) run
-under the classroom deadline (nnlib.course.deadline, $NNLIB_TIMEOUT: 20 s in the cluster):
+In a first MPI class one rank often raises before a collective, or two ranks both ``Send`` first, and the others would
+wait for ever. So on every engine of :func:`nnlib.course.cluster.start`, ``comm = MPI.COMM_WORLD = ClassroomComm(the
+real COMM_WORLD)``: its collectives, ``Send``/``Recv``/``Sendrecv`` and the object forms (``bcast``, ``gather``...)
+run under the classroom deadline ($NNLIB_TIMEOUT: 20 s). A rank whose cell (or ``view.apply`` function) raised tells
+the others at once, and they stop with its traceback; a rank that waits past the deadline names who did not come or,
+in a deadlock, the call each rank waited in; Interrupt Kernel ends a wait. A rooted collective (Bcast, Reduce, Gather,
+Scatter...) first checks that every rank names the same root: MPI does not, and a mismatch need not hang.
 
-* a rank whose cell (or ``view.apply`` function) raised tells the others at once, and they stop with its
-  traceback; a rank that waits past the deadline stops with an error naming who did not come, or, in a
-  deadlock, the call each rank was waiting in; Interrupt Kernel ends a wait at once;
-* a rooted collective (Bcast, Reduce, Gather, Scatter and their v forms) first checks that every rank names
-  the same root (one small Allgather): MPI does not, and a mismatch need not hang.
-
-An abandoned collective can never be cancelled, so after every cell that ran on the engines the client has
-each engine :func:`settle`: the ranks agree whether any of them abandoned a call (or heard that another did),
-and if so all make a fresh duplicate of COMM_WORLD together. A rank that does not come within
-:data:`SETTLE_SECONDS` is stuck or dead: every later call then says to run ``mpi.restart()``. ``Split`` keeps
-the deadline; any other method (``Isend``, ``Scan``, ``scatter``...) runs on the current duplicate without one.
+An abandoned collective cannot be cancelled, so after every cell the client has each engine :func:`settle`: the ranks
+agree whether any of them abandoned a call (or heard of one), and if so all make a fresh duplicate of COMM_WORLD
+together. A rank that does not come within :data:`SETTLE_SECONDS` is stuck or dead: every later call then says to run
+``mpi.restart()``. ``Split`` keeps the deadline; other methods (``Isend``, ``Scan``...) have none.
 """
 
 from __future__ import annotations
@@ -46,10 +41,8 @@ class RootMismatch(ValueError):
 
 class ClassroomComm:
     """``world``'s ranks with a deadline on every call (see the module docstring); rank and size as usual.
-
     watched: the current :class:`WatchedComm` (a duplicate of ``world``), replaced by :meth:`settle` after a
-    cell that abandoned a call; agreement: a duplicate of ``world`` for settle's own small collective.
-    """
+    cell that abandoned a call; agreement: a duplicate of ``world`` for settle's own small collective."""
 
     def __init__(self, world, timeout=None):
         self.world = world
@@ -66,10 +59,8 @@ class ClassroomComm:
 
     def settle(self) -> str:
         """After a cell, on every engine (the client sends it): 'kept', 'renewed' (every rank made a fresh duplicate,
-        together, as one abandoned a call or heard of one), or why the communicator is unusable now.
-
-        Interrupt Kernel may land late, in this settle, unseen: a rank stopped half-way would be out of step with
-        the others for good, so settle ignores SIGINT (it ends within SETTLE_SECONDS anyway)."""
+        together, as one abandoned a call or heard of one), or why the communicator is unusable now. It ignores
+        SIGINT: a late Interrupt Kernel stopping one rank half-way would put it out of step with the others for good."""
         if self.unusable:
             return self.unusable
         in_main_thread = threading.current_thread() is threading.main_thread()
@@ -85,9 +76,8 @@ class ClassroomComm:
         return self.unusable or ("renewed" if self.generation > generation else "kept")
 
     def _agree_and_renew(self) -> str | None:
-        """settle's agreement, one small Iallgather on ``agreement`` of each rank's flag and the time it came: None
-        if every rank came in time (and made a fresh duplicate if any asked), else why the communicator is unusable.
-        Every rank that completes it reads the same arrival times, so all give one verdict: no rank renews alone."""
+        """settle's agreement, one Iallgather of each rank's flag and arrival time: None if every rank came in time
+        (all renewed if any asked), else why the communicator is unusable; all read the same times: one verdict."""
         came = time.time()
         mine = np.array([float(bool(self.watched.broken) or self.watched.heard_from_others()), came])
         everyone = np.empty((self.size, 2))
@@ -114,8 +104,7 @@ class ClassroomComm:
 
     # -- the rooted collectives: MPI does not check that every rank names the same root -------------
     def same_root(self, root: int, what: str) -> WatchedComm:
-        """Every rank's ``root``, gathered (one small Allgather); raise on every rank if they differ.
-        Mismatched roots need not hang (MPICH completes a Bcast with them, with wrong data)."""
+        """The watched comm, once one small Allgather found that every rank names the same ``root`` (else raise)."""
         watched = self.current()
         roots = np.empty(self.size, dtype=np.int64)
         watched.wait(watched.comm.Iallgather(np.array([root], dtype=np.int64), roots), what)  # errors say `what`
@@ -162,10 +151,8 @@ def settle() -> str:
 
 
 def install(shell=None) -> ClassroomComm:
-    """On an engine: make ``MPI.COMM_WORLD`` a :class:`ClassroomComm` (once) and return it.
-
-    ``shell`` (default: the running IPython) calls its ``after_cell`` after every cell.
-    """
+    """On an engine: make ``MPI.COMM_WORLD`` a :class:`ClassroomComm` (once) and return it; ``shell`` (default:
+    the running IPython) calls its ``after_cell`` after every cell."""
     if isinstance(MPI.COMM_WORLD, ClassroomComm):
         return MPI.COMM_WORLD
     comm = MPI.COMM_WORLD = ClassroomComm(MPI.COMM_WORLD)
@@ -179,18 +166,16 @@ def install(shell=None) -> ClassroomComm:
         if hasattr(kernel, "do_apply"):
             tell_others_after_apply(kernel, comm)
         if hasattr(kernel, "_abort_queues"):
-            # After a cell that raised, ipykernel drops the execute requests that reach the engine before it has
-            # finished replying (stop_on_error: Run All stops at the error). On a loaded machine the next %%px
-            # cell can come that soon: that rank never ran it and the others stopped with "rank 2 did not arrive".
-            # The notebook's own kernel still stops Run All; an engine runs every cell it is sent.
+            # After a cell that raised, ipykernel drops the execute requests that come before it has replied
+            # (stop_on_error): on a loaded machine the next %%px cell can come that soon, and that rank never ran
+            # it. The notebook's own kernel still stops Run All at an error; an engine runs every cell it is sent.
             kernel._abort_queues = lambda *arguments, **keywords: None
     return comm
 
 
 def tell_others_after_apply(kernel, comm: ClassroomComm) -> None:
-    """``view.apply`` runs a function outside any cell, so no post_run_cell follows it: wrap the engine
-    kernel's ``do_apply`` so that a function that raised tells the other ranks at once, as a cell does.
-    (ipyparallel's do_apply catches the error and shows it; IPython leaves it in ``sys.last_value``.)"""
+    """Wrap the engine kernel's ``do_apply`` (no post_run_cell follows a ``view.apply``) so that a function that
+    raised tells the other ranks at once, as a cell does (IPython leaves the error in ``sys.last_value``)."""
     apply = kernel.do_apply
 
     def do_apply(*arguments):

@@ -3,12 +3,10 @@
     with nnlib.course.cluster.start(n=4) as cluster:   # in a notebook: `%%px` cells now run on 4 ranks
         cluster.view.apply_sync(...)            # the view's engines are in MPI rank order
 
-It runs the ``mpiexec`` beside this Python (by absolute path), with Open MPI's settings for root and for
-more ranks than cores when that is the MPI in use, and one BLAS thread per rank. In IPython ``%%px`` shows
-one output block per rank, in rank order, without a progress bar (so notebooks can be tested against
-their saved outputs). A start that fails raises :class:`ClusterStartError` within ``timeout`` seconds,
-with the command, the engines' log and the likely fix. The engines' ``comm`` has the classroom deadline
-(nnlib.course.classroom), and no process outlives the kernel however it ends (nnlib.course.reaper).
+It runs the ``mpiexec`` beside this Python, with Open MPI's settings for root and for more ranks than cores when that
+is the MPI in use, and one BLAS thread per rank. ``%%px`` shows one output block per rank, in rank order, without a
+progress bar. A failed start raises :class:`ClusterStartError` within ``timeout`` seconds, with the command, the
+engines' log and the likely fix. The engines' ``comm`` has the classroom deadline; no process outlives the kernel.
 """
 
 from __future__ import annotations
@@ -22,7 +20,6 @@ import time
 
 LESSON = 0  # the course's own tools: any lesson may use them
 NOTEBOOKS_ONLY = True  # started by the notebooks (and tests, benchmarks); no nnlib module imports it
-
 
 #: Seconds a collective waits in the notebook cluster ($NNLIB_TIMEOUT of its engines; nnlib.course.deadline).
 CLASSROOM_TIMEOUT = 20.0
@@ -61,13 +58,8 @@ def engine_environment(mpiexec: str) -> dict:
 
 
 class MPICluster:
-    """A running ipyparallel cluster of MPI engines. Use :func:`start` to make one.
-
-    cluster   the ipyparallel.Cluster
-    client    the ipyparallel.Client connected to it
-    view      a DirectView of all engines, ordered by MPI rank
-    rank_of   {engine id: MPI rank}
-    """
+    """A running ipyparallel cluster of MPI engines (:func:`start` makes one): ``cluster``, the ipyparallel.Cluster;
+    ``client``, its Client; ``view``, a DirectView of all engines in MPI rank order; ``rank_of``, {engine id: rank}."""
 
     def __init__(self, cluster, client, n: int, timeout: float, reaper=None):
         self.cluster, self.client, self.n, self.timeout = cluster, client, n, timeout
@@ -81,8 +73,7 @@ class MPICluster:
         self.stop()  # (None: an error in the block goes on)
 
     def _start_engines(self):
-        """Launch the n engines with mpiexec and wait until all registered: fails early if mpiexec exits, and at
-        the latest after ``timeout`` seconds."""
+        """Launch the n engines and wait until all registered (an error as soon as mpiexec exits, or after timeout)."""
         engine_set = self.cluster.start_engines_sync(self.n)
         launcher = self.cluster.engines[engine_set]
         deadline = time.monotonic() + self.timeout
@@ -90,9 +81,8 @@ class MPICluster:
             if _has_exited(launcher.process):
                 raise self._start_error("mpiexec exited before all engines started", launcher.args)
             if time.monotonic() > deadline:
-                raise self._start_error(
-                    f"only {len(self.client.ids)} of {self.n} engines registered within {self.timeout:g} s",
-                    launcher.args)
+                raise self._start_error(f"only {len(self.client.ids)} of {self.n} engines registered within "
+                                        f"{self.timeout:g} s", launcher.args)
             time.sleep(0.1)
         self._map_ranks()
 
@@ -101,14 +91,11 @@ class MPICluster:
         tail = "\n".join(log.strip().splitlines()[-25:]) or "(mpiexec printed nothing)"
         self.stop()
         return ClusterStartError(
-            f"The MPI engines did not start: {what}.\n"
-            f"Command: {' '.join(map(str, mpiexec_command))}\n"
-            f"Its output (last lines):\n{tail}\n"
-            "Likely fixes: check that the mpiexec above belongs to the MPI that mpi4py was built for "
-            "(pip install mpich mpi4py into this environment); with Open MPI as root or with more ranks than cores, "
-            f"set {', '.join(f'{name}={value}' for name, value in OPEN_MPI_SETTINGS.items())}; ask for fewer "
-            "engines; or pass a longer timeout= if the machine is just slow."
-        )
+            f"The MPI engines did not start: {what}.\nCommand: {' '.join(map(str, mpiexec_command))}\n"
+            f"Its output (last lines):\n{tail}\nLikely fixes: check that the mpiexec above belongs to the MPI that "
+            "mpi4py was built for (pip install mpich mpi4py into this environment); with Open MPI as root or with more "
+            f"ranks than cores, set {', '.join(f'{name}={value}' for name, value in OPEN_MPI_SETTINGS.items())}; ask "
+            "for fewer engines; or pass a longer timeout= if the machine is just slow.")
 
     def _map_ranks(self):
         """Set every engine up (ENGINE_SETUP); order the view by MPI rank; check the ranks are 0..n-1."""
@@ -143,9 +130,8 @@ class MPICluster:
         self.sent = len(self.client.history) if self.client is not None else 0
 
     def after_cell(self, result=None) -> None:
-        """After a cell that sent the engines anything (IPython's post_run_cell): every engine settles its
-        communicator (nnlib.course.classroom.settle), so that after an abandoned call all
-        ranks start the next cell afresh, together. A script calls ``after_cell()`` after each use."""
+        """IPython's post_run_cell: after a cell that sent the engines anything, every engine settles its comm
+        (nnlib.course.classroom.settle), so that all ranks start the next cell afresh, together. A script calls it."""
         if self.cluster is None or self.view is None or len(self.client.history) == self.sent:
             return
         busy = set(self.client.outstanding)
@@ -177,15 +163,13 @@ class MPICluster:
             self.cluster.controller.log.setLevel(logging.CRITICAL)
 
     def stop(self):
-        """Stop the engines and the controller (and this cluster's reaper); safe to call twice. Every step runs even
-        if one before it failed; if a process step failed, the cluster and its reaper stay, so that stop() can be
-        called again (and the reaper still ends them with the kernel), and the failure is raised."""
+        """Stop the engines, the controller and the reaper; safe twice. Every step runs even if one before it failed;
+        then the failure is raised, and the cluster and its reaper stay, for stop() again (or the kernel's end)."""
         if self.cluster is None:
             return
         self._quiet()
         closing = attempt(self.client.close) if self.client is not None else None
-        # The engines before the controller: stopped together (stop_cluster_sync), 4 engines took 4.2-4.5 s to exit,
-        # waiting for the controller that had gone; one after the other, 1.3-1.7 s.
+        # The engines first: stopped with the controller (stop_cluster_sync), 4 took 4.2-4.5 s to exit, not 1.3-1.7 s.
         stopping = [attempt(self.cluster.stop_engines_sync), attempt(self.cluster.stop_controller_sync)]
         if not any(stopping):
             stopping.append(attempt(self._end_reaper))
@@ -256,10 +240,9 @@ def start(n: int = 4, timeout: float = 30.0, mpiexec: str | None = None, activat
 
     mpiexec = mpiexec or mpiexec_path()
     if not mpiexec or not (os.path.isfile(mpiexec) and os.access(mpiexec, os.X_OK)):
-        raise ClusterStartError(
-            f"no usable mpiexec (looked for {mpiexec or 'mpiexec beside this Python and on PATH'}). "
-            "Install an MPI runtime into this environment (pip install mpich mpi4py), or pass mpiexec='/path/to/mpiexec'."
-        )
+        raise ClusterStartError(f"no usable mpiexec (looked for {mpiexec or 'mpiexec beside this Python and on PATH'})."
+                                " Install an MPI runtime into this environment (pip install mpich mpi4py), or pass "
+                                "mpiexec='/path/to/mpiexec'.")
     mpiexec = os.path.abspath(mpiexec)
     reaper.clean_up_orphans()  # clusters left behind by a dead kernel of this user
     owner = os.environ[reaper.TAG] = reaper.tag_of()  # inherited by the controller, mpiexec and every engine

@@ -1,14 +1,10 @@
 """A deadline for every collective: no rank waits forever, and the error names who did not come.
 
-Notebook 13 takes it apart: start the collective without blocking (``comm.Iallreduce``) and poll ``Test()``
-until it completes or the deadline passes. Then the waiting rank sends every other rank a short notice
-("waiting in Allreduce, at epoch e, step s") and listens for theirs for a grace period: a rank that sent none did
-not arrive, and :class:`CollectiveTimeout` names it. A rank whose own code raises inside
-:meth:`WatchedComm.guard` sends a "failed" notice with its traceback, so the others stop at once.
-
-:func:`watch` gives a :class:`WatchedComm` over a *duplicate* of the communicator: an abandoned collective can
-never be cancelled, so the duplicate is dropped, and the original stays usable while every rank is alive. The
-notebook cluster's ``comm`` has this deadline (nnlib.course.classroom); lesson 13 puts it around training runs.
+Notebook 13 takes it apart: start the collective without blocking (``comm.Iallreduce``) and poll ``Test()`` until it
+completes or the deadline passes. Then tell every other rank "waiting in Allreduce, at epoch e, step s" and listen for
+their notices for a grace period: a rank that sent none did not arrive, and :class:`CollectiveTimeout` names it. A
+rank that raises inside :meth:`WatchedComm.guard` sends its traceback. :func:`watch` works on a *duplicate* of the
+communicator: an abandoned collective cannot be cancelled, so the duplicate is dropped and the original stays usable.
 """
 
 from __future__ import annotations
@@ -26,8 +22,7 @@ from mpi4py import MPI
 
 LESSON = 0  # the course's own tools: any lesson may use them
 
-#: Seconds a collective may wait when no timeout is given and $NNLIB_TIMEOUT is not set (the notebook
-#: cluster sets it to its CLASSROOM_TIMEOUT for its engines, nnlib.course.cluster).
+#: Seconds a collective may wait when neither timeout= nor $NNLIB_TIMEOUT (set by the notebook cluster) is given.
 DEFAULT_TIMEOUT = 120.0
 LONGEST_TIMEOUT = 24 * 3600.0
 NOTICE_TAG = 31_415  # point-to-point tag of the notices, on the run's own duplicate communicator
@@ -36,9 +31,7 @@ LOOK_EVERY = 0.005  # seconds between looks for other ranks' notices while waiti
 
 class CollectiveTimeout(RuntimeError):
     """A collective did not complete before the deadline, or another rank failed while we waited.
-
-    missing: the ranks that did not arrive; failed: {rank: its error text} of ranks that raised.
-    """
+    missing: the ranks that did not arrive; failed: {rank: its error text} of ranks that raised."""
 
     def __init__(self, message: str, missing=(), failed=None):
         super().__init__(message)
@@ -54,12 +47,10 @@ def default_timeout() -> float:
 def check_timeout(timeout) -> float:
     """Return ``timeout`` as a float, or raise ValueError unless 0 < timeout <= one day."""
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= LONGEST_TIMEOUT:
-        raise ValueError(
-            f"timeout must be a number of seconds above 0 and at most {LONGEST_TIMEOUT:.0f} (a day); got {timeout!r}. "
-            "It is how long a rank waits in a collective for the others before it stops with an error "
-            f"(a batch job's default: {DEFAULT_TIMEOUT:g} s; a notebook cluster's: the classroom deadline, "
-            "nnlib.course.cluster.CLASSROOM_TIMEOUT)."
-        )
+        raise ValueError(f"timeout must be a number of seconds above 0 and at most {LONGEST_TIMEOUT:.0f} (a day); got "
+                         f"{timeout!r}. It is how long a rank waits in a collective for the others before it stops "
+                         f"with an error (a batch job's default: {DEFAULT_TIMEOUT:g} s; a notebook cluster's: "
+                         "nnlib.course.cluster.CLASSROOM_TIMEOUT).")
     return float(timeout)
 
 
@@ -70,9 +61,10 @@ def at_where(where: dict) -> str:
     return " at " + ", ".join(parts) if parts else ""
 
 
-def _blocking(start, name: str):
-    """WatchedComm's ``name``: MPI's non-blocking ``start`` (e.g. MPI.Comm.Iallreduce), completed within the
-    deadline; its errors call it ``name``."""
+def _blocking(name: str):
+    """WatchedComm's ``name`` (e.g. Allreduce): MPI's non-blocking form (Iallreduce), completed within the deadline."""
+    start = getattr(MPI.Comm, "I" + name.lower())
+
     def collective(self, *arguments, **keywords):
         self.wait(start(self.comm, *arguments, **keywords), name)
 
@@ -82,12 +74,9 @@ def _blocking(start, name: str):
 
 
 class WatchedComm:
-    """A duplicate of ``comm`` whose collectives all run under a deadline (see the module docstring).
-
-    The object forms (bcast, allgather, gather) are pickled and sent as bytes by the buffer methods, so they
-    are watched too. where: what the run is doing, e.g. {'epoch': 1, 'step': 3, 'phase': 'communicate'}, kept
-    current by :meth:`at` (lesson 13's RunNotes) and quoted by every error.
-    """
+    """A duplicate of ``comm`` whose collectives all run under a deadline (see the module docstring); the object
+    forms (bcast, allgather, gather) go as pickled bytes through the buffer methods. where: what the run is doing,
+    e.g. {'epoch': 1, 'step': 3, 'phase': 'communicate'}, kept current by :meth:`at`, quoted by every error."""
 
     def __init__(self, comm, timeout=None, generation: int = 0):
         self.timeout = default_timeout() if timeout is None else check_timeout(timeout)
@@ -131,8 +120,7 @@ class WatchedComm:
             raise
 
     def heard_from_others(self) -> bool:
-        """Receive the notices that have come in, without waiting: whether another rank has said that it failed,
-        gave up or was interrupted here."""
+        """Receive the notices that came, without waiting: whether another rank failed, gave up or was interrupted."""
         status = MPI.Status()
         while self.comm.iprobe(source=MPI.ANY_SOURCE, tag=NOTICE_TAG, status=status):
             notice = self.comm.recv(source=status.Get_source(), tag=NOTICE_TAG)
@@ -194,9 +182,8 @@ class WatchedComm:
                                 failed={rank: notice["text"] for rank, notice in failed.items()})
 
     def _in_a_cycle(self, peer, missing, waiting) -> bool:
-        """Whether the waits heard (``waiting``: {rank: the call it waits in}) form a cycle through this rank:
-        every rank waiting (a collective: ``peer`` None), or point-to-point calls each waiting for the next rank,
-        back to this one (rank 0 -> 1 -> 0)."""
+        """Whether the waits heard ({rank: the call it waits in}) form a cycle through this rank: every rank
+        waiting (a collective: ``peer`` None), or point-to-point calls each waiting for the next (0 -> 1 -> 0)."""
         if peer is None:
             return not missing
         seen = {self.rank}
@@ -232,19 +219,7 @@ class WatchedComm:
     def Bcast(self, buffer, root=0):
         self.wait(self.comm.Ibcast(buffer, root=root), "Bcast" if root == 0 else f"Bcast from rank {root}")
 
-    # the others: MPI's non-blocking form of each, completed within the deadline
-    Barrier = _blocking(MPI.Comm.Ibarrier, "Barrier")
-    Allreduce = _blocking(MPI.Comm.Iallreduce, "Allreduce")
-    Reduce = _blocking(MPI.Comm.Ireduce, "Reduce")
-    Gather = _blocking(MPI.Comm.Igather, "Gather")
-    Gatherv = _blocking(MPI.Comm.Igatherv, "Gatherv")
-    Scatter = _blocking(MPI.Comm.Iscatter, "Scatter")
-    Scatterv = _blocking(MPI.Comm.Iscatterv, "Scatterv")
-    Allgather = _blocking(MPI.Comm.Iallgather, "Allgather")
-    Allgatherv = _blocking(MPI.Comm.Iallgatherv, "Allgatherv")
-    Reduce_scatter = _blocking(MPI.Comm.Ireduce_scatter, "Reduce_scatter")
-    Reduce_scatter_block = _blocking(MPI.Comm.Ireduce_scatter_block, "Reduce_scatter_block")
-    Alltoall = _blocking(MPI.Comm.Ialltoall, "Alltoall")
+    # Barrier, Allreduce, Gather and the others: MPI's non-blocking form of each (_blocking), set after the class
 
     # -- point-to-point, for collectives built by hand (lesson 09's ring) and pipeline stages (lesson 12) ------
     def Sendrecv(self, sendbuf, dest, sendtag=0, recvbuf=None, source=MPI.ANY_SOURCE, recvtag=0):
@@ -337,6 +312,11 @@ class WatchedComm:
         return f"<WatchedComm rank {self.rank} of {self.size}, timeout {self.timeout:g} s>"
 
 
+for _name in ("Barrier", "Allreduce", "Reduce", "Gather", "Gatherv", "Scatter", "Scatterv", "Allgather", "Allgatherv",
+              "Reduce_scatter", "Reduce_scatter_block", "Alltoall"):
+    setattr(WatchedComm, _name, _blocking(_name))
+
+
 class _Until:
     """Something with a ``Test()`` for :meth:`WatchedComm.wait`: true once ``look()`` finds something (``found``)."""
 
@@ -369,8 +349,7 @@ def point_to_point_peer(what: str) -> int | None:
 
 
 def completed_within(test, seconds: float, pause: float = 0.001) -> bool:
-    """Call ``test()`` (a Test of started requests: it makes MPI progress) until it is true, for ``seconds``
-    at most, sleeping ``pause`` between calls; whether it became true."""
+    """Whether ``test()`` (e.g. requests' Test: MPI progress) came true within ``seconds``, tried every ``pause``."""
     give_up = time.monotonic() + seconds
     while not test():
         if time.monotonic() > give_up:

@@ -1,22 +1,21 @@
-"""What this machine and environment are: versions, cores, BLAS, MPI library, GPU.
-
-Notebook 00 prints it as an environment check; benchmarks record it beside their figures.
-"""
+"""What this machine and environment are: versions, cores, BLAS, MPI library, GPU (notebook 00's environment check;
+benchmarks record it beside their figures)."""
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import os
 import platform
 import re
+import shutil
 import sys
 import textwrap
+import time
 
 LESSON = 0  # the course's own tools: any lesson may use them
 
-
-# Environment variables that give each process one BLAS thread: with several MPI ranks on one
-# machine, more threads per rank only make the ranks fight over the cores.
+# One BLAS thread per process: with several MPI ranks on one machine, more threads only make them fight over the cores.
 ONE_BLAS_THREAD = {name: "1" for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
 MINIMUM_CUPY = 14  # the first CuPy whose main namespace has every array API function nnlib uses
 # glibc's malloc settings (mallopt's parameter numbers, from malloc.h) that keep_freed_memory sets.
@@ -76,8 +75,7 @@ def cpu_instruction_set() -> str:
 
 
 def cpu_model(path: str = "/proc/cpuinfo") -> str:
-    """The CPU's model name ("AMD EPYC 9R14", ...), else what Python's platform module knows. Benchmarks print
-    it: two runs compare only on one CPU."""
+    """The CPU's model name ("AMD EPYC 9R14", ...), else platform's; benchmarks print it (runs compare on one CPU)."""
     return cpuinfo("model name", path) or platform.processor() or "unknown CPU"
 
 
@@ -93,20 +91,15 @@ def usable_cores(cpu_max: str = "/sys/fs/cgroup/cpu.max") -> int:
 
 
 def keep_freed_memory() -> bool:
-    """Make the C library's allocator keep the memory a training step frees, for the next step to reuse.
-
-    By default glibc's malloc hands freed memory back to the system (its heap's top above M_TRIM_THRESHOLD,
-    arrays above M_MMAP_THRESHOLD as whole mappings), so each step's arrays are new pages, each zeroed by the
-    kernel at its first touch: for 784-1024-10 on 2,048 rows, about 32,000 page faults per epoch of 30,000
-    samples, and about 200 with the thresholds at 64 and 32 MiB (tests/test_allocator.py counts them).
-    ``import nnlib`` calls this once. Returns whether the setting is in effect: False where the C library is
-    not glibc, or when $NNLIB_KEEP_FREED_MEMORY is 0 (to measure what it saves).
-    """
+    """Make the C library's allocator keep the memory a training step frees, for the next step to reuse. By default
+    glibc's malloc hands freed memory back to the system (its heap's top above M_TRIM_THRESHOLD, arrays above
+    M_MMAP_THRESHOLD as whole mappings), so each step's arrays are new pages, zeroed by the kernel at their first
+    touch: for 784-1024-10 on 2,048 rows, about 32,000 page faults per epoch of 30,000 samples, and about 200 with the
+    thresholds at 64 and 32 MiB (tests/test_allocator.py). ``import nnlib`` calls it. Returns whether the setting is
+    in effect: False where the C library is not glibc, or when $NNLIB_KEEP_FREED_MEMORY is 0."""
     global _freed_memory_kept
     if os.environ.get("NNLIB_KEEP_FREED_MEMORY", "1") == "0" or platform.libc_ver()[0] != "glibc":
         return _freed_memory_kept
-    import ctypes
-
     mallopt = ctypes.CDLL(None).mallopt  # (the C library the interpreter already runs on)
     _freed_memory_kept = bool(mallopt(M_TRIM_THRESHOLD, KEEP_FREED_BYTES)) and bool(
         mallopt(M_MMAP_THRESHOLD, MAPPED_FROM_BYTES))
@@ -115,8 +108,6 @@ def keep_freed_memory() -> bool:
 
 def product_seconds(size: int = 768, repeats: int = 7) -> float:
     """Median seconds of one float32 (the series' dtype) (size x size) @ (size x size) product, one BLAS thread."""
-    import time
-
     import numpy
     from threadpoolctl import threadpool_limits
 
@@ -163,25 +154,19 @@ def describe() -> dict:
         except ImportError:
             versions[name] = "not installed"
     usable, reason = gpu_status()
-    return {
-        "machine": f"{cpu_model()}, {platform.machine()}, {os.cpu_count()} cores, {platform.system()} {platform.release()}",
-        **versions,
-        "BLAS": blas(),
-        "BLAS kernel": f"{blas_kernel()}, on a CPU with {cpu_instruction_set()}",
-        "memory": (f"freed memory kept for reuse (glibc malloc: up to {KEEP_FREED_BYTES >> 20} MiB; "
-                   "nnlib.course.environment.keep_freed_memory)" if _freed_memory_kept else
-                   "freed memory handed back to the system at once (the C library's default)"),
-        "MPI library": mpi_library(),
-        "mpiexec": mpiexec_path() or "not found",
-        "GPU": reason if usable else f"none usable: {reason}",
-    }
+    machine = f"{cpu_model()}, {platform.machine()}, {os.cpu_count()} cores, {platform.system()} {platform.release()}"
+    memory = (f"freed memory kept for reuse (glibc malloc: up to {KEEP_FREED_BYTES >> 20} MiB; "
+              "nnlib.course.environment.keep_freed_memory)" if _freed_memory_kept else
+              "freed memory handed back to the system at once (the C library's default)")
+    return {"machine": machine, **versions, "BLAS": blas(),
+            "BLAS kernel": f"{blas_kernel()}, on a CPU with {cpu_instruction_set()}", "memory": memory,
+            "MPI library": mpi_library(), "mpiexec": mpiexec_path() or "not found",
+            "GPU": reason if usable else f"none usable: {reason}"}
 
 
 def mpiexec_path() -> str | None:
     """The ``mpiexec`` named by ``$NNLIB_MPIEXEC`` (a site's own, or a wrapper such as the tests' counting one),
     else the running Python's environment's (beside its interpreter), else the one on PATH."""
-    import shutil
-
     if os.environ.get("NNLIB_MPIEXEC"):
         return os.environ["NNLIB_MPIEXEC"]
     beside = os.path.join(os.path.dirname(sys.executable), "mpiexec")
@@ -189,8 +174,7 @@ def mpiexec_path() -> str | None:
 
 
 def print_report() -> None:
-    """Print :func:`describe` as aligned lines of at most 100 characters (a projector's width), and the
-    kernel note if a variable forces an older kernel."""
+    """Print :func:`describe` in aligned lines of at most 100 characters, and the note if a kernel is forced."""
     rows, note = dict(describe()), kernel_note()  # the note times a product at both kernels: once
     if note:
         rows["note"] = note

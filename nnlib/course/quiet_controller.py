@@ -1,8 +1,7 @@
 """The notebook cluster's controller configuration (``ipcontroller --config=<this file>``): no noise in the logs.
 
-ipykernel 7 engines send an ``iopub_welcome`` message to every new subscriber of their output, and
-ipyparallel 9's controller, which subscribes, logs each one as the error "Monitor message without
-topic". The message is harmless; this filter drops exactly that error, and nothing else.
+ipykernel 7 engines send an ``iopub_welcome`` message to every new subscriber of their output, and ipyparallel 9's
+controller logs each one as the error "Monitor message without topic": this filter drops exactly that harmless error.
 """
 
 import logging

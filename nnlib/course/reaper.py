@@ -1,12 +1,10 @@
 """No orphans: a cluster's processes end when the process that started them is gone (notebook 13).
 
 Every process of a cluster (the controller, ``mpiexec`` and the engines) carries ``NNLIB_CLUSTER_OWNER`` =
-``"<pid>:<start time>"`` of its owner, the kernel that started it; the start time tells a dead owner from a
-new process that got its pid. A *reaper* (``python -m nnlib.course.reaper OWNER``, in its own session, so a
-signal to the kernel's process group does not reach it) looks every ``POLL`` seconds whether the owner is
-alive; once it is gone, the reaper ends every process with the owner's tag (SIGTERM, SIGKILL after ``GRACE``
-seconds). As a second safety net ``nnlib.course.cluster.start()`` ends this user's tagged processes whose
-owner is gone (:func:`clean_up_orphans`).
+``"<pid>:<start time>"`` of its owner, the kernel that started it (the start time tells a dead owner from a new
+process with its pid). A *reaper* (``python -m nnlib.course.reaper OWNER``, in its own session: signals to the
+kernel's process group miss it) looks every ``POLL`` seconds whether the owner is alive; once it is gone, it ends
+every process with that tag (SIGTERM, SIGKILL after ``GRACE`` s), as cluster.start's :func:`clean_up_orphans` does.
 """
 
 from __future__ import annotations
@@ -18,7 +16,6 @@ import sys
 import time
 
 LESSON = 0  # the course's own tools: any lesson may use them
-
 
 TAG = "NNLIB_CLUSTER_OWNER"
 POLL = 0.5

@@ -38,11 +38,8 @@ class Span:
 
 def trace_events(spans, instants=()) -> list[dict]:
     """Chrome trace events: process and thread names, then one "X" event per span, "i" per instant.
-
-    spans, instants: Span objects (an instant's end is ignored). Times become microseconds since the
-    earliest start, so traces of different clocks all begin at 0. Thread ids are given in order of
-    first appearance, per rank.
-    """
+    spans, instants: Span objects (an instant's end is ignored). Times become microseconds since the earliest start
+    (traces of different clocks all begin at 0); thread ids go in order of first appearance, per rank."""
     spans, instants = list(spans), list(instants)
     everything = spans + instants
     zero = min((span.start for span in everything), default=0.0)
@@ -77,13 +74,10 @@ def phase_spans(timelines) -> list[Span]:
 
 def pipeline_spans(timelines, chunks=None, stages: int | None = None) -> list[Span]:
     """Pipeline stages: timelines[rank] = [(letter, micro-batch, start, end)] -> spans "F3", a thread per letter.
-
-    chunks: chunks[rank][i], the chunk of the rank's i-th computation (ScheduledPipeline.timeline_chunks;
-    for a schedule's lists, the chunk of each computing instruction). With several chunks a span
-    names its chunk, "F3 (chunk 1)". Every span's args hold its micro-batch, chunk and virtual stage
-    chunk x P + stage, the stage being rank % P (P = ``stages``, default len(timelines); a replica of
-    a (data x model) grid holds ranks d P .. d P + P - 1).
-    """
+    chunks: chunks[rank][i], the chunk of the rank's i-th computation (ScheduledPipeline.timeline_chunks; for a
+    schedule's lists, the chunk of each computing instruction); with several a span names its chunk, "F3 (chunk 1)".
+    Every span's args hold its micro-batch, chunk and virtual stage chunk x P + stage, the stage being rank % P
+    (P = ``stages``, default len(timelines); a replica of a (data x model) grid holds ranks d P .. d P + P - 1)."""
     spans, stages = [], stages or len(timelines)
     several = chunks is not None and any(chunk for rank_chunks in chunks for chunk in rank_chunks)
     for rank, timeline in enumerate(timelines):
@@ -97,8 +91,6 @@ def pipeline_spans(timelines, chunks=None, stages: int | None = None) -> list[Sp
 
 def update_instants(workers, seconds) -> list[Span]:
     """The parameter server's updates (rank 0): one instant per update, on the thread of the worker that sent it.
-
-    workers[i], seconds[i]: who sent update i and when it was applied (AsyncHistory.worker, .seconds).
-    """
+    workers[i], seconds[i]: who sent update i and when it was applied (AsyncHistory.worker, .seconds)."""
     return [Span(0, f"updates from worker {worker}", f"update {index}", when, when, dict(worker=int(worker)))
             for index, (worker, when) in enumerate(zip(workers, seconds))]

@@ -1,20 +1,12 @@
 """MNIST: find, download, verify, parse, and prepare the data.
 
-The four official IDX files are looked up, in this order:
-
-1. the directory the caller names (``load_mnist(data_dir=...)``);
-2. the directory in the environment variable ``NNLIB_DATA``;
-3. the user cache, ``$XDG_CACHE_HOME/nnlib/mnist`` (default ``~/.cache/nnlib/mnist``);
-4. a verified download into the user cache from the mirrors in ``MIRRORS``.
-
-Each file may be gzip-compressed (``.gz``) or raw. Whatever its source, its
-*decompressed* bytes must have the SHA-256 listed in ``SHA256``, and its IDX
-header (magic number, element type, dimensions, exact length) must agree with
-its contents. Any problem raises :class:`MNISTError` naming the file and what to do.
-
-The IDX format (http://yann.lecun.com/exdb/mnist/) is big-endian:
-``0x00 0x00 <type code> <number of dimensions>``, then one uint32 per dimension,
-then the data. MNIST uses type code 0x08 (unsigned byte) throughout.
+The four official IDX files are looked up in the directory the caller names (``load_mnist(data_dir=...)``), then in
+``$NNLIB_DATA``, then in the user cache ``$XDG_CACHE_HOME/nnlib/mnist`` (default ``~/.cache/nnlib/mnist``); else they
+are downloaded into the cache from the mirrors in ``MIRRORS``. Each file may be gzip-compressed (``.gz``) or raw;
+its *decompressed* bytes must have the SHA-256 listed in ``SHA256``, and its IDX header (magic number, element type,
+dimensions, exact length) must agree with its contents. Any problem raises :class:`MNISTError` naming the file and
+what to do. The IDX format (http://yann.lecun.com/exdb/mnist/) is big-endian: ``0x00 0x00 <type code> <number of
+dimensions>``, then one uint32 per dimension, then the data. MNIST uses type code 0x08 (unsigned byte) throughout.
 """
 
 from __future__ import annotations
@@ -37,7 +29,6 @@ from nnlib.lesson01_mnist.files import atomic_write
 
 LESSON = 1
 
-
 # The decompressed files' SHA-256 (identical to the official distribution's).
 SHA256 = {
     "train-images-idx3-ubyte": "ba891046e6505d7aadcbbe25680a0738ad16aec93bde7f9b65e87a2fc25776db",
@@ -47,10 +38,7 @@ SHA256 = {
 }
 
 # Mirrors serving ``<name>.gz`` (the same two torchvision uses).
-MIRRORS = (
-    "https://ossci-datasets.s3.amazonaws.com/mnist/",
-    "https://storage.googleapis.com/cvdf-datasets/mnist/",
-)
+MIRRORS = ("https://ossci-datasets.s3.amazonaws.com/mnist/", "https://storage.googleapis.com/cvdf-datasets/mnist/")
 
 IDX_TYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
 
@@ -68,11 +56,8 @@ class MNISTError(RuntimeError):
 
 @dataclass
 class MNIST:
-    """The MNIST arrays as stored in the IDX files.
-
-    train_images: (60000, 28, 28) uint8    train_labels: (60000,) uint8
-    test_images:  (10000, 28, 28) uint8    test_labels:  (10000,) uint8
-    """
+    """The MNIST arrays as stored in the IDX files: train_images (60000, 28, 28) uint8, train_labels (60000,) uint8,
+    test_images (10000, 28, 28) uint8, test_labels (10000,) uint8."""
 
     train_images: np.ndarray
     train_labels: np.ndarray
@@ -81,7 +66,6 @@ class MNIST:
 
 
 # -- Where the files are -----------------------------------------------------------------------------
-
 
 def cache_dir() -> Path:
     """The user cache folder for MNIST: ``$XDG_CACHE_HOME/nnlib/mnist``."""
@@ -103,7 +87,6 @@ def find_file(name: str, directories) -> Path | None:
 
 # -- Reading and checking one file -------------------------------------------------------------------
 
-
 def read_bytes(path: Path, gzipped: bool | None = None) -> bytes:
     """The decompressed contents of ``path`` (gzip if ``gzipped``; None: if its name ends in .gz)."""
     path = Path(path)
@@ -113,31 +96,25 @@ def read_bytes(path: Path, gzipped: bool | None = None) -> bytes:
         with gzip.open(path, "rb") as stream:
             return stream.read()
     except (EOFError, OSError, zlib.error) as error:
-        raise MNISTError(
-            f"{path}: the gzip file is truncated or corrupt ({error}). "
-            "Delete it and fetch it again (`python -m nnlib fetch-data`)."
-        ) from error
+        raise MNISTError(f"{path}: the gzip file is truncated or corrupt ({error}). "
+                         "Delete it and fetch it again (`python -m nnlib fetch-data`).") from error
 
 
 def verify_sha256(data: bytes, expected: str, path: Path) -> None:
     """Raise MNISTError unless the SHA-256 of ``data`` is ``expected``."""
     actual = hashlib.sha256(data).hexdigest()
     if actual != expected:
-        raise MNISTError(
-            f"{path}: checksum mismatch: the decompressed file's SHA-256 is {actual}, "
-            f"expected {expected}. The file is damaged or is not the official MNIST file; "
-            "delete it and fetch it again (`python -m nnlib fetch-data`)."
-        )
+        raise MNISTError(f"{path}: checksum mismatch: the decompressed file's SHA-256 is {actual}, expected "
+                         f"{expected}. The file is damaged or is not the official MNIST file; delete it and fetch it "
+                         "again (`python -m nnlib fetch-data`).")
 
 
 def parse_idx_header(data: bytes, path="<bytes>"):
     """(dtype, shape, header_length) from the start of an IDX file, which must hold the whole header (the module
     docstring's layout); MNISTError for a wrong magic number, an unknown type code, or a header cut short."""
     if len(data) < 4 or data[0] != 0 or data[1] != 0:
-        raise MNISTError(
-            f"{path}: not an IDX file (wrong magic number {data[:4].hex() or 'empty'}; "
-            "IDX files begin with 00 00). Check that the file is an MNIST file."
-        )
+        raise MNISTError(f"{path}: not an IDX file (wrong magic number {data[:4].hex() or 'empty'}; "
+                         "IDX files begin with 00 00). Check that the file is an MNIST file.")
     type_code, ndim = data[2], data[3]
     if type_code not in IDX_TYPES:
         raise MNISTError(f"{path}: unknown IDX element type code 0x{type_code:02x}.")
@@ -154,10 +131,8 @@ def parse_idx(data: bytes, path="<bytes>") -> np.ndarray:
     dtype, shape, header_length = parse_idx_header(data, path)
     expected_length = header_length + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     if len(data) != expected_length:
-        raise MNISTError(
-            f"{path}: {len(data)} bytes, but its IDX header {tuple(shape)} needs {expected_length}: "
-            "the file is truncated or has extra bytes. Delete it and fetch it again."
-        )
+        raise MNISTError(f"{path}: {len(data)} bytes, but its IDX header {tuple(shape)} needs {expected_length}: "
+                         "the file is truncated or has extra bytes. Delete it and fetch it again.")
     return np.frombuffer(data, dtype=dtype, offset=header_length).reshape(shape).astype(dtype.newbyteorder("="))
 
 
@@ -171,9 +146,8 @@ def load_idx(path: Path, expected_sha256: str | None = None) -> np.ndarray:
 
 def read_idx_rows(path, start: int, stop: int) -> np.ndarray:
     """Rows [start, stop) of an IDX file (.gz or raw), reading only the header and those rows: each rank can read its
-    own shard (nnlib.lesson06_data_parallel.shard; a .gz file is still decompressed up to ``stop``). A slice cannot be
-    checked against the SHA-256: verify the whole file once first (load_idx, or ``python -m nnlib fetch-data``).
-    """
+    own shard (a .gz file is still decompressed up to ``stop``). A slice cannot be checked against the SHA-256:
+    verify the whole file once first (load_idx, or ``python -m nnlib fetch-data``)."""
     path = Path(path)
     opener = gzip.open if path.suffix == ".gz" else open
     try:
@@ -195,13 +169,10 @@ def read_idx_rows(path, start: int, stop: int) -> np.ndarray:
 
 # -- Download ----------------------------------------------------------------------------------------
 
-
 def download_file(url: str, destination: Path, expected_sha256: str | None = None, retries: int = 3,
                   progress: bool = True) -> Path:
     """Download ``url`` to ``destination`` through atomic_write (never a file that only looks complete), checking its
-    length and, if given, its decompressed SHA-256. Up to ``retries`` tries, a short back-off between, each waiting at
-    most 30 s for the server.
-    """
+    length and, if given, its decompressed SHA-256; up to ``retries`` tries, each waiting 30 s at most for a reply."""
     from tqdm import tqdm
 
     destination = Path(destination)
@@ -231,8 +202,7 @@ def download_file(url: str, destination: Path, expected_sha256: str | None = Non
 
 def fetch_mnist(directory=None, mirrors=MIRRORS, checksums=SHA256, retries: int = 3, progress: bool = True) -> Path:
     """Verify every MNIST file found in the search folders (module docstring) in place; download each missing one
-    into ``directory`` (default: the user cache), trying each mirror in turn. Returns the download folder.
-    """
+    into ``directory`` (default: the user cache), trying each mirror in turn. Returns the download folder."""
     target = Path(directory).expanduser() if directory is not None else cache_dir()
     search = candidate_dirs(directory)
     for name, expected in checksums.items():
@@ -256,15 +226,13 @@ def fetch_mnist(directory=None, mirrors=MIRRORS, checksums=SHA256, retries: int 
 
 def load_mnist(data_dir=None, download: bool = True, progress: bool = True) -> MNIST:
     """The four MNIST files as an :class:`MNIST` of uint8 arrays, found where the module docstring says,
-    downloaded and verified if needed; with ``download=False`` a missing file raises MNISTError saying how to get it.
-    """
+    downloaded and verified if needed; with ``download=False`` a missing file raises MNISTError saying how to get it."""
     search = candidate_dirs(data_dir)
     missing = [name for name in SHA256 if find_file(name, search) is None]
     if missing:
         if not download:
-            raise MNISTError(
-                f"MNIST files {', '.join(missing)} not found in {', '.join(map(str, search))}. "
-                + how_to_fetch(missing, MIRRORS[0]))
+            raise MNISTError(f"MNIST files {', '.join(missing)} not found in {', '.join(map(str, search))}. "
+                             + how_to_fetch(missing, MIRRORS[0]))
         fetch_mnist(progress=progress)
     arrays = [load_verified(find_file(name, search), SHA256[name], os.environ.get("NNLIB_MNIST_ARRAYS"))
               for name in SHA256]
@@ -272,12 +240,9 @@ def load_mnist(data_dir=None, download: bool = True, progress: bool = True) -> M
 
 
 def load_verified(path: Path, expected_sha256: str, arrays_dir=None) -> np.ndarray:
-    """Like :func:`load_idx`, with a folder of arrays already verified (``$NNLIB_MNIST_ARRAYS``; None: none).
-
-    Many short jobs on one machine (a test session, a sweep of batch jobs) would each decompress and hash the same
-    files again. With ``arrays_dir``, a file whose SHA-256 was verified is saved there as ``<sha256>.npy``, and a
-    later load reads that array instead: it is named by the digest its bytes had, so it stands for that file only.
-    """
+    """Like :func:`load_idx`, with a folder of arrays already verified (``$NNLIB_MNIST_ARRAYS``; None: none), so that
+    many short jobs on one machine do not each decompress and hash the same files: a verified file is saved there as
+    ``<sha256>.npy``, and later loads read that array (named by its bytes' digest, it stands for that file only)."""
     if arrays_dir is None:
         return load_idx(path, expected_sha256)
     saved = Path(arrays_dir) / f"{expected_sha256}.npy"
@@ -291,11 +256,9 @@ def load_verified(path: Path, expected_sha256: str, arrays_dir=None) -> np.ndarr
 
 # -- Preparing arrays for the network ----------------------------------------------------------------
 
-
 def scale_pixels(images: np.ndarray, dtype=np.float32) -> np.ndarray:
     """Flatten images (N, 28, 28) uint8 to (N, 784) in [0, 1] as ``dtype``."""
-    flat = images.reshape(len(images), -1)
-    return np.multiply(flat, 1 / 255, dtype=dtype)
+    return np.multiply(images.reshape(len(images), -1), 1 / 255, dtype=dtype)
 
 
 def one_hot(labels: np.ndarray, num_classes: int = 10, dtype=np.float32) -> np.ndarray:
@@ -326,8 +289,7 @@ def crop_center(images: np.ndarray, size: int = 20) -> np.ndarray:
 
 def course_subset(mnist: MNIST, per_class: int = 500, size: int = 20, seed: int = 0):
     """The seed experiments' data: ``per_class`` training digits of each class, drawn with ``seed``, shuffled, their
-    central ``size`` x ``size`` pixels: (images (5000, 20, 20) uint8, labels (5000,) uint8) by default, which
-    :func:`scale_pixels` flattens to the network's 400 inputs."""
+    central ``size`` x ``size`` pixels: (images (5000, 20, 20) uint8, labels (5000,) uint8) by default."""
     rng = np.random.default_rng(seed)
     chosen = [rng.choice(np.flatnonzero(mnist.train_labels == digit), per_class, replace=False) for digit in range(10)]
     order = rng.permutation(np.concatenate(chosen))

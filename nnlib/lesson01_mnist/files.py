@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import csv
+import io
 import os
 import tempfile
 from pathlib import Path
@@ -12,13 +14,10 @@ LESSON = 1
 
 @contextlib.contextmanager
 def atomic_write(destination):
-    """Yield an open binary file; on success it becomes ``destination``, on any error it is removed.
-
-    The bytes go to a temporary file in the destination's folder, which is renamed over
-    ``destination`` only after the block finished (a rename within one folder is atomic), so
-    a crash or an interrupted download never leaves a file that looks complete. The file
-    gets the usual permissions (0666 less the umask), not mkstemp's private 0600.
-    """
+    """Yield an open binary file; on success it becomes ``destination``, on any error it is removed. The bytes go to a
+    temporary file in the destination's folder, renamed over ``destination`` only after the block finished (a rename
+    within one folder is atomic), so a crash or an interrupted download never leaves a file that looks complete. The
+    file gets the usual permissions (0666 less the umask), not mkstemp's private 0600."""
     destination = Path(destination).expanduser()
     handle, temporary = tempfile.mkstemp(dir=destination.parent, prefix=destination.name + ".", suffix=".part")
     os.close(handle)
@@ -35,13 +34,7 @@ def atomic_write(destination):
 
 
 def write_csv(records, path, fields) -> None:
-    """Write dict records as CSV with the columns ``fields`` (other keys ignored), atomically.
-
-    The folder is created if it does not exist yet (e.g. notebooks/results/ in a fresh clone).
-    """
-    import csv
-    import io
-
+    """Write dict records as CSV with the columns ``fields`` (other keys ignored), atomically, creating the folder."""
     text = io.StringIO()
     writer = csv.DictWriter(text, fieldnames=fields, extrasaction="ignore")
     writer.writeheader()
@@ -52,13 +45,8 @@ def write_csv(records, path, fields) -> None:
 
 
 def read_csv(path, fields, integers=(), floats=(), what: str = "records") -> list[dict]:
-    """Read CSV records, checking that every column of ``fields`` is there.
-
-    Columns in ``integers`` and ``floats`` are converted; an empty cell becomes None (integers)
-    or NaN (floats). Raises ValueError naming the file and the missing columns.
-    """
-    import csv
-
+    """Read CSV records, checking that every column of ``fields`` is there (else ValueError naming the file and the
+    missing columns). Columns in ``integers`` and ``floats`` are converted; an empty cell becomes None or NaN."""
     records = []
     with open(path, newline="") as stream:
         for row in csv.DictReader(stream):

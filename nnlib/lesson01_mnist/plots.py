@@ -1,7 +1,4 @@
-"""Lessons 01 and 03's pictures: digit grids, learning curves, confusion matrices, hidden units' weights.
-
-Later lessons draw their own pictures in their own folders (lesson 04's ranks, 06's phases, 07's scaling).
-"""
+"""Lessons 01 and 03's pictures: digit grids, learning curves, confusion matrices, hidden units' weights."""
 
 from __future__ import annotations
 
@@ -62,8 +59,7 @@ def plot_confusion_matrix(counts):
     figure, axis = plt.subplots(figsize=(5.5, 5))
     axis.imshow(np.log1p(counts), cmap="Blues")
     for (i, j), count in np.ndenumerate(counts):
-        axis.text(j, i, str(count), ha="center", va="center", fontsize=7,
-                  color="white" if i == j else "black")
+        axis.text(j, i, str(count), ha="center", va="center", fontsize=7, color="white" if i == j else "black")
     axis.set(xlabel="predicted", ylabel="true", xticks=range(len(counts)), yticks=range(len(counts)),
              title="confusion matrix (test set)")
     figure.tight_layout()

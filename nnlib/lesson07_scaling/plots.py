@@ -9,11 +9,8 @@ NOTEBOOKS_ONLY = True  # drawn in the notebooks; no other module uses it
 
 
 def scaling_curves(rows, kind: str, serial_fraction=None, law=None, label: str = "measured"):
-    """Speedup and efficiency against ranks, with the ideal line (and a fitted law, if given).
-
-    rows: nnlib.lesson07_scaling.scaling.summarize output; only ``kind`` ("strong" or "weak") rows are drawn.
-    Oversubscribed points (more ranks than cores) are hollow and labelled, never mixed in silently.
-    """
+    """Speedup and efficiency against ranks, with the ideal line (and a fitted law, if given). rows: summarize's;
+    only ``kind`` ("strong" or "weak") rows are drawn; points with more ranks than cores: hollow, labelled."""
     import matplotlib.pyplot as plt
 
     rows = [row for row in rows if row["kind"] == kind]

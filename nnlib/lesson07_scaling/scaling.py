@@ -1,29 +1,29 @@
 """A scaling harness: data-parallel training over a grid of rank counts and problem sizes.
 
-Each point of the grid is one ``mpiexec -n P`` job (one BLAS thread per rank), repeated a few
-times; each run returns a *record* (a flat dict, one CSV row): the point, the epoch time, the time
-per phase, the test accuracy, and the machine (:func:`measure`; notebook 07, or ``python -m nnlib scaling``).
+Each point of the grid is one ``mpiexec -n P`` job (one BLAS thread per rank), repeated a few times; each run returns
+a *record* (a flat dict, one CSV row): the point, the epoch time, the time per phase, the test accuracy, and the
+machine (:func:`measure`; notebook 07, or ``python -m nnlib scaling``).
 
-Strong scaling keeps the total work fixed (N samples for any P): ideal time T1 / P.
-Weak scaling keeps the work *per rank* fixed (N = n P): ideal time T1 for every P.
-Points with more ranks than physical cores are marked ``oversubscribed``: there the ranks take
-turns on the cores, which is not what a cluster does, and tables and plots must show it.
+Strong scaling keeps the total work fixed (N samples for any P): ideal time T1 / P. Weak scaling keeps the work *per
+rank* fixed (N = n P): ideal time T1 for every P. Points with more ranks than physical cores are marked
+``oversubscribed``: there the ranks take turns on the cores, as a cluster does not, and tables and plots show it.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import statistics
 import subprocess
 import sys
+import time
 
 import numpy as np
 
 from nnlib.lesson01_mnist.files import read_csv, write_csv
 
 LESSON = 7
-
 
 RECORD_FIELDS = ["kind", "ranks", "samples", "strategy", "repeat", "epoch_seconds", "load_seconds",
                  "data_seconds", "compute_seconds", "communicate_seconds", "update_seconds", "accuracy",
@@ -41,7 +41,6 @@ def machine_fields() -> dict:
 
 
 # -- One point: an mpiexec job -----------------------------------------------------------------------
-
 
 #: One point's training, unless :func:`measure` is given others. The first epoch is a warm-up: the epoch time is
 #: the median of the others (so epochs >= 2); phase times are per epoch, each the slowest rank's.
@@ -69,8 +68,6 @@ def _run_job(ranks: int, settings: dict, timeout: float):
 
 def _worker(settings: dict) -> None:
     """Runs on every rank of a point's mpiexec job; rank 0 prints one JSON line."""
-    import time
-
     from mpi4py import MPI
 
     from nnlib.lesson01_mnist import data
@@ -97,8 +94,7 @@ def _worker(settings: dict) -> None:
     history = train_parallel(comm, network, local_inputs, local_labels, num_samples=settings["samples"],
                              start=start, epochs=settings["epochs"], learning_rate=settings["learning_rate"],
                              batch_size=settings["batch_size"], momentum=0.9, strategy=settings["strategy"])
-    phases = {phase: comm.allreduce(history.phase_seconds[phase], op=MPI.MAX) / settings["epochs"]
-              for phase in PHASES}
+    phases = {phase: comm.allreduce(history.phase_seconds[phase], op=MPI.MAX) / settings["epochs"] for phase in PHASES}
     if comm.rank == 0:
         accuracy = network.accuracy(data.scale_pixels(mnist.test_images), mnist.test_labels.astype(np.int64))
         print(json.dumps({"epoch_seconds": float(np.median(history.seconds[1:])), "load_seconds": load_seconds,
@@ -120,9 +116,8 @@ def measure(ranks_list, kind: str = "strong", samples: int = 20000, strategy: st
         for repeat in range(repeats):
             point = dict(POINT_SETTINGS, samples=total, strategy=strategy, **settings)
             measured = _run_job(ranks, dict(point, hidden=list(point["hidden"])), timeout=600)
-            records.append({"kind": kind, "ranks": ranks, "samples": total, "strategy": strategy,
-                            "repeat": repeat, **measured, "oversubscribed": ranks > machine["physical_cores"],
-                            **machine})
+            records.append({"kind": kind, "ranks": ranks, "samples": total, "strategy": strategy, "repeat": repeat,
+                            **measured, "oversubscribed": ranks > machine["physical_cores"], **machine})
             if progress:
                 print(f"{kind} P={ranks} N={total} repeat {repeat + 1}/{repeats}: "
                       f"{measured['epoch_seconds']:.3f} s/epoch", flush=True)
@@ -131,14 +126,10 @@ def measure(ranks_list, kind: str = "strong", samples: int = 20000, strategy: st
 
 # -- Tables ------------------------------------------------------------------------------------------
 
-
 def summarize(records) -> list[dict]:
-    """One row per (kind, strategy, ranks): median and spread of the epoch time, speedup, efficiency.
-
-    Strong: speedup = T1 / TP, efficiency = speedup / P. Weak: efficiency = T1 / TP and the
-    scaled speedup = P * T1 / TP. T1 is the median of the 1-rank repeats of the same kind and
-    strategy (missing: no speedup). Phase times are medians too.
-    """
+    """One row per (kind, strategy, ranks): medians of the epoch and phase times, the spread, speedup, efficiency.
+    Strong: speedup = T1 / TP, efficiency = speedup / P. Weak: efficiency = T1 / TP and the scaled speedup =
+    P * T1 / TP. T1: the median of the 1-rank repeats of that kind and strategy (missing: no speedup)."""
     groups: dict = {}
     for record in records:
         groups.setdefault((record["kind"], record["strategy"], record["ranks"]), []).append(record)
@@ -161,8 +152,7 @@ def summarize(records) -> list[dict]:
 
 
 def format_table(rows, kind: str) -> str:
-    """A table of samples, ranks, time, speedup, efficiency (oversubscribed points marked *). Weak scaling's
-    speedup is the *scaled* speedup P T1 / TP (the work grows with P)."""
+    """A table of samples, ranks, time, speedup (weak: scaled, P T1 / TP), efficiency; * marks oversubscribed points."""
     speedup = "speedup" if kind == "strong" else "scaled speedup"
     rows = [row for row in rows if row["kind"] == kind]
     lines = [f"{'samples':>8s} {'ranks':>5s} {'s/epoch':>9s} {'spread':>8s} {speedup:>14s} {'efficiency':>10s}"]
@@ -175,7 +165,6 @@ def format_table(rows, kind: str) -> str:
 
 
 # -- Laws --------------------------------------------------------------------------------------------
-
 
 def fit_amdahl(ranks, speedups) -> float:
     """The serial fraction f of Amdahl's law, S(P) = 1 / (f + (1 - f) / P), fitted to strong scaling:
@@ -209,7 +198,6 @@ def gustafson_speedup(ranks, serial_fraction: float):
 
 # -- The large-batch effect --------------------------------------------------------------------------
 
-
 def warmup_schedule(base_rate: float, target_rate: float, warmup_epochs: float):
     """Goyal et al. (2017)'s gradual warm-up: from base_rate to target_rate linearly over warmup_epochs."""
     def schedule(progress: float) -> float:
@@ -221,12 +209,10 @@ def large_batch_accuracy(inputs, labels, test_inputs, test_labels, ranks_list, s
                          warmup_epochs: float = 1.0):
     """Test accuracy after 2 epochs with a global batch of 32 P (32 per rank), for each P of ``ranks_list``: a
     784-64-10 network (seed 0), SGD with momentum 0.9 from one rank's learning rate 0.05. Returns (len(ranks_list),).
-
     Without ``scale_rate`` every P uses that rate: bigger batches mean fewer steps of the same size, and accuracy
     falls. With it, the linear scaling rule (Goyal et al. 2017): a batch k times larger gets a k times larger rate
     (0.05 P), reached by a gradual warm-up over ``warmup_epochs``. Simulated in one process: P ranks take exactly
-    the steps of sequential training with the global batch (lesson 06 shows it), so only the global batch matters.
-    """
+    the steps of sequential training with the global batch (lesson 06), so only the global batch matters."""
     from nnlib.lesson02_network.network import Network
     from nnlib.lesson03_training.training import train
 
@@ -242,7 +228,6 @@ def large_batch_accuracy(inputs, labels, test_inputs, test_labels, ranks_list, s
 
 # -- CSV ---------------------------------------------------------------------------------------------
 
-
 def load_csv(path) -> list[dict]:
     """Records from a CSV of RECORD_FIELDS (main's ``--output``), numbers converted."""
     records = read_csv(path, RECORD_FIELDS, integers=("ranks", "samples", "repeat", "physical_cores"),
@@ -255,8 +240,6 @@ def load_csv(path) -> list[dict]:
 
 def main(argv=None) -> int:
     """``python -m nnlib scaling``: measure strong and weak scaling, print tables, optionally save CSV."""
-    import argparse
-
     parser = argparse.ArgumentParser(prog="python -m nnlib scaling", description=main.__doc__)
     parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--strong-samples", type=int, default=60000, help="total samples for strong scaling")

@@ -1,11 +1,9 @@
 """Which array library does the math: NumPy on the CPU or CuPy on an NVIDIA GPU.
 
-The network computes in whatever array namespace it is given (nnlib.lesson02_network.arrays, lesson 02):
-``Network(sizes, device=resolve_backend("gpu"))`` puts it on the GPU.
-
-``resolve_backend("auto")`` picks CuPy only when a small matrix product on the device works
-(nnlib.course.environment.gpu_status); otherwise NumPy. CuPy 14 or newer is needed: its main namespace
-follows NumPy 2 and the array API (``cupy.astype``, ``cupy.concat``, ``cupy.isdtype``).
+The network computes in whatever array namespace it is given (nnlib.lesson02_network.arrays):
+``Network(sizes, device=resolve_backend("gpu"))`` puts it on the GPU. ``resolve_backend("auto")`` picks CuPy only
+when a small matrix product on the device works (nnlib.course.environment.gpu_status); otherwise NumPy. CuPy 14 or
+newer is needed: its main namespace follows NumPy 2 and the array API (``cupy.astype``, ``cupy.concat``...).
 """
 
 from __future__ import annotations
@@ -20,10 +18,8 @@ LESSON = 8
 
 
 def resolve_backend(device: str = "cpu", verbose: bool = False):
-    """The array module for ``device``: "cpu" -> numpy, "gpu" -> cupy (or an error), "auto" -> either.
-
-    An array API namespace (a module with ``asarray``, such as array_api_strict) is returned as it is.
-    """
+    """The array module for ``device``: "cpu" -> numpy, "gpu" -> cupy (or an error), "auto" -> either; an array API
+    namespace (a module with ``asarray``, such as array_api_strict) as it is."""
     if device not in ("gpu", "auto"):
         return namespace_of_device(device)  # "cpu" -> numpy; a namespace as it is; anything else: an error
     usable, reason = gpu_status()
@@ -38,12 +34,9 @@ def resolve_backend(device: str = "cpu", verbose: bool = False):
 
 
 def use_gpu_of_local_rank(comm):
-    """Give each MPI rank its own GPU of its node, if CuPy sees any; return its index, else None.
-
-    Rank i of a node (its rank in ``comm.Split_type(COMM_TYPE_SHARED)``) uses GPU i mod (GPUs on the node): one GPU
-    per rank while there are enough, shared round-robin beyond that. Call it before the first GPU allocation (see
-    resolve_backend), so that no rank sets up the first GPU as well as its own.
-    """
+    """Give each MPI rank its own GPU of its node, if CuPy sees any; return its index, else None. Rank i of a node
+    (in ``comm.Split_type(COMM_TYPE_SHARED)``) uses GPU i mod (GPUs on the node), round-robin. Call it before the
+    first GPU allocation, so that no rank sets up the first GPU as well as its own."""
     from mpi4py import MPI
 
     node = comm.Split_type(MPI.COMM_TYPE_SHARED)
@@ -64,18 +57,13 @@ def use_gpu_of_local_rank(comm):
 def synchronizer(xp):
     """A function that waits until the GPU has finished its queued work (does nothing for CPU arrays): CuPy calls
     return as soon as the work is queued; a timer, or MPI reading a buffer, must wait."""
-    if hasattr(xp, "cuda"):
-        return xp.cuda.get_current_stream().synchronize
-    return lambda: None
+    return xp.cuda.get_current_stream().synchronize if hasattr(xp, "cuda") else lambda: None
 
 
 def cuda_aware_mpi() -> bool:
-    """Whether MPI can read and write GPU memory directly (a CUDA-aware build).
-
-    ``NNLIB_CUDA_AWARE_MPI=1`` (or ``0``) decides when set. Otherwise the MPI library that mpi4py loaded is asked:
-    MPICH's MPIX_GPU_query_support(CUDA) or Open MPI's MPIX_Query_cuda_support(). Anything else, or no answer,
-    counts as not CUDA-aware, and GPU buffers then travel through host memory.
-    """
+    """Whether MPI can read and write GPU memory directly (a CUDA-aware build): ``$NNLIB_CUDA_AWARE_MPI`` (1 or 0)
+    if set, else the answer of the MPI library mpi4py loaded: MPICH's MPIX_GPU_query_support(CUDA) or Open MPI's
+    MPIX_Query_cuda_support(). No answer counts as not CUDA-aware (GPU buffers then travel through host memory)."""
     import ctypes
     import os
 
@@ -102,14 +90,11 @@ def cuda_aware_mpi() -> bool:
 
 
 class HostStaging:
-    """A communicator that hands MPI the network's buffers wherever they live.
-
-    NumPy arrays go to MPI as they are; so do GPU arrays with a CUDA-aware MPI, once the GPU has
-    finished writing them (MPI must not read a half-written buffer). With an ordinary MPI, GPU arrays
-    are *staged*: copied to host memory, communicated, copied back. It wraps any communicator (MPI's, or
-    a WatchedComm: ``HostStaging(watch(comm), xp)``, never the other way round); everything else is the
-    wrapped one's. ``cuda_aware``: None asks MPI (:func:`cuda_aware_mpi`).
-    """
+    """A communicator that hands MPI the network's buffers wherever they live: NumPy arrays as they are, and so GPU
+    arrays with a CUDA-aware MPI, once the GPU has finished writing them (MPI must not read a half-written buffer).
+    With an ordinary MPI, GPU arrays are *staged*: copied to host memory, communicated, copied back. It wraps any
+    communicator (MPI's, or a WatchedComm: ``HostStaging(watch(comm), xp)``, never the other way round); everything
+    else is the wrapped one's. ``cuda_aware``: None asks MPI."""
 
     BUFFER_METHODS = ("Allgather", "Allgatherv", "Allreduce", "Bcast", "Gather", "Gatherv", "Isend", "Recv", "Reduce",
                       "Reduce_scatter", "Scatter", "Scatterv", "Send", "Sendrecv")
@@ -165,10 +150,8 @@ class HostStaging:
 
 
 class WaitForDevice(Hook):
-    """Waits for the GPU's queued work at every phase of a step, so the phase timer charges it where it ran.
-
-    Pass it before the timer: ``train_parallel(..., hooks=[WaitForDevice(network.xp)])``.
-    """
+    """Waits for the GPU's queued work at every phase of a step, so the phase timer charges it where it ran:
+    ``train_parallel(..., hooks=[WaitForDevice(network.xp)])``."""
 
     def __init__(self, xp):
         self.synchronize = synchronizer(xp)

@@ -1,16 +1,15 @@
 """Measuring matrix products and training on the CPU and the GPU, honestly.
 
-GPU work is *asynchronous*: a CuPy call returns as soon as the work is queued, so a timer must
-wait for the GPU (stream synchronisation) before it stops, and the first calls (which compile kernels and
-allocate memory) must be left out as warm-up. :func:`device_seconds` (lesson 04's timer, synchronised) does both.
-
-Everything here takes the array module as an argument (numpy or cupy), so the same code
-measures both; ``python -m nnlib gpu-benchmark --results-dir notebooks/results`` records the figures
-on a GPU machine for notebook 08 to show on machines without one.
+GPU work is *asynchronous*: a CuPy call returns as soon as the work is queued, so a timer must wait for the GPU
+(stream synchronisation) before it stops, and the first calls (which compile kernels and allocate memory) must be
+left out as warm-up. :func:`device_seconds` (lesson 04's timer, synchronised) does both. Everything here takes the
+array module (numpy or cupy) as an argument; ``python -m nnlib gpu-benchmark --results-dir notebooks/results``
+records the figures on a GPU machine for notebook 08 to show on machines without one.
 """
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import re
 
@@ -25,9 +24,7 @@ from nnlib.lesson08_gpu.backend import gpu_status, resolve_backend, synchronizer
 
 LESSON = 8
 
-
-# Matrix shapes (m, k, n) for A (m x k) @ B (k x n), tiny to large. The first is the seed's
-# per-layer product (a batch of 120 samples through a 30 -> 20 layer).
+# Shapes (m, k, n) of A (m x k) @ B (k x n), tiny to large; the first: the seed's layer product (120 samples, 30 -> 20).
 MATMUL_SHAPES = [(120, 30, 20), (64, 64, 64), (128, 128, 128), (256, 256, 256), (512, 512, 512),
                  (1024, 1024, 1024), (2048, 2048, 2048), (4096, 4096, 4096)]
 CSV_FIELDS = ["kind", "variant", "m", "k", "n", "hidden", "samples", "cpu_seconds", "gpu_seconds",
@@ -47,8 +44,7 @@ def matmul_sweep(shapes=MATMUL_SHAPES, gpu=None, repeats: int = 10, seed: int = 
     records = []
     for m, k, n in shapes:
         a, b = rng.random((m, k), dtype=np.float32), rng.random((k, n), dtype=np.float32)
-        record = {"kind": "matmul", "m": m, "k": k, "n": n,
-                  "cpu_seconds": device_seconds(lambda: a @ b, np, repeats),
+        record = {"kind": "matmul", "m": m, "k": k, "n": n, "cpu_seconds": device_seconds(lambda: a @ b, np, repeats),
                   "gpu_seconds": float("nan"), "gpu_with_copies_seconds": float("nan")}
         if gpu is not None:
             device_a, device_b = gpu.asarray(a), gpu.asarray(b)
@@ -107,8 +103,7 @@ def forward_comparison(inputs, hidden: int = 1024, gpu=None, repeats: int = 3) -
 
 
 def epoch_seconds(hidden: int, inputs, labels, device: str = "cpu", batch_size: int = 256, seed: int = 0) -> float:
-    """Seconds of one training epoch of 784-hidden-10 (the second of two: the first warms up). On the GPU the data
-    moves to the device once, before timing, and stays there."""
+    """Seconds of one training epoch of 784-hidden-10 (the second of two; on a GPU, the data moved there first)."""
     from nnlib.lesson03_training.training import train
 
     network = Network((inputs.shape[1], hidden, 10), seed=seed, device=resolve_backend(device))
@@ -143,8 +138,6 @@ def format_records(records) -> str:
 
 def main(argv=None) -> int:
     """``python -m nnlib gpu-benchmark``: record the matmul sweep and training epochs, CPU (1 thread) and GPU."""
-    import argparse
-
     from threadpoolctl import threadpool_limits
 
     from nnlib.lesson01_mnist import data

@@ -1,7 +1,6 @@
-"""Checkpoints: everything needed to continue a training run exactly where it stopped (the file and the folder:
-checkpoint_files.py). Saved: the run's state as its sync gives it (lesson 03's ``state_dict(run)``: the network's
-and the optimizer's, whole, however the strategy shares them out), where the run is (so the learning-rate schedule
-too), its history and the settings a resume must match. :class:`Checkpointing` is the hook that writes and resumes::
+"""Checkpoints: everything needed to continue a training run exactly where it stopped (files: checkpoint_files.py):
+the run's state as its sync gives it (``state_dict(run)``: the network's and the optimizer's, whole), where the run
+is, its history and the settings a resume must match. :class:`Checkpointing` is the hook that writes and resumes::
 
     train_parallel(comm, ..., hooks=[Checkpointing(CheckpointFolder(folder, every=50), resume=True)])
 """
@@ -13,8 +12,7 @@ import numpy as np
 from nnlib.lesson03_training.training import Hook
 from nnlib.lesson04_collectives.collectives import fail_together
 from nnlib.lesson13_faults.checkpoint_files import (FORMAT_VERSION, HEADER, MAGIC, SUFFIX, Checkpoint,  # noqa: F401
-                                                    CheckpointError, CheckpointFolder, from_bytes, load, save,
-                                                    to_bytes)
+                                                    CheckpointError, CheckpointFolder, from_bytes, load, save, to_bytes)
 
 LESSON = 13
 
@@ -36,12 +34,9 @@ def run_settings(run) -> dict:
 
 
 class Checkpointing(Hook):
-    """Writes checkpoints of a data-parallel training run, and resumes one, as a hook of its loop.
-
-    folder: a :class:`CheckpointFolder`; resume: continue from the newest checkpoint there, exactly (with the same
-    number of ranks, bit-identical to an uninterrupted run). It talks over the run's own communicator, its sync's
-    (under the run's deadline, if it has one).
-    """
+    """Writes checkpoints of a data-parallel training run, and resumes one, as a hook of its loop, over its sync's
+    communicator. folder: a :class:`CheckpointFolder`; resume: continue from the newest checkpoint there, exactly
+    (with the same number of ranks, bit-identical to an uninterrupted run)."""
 
     def __init__(self, folder: CheckpointFolder, resume: bool = False, progress: bool = False):
         self.folder, self.resume, self.progress, self.comm = folder, resume, progress, None

@@ -8,10 +8,9 @@ finished epochs' ``history``; the ``settings`` a resume must match (epochs may g
 resume may use another number: P ranks take exactly the sequential steps) and ``total_steps``.
 
 The file: an 8-byte magic ``NNLIBCKP``, the format version (uint32), the payload's length (uint64) and its SHA-256,
-then the payload (an .npz of the state's arrays, "network/params" and so on, and a JSON of the rest). It is written
-to a temporary file, flushed to disk, then renamed (lesson 01's atomic_write): a crash during a write leaves the
-previous checkpoint as it was. A damaged, truncated, foreign or other-version file raises :class:`CheckpointError`
-before anything is used.
+then the payload (an .npz of the state's arrays, "network/params" and so on, and a JSON of the rest), written whole or
+not at all (atomic_write, flushed to disk). A damaged, truncated, foreign or other-version file raises
+:class:`CheckpointError` before anything is used.
 """
 
 from __future__ import annotations
@@ -120,10 +119,8 @@ def load(path) -> Checkpoint:
 
 
 class CheckpointFolder:
-    """Where a run keeps its checkpoints: ``every`` steps (None: at the end of every epoch), the newest ``keep``.
-
-    Files are named ``step-00000120.nnlib-checkpoint`` by the steps done, so the newest sorts last.
-    """
+    """Where a run keeps its checkpoints: ``every`` steps (None: at the end of every epoch), the newest ``keep``,
+    named by the steps done (``step-00000120.nnlib-checkpoint``), so the newest sorts last."""
 
     def __init__(self, folder, every: int | None = None, keep: int = 2):
         if every is not None and (isinstance(every, bool) or not isinstance(every, int) or every < 1):

@@ -1,12 +1,11 @@
 """Deadlines around whole training runs: every collective of a run watched, and the errors saying where it was.
 
-Lesson 13 takes apart the deadline that the course's cluster already gives every ``comm`` (the course's own
-nnlib.course.deadline: ``watch``, ``WatchedComm``, ``CollectiveTimeout``), then puts it around a training run:
+Lesson 13 takes apart the deadline that the course's cluster already gives every ``comm`` (nnlib.course.deadline:
+``watch``, ``WatchedComm``, ``CollectiveTimeout``), then puts it around a training run:
 
     train_watched(train_parallel, comm, network, inputs, labels, ...)   # a deadline on every collective
     RunNotes(watched)   a hook: the errors say the epoch, the step and the phase the run was in
-
-:func:`record_waits` and :func:`wait_spans` put a run's waits in a trace.
+    record_waits, wait_spans   a run's waits, in a trace
 """
 
 from __future__ import annotations
@@ -34,25 +33,20 @@ class RunNotes(Hook):
 
 
 def train_watched(train, comm, *args, timeout=None, hooks=(), wrap=None, **keywords):
-    """``train(watched, *args, hooks=[RunNotes(watched), *hooks], **keywords)`` under a deadline.
-
-    ``watched`` is :func:`watch` (comm, timeout): every collective of the run has a deadline, and inside
-    its guard a rank that raises tells the others, which stop at once. ``train`` is e.g.
-    nnlib.lesson06_data_parallel.train_parallel. ``wrap(watched)``, if given, is the communicator the run gets instead
-    (e.g. ``lambda watched: HostStaging(watched, xp)`` for GPU arrays, lesson 08).
-    """
+    """``train(watched, *args, hooks=[RunNotes(watched), *hooks], **keywords)`` under a deadline (e.g. ``train`` =
+    train_parallel): ``watched`` = :func:`watch` (comm, timeout), and inside its guard a rank that raises tells the
+    others, which stop at once. ``wrap(watched)``, if given, is the communicator the run gets instead (e.g.
+    ``lambda watched: HostStaging(watched, xp)`` for GPU arrays, lesson 08)."""
     watched = watch(comm, timeout)
     with watched.guard():
         return train(watched if wrap is None else wrap(watched), *args, hooks=(RunNotes(watched), *hooks), **keywords)
 
 
 def record_waits(watched: WatchedComm) -> list:
-    """Make ``watched`` note each of its waits; returns the list it appends (what, where, start, end) to.
-
-    Every collective, receive and wait_all of a WatchedComm waits in its ``wait`` (what: "Allreduce", "Recv from
-    rank 2", ...); where: a copy of ``watched.where`` (epoch, step, phase) as it began; start, end: time.perf_counter
-    seconds, also when the wait ends in an error. In a run, call it in train_watched's ``wrap`` (returning watched).
-    """
+    """Make ``watched`` note each of its waits; returns the list it appends (what, where, start, end) to: every
+    collective, receive and wait_all waits in ``wait`` (what: "Allreduce", "Recv from rank 2", ...); where: a copy of
+    ``watched.where`` as it began; start, end: time.perf_counter seconds, also when the wait ends in an error. In a
+    run, call it in train_watched's ``wrap`` (returning watched)."""
     waits, wait = [], watched.wait
 
     def timed_wait(request, what: str) -> None:

@@ -3,18 +3,16 @@
 Lesson 12's 1F1B leaves every stage idle for (P - 1)(F + B) of a step (F, B: one micro-batch's
 forward and backward time on a stage), a fraction (P - 1) / (m + P - 1). Two ideas shrink it:
 
-``interleaved`` (Narayanan et al. 2021, Megatron-LM) gives each of the P ranks v *chunks*: the
-    network is cut into v P slices, and chunk c of rank s is virtual stage c P + s, so a micro-batch
-    passes every rank v times. Each chunk's work takes 1/v of a stage's, and so does the fill and
-    drain: the idle time is (P - 1)(F + B) / v, a fraction (P - 1) / (v m + P - 1). The price: more
-    messages (v times as many) and more micro-batch chunks alive at once.
-``zb-h1``, ``zb-h2`` (Qi et al. 2024, zero-bubble pipeline parallelism) split the backward in two:
-    B, every layer's delta and the input gradient (what the stage before waits for), and W, the
-    weight gradients a_in.T @ delta (which nobody waits for). Deferring W into the gaps:
-    ZB-H1 (1F1B's warm-up; stage s defers its first s W's) idles (P - 1) max(F + B - W, F) per stage,
-    a third of 1F1B's when F = B = W; ZB-H2 (twice the warm-up forwards, 2 (P - s - 1), and 2 s
-    deferred W's) idles (P - 1) max(F + B - 2W, F): the last bubble, the fill's (P - 1) F, goes away
-    only when consecutive steps overlap, which needs the paper's trick for the optimizer step.
+``interleaved`` (Narayanan et al. 2021, Megatron-LM) gives each of the P ranks v *chunks*: the network is cut into v P
+    slices, and chunk c of rank s is virtual stage c P + s, so a micro-batch passes every rank v times. Each chunk's
+    work takes 1/v of a stage's, and so does the fill and drain: the idle time is (P - 1)(F + B) / v, a fraction
+    (P - 1) / (v m + P - 1). The price: more messages (v times as many) and more micro-batch chunks alive at once.
+``zb-h1``, ``zb-h2`` (Qi et al. 2024, zero-bubble pipeline parallelism) split the backward in two: B, every layer's
+    delta and the input gradient (what the stage before waits for), and W, the weight gradients a_in.T @ delta (which
+    nobody waits for). Deferring W into the gaps: ZB-H1 (1F1B's warm-up; stage s defers its first s W's) idles
+    (P - 1) max(F + B - W, F) per stage, a third of 1F1B's when F = B = W; ZB-H2 (twice the warm-up forwards,
+    2 (P - s - 1), and 2 s deferred W's) idles (P - 1) max(F + B - 2W, F): the last bubble, the fill's (P - 1) F, goes
+    away only when consecutive steps overlap, which needs the paper's trick for the optimizer step.
 
 Peak micro-batches alive on stage s (forwarded, not yet through W): 1F1B min(P - s, m); ZB-H1
 min(P, m) (1F1B's P - s waiting for B plus up to s waiting for W); ZB-H2 2P - 1 on every stage (ZB-H1's
@@ -74,13 +72,11 @@ def chunk_program(stage: int, stages: int, order, chunks: int = 1) -> list[Chunk
 
 
 def interleaved(stages: int, micro_batches: int, chunks: int = 2):
-    """Interleaved 1F1B with v = ``chunks`` chunks per rank: warm-up, one forward one backward, drain.
-
-    Every rank runs the same (micro-batch, chunk) units: micro-batches go in groups of about P (m // P groups, as
-    even as possible; one group if m < P), and a group runs forward through chunk 0, then chunk 1, ..., backward
-    the last chunk first. Rank s first runs w = (v - 1) G + 2 (P - s - 1) forward units (G: the first group's
-    size; at most v m), then alternates forward unit w + i and backward unit i, then drains.
-    """
+    """Interleaved 1F1B with v = ``chunks`` chunks per rank: warm-up, one forward one backward, drain. Every rank runs
+    the same (micro-batch, chunk) units: micro-batches go in groups of about P (m // P groups, as even as possible;
+    one group if m < P), and a group runs forward through chunk 0, then chunk 1, ..., backward the last chunk first.
+    Rank s first runs w = (v - 1) G + 2 (P - s - 1) forward units (G: the first group's size; at most v m), then
+    alternates forward unit w + i and backward unit i, then drains."""
     counts, starts = split_evenly(micro_batches, max(1, micro_batches // stages))
     forwards = [(k, chunk) for count, start in zip(counts, starts) for chunk in range(chunks)
                 for k in range(start, start + count)]
@@ -97,9 +93,8 @@ def interleaved(stages: int, micro_batches: int, chunks: int = 2):
 
 
 def zero_bubble(stages: int, micro_batches: int, warmup, deferred):
-    """1F1B with the backward split into B and W: stage s runs ``warmup(s)`` forwards, then forward and
-    B alternately, each B followed by the oldest waiting W once more than ``deferred(s)`` wait; then
-    the waiting W's."""
+    """1F1B with the backward split into B and W: stage s runs ``warmup(s)`` forwards, then forward and B alternately,
+    each B followed by the oldest waiting W once more than ``deferred(s)`` wait; then the waiting W's."""
     programs = []
     for stage in range(stages):
         ahead = min(warmup(stage), micro_batches)
@@ -121,11 +116,10 @@ def zb_h1(stages: int, micro_batches: int):
 
 
 def zb_h2(stages: int, micro_batches: int):
-    """ZB-H2: 2 (P - s - 1) warm-up forwards fill the start; stage s defers 2 s W's into the drain.
-
-    With m < 2P - 1 micro-batches the warm-up cannot fill the start, and stage s's 2 s deferred W's pile
-    up after its last B while it sat idle earlier (P = 3, m = 3: a bubble of 0.250 against ZB-H1's
-    0.182, with equal F, B, W): there ZB-H2 is ZB-H1 (tests/test_pipeline_schedules.py)."""
+    """ZB-H2: 2 (P - s - 1) warm-up forwards fill the start; stage s defers 2 s W's into the drain. With m < 2P - 1
+    micro-batches the warm-up cannot fill the start, and stage s's 2 s deferred W's pile up after its last B while it
+    sat idle earlier (P = 3, m = 3: a bubble of 0.250 against ZB-H1's 0.182, with equal F, B, W): there ZB-H2 is
+    ZB-H1."""
     if micro_batches < 2 * stages - 1:
         return zb_h1(stages, micro_batches)
     return zero_bubble(stages, micro_batches, lambda stage: 2 * (stages - stage - 1), lambda stage: 2 * stage)
@@ -161,8 +155,7 @@ def bubble_formula(name: str, stages: int, micro_batches: int, seconds=(1.0, 1.0
     gpipe, 1f1b (P - 1)(F + B + W): m' = m; interleaved (P - 1)(F + B + W) / v: m' = v m; zb-h1
     (P - 1) max(F + B - W, F) and zb-h2 (P - 1) max(F + B - 2W, F): m' = m (F + B + W) / that max, the step's
     work counted in units of the idle time per stage and per P - 1. ZB-H2 with m < 2P - 1 runs ZB-H1's lists
-    (:func:`zb_h2`), so it has ZB-H1's formula there.
-    """
+    (:func:`zb_h2`), so it has ZB-H1's formula there."""
     if name == "zb-h2" and micro_batches < 2 * stages - 1:
         name = "zb-h1"
     forward, backward, weight = seconds
@@ -175,9 +168,8 @@ def bubble_formula(name: str, stages: int, micro_batches: int, seconds=(1.0, 1.0
 def schedule_bubble(name: str, stage_seconds, micro_batches: int, chunks: int = 1) -> float:
     """The idle fraction of schedule ``name``'s lists run on lesson 12's clock (idle_fraction of simulate's).
 
-    stage_seconds[s]: {"F", "B", "W"} seconds of one micro-batch on stage s's whole slice of the
-    network (B + W the full backward; a chunk takes 1/v of it).
-    """
+    stage_seconds[s]: {"F", "B", "W"} seconds of one micro-batch on stage s's whole slice of the network (B + W the
+    full backward; a chunk takes 1/v of it)."""
     def seconds(stage, kind):
         times = stage_seconds[stage]
         return (times["B"] + times["W"] if kind == "backward" else times[LETTERS[kind]]) / chunks
@@ -210,13 +202,11 @@ def virtual_stage_layers(num_layers: int, virtual_stages: int, split=None) -> li
 
 
 def balanced_split(num_layers: int, virtual_stages: int) -> tuple[int, ...]:
-    """Layer counts per virtual stage that balance a network with a narrow (cheap) first and last layer.
-
-    The L - 2 wide layers go as evenly as possible (each costs one unit of F, one of B, one of W
-    per micro-batch); the narrow first layer joins virtual stage 0, which computes no input gradient
-    for it, and the narrow last one joins the last, beside the loss. (64,) + (512,) * 9 + (10,),
-    10 layers: (5, 5) on 2 virtual stages, (3, 2, 2, 3) on 4, (2, 1, 1, 1, 1, 1, 1, 2) on 8.
-    """
+    """Layer counts per virtual stage that balance a network with a narrow (cheap) first and last layer: the L - 2
+    wide layers go as evenly as possible (each costs one unit of F, one of B, one of W per micro-batch); the narrow
+    first layer joins virtual stage 0, which computes no input gradient for it, and the narrow last one joins the
+    last, beside the loss. (64,) + (512,) * 9 + (10,), 10 layers: (5, 5) on 2, (3, 2, 2, 3) on 4 virtual stages,
+    (2, 1, 1, 1, 1, 1, 1, 2) on 8."""
     if virtual_stages < 1 or num_layers - 2 < virtual_stages:
         raise ValueError(f"{num_layers} layers cannot give each of {virtual_stages} virtual stages a wide layer: "
                          f"balanced_split needs at least virtual stages + 2 layers")
@@ -265,8 +255,7 @@ class ScheduledPipeline(PipelineMLP):
     counts of the v P virtual stages themselves, e.g. (3, 2, 2, 3) for v = 2 on 2 ranks or (5, 5) for v = 1
     (balanced_split gives the one that makes narrow first and last layers' stages as heavy as the others).
     ``ranges``: virtual_stage_layers(L, v P), [first, stop) layers of each virtual stage (chunk c of rank s: c P + s);
-    ``held``: this rank's stages, chunk by chunk; full_params puts the chunks back in Network's flat layout.
-    """
+    ``held``: this rank's stages, chunk by chunk; full_params puts the chunks back in Network's flat layout."""
 
     schedules, letters = ALL_SCHEDULES, LETTERS
 
@@ -364,13 +353,10 @@ def measure_schedules(comm, layer_sizes, batch: int, micro_batches: int, schedul
 
 
 def live_peak(pipeline, inputs, labels) -> tuple[int, int]:
-    """One step of ``pipeline`` with the micro-batches it holds counted by one array each: (the most alive at
-    once, how many are still alive after the step), on this rank (its chunks together).
-
-    The array each held stage's forward takes (a micro-batch's a_0 there; the stage's ``on_forward`` hook hears
-    it) gets a weakref.finalize that counts it down when Python frees it, wherever the executor kept it. No
-    instruction list and no executor bookkeeping is read.
-    """
+    """One step of ``pipeline`` with the micro-batches it holds counted by one array each: (the most alive at once,
+    how many are still alive after the step), on this rank (its chunks together). The array each held stage's forward
+    takes (a micro-batch's a_0 there, heard by the stage's ``on_forward`` hook) gets a weakref.finalize that counts it
+    down when Python frees it, wherever the executor kept it: no instruction list or executor bookkeeping is read."""
     alive, peak = [0], [0]
 
     def freed():

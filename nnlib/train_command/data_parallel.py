@@ -110,8 +110,7 @@ def job_device(args, comm):
 
 
 def job_strategy(args):
-    """What train_parallel takes for the job's kind of training (options.kinds_of): --strategy, --compression or
-    --local-steps."""
+    """What train_parallel takes for the job's training (kinds_of): --strategy, --compression or --local-steps."""
     kind = kinds_of(args)[0]
     if kind == "--local-steps":
         from nnlib.lesson15_compression.local_sgd import local_sgd

@@ -18,10 +18,7 @@ from nnlib.train_command.reports import report, save_output, save_trace
 
 LESSON = 18
 
-
 ABORT_GRACE = 10  # seconds MPI_Abort may take before the rank ends itself (SIGALRM)
-
-
 RELAY_PAUSE = 1.0  # seconds for mpiexec to relay what a rank printed before MPI_Abort ends the job
 
 
@@ -67,8 +64,7 @@ def abort_job(error: BaseException) -> None:
 
 
 def train_job(args) -> int:
-    """Check the options on every rank, put a deadline on every collective, run the data-parallel,
-    model-parallel or asynchronous job."""
+    """Check the options on every rank, put a deadline on every collective, run the job of the kind asked for."""
     from mpi4py import MPI
     from threadpoolctl import threadpool_limits
 
@@ -185,8 +181,7 @@ def asynchronous_job(args, comm, settings, data, test) -> int:
 
 def report_asynchronous(args, ranks: int, history, network, test) -> None:
     """On rank 0: every epoch's loss and accuracy, the test accuracy, the staleness; write --output if given."""
-    for epoch, (loss, accuracy, seconds) in enumerate(zip(history.loss, history.train_accuracy,
-                                                          history.epoch_seconds)):
+    for epoch, (loss, accuracy, seconds) in enumerate(zip(history.loss, history.train_accuracy, history.epoch_seconds)):
         print(f"epoch {epoch + 1}/{args.epochs}: loss {loss:.4f}, training accuracy {accuracy:.4f}, "
               f"{seconds:.2f} s from the start")
     staleness = np.array(history.staleness)

@@ -10,9 +10,7 @@ LESSON = 18
 
 JOB_STRATEGIES = ("parameter_server", "reduce_broadcast", "allreduce", "zero", "overlap", "fsdp")  # lessons 06, 10, 16
 
-
 FAULTS = ("raise", "exit", "kill", "hang")
-
 
 TRACE_STEPS = 20  # --trace: the data-parallel steps whose phases are written
 
@@ -55,12 +53,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--checkpoint-dir", default=None, help="write checkpoints into this folder (rank 0)")
     parser.add_argument("--checkpoint-every", type=int, default=0,
                         help="steps between checkpoints (default 0: at the end of every epoch)")
-    parser.add_argument("--resume", action="store_true",
-                        help="continue from the newest checkpoint in --checkpoint-dir (same settings; any number "
-                             "of ranks)")
-    parser.add_argument("--fault", default=None, metavar="RANK:STEP:KIND",
-                        help="for lessons and tests: rank RANK fails after global step STEP; KIND is raise, exit, "
-                             "kill (SIGKILL) or hang")
+    parser.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --checkpoint-dir "
+                        "(same settings; any number of ranks)")
+    parser.add_argument("--fault", default=None, metavar="RANK:STEP:KIND", help="for lessons and tests: rank RANK "
+                        "fails after global step STEP; KIND is raise, exit, kill (SIGKILL) or hang")
     add_later_arguments(parser)
 
 
@@ -78,10 +74,9 @@ def add_later_arguments(parser: argparse.ArgumentParser) -> None:
                              "ZB-H1 and ZB-H2; ZB-H2 needs 2P - 1 micro-batches, with fewer it runs ZB-H1)")
     parser.add_argument("--virtual-stages", type=int, default=None,
                         help="with --schedule interleaved: model chunks per pipeline rank, v (default 2)")
-    parser.add_argument("--trace", default=None, metavar="FILE",
-                        help="write a Chrome trace-event JSON file (open it in ui.perfetto.dev): each rank's phases "
-                             f"of the first {TRACE_STEPS} steps, the pipeline stages' last step, or the parameter "
-                             "server's updates")
+    parser.add_argument("--trace", default=None, metavar="FILE", help="write a Chrome trace-event JSON file (open it "
+                        f"in ui.perfetto.dev): each rank's phases of the first {TRACE_STEPS} steps, the pipeline "
+                        "stages' last step, or the parameter server's updates")
     parser.add_argument("--compression", default="none",
                         help="gradients sent as none (float64/32), float16, bfloat16, topk (with --topk K and "
                              "error feedback) or powersgd (with --rank R); with --strategy allreduce (lesson 15)")
@@ -98,9 +93,8 @@ def add_later_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--asynchronous", action="store_true",
                         help="rank 0 is a parameter server applying each worker's gradient as it arrives; the "
                              "workers (ranks 1..N-1) sample their own shards; plain SGD (no momentum)")
-    parser.add_argument("--staleness", type=int, default=None,
-                        help="with --asynchronous: no worker more than S steps ahead of the slowest (0: synchronous; "
-                             "default: unbounded)")
+    parser.add_argument("--staleness", type=int, default=None, help="with --asynchronous: no worker more than S "
+                        "steps ahead of the slowest (0: synchronous; default: unbounded)")
     parser.add_argument("--slow", default=None, metavar="RANK:SECONDS",
                         help="make rank RANK a straggler: SECONDS more per step")
     parser.add_argument("--recompute", type=int, default=0, metavar="K",

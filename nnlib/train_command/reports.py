@@ -62,8 +62,7 @@ def sent_arrays(args, counting, history) -> dict:
 
 
 def report(args, ranks, history, phases, test_accuracy, params, layer_sizes, more: dict) -> None:
-    """On rank 0: print the test accuracy and every rank's seconds per phase; write --output if given, with the
-    arrays of ``more`` (the strategy's name among them)."""
+    """On rank 0: print the test accuracy and every rank's seconds per phase; write --output (and ``more``'s arrays)."""
     from nnlib.lesson06_data_parallel import PHASES
 
     print(f"test accuracy {test_accuracy:.4f}; seconds per phase (summed over the run):")
