@@ -61,10 +61,8 @@ def at_where(where: dict) -> str:
     return " at " + ", ".join(parts) if parts else ""
 
 
-def _blocking(name: str):
-    """WatchedComm's ``name`` (e.g. Allreduce): MPI's non-blocking form (Iallreduce), completed within the deadline."""
-    start = getattr(MPI.Comm, "I" + name.lower())
-
+def _blocking(start, name: str):
+    """WatchedComm's ``name``: MPI's non-blocking ``start`` (e.g. MPI.Comm.Iallreduce), completed within the deadline."""
     def collective(self, *arguments, **keywords):
         self.wait(start(self.comm, *arguments, **keywords), name)
 
@@ -219,7 +217,19 @@ class WatchedComm:
     def Bcast(self, buffer, root=0):
         self.wait(self.comm.Ibcast(buffer, root=root), "Bcast" if root == 0 else f"Bcast from rank {root}")
 
-    # Barrier, Allreduce, Gather and the others: MPI's non-blocking form of each (_blocking), set after the class
+    # Barrier, Allreduce, Gather and the others: MPI's non-blocking form of each, within the deadline
+    Barrier = _blocking(MPI.Comm.Ibarrier, "Barrier")
+    Allreduce = _blocking(MPI.Comm.Iallreduce, "Allreduce")
+    Reduce = _blocking(MPI.Comm.Ireduce, "Reduce")
+    Gather = _blocking(MPI.Comm.Igather, "Gather")
+    Gatherv = _blocking(MPI.Comm.Igatherv, "Gatherv")
+    Scatter = _blocking(MPI.Comm.Iscatter, "Scatter")
+    Scatterv = _blocking(MPI.Comm.Iscatterv, "Scatterv")
+    Allgather = _blocking(MPI.Comm.Iallgather, "Allgather")
+    Allgatherv = _blocking(MPI.Comm.Iallgatherv, "Allgatherv")
+    Reduce_scatter = _blocking(MPI.Comm.Ireduce_scatter, "Reduce_scatter")
+    Reduce_scatter_block = _blocking(MPI.Comm.Ireduce_scatter_block, "Reduce_scatter_block")
+    Alltoall = _blocking(MPI.Comm.Ialltoall, "Alltoall")
 
     # -- point-to-point, for collectives built by hand (lesson 09's ring) and pipeline stages (lesson 12) ------
     def Sendrecv(self, sendbuf, dest, sendtag=0, recvbuf=None, source=MPI.ANY_SOURCE, recvtag=0):
@@ -310,11 +320,6 @@ class WatchedComm:
 
     def __repr__(self):
         return f"<WatchedComm rank {self.rank} of {self.size}, timeout {self.timeout:g} s>"
-
-
-for _name in ("Barrier", "Allreduce", "Reduce", "Gather", "Gatherv", "Scatter", "Scatterv", "Allgather", "Allgatherv",
-              "Reduce_scatter", "Reduce_scatter_block", "Alltoall"):
-    setattr(WatchedComm, _name, _blocking(_name))
 
 
 class _Until:
