@@ -7,13 +7,14 @@ import argparse
 import importlib
 import sys
 
-LESSON = 18  # the command line: every lesson's commands
+LESSON = 19  # the command line: every lesson's commands
 
 #: The commands with options of their own: the module whose main(argv) runs each, and what it does.
 OWN_OPTIONS = {"scaling": ("nnlib.lesson07_scaling.scaling", "strong and weak scaling tables (its own mpiexec jobs)"),
                "allreduce-timing": ("nnlib.lesson09_ring_allreduce.allreduce_timing",
                                     "time MPI's Allreduce against the hand-built ones, under mpiexec"),
-               "gpu-benchmark": ("nnlib.lesson08_gpu.gpu", "record CPU-versus-GPU figures")}
+               "gpu-benchmark": ("nnlib.lesson08_gpu.gpu", "record CPU-versus-GPU figures"),
+               "plan": ("nnlib.lesson19_planning.planner", "rank every layout of a job on a cluster, with each refusal")}
 
 
 def fetch_data(args) -> int:

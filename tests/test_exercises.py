@@ -31,6 +31,7 @@ from nnlib.lesson15_compression import compression, local_sgd, powersgd
 from nnlib.lesson16_sharding import fsdp
 from nnlib.lesson17_activations import budget
 from nnlib.lesson18_pipeline_schedules import schedules
+from nnlib.lesson19_planning import planner
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
@@ -310,6 +311,7 @@ NNLIB = {
                                                                           chunks=chunks),
     "18.2": lambda stages, stage, micro_batches: zb_h1_order_by_nnlib(stages, stage, micro_batches),
     "18.3": one_f_one_b_by_nnlib,
+    "19.1": planner.pipeline_seconds,
 }
 
 # The others, on values worked out by hand: (key, arguments, the right result).
@@ -343,6 +345,9 @@ BY_HAND = [
     ("17.2", (1024.0, 3, False, 10), (1024.0, 4, False)),
     ("14.1", (np.array([1, 2, 1, 1, 2]),), np.array([0, 1, 1, 0, 2])),  # worker 2 starts 1 behind
     ("14.1", (np.array([2, 2, 1, 2]),), np.array([0, 0, 2, 1])),
+    ("19.2", ([3.0, 1.0, 2.0], [10, 30, 20], 25), 2),  # the fastest needs 30 bytes
+    ("19.2", ([2.0, 1.0], [5, 6], 6), 1),  # exactly at the limit fits
+    ("19.2", ([1.0], [9], 8), -1),
 ]
 
 
@@ -651,6 +656,20 @@ HALF_FINISHED += [
      "got 1, expected 2"),  # one sweep over the ranks, not until nothing changes
 ]
 
+
+HALF_FINISHED += [  # lesson 19's: a pipeline's compute; the fastest layout that fits
+    ("19.1", lambda seconds, m: m * max(seconds), "values",
+     "pipeline_compute_seconds([1.0, 1.0], 4): wrong values, relative error 2.0e-01"),  # the fill forgotten
+    ("19.1", lambda seconds, m: m * sum(seconds), "values",
+     "pipeline_compute_seconds([1.0, 1.0], 4): wrong values, relative error 6.0e-01"),  # no overlap of stages: one process's time
+    ("19.1", lambda seconds, m: (m + len(seconds) - 1) * max(seconds), "values",
+     "pipeline_compute_seconds([0.5, 2.0, 1.0], 1): wrong values, relative error 7.1e-01"),  # as if all were slowest
+    ("19.2", lambda seconds, peaks, limit: int(np.argmin(seconds)), "values",
+     "fastest_that_fits([3.0, 1.0, 2.0], [10, 30, 20], 25): 1 of 1 wrong"),  # the limit ignored
+    ("19.2", lambda seconds, peaks, limit: min((i for i in range(len(seconds)) if peaks[i] < limit),
+                                               key=lambda i: seconds[i], default=-1), "values",
+     "fastest_that_fits([2.0, 2.0], [5, 5], 5): 1 of 1 wrong; the first at the value: got -1"),  # < for <=
+]
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the division by zero below is on purpose

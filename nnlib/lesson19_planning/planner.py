@@ -1,0 +1,315 @@
+"""Plan a run: every layout of P ranks, its memory per rank and its step time, ranked, with each refusal's reason.
+
+A :class:`Job` is the model, the optimizer (sgd, momentum, adam), the precision and the global batch N. The model is
+a chain of layer widths (784-128-10 here; a large one as :func:`Job.large`: Psi parameters in L layers of one width,
+with the activation bytes one sample keeps). A :class:`Cluster` is P ranks of M bytes each, R ranks per node, two
+links (lesson 04's Machine: alpha, beta), one within a node and one across, and one rank's compute, a layer's pass
+on r rows costing t = overhead + FLOPs / rate (fitted as alpha-beta is: :func:`fit_compute`). A layout
+(layout.Layout) is D x T x S = P (rank = (d S + s) T + t: tensor groups are neighbours), a ZeRO stage (3: FSDP),
+recomputation, m micro-batches and a schedule. :func:`predict` gives:
+
+memory per rank   a built chain: memory.peak_bytes (the lessons' counts, with what they leave out); a large model:
+                  per parameter, weights w, gradients g and optimizer state k bytes (:func:`value_bytes`) on the
+                  Psi / (T S) a rank holds, each divided by D from the ZeRO stage that shards it, plus activations.
+step time         compute: stage s's layers on one micro-batch take t_s; through the pipe (m - 1) max_s t_s + sum_s t_s
+                  (GPipe and 1F1B alike, m t_0 for one stage); recomputation adds one forward per micro-batch.
+                  data: the gradient's ring Allreduce over D (ZeRO 1-2: reduce-scatter + allgather, the same bytes;
+                  FSDP: three ring passes); tensor: lesson 12's allreduce_messages per micro-batch over T; pipeline:
+                  2 m boundary messages; update: the values a rank updates / update rate. Each axis uses the link its
+                  group spans. ``hideable``: the data axis's part that can overlap backward (lesson 10).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from itertools import product
+
+from nnlib.lesson04_collectives.costmodel import (Machine, fit_latency_bandwidth, predicted_time, ring_allgather_time,
+                                                  ring_allreduce_time)
+from nnlib.lesson12_pipeline.memory import layer_params
+from nnlib.lesson12_pipeline.pipeline import stage_layers
+from nnlib.lesson12_pipeline.tradeoffs import allreduce_messages
+from nnlib.lesson19_planning.layout import Layout
+
+LESSON = 19
+
+STATE_VALUES = {"sgd": 0, "momentum": 1, "adam": 2}  # optimizer state values per parameter (lesson 03)
+BYTES = {"float64": 8, "float32": 4, "mixed": 2}  # bytes of a weight, gradient and activation as computed
+
+
+@dataclass(frozen=True)
+class Job:
+    """What to train: ``layer_sizes`` (n_0, ..., n_L), ``optimizer``, ``precision`` and the global ``batch``;
+    ``activation_bytes`` per sample for a large model (None: counted from the chain), ``paper``: the ZeRO paper's
+    accounting of mixed precision (no float32 gradient kept; the float32 master is optimizer state)."""
+
+    layer_sizes: tuple
+    batch: int
+    optimizer: str = "momentum"
+    precision: str = "float64"
+    activation_bytes: float | None = None
+    paper: bool = False
+
+    @classmethod
+    def large(cls, parameters: float, layers: int, activation_bytes: float, batch: int, **job) -> "Job":
+        """Psi parameters as L layers of one width h = sqrt(Psi / L) (so that L h^2 = Psi, biases aside)."""
+        width = max(1, round(math.sqrt(parameters / layers)))
+        return cls((width,) * (layers + 1), batch, activation_bytes=activation_bytes, **job)
+
+
+@dataclass(frozen=True)
+class Compute:
+    """One rank's compute: seconds of a layer's pass = overhead + FLOPs / flops_per_second; and the optimizer's
+    updated values per second."""
+
+    overhead: float
+    flops_per_second: float
+    updates_per_second: float
+
+    def seconds(self, flops: float, calls: int = 1) -> float:
+        return calls * self.overhead + flops / self.flops_per_second
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """Where to train: ``ranks`` P, ``memory`` bytes per rank, ``per_node`` ranks a node holds, the links ``inside``
+    and ``across`` nodes (Machine: alpha s, beta s/byte), ``compute``; ``tensor_across_nodes``: allow it."""
+
+    ranks: int
+    memory: float
+    per_node: int
+    inside: Machine
+    across: Machine
+    compute: Compute
+    tensor_across_nodes: bool = False
+
+    def link(self, stride: int, degree: int) -> Machine:
+        """The link of a group of ``degree`` ranks ``stride`` apart: across nodes if it spans more than one."""
+        return self.across if degree > 1 and stride * degree > self.per_node else self.inside
+
+
+def value_bytes(optimizer: str, precision: str, paper: bool = False) -> dict:
+    """Bytes per parameter by kind. Plain float64/32: weight, gradient and each state value s bytes. Mixed (lesson
+    17): float16 weight 2 + float32 master 4, float16 gradient 2 + float32 gradient 4, float32 state; ``paper``
+    (Rajbhandari et al. 2020): 2 + 2 + K, K = 4 (master) + 4 per state value (Adam: K = 12)."""
+    state = STATE_VALUES[optimizer]
+    if precision != "mixed":
+        size = BYTES[precision]
+        return {"weights": size, "gradients": size, "optimizer state": size * state}
+    if paper:
+        return {"weights": 2, "gradients": 2, "optimizer state": 4 + 4 * state}
+    return {"weights": 2 + 4, "gradients": 2 + 4, "optimizer state": 4 * state}
+
+
+def check(job: Job, cluster: Cluster) -> None:
+    """Refuse what no layout can mend, with what to change."""
+    for wrong, problem in [
+            (cluster.memory <= 0, f"memory per rank must be positive bytes; got {cluster.memory}"),
+            (cluster.ranks < 1 or cluster.per_node < 1, "ranks and ranks per node must be at least 1"),
+            (job.optimizer not in STATE_VALUES, f"optimizer must be one of {', '.join(STATE_VALUES)}"),
+            (job.precision not in BYTES, f"precision must be one of {', '.join(BYTES)}"),
+            (job.batch < 1 or len(job.layer_sizes) < 2, "a job needs a batch of at least 1 and one layer")]:
+        if wrong:
+            raise ValueError(problem)
+
+
+def fit_compute(flops, seconds, updates_per_second: float) -> Compute:
+    """Fit t = overhead + FLOPs / rate to measured layer passes (lesson 05's alpha-beta fit, FLOPs for bytes)."""
+    overhead, seconds_per_flop = fit_latency_bandwidth(flops, seconds)
+    return Compute(max(overhead, 0.0), 1 / seconds_per_flop, updates_per_second)
+
+
+def stages(job: Job, layout: Layout) -> list[tuple]:
+    """Each pipeline stage's chain of widths as tensor rank 0 holds it (the largest slice: lesson 12's memory)."""
+    from nnlib.lesson12_pipeline.memory import tensor_parallel_sizes
+
+    return [tensor_parallel_sizes(job.layer_sizes[first:stop + 1], layout.tensor, 0)
+            for first, stop in stage_layers(len(job.layer_sizes) - 1, layout.pipeline)]
+
+
+def stage_seconds(job: Job, cluster: Cluster, layout: Layout) -> list[float]:
+    """t_s: stage s's forward and backward of one micro-batch (6 FLOPs per weight and row; no input gradient for
+    the network's first layer), times 4/3 with recomputation (one more forward: 2 of the 6)."""
+    rows = math.ceil(job.batch / layout.data / layout.micro_batches)
+    times = []
+    for position, sizes in enumerate(stages(job, layout)):
+        weights = [n_in * n_out for n_in, n_out in zip(sizes[:-1], sizes[1:])]
+        flops = rows * (6 * sum(weights) - (2 * weights[0] if position == 0 else 0))
+        times.append(cluster.compute.seconds(flops, len(weights)) * (4 / 3 if layout.recompute else 1))
+    return times
+
+
+def pipeline_seconds(stage_seconds, micro_batches: int) -> float:
+    """A step through stages of t_s seconds per micro-batch: the first micro-batch passes every stage once, each of
+    the m - 1 others adds the slowest stage's time, (m - 1) max_s t_s + sum_s t_s (m t_0 for one stage)."""
+    return (micro_batches - 1) * max(stage_seconds) + sum(stage_seconds)
+
+
+def step_seconds(job: Job, cluster: Cluster, layout: Layout) -> dict:
+    """The step's time by part (the module's formulas); ``step``: their sum; ``hideable``: data's overlap."""
+    data, tensor, pipe, m = layout.data, layout.tensor, layout.pipeline, layout.micro_batches
+    itemsize, rows = BYTES[job.precision], math.ceil(job.batch / data / m)
+    compute = pipeline_seconds(stage_seconds(job, cluster, layout), m)
+    chains = stages(job, layout)
+    held = max(sum(layer_params(sizes)) for sizes in chains)  # the busiest rank's parameters
+    link = cluster.link(tensor * pipe, data)
+    gradient = held * itemsize
+    if layout.zero == 3:
+        data_time = 3 * ring_allgather_time(gradient / data, data, link.alpha, link.beta)
+    else:
+        data_time = ring_allreduce_time(gradient, data, link.alpha, link.beta)
+    link = cluster.link(1, tensor)
+    tensor_time = m * max(sum(ring_allreduce_time(n_bytes, tensor, link.alpha, link.beta) for n_bytes in
+                              allreduce_messages("tensor", sizes, rows, tensor, itemsize)) for sizes in chains)
+    link = cluster.link(tensor, pipe)
+    sent = [(sizes[-1] if s < pipe - 1 else 0, sizes[0] if s else 0) for s, sizes in enumerate(chains)]
+    pipe_time = max(m * sum(predicted_time(rows * width * itemsize, link.alpha, link.beta) for width in pair if width)
+                    for pair in sent)
+    update = held / (data if layout.zero else 1) / cluster.compute.updates_per_second
+    parts = {"compute": compute, "data": float(data_time), "tensor": float(tensor_time), "pipeline": float(pipe_time),
+             "update": update}
+    backward = compute * 2 / 3
+    return {**parts, "step": sum(parts.values()), "hideable": min(parts["data"], backward)}
+
+
+def memory_bytes(job: Job, layout: Layout, ranks: int) -> dict:
+    """The busiest rank's bytes by kind: memory.peak_bytes for a chain built here; for a large model, value_bytes
+    on its parameters (ZeRO: state from stage 1, gradients from 2, weights at 3 divided by D) and its activations
+    (kept rows: GPipe m micro-batches, 1F1B S, each 1 / S of the layers, 1 / T of their units; recomputation every k
+    of L layers keeps (L / k + k) / L of them)."""
+    if job.activation_bytes is None:
+        from nnlib.lesson19_planning.memory import peak_bytes
+
+        return max((peak_bytes(job.layer_sizes, job.batch, ranks, rank, layout, job.optimizer, job.precision)
+                    for rank in range(ranks)), key=lambda held: sum(held.values()))
+    held = max(sum(layer_params(sizes)) for sizes in stages(job, layout))
+    sharded = {"optimizer state": 1, "gradients": 2, "weights": 3}
+    memory = {kind: held * size / (layout.data if layout.zero >= sharded[kind] else 1)
+              for kind, size in value_bytes(job.optimizer, job.precision, job.paper).items()}
+    layers, m, pipe = len(job.layer_sizes) - 1, layout.micro_batches, layout.pipeline
+    alive = m if layout.schedule == "gpipe" or pipe == 1 else min(pipe, m)
+    kept = (layers / layout.recompute + layout.recompute) / layers if layout.recompute else 1
+    rows = math.ceil(job.batch / layout.data / m) * alive
+    memory["activations"] = job.activation_bytes * rows * min(kept, 1) / pipe / layout.tensor
+    return memory
+
+
+def refusal(job: Job, cluster: Cluster, layout: Layout) -> str | None:
+    """Why ``layout`` cannot run ``job`` on ``cluster`` (None if it can)."""
+    try:
+        layout.check(cluster.ranks, job.layer_sizes)
+    except ValueError as error:
+        return str(error)
+    if math.ceil(job.batch / layout.data) < layout.micro_batches:
+        return f"{layout.micro_batches} micro-batches of a {math.ceil(job.batch / layout.data)}-row share"
+    if layout.tensor > cluster.per_node and not cluster.tensor_across_nodes:
+        return (f"tensor degree {layout.tensor} spans nodes of {cluster.per_node} ranks: its Allreduces come in "
+                f"every layer, on the critical path, over the slower link (allow it: tensor_across_nodes)")
+    needed = sum(memory_bytes(job, layout, cluster.ranks).values())
+    if needed > cluster.memory:
+        return f"needs {needed / 2**30:.3g} GiB per rank, has {cluster.memory / 2**30:.3g}"
+    return None
+
+
+def predict(job: Job, cluster: Cluster, layout: Layout) -> tuple[dict, dict]:
+    """(step seconds by part, the busiest rank's bytes by kind) of one layout; ValueError if it cannot run."""
+    check(job, cluster)
+    layout.check(cluster.ranks, job.layer_sizes)
+    return step_seconds(job, cluster, layout), memory_bytes(job, layout, cluster.ranks)
+
+
+def layouts(job: Job, ranks: int):
+    """Every layout the planner weighs: D x T x S = P, ZeRO 0-3 (with D > 1), recomputation none or every
+    round(sqrt(L)) layers, m in (1, 2, 4) without a pipeline and (S, 2 S, 4 S) with one, GPipe and 1F1B."""
+    layers = len(job.layer_sizes) - 1
+    for data, tensor in product(range(1, ranks + 1), repeat=2):
+        pipe = ranks // (data * tensor)
+        if data * tensor * pipe != ranks:
+            continue
+        for zero, recompute, times, schedule in product(range(4 if data > 1 else 1), (None, round(math.sqrt(layers))),
+                                                        (1, 2, 4), ("gpipe", "1f1b") if pipe > 1 else ("1f1b",)):
+            if recompute is None or 1 < recompute < layers:
+                yield Layout(data, tensor, pipe, zero, recompute, times * pipe, schedule)
+
+
+def plan(job: Job, cluster: Cluster, degrees: tuple | None = None) -> tuple[list, list]:
+    """(fits, refused): fits [(step seconds by part, memory by kind, layout)] fastest first; refused [(reason,
+    layout)]. ``degrees`` (D, T, S): only those layouts (ValueError if they cannot run this job)."""
+    check(job, cluster)
+    if degrees is not None:
+        Layout(*degrees).check(cluster.ranks, job.layer_sizes)
+    fits, refused = [], []
+    for layout in layouts(job, cluster.ranks):
+        if degrees is not None and (layout.data, layout.tensor, layout.pipeline) != tuple(degrees):
+            continue
+        reason = refusal(job, cluster, layout)
+        if reason:
+            refused.append((reason, layout))
+        else:
+            fits.append((step_seconds(job, cluster, layout), memory_bytes(job, layout, cluster.ranks), layout))
+    return sorted(fits, key=lambda fit: fit[0]["step"]), refused
+
+
+# Published figures of an NVIDIA H100 SXM node (the DGX H100's data sheet): 80 GB of HBM3 at 3.35 TB/s, 989 TFLOP/s
+# dense bfloat16, 8 GPUs a node over NVLink 4 (900 GB/s both ways: 450 each way), each with its own 400 Gbit/s
+# InfiniBand NDR port (50 GB/s). Assumed, not published: the links' alpha (a few microseconds), a layer's launch
+# overhead (10 us) and the update rate (Adam reads and writes about 32 bytes a parameter: 3.35e12 / 32).
+H100_NODES = dict(per_node=8, memory=80e9, inside=Machine(3e-6, 1 / 450e9), across=Machine(5e-6, 1 / 50e9),
+                  compute=Compute(10e-6, 989e12, 3.35e12 / 32))
+
+
+def table(fits, refused, top: int = 10) -> str:
+    """The ranked layouts as text: degrees, ZeRO, recomputation, m, schedule, GiB per rank, ms per step by part."""
+    lines = [f"{'D x T x S':>10} {'ZeRO':>4} {'recompute':>9} {'m':>3} {'schedule':>8} {'GiB':>7} {'step ms':>9}  "
+             "compute / data / tensor / pipeline / update (hideable)"]
+    for seconds, held, layout in fits[:top]:
+        ms = " / ".join(f"{seconds[part] * 1e3:.3g}" for part in ("compute", "data", "tensor", "pipeline", "update"))
+        lines.append(f"{layout.data:>4} x {layout.tensor} x {layout.pipeline} {layout.zero:>4} "
+                     f"{layout.recompute or '-':>9} {layout.micro_batches:>3} {layout.schedule:>8} "
+                     f"{sum(held.values()) / 2**30:>7.3g} {seconds['step'] * 1e3:>9.4g}  {ms} "
+                     f"({seconds['hideable'] * 1e3:.3g})")
+    reasons = {}
+    for reason, layout in refused:
+        reasons.setdefault(reason.split(":")[0].split(" needs ")[0], (reason, layout))
+    lines.append(f"{len(fits)} layouts fit, {len(refused)} refused, e.g.:")
+    lines += [f"  {layout.data} x {layout.tensor} x {layout.pipeline}, ZeRO {layout.zero}: {reason}"
+              for reason, layout in list(reasons.values())[:8]]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    """``python -m nnlib plan``: the ranked table for a job on a cluster."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m nnlib plan", description="rank every layout of a job")
+    parser.add_argument("--layers", default="784,128,10", help="the layer widths, e.g. 784,128,10")
+    parser.add_argument("--parameters", type=float, help="a large model: its parameter count (with --depth)")
+    parser.add_argument("--depth", type=int, default=32, help="a large model's layers")
+    parser.add_argument("--activation-bytes", type=float, default=0.0, help="a large model's bytes kept per sample")
+    parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--optimizer", choices=tuple(STATE_VALUES), default="adam")
+    parser.add_argument("--precision", choices=tuple(BYTES), default="float32")
+    parser.add_argument("--paper", action="store_true", help="the ZeRO paper's accounting of mixed precision")
+    parser.add_argument("--ranks", type=int, default=8)
+    parser.add_argument("--memory-gib", type=float, help="memory per rank (default: the cluster's)")
+    parser.add_argument("--cluster", choices=("h100",), default="h100", help="published figures (H100_NODES)")
+    parser.add_argument("--tensor-across-nodes", action="store_true")
+    parser.add_argument("--grid", help="only the layouts of these degrees: data,tensor,pipeline, e.g. 8,1,1")
+    parser.add_argument("--top", type=int, default=10)
+    args = parser.parse_args(argv)
+    settings = dict(H100_NODES, tensor_across_nodes=args.tensor_across_nodes)
+    if args.memory_gib is not None:
+        settings["memory"] = args.memory_gib * 2**30
+    job = dict(batch=args.batch, optimizer=args.optimizer, precision=args.precision, paper=args.paper)
+    try:
+        job = (Job.large(args.parameters, args.depth, args.activation_bytes, **job) if args.parameters else
+               Job(tuple(int(width) for width in args.layers.split(",")), **job))
+        degrees = tuple(int(degree) for degree in args.grid.split(",")) if args.grid else None
+        print(table(*plan(job, Cluster(args.ranks, **settings), degrees), top=args.top))
+    except ValueError as error:
+        print(f"error: {error}")
+        return 2
+    return 0
+if __name__ == "__main__":
+    raise SystemExit(main())

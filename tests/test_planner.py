@@ -1,0 +1,102 @@
+"""Lesson 19's planner: its formulas against hand counts and the ZeRO paper, its refusals, its command line."""
+
+import math
+
+import pytest
+
+from nnlib.lesson04_collectives.costmodel import Machine
+from nnlib.lesson12_pipeline.memory import layer_params
+from nnlib.lesson19_planning.layout import Layout
+from nnlib.lesson19_planning.planner import (H100_NODES, Cluster, Compute, Job, main, memory_bytes, plan, predict,
+                                             refusal, stage_seconds, step_seconds, value_bytes)
+
+FREE = Machine(0.0, 0.0)
+
+
+def cluster(ranks=4, per_node=4, memory=2**30, compute=Compute(0.0, 1e9, 1e9), **links):
+    return Cluster(ranks, memory, per_node, links.get("inside", FREE), links.get("across", FREE), compute)
+
+
+@pytest.mark.parametrize("stage, paper_bytes", [(0, lambda d: 2 + 2 + 12), (1, lambda d: 2 + 2 + 12 / d),
+                                                (2, lambda d: 2 + (2 + 12) / d), (3, lambda d: (2 + 2 + 12) / d)])
+def test_mixed_adam_in_the_papers_accounting_follows_the_zero_papers_formulas(stage, paper_bytes):
+    job = Job.large(7.5e9, 32, activation_bytes=0.0, batch=1024, optimizer="adam", precision="mixed", paper=True)
+    parameters = sum(layer_params(job.layer_sizes))
+    for data in (2, 8, 64):
+        held = memory_bytes(job, Layout(data=data, zero=stage), data)
+        assert sum(held.values()) == pytest.approx(paper_bytes(data) * parameters, rel=1e-12)
+
+
+def test_lesson_17s_mixed_precision_keeps_a_float32_gradient_and_the_master_beside_the_weights():
+    assert value_bytes("adam", "mixed") == {"weights": 6, "gradients": 6, "optimizer state": 8}
+    assert value_bytes("momentum", "float64") == {"weights": 8, "gradients": 8, "optimizer state": 8}
+    assert value_bytes("sgd", "float32")["optimizer state"] == 0
+
+
+def test_a_pipelines_compute_is_m_minus_1_slowest_stages_plus_each_stage_once():
+    job = Job((100, 50, 50, 10), batch=64)  # stages: layers {0, 1} and {2} on 2 ranks
+    machine = cluster(ranks=2, compute=Compute(1e-3, 1e9, 1e12))
+    layout = Layout(pipeline=2, micro_batches=4, schedule="gpipe")
+    rows = 64 // 4
+    first = 1e-3 * 2 + rows * (6 * (100 * 50 + 50 * 50) - 2 * 100 * 50) / 1e9
+    second = 1e-3 + rows * 6 * 50 * 10 / 1e9
+    assert stage_seconds(job, machine, layout) == pytest.approx([first, second])
+    assert step_seconds(job, machine, layout)["compute"] == pytest.approx(3 * first + first + second)
+
+
+def test_the_data_axis_goes_over_the_link_its_group_spans():
+    job = Job((64, 32, 32, 10), batch=64)
+    slow, fast = Machine(1e-3, 1e-9), Machine(1e-6, 1e-12)
+    two_nodes, one_node = (cluster(ranks=4, per_node=per_node, inside=fast, across=slow) for per_node in (2, 4))
+    across = step_seconds(job, two_nodes, Layout(data=2, tensor=2))["data"]  # replicas 2 ranks apart: two nodes
+    inside = step_seconds(job, one_node, Layout(data=2, tensor=2))["data"]
+    assert across > 2 * 1e-3 > inside  # a ring Allreduce over 2 ranks: 2 alphas of the link it uses
+    assert step_seconds(job, two_nodes, Layout(data=2, tensor=2))["tensor"] < 1e-3  # tensor pairs: neighbours
+
+
+def test_refusals_say_why():
+    job, machine = Job((64, 3, 32, 10), batch=8), cluster()
+    assert refusal(job, machine, Layout(data=2)) is not None  # 2 of 4 ranks
+    assert refusal(job, machine, Layout(tensor=4)) is not None  # wider than the 3-unit layer
+    assert "micro-batches" in refusal(job, machine, Layout(data=4, micro_batches=4))  # 2 rows each
+    assert "GiB" in refusal(job, cluster(memory=1.0), Layout(data=4))
+    assert refusal(job, machine, Layout(data=4)) is None
+    with pytest.raises(ValueError, match="memory per rank must be positive"):
+        plan(job, cluster(memory=0))
+
+
+def test_h100_nodes_keep_tensor_parallelism_inside_a_node_unless_told_otherwise():
+    job = Job.large(7e10, 80, activation_bytes=1e6, batch=4096, optimizer="adam", precision="mixed")
+    nodes = Cluster(32, **H100_NODES)
+    fits, refused = plan(job, nodes)
+    assert fits and all(layout.tensor <= 8 for *_, layout in fits)
+    assert any(layout.tensor == 16 and "spans nodes" in reason for reason, layout in refused)
+    allowed, _ = plan(job, Cluster(32, **H100_NODES, tensor_across_nodes=True))
+    assert any(layout.tensor == 16 for *_, layout in allowed)
+    assert [fit[0]["step"] for fit in fits] == sorted(fit[0]["step"] for fit in fits)
+
+
+def test_the_command_prints_the_ranked_layouts_and_refuses_bad_input(capsys):
+    assert main(["--layers", "784,128,64,10", "--ranks", "4", "--batch", "256", "--top", "3"]) == 0
+    printed = capsys.readouterr().out
+    assert "D x T x S" in printed and "layouts fit" in printed and len(printed.splitlines()) >= 5
+    assert main(["--layers", "784,128,10", "--memory-gib", "-1"]) == 2
+    assert "memory per rank must be positive" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("degrees, says", [((2, 2, 1), "not the 8 ranks"), ((1, 8, 1), "wider than the narrowest"),
+                                           ((1, 1, 8), "pipeline stages but only 3 layers")])
+def test_impossible_degrees_are_refused_with_what_is_wrong(degrees, says):
+    job, machine = Job((64, 6, 32, 10), batch=64), cluster(ranks=8, per_node=8)
+    with pytest.raises(ValueError, match=says):
+        plan(job, machine, degrees)
+    with pytest.raises(ValueError, match=says):
+        predict(job, machine, Layout(*degrees))
+    assert main(["--layers", "64,6,32,10", "--ranks", "8", "--grid", ",".join(map(str, degrees))]) == 2
+
+
+def test_the_command_shows_every_zero_stage_of_a_grid(capsys):
+    assert main(["--parameters", "7.5e9", "--depth", "32", "--activation-bytes", "0", "--ranks", "64", "--grid",
+                 "64,1,1", "--precision", "mixed", "--paper", "--top", "100", "--memory-gib", "1000"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert {line.split()[5] for line in lines[1:] if " x " in line[:12]} == {"0", "1", "2", "3"}
