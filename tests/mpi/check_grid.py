@@ -46,7 +46,7 @@ def test_every_grid_equals_sequential_training():
             piece, history = train_grid(comm, degrees, INPUTS, LABELS, network, strategy=strategy, **settings)
             full = piece.full_params()
             error = np.abs(full - sequential.params).max() / np.abs(sequential.params).max()
-            where = f"{'x'.join(map(str, degrees))} {schedule} {output} {getattr(strategy, 'name', strategy)} {settings}"
+            where = f"{degrees} {schedule} {output} {getattr(strategy, 'name', strategy)} {settings}"
             if not error <= 1e-10:
                 failures.append(f"{where}: relative error {error:.1e}")
             if not np.allclose(history.loss, expected.loss, rtol=1e-10):
@@ -81,8 +81,8 @@ def test_bad_degrees_fail_on_every_rank():
     for degrees, layer_sizes, words in [
             ((size, 1, 2), SIZES, f"= {2 * size}, but there are {size} ranks"),
             ((1, 1, 1), SIZES, f"= 1, but there are {size} ranks: choose degrees whose product is {size}"),
-            ((size // 2, 2, 1), (13, 1, 7, 3), "tensor degree 2 is too wide: its narrowest layer split by columns has 1 "
-                                               "hidden units. Use a tensor degree of at most 1"),
+            ((size // 2, 2, 1), (13, 1, 7, 3), "tensor degree 2 is too wide: its narrowest layer split by columns "
+                                               "has 1 hidden units. Use a tensor degree of at most 1"),
             ((1, size, 1), (13, 3), "no stage has two layers"),
             ((1, 1, size), (13, 3), f"{size} pipeline stages but the network has only 1 weight layers"),
             ((size, 1), SIZES, "three positive whole degrees"),
