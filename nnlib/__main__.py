@@ -7,7 +7,7 @@ import argparse
 import importlib
 import sys
 
-LESSON = 18  # the command line: every lesson's commands
+LESSON = 19  # the command line: every lesson's commands
 
 #: The commands with options of their own: the module whose main(argv) runs each, and what it does.
 OWN_OPTIONS = {"scaling": ("nnlib.lesson07_scaling.scaling", "strong and weak scaling tables (its own mpiexec jobs)"),

@@ -41,9 +41,9 @@ MODES = [(1, ["--strategy", "allreduce"]),
          (2, ["--compression", "topk", "--topk", "2000"]),
          (2, ["--compression", "powersgd", "--rank", "2"]),
          (2, ["--local-steps", "2", "--sampler", "per_rank"]),
-         (2, ["--model-parallel", "tensor"]),
-         (2, ["--model-parallel", "pipeline", "--schedule", "1f1b"]),
-         (2, ["--model-parallel", "pipeline", "--schedule", "zb-h2"]),
+         (2, ["--grid", "1,2,1"]),
+         (2, ["--grid", "1,1,2", "--schedule", "1f1b"]),
+         (2, ["--grid", "1,1,2", "--schedule", "zb-h2"]),
          (2, ["--asynchronous"]),
          (2, ["--precision", "bfloat16", "--dtype", "float32"])]
 TOLERANCE = 1e-12
