@@ -94,7 +94,8 @@ class GridPipelineMLP(PipelineMLP):
         super().__init__(pipe_comm, layer_sizes, device=device, **pipeline)
 
     def stage_range(self, num_layers: int) -> tuple[int, int]:
-        """This stage's layers [first, stop): stage_layers' even cut (split_widths uses the same)."""
+        """This stage's layers [first, stop): stage_layers' even cut, as split_widths assumes (the place for a cut by
+        cost: lesson 12's cut, once PipelineMLP takes one, here and in split_widths)."""
         return stage_layers(num_layers, self.stages)[self.stage]
 
     def hold_layers(self, whole: Network) -> list[Stage]:

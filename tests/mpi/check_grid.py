@@ -1,13 +1,13 @@
 """Run under mpiexec with 2, 4 and 8 ranks: every data x tensor x pipeline grid trains exactly as sequential.
 
 Each layout (D, T, S) of the ranks with every degree 1 or 2 (2 x 1 x 1, 1 x 2 x 1, 1 x 1 x 2 on 2 ranks; 2 x 2 x 1,
-2 x 1 x 2, 1 x 2 x 2 on 4; 2 x 2 x 2 on 8; nnlib.lesson19_planning.grid), GPipe and 1F1B, full batch and mini-batches
-of 23 of 97 samples (the last 5: a data rank with none), momentum, Adam, AdamW, the allreduce and lesson 10's ZeRO
-(stage 1) on the data axis, a 5-layer network of widths 9, 7, 6, 5 (stages of 3 and 2 layers: column, row,
-replicated; column, row; uneven splits everywhere), float64: the gathered parameters equal sequential training's to
-1e-10 on every rank, and so do the losses. The ranks are grouped as documented; bad degrees (a product that is not
-the rank count, a tensor degree wider than the narrowest split layer, more stages than layers, not three whole
-numbers) fail with the same ValueError on every rank.
+2 x 1 x 2, 1 x 2 x 2 on 4; 2 x 2 x 2 on 8; nnlib.lesson19_planning.grid), GPipe and 1F1B (3 micro-batches), full
+batch and mini-batches of 23 of 97 samples (the last of 5: with D = 2 a data rank has fewer rows than micro-batches),
+momentum, Adam, AdamW, the allreduce and lesson 10's ZeRO (stage 1) on the data axis, a 5-layer network of widths 9,
+7, 6, 5 (stages of 3 and 2 layers: column, row, replicated; column, row; uneven splits everywhere), float64: the
+gathered parameters equal sequential training's to 1e-10 on every rank, and so do the losses. The ranks are grouped
+as documented; bad degrees (a product that is not the rank count, a tensor degree wider than the narrowest split
+layer, more stages than layers, not three whole numbers) fail with the same ValueError on every rank.
 """
 
 from itertools import product
