@@ -84,7 +84,7 @@ class GridPipelineMLP(PipelineMLP):
     (the same keywords: layer_sizes, output, dtype, seed, micro_batches, schedule, device), each stage a lesson 11
     TensorParallelMLP (``piece``) of its layers. ``params``, ``grads``: this rank's piece of the stage's."""
 
-    def __init__(self, pipe_comm, tensor_comm, layer_sizes=(784, 128, 10), device="cpu", **pipeline):
+    def __init__(self, tensor_comm, pipe_comm, layer_sizes=(784, 128, 10), device="cpu", **pipeline):
         self.tensor_comm, self.device = tensor_comm, device
         for comm in (tensor_comm, pipe_comm):  # (together they join a replica's ranks: one verdict for all)
             require_same_on_every_rank(comm, "the layer sizes", tuple(layer_sizes))

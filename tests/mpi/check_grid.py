@@ -5,9 +5,10 @@ Each layout (D, T, S) of the ranks with every degree 1 or 2 (2 x 1 x 1, 1 x 2 x 
 batch and mini-batches of 23 of 97 samples (the last of 5: with D = 2 a data rank has fewer rows than micro-batches),
 momentum, Adam, AdamW, the allreduce and lesson 10's ZeRO (stage 1) on the data axis, a 5-layer network of widths 9,
 7, 6, 5 (stages of 3 and 2 layers: column, row, replicated; column, row; uneven splits everywhere), float64: the
-gathered parameters equal sequential training's to 1e-10 on every rank, and so do the losses. The ranks are grouped
-as documented; bad degrees (a product that is not the rank count, a tensor degree wider than the narrowest split
-layer, more stages than layers, not three whole numbers) fail with the same ValueError on every rank.
+gathered parameters equal sequential training's to 1e-10 on every rank, and so do the losses; each rank holds the
+piece its place in the grid says. The ranks are grouped as documented; bad degrees (a product that is not the rank
+count, a tensor degree wider than the narrowest split layer, more stages than layers, not three whole numbers) fail
+with the same ValueError on every rank.
 """
 
 from itertools import product
@@ -18,6 +19,7 @@ from mpi4py import MPI
 
 from nnlib import Network, train
 from nnlib.lesson10_zero_overlap.zero import ZeRO
+from nnlib.lesson12_pipeline.pipeline import stage_layers
 from nnlib.lesson19_planning.grid import grid_comms, train_grid
 
 comm = MPI.COMM_WORLD
@@ -44,6 +46,11 @@ def test_every_grid_equals_sequential_training():
             network = dict(layer_sizes=SIZES, output=output, dtype="float64", seed=3, micro_batches=3,
                            schedule=schedule)
             piece, history = train_grid(comm, degrees, INPUTS, LABELS, network, strategy=strategy, **settings)
+            data, tensor, stages = degrees  # who holds what: rank (d S + s) T + t holds tensor piece t of stage s
+            held = (piece.tensor_comm.size, piece.stages, piece.tensor_comm.rank, piece.stage, piece.first, piece.stop)
+            stage = rank // tensor % stages
+            if held != (tensor, stages, rank % tensor, stage, *stage_layers(len(SIZES) - 1, stages)[stage]):
+                failures.append(f"{degrees}: rank {rank} holds (T, S, t, s, first, stop) = {held}")
             full = piece.full_params()
             error = np.abs(full - sequential.params).max() / np.abs(sequential.params).max()
             where = f"{degrees} {schedule} {output} {getattr(strategy, 'name', strategy)} {settings}"
