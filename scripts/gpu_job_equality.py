@@ -27,8 +27,8 @@ import numpy as np
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SETTINGS = ["--samples", "1200", "--epochs", "2", "--batch-size", "64", "--hidden", "32", "--dtype", "float64"]
 # (ranks, the mode's options): every --strategy, --compression, local SGD, model parallelism (1F1B, and ZB-H2's split
-# backward), asynchronous SGD (one worker: a fixed order), and --precision bfloat16, which refuses --device gpu (CuPy
-# has no bfloat16). --precision float16 runs on the GPU, but with float32 master weights no GPU run can agree with
+# backward; a 3-D grid, and ZeRO-1 on a grid's data axis), asynchronous SGD (one worker: a fixed order), and
+# --precision bfloat16, which refuses --device gpu (CuPy has no bfloat16). --precision float16 runs on the GPU, but with float32 master weights no GPU run can agree with
 # the CPU's to 1e-12: tests/test_train_command.py compares it on the stand-in only.
 MODES = [(1, ["--strategy", "allreduce"]),
          (2, ["--strategy", "allreduce"]),
@@ -41,9 +41,11 @@ MODES = [(1, ["--strategy", "allreduce"]),
          (2, ["--compression", "topk", "--topk", "2000"]),
          (2, ["--compression", "powersgd", "--rank", "2"]),
          (2, ["--local-steps", "2", "--sampler", "per_rank"]),
-         (2, ["--model-parallel", "tensor"]),
-         (2, ["--model-parallel", "pipeline", "--schedule", "1f1b"]),
-         (2, ["--model-parallel", "pipeline", "--schedule", "zb-h2"]),
+         (2, ["--grid", "1,2,1"]),
+         (2, ["--grid", "1,1,2", "--schedule", "1f1b"]),
+         (2, ["--grid", "1,1,2", "--schedule", "zb-h2"]),
+         (4, ["--grid", "1,2,2", "--hidden", "32", "32", "32", "--schedule", "gpipe"]),
+         (4, ["--grid", "2,2,1", "--strategy", "zero", "--optimizer", "adamw", "--learning-rate", "0.01"]),
          (2, ["--asynchronous"]),
          (2, ["--precision", "bfloat16", "--dtype", "float32"])]
 TOLERANCE = 1e-12

@@ -137,8 +137,8 @@ NEW_FLAGS_REFUSED = [
      "--outer-learning-rate must be a positive number"),
     (3, ["--compression", "powersgd", "--rank", "2", "--asynchronous"],
      "--compression powersgd does not combine with --asynchronous in the batch job"),
-    (2, ["--compression", "powersgd", "--rank", "2", "--model-parallel", "tensor"],
-     "--compression powersgd does not combine with --model-parallel tensor in the batch job"),
+    (2, ["--compression", "powersgd", "--rank", "2", "--grid", "1,2,1"],
+     "--compression powersgd does not combine with --grid D,T,P in the batch job"),
 ]
 
 

@@ -110,8 +110,8 @@ def test_interleaved_spans_name_their_chunk_and_virtual_stage(tmp_path):
 def test_an_interleaved_batch_job_traces_its_chunks_under_mpiexec(tmp_path):
     path = tmp_path / "interleaved-job.json"
     run = subprocess.run([mpiexec_path(), "-n", "2", sys.executable, "-m", "nnlib", "train", "--samples", "300",
-                          "--epochs", "1", "--batch-size", "100", "--hidden", "8", "8", "8", "--model-parallel",
-                          "pipeline", "--schedule", "interleaved", "--micro-batches", "3", "--trace", str(path)],
+                          "--epochs", "1", "--batch-size", "100", "--hidden", "8", "8", "8", "--grid",
+                          "1,1,2", "--schedule", "interleaved", "--micro-batches", "3", "--trace", str(path)],
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     spans = [e for e in load_checked(path)["traceEvents"] if e["ph"] == "X"]

@@ -71,7 +71,7 @@ SMALL = ("--samples", "1001", "--epochs", "2", "--batch-size", "50", "--hidden",
 # interleaved schedule gives each of 2 ranks 2 of them)
 REFERENCE = ("--samples", "1001", "--epochs", "2", "--batch-size", "64", "--hidden", "16", "12", "8", "--dtype",
              "float64")
-PIPELINE = (*REFERENCE, "--model-parallel", "pipeline", "--micro-batches", "3")
+PIPELINE = (*REFERENCE, "--grid", "1,1,2", "--micro-batches", "3")
 # lesson 14's asynchronous job against synchronous per-rank training (plain SGD: the server has no momentum)
 ASYNCHRONOUS = ("--samples", "1001", "--epochs", "2", "--batch-size", "50", "--hidden", "16", "--dtype", "float64",
                 "--momentum", "0", "--learning-rate", "0.5")
@@ -84,21 +84,24 @@ ADAMW = (*REFERENCE, "--optimizer", "adamw", "--learning-rate", "0.01")  # the m
 
 #: Each way a job on 2 ranks refuses, run in JOBS_ON[2]'s launch: the settings check (before any collective), lesson
 #: 06's check of the run (check_run, then fail_together, in train_parallel), lesson 18's pipeline (ScheduledPipeline
-#: with the job's own number of virtual stages: 2 ranks, 2 chunks each, 2 weight layers): {name: (Job, message)}.
+#: with the job's own number of virtual stages: 2 ranks, 2 chunks each, 2 weight layers; lesson 12's check of the
+#: micro-batches): {name: (Job, message)}.
 REFUSED_ON_2_RANKS = {
     "refused setting": (Job((*SMALL, "--slow", "5:0.1")), "error: --slow names rank 5, but the job has ranks 0 to 1"),
     "global batch below the ranks": (Job(("--epochs", "1", "--samples", "500", "--batch-size", "1")),
                                      "the global batch (1) is smaller than the number of ranks (2)"),
-    "interleaved deeper than the network": (Job(("--epochs", "1", "--samples", "500", "--model-parallel", "pipeline",
+    "interleaved deeper than the network": (Job(("--epochs", "1", "--samples", "500", "--grid", "1,1,2",
                                                  "--schedule", "interleaved", "--hidden", "16")),
                                             "every stage needs at least one"),
+    "no micro-batches": (Job(("--epochs", "1", "--samples", "500", "--grid", "1,1,2", "--hidden", "16",
+                              "--micro-batches", "0")), "micro_batches must be a positive integer; got 0"),
 }
 #: The jobs whose results the tests compare (and REFUSED_ON_2_RANKS), by number of ranks: each group runs once per
 #: session, in one launch.
 JOBS_ON = {
     1: {"reference": Job(REFERENCE), "synchronous": Job((*ASYNCHRONOUS, "--sampler", "per_rank")),
         "adamw reference": Job(ADAMW)},
-    2: {"tensor": Job((*REFERENCE, "--model-parallel", "tensor")),
+    2: {"tensor": Job((*REFERENCE, "--grid", "1,2,1")),
         "pipeline gpipe": Job((*PIPELINE, "--schedule", "gpipe")),
         "interleaved": Job((*PIPELINE, "--schedule", "interleaved", "--virtual-stages", "2", "--trace",
                             "{folder}/interleaved.json")),
@@ -106,8 +109,8 @@ JOBS_ON = {
         "asynchronous": Job((*ASYNCHRONOUS, "--asynchronous", "--staleness", "0")),
         "synchronous": Job((*ASYNCHRONOUS, "--sampler", "per_rank")),
         "whole float32": Job((*SMALL, "--dtype", "float32")),
-        "adamw tensor": Job((*ADAMW, "--model-parallel", "tensor")),
-        "adamw zb-h2": Job((*ADAMW, "--model-parallel", "pipeline", "--micro-batches", "3", "--schedule", "zb-h2")),
+        "adamw tensor": Job((*ADAMW, "--grid", "1,2,1")),
+        "adamw zb-h2": Job((*ADAMW, "--grid", "1,1,2", "--micro-batches", "3", "--schedule", "zb-h2")),
         **{name: job for name, (job, _) in REFUSED_ON_2_RANKS.items()}},  # last: a refusal that aborted would stop
     3: {"allreduce": Job(REFERENCE), "zero": Job((*REFERENCE, "--strategy", "zero")),
         "overlap": Job((*REFERENCE, "--strategy", "overlap")), "fsdp": Job((*REFERENCE, "--strategy", "fsdp")),
@@ -120,7 +123,10 @@ JOBS_ON = {
         "zero-2": Job((*REFERENCE, *SHARDED["zero-2"])),
         **{f"adam {kind}{stop}": Job((*ADAM, *SHARDED[kind], *more)) for kind in SHARDED
            for stop, more in (("", ()), (" epoch 1", ("--epochs", "1", "--checkpoint-dir", f"{{folder}}/{kind}")))}},
-    4: {"tensor 2x2": Job((*REFERENCE, "--model-parallel", "tensor", "--model-size", "2")),
+    4: {"tensor 2x2": Job((*REFERENCE, "--grid", "2,2,1")),
+        "grid 1x2x2": Job((*REFERENCE, "--grid", "1,2,2", "--micro-batches", "3", "--schedule", "gpipe")),
+        **{f"adamw zero {layout}": Job((*ADAMW, "--grid", layout, "--strategy", "zero", "--micro-batches", "3"))
+           for layout in ("2,2,1", "2,1,2")},
         "asynchronous": Job((*ASYNCHRONOUS, "--asynchronous", "--staleness", "0"))},
 }
 
@@ -179,11 +185,20 @@ SETTINGS_REFUSED = [  # (ranks, arguments after SMALL, message); what the table 
     (2, ["--fault", "1:kill"], "--fault must be RANK:STEP:KIND"),
     (2, ["--resume"], "--resume needs --checkpoint-dir"),
     (2, ["--checkpoint-every", "-1"], "--checkpoint-every must be 0"),
-    (2, ["--model-parallel", "tensor", "--model-size", "-1"], "--model-size must be 0 (all ranks) or a positive"),
-    (2, ["--model-parallel", "tensor", "--strategy", "zero"], "--strategy zero does not combine with --model-parallel "
-                                                              "tensor"),
-    (2, ["--schedule", "zb-h1"], "--schedule zb-h1 needs --model-parallel pipeline"),
-    (2, ["--model-parallel", "pipeline", "--virtual-stages", "2"], "--virtual-stages goes with --schedule interleaved"),
+    *[(2, ["--grid", grid], f"--grid must be D,T,P, three whole numbers (data x tensor x pipeline ranks, e.g. 2,2,1 "
+                            f"on 4 ranks); got {grid!r}") for grid in ("2,1", "1,2,x", "1,-2,1", "1,2,1,1")],
+    (4, ["--grid", "2,2,2"], "--grid 2,2,2: data x tensor x pipeline = 2 x 2 x 2 = 8, but there are 4 ranks: choose "
+                             "degrees whose product is 4"),
+    (2, ["--grid", "0,2,1"], "the grid needs three positive whole degrees"),
+    (4, ["--grid", "1,4,1", "--hidden", "3"], "--grid 1,4,1: tensor degree 4 is too wide: its narrowest layer split "
+                                              "by columns has 3 hidden units. Use a tensor degree of at most 3"),
+    (3, ["--grid", "1,1,3"], "--grid 1,1,3: 3 pipeline stages but the network has only 2 weight layers"),
+    (2, ["--grid", "1,2,1", "--strategy", "zero", "--zero-stage", "2"], "--grid D,T,P does not combine with "
+                                                                        "--zero-stage"),
+    (2, ["--schedule", "zb-h1"], "--schedule zb-h1 needs a pipeline of whole layers: --grid D,1,P with P above 1"),
+    (4, ["--grid", "1,2,2", "--hidden", "16", "8", "8", "--schedule", "interleaved"],
+     "--schedule interleaved needs a pipeline of whole layers"),
+    (2, ["--grid", "1,1,2", "--virtual-stages", "2"], "--virtual-stages goes with --schedule interleaved"),
     (2, ["--compression", "topk", "--topk", "0"], "top-k compression needs --topk K, a whole number from 1"),
     (3, ["--compression", "topk", "--topk", "999999"], "from 1 to the number of parameters (12730)"),
     (2, ["--compression", "topk"], "needs --topk K"),
@@ -230,9 +245,6 @@ def test_a_refusal_on_2_ranks_ends_every_rank_with_exit_2_said_once_by_rank_0(na
 JOB_REFUSED = [  # (arguments, message): refused inside the job, after the settings check; "{tmp}": tmp_path
     (["--samples", "0"], "--samples must be between 1 and 60000; got 0"),  # rank 0's data checks
     (["--output", "/nonexistent/folder/run.npz"], "its folder does not exist"),
-    (["--model-parallel", "pipeline", "--hidden", "16", "--micro-batches", "0"],  # lesson 12's pipeline
-     "micro_batches must be a positive integer; got 0"),
-    (["--model-parallel", "tensor", "--model-size", "2"], "model_size must divide the number of ranks (1)"),  # grid
     (["--device", "gpu"], "device='gpu' was asked for, but CuPy is not installed"),  # (no CuPy here)
     (["--checkpoint-dir", "{tmp}/none", "--resume"], "nothing to resume: the checkpoint folder"),  # rank 0's
 ]
@@ -279,15 +291,6 @@ def test_a_global_batch_smaller_than_the_ranks_is_refused_by_lesson_05s_check_of
     assert any("the global batch (1) is smaller than the number of ranks (2)" in problem for problem in problems)
 
 
-def test_a_model_size_that_does_not_divide_the_ranks_is_refused_by_lesson_09s_grid():
-    from nnlib.lesson12_pipeline.grid import grid
-
-    args = job_arguments("--model-parallel", "tensor", "--model-size", "3")
-    with pytest.raises(ValueError, match=r"model_size must divide the number of ranks \(2\)") as refused:
-        grid(SameOnEveryRank(2), args.model_size)
-    assert refused.value.on_every_rank
-
-
 def test_rank_0s_verdict_on_its_data_ends_every_rank_with_exit_2_said_once():
     """Rank 0 alone finds it (the data checks: see JOB_REFUSED), every rank stops together, rank 0 says it once."""
     run = run_training(2, "--epochs", "1", "--samples", "0")
@@ -317,14 +320,14 @@ def test_batch_job_on_gpus_gives_each_rank_of_a_node_its_own_gpu():
     assert results(on_gpu.stdout) == results(on_cpu.stdout)
 
 
-GPU_MODES = [("--model-parallel", "tensor"), ("--asynchronous",), ("--strategy", "fsdp"),
+GPU_MODES = [("--grid", "1,2,1"), ("--asynchronous",), ("--strategy", "fsdp"),
              ("--strategy", "fsdp", "--recompute", "2", "--accumulate", "2"),
              *[("--strategy", strategy, "--precision", "float16", "--dtype", "float32")
                for strategy in ("allreduce", "zero", "fsdp")],
-             *[("--model-parallel", "pipeline", "--schedule", schedule) for schedule in
+             *[("--grid", "1,1,2", "--schedule", schedule) for schedule in
                ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2")],
              *[(*mode, "--optimizer", "adamw", "--learning-rate", "0.01") for mode in  # Adam's kernel, fused
-               [("--strategy", "allreduce"), ("--strategy", "zero"), ("--model-parallel", "pipeline")]]]
+               [("--strategy", "allreduce"), ("--strategy", "zero"), ("--grid", "1,1,2")]]]
 
 
 def stand_in_gpu_runs() -> dict:
@@ -505,13 +508,18 @@ def test_the_batch_jobs_strategies_equal_the_one_rank_run_and_per_rank_sampling_
     assert np.abs(per_rank["params"] - reference).max() > 1e-6 and per_rank["loss"][1] < per_rank["loss"][0]
 
 
-@pytest.mark.parametrize("ranks, name", [(2, "tensor"), (2, "pipeline gpipe"), (4, "tensor 2x2")])
+@pytest.mark.parametrize("ranks, name", [(2, "tensor"), (2, "pipeline gpipe"), (4, "tensor 2x2"), (4, "grid 1x2x2"),
+                                         (4, "adamw zero 2,2,1"), (4, "adamw zero 2,1,2")])
 def test_the_batch_job_splits_the_model_and_equals_the_one_rank_run(ranks, name):
+    """--grid D,T,P: tensor, pipeline (1F1B unless named), both (lesson 19), with the allreduce or ZeRO-1 with AdamW on
+    the data axis: the one-rank run's parameters within 1e-10."""
     split = runs_on(ranks)[name]
     assert split.returncode == 0, split.stderr
-    assert "parallelism inside" in split.stdout and "test accuracy" in split.stdout
+    assert f"{ranks} ranks as a grid of " in split.stdout and "test accuracy" in split.stdout
     assert split.stdout.count("epoch 2/2:") == 1, split.stdout  # one progress line per epoch, not one per piece
-    assert relative_difference(split.params(), reference_params()) <= 1e-10
+    expected = runs_on(1)["adamw reference"].params() if "adamw" in name else reference_params()
+    assert relative_difference(split.params(), expected) <= 1e-10
+    assert f"strategy {'zero' if 'zero' in name else 'allreduce'} on the data axis" in split.stdout
 
 
 @pytest.mark.parametrize("name", ["interleaved", "zb-h2"])
@@ -651,10 +659,9 @@ def test_a_rank_whose_mpi_abort_never_returns_ends_itself():
 
 @pytest.mark.parametrize("script", sorted(path.name for path in EXAMPLES.glob("*.sbatch")))
 def test_the_slurm_examples_give_settings_the_batch_job_accepts(script):
-    """Each example's `python -m nnlib train ...` parses, passes the job's own checks for its number of ranks,
-    and a model-parallel grid divides those ranks into whole replicas."""
+    """Each example's `python -m nnlib train ...` parses and passes the job's own checks for its number of ranks
+    (a --grid's degrees among them)."""
     from nnlib.__main__ import build_parser
-    from nnlib.lesson12_pipeline.tradeoffs import check_pipeline_depth
     from nnlib.train_command import check_settings
 
     text = (EXAMPLES / script).read_text()
@@ -664,9 +671,6 @@ def test_the_slurm_examples_give_settings_the_batch_job_accepts(script):
     command = command.replace("\\\n", " ").replace("$SLURM_JOB_ID", "1")
     args = build_parser().parse_args(shlex.split(command))
     check_settings(args, ranks)  # what the job checks on every rank before it starts
-    if args.model_parallel != "none":
-        assert ranks % args.model_size == 0, f"{script}: {ranks} ranks do not split into replicas of {args.model_size}"
-        check_pipeline_depth(args.model_parallel, (784, *args.hidden, 10), args.model_size)
 
 
 # -- what combines with what: one table (nnlib.train_command.options.COMBINES), one message --------------------------
@@ -683,11 +687,11 @@ def parsed(*arguments):
 
 ASYNCHRONOUS, LOCAL = ("--asynchronous",), ("--local-steps", "2", "--sampler", "per_rank")
 REFUSED = [  # (arguments, the kind of training, the option it does not take): each says so in the one message
-    *[(("--model-parallel", kind, *option), f"--model-parallel {kind}", option[0])
-      for kind in ("tensor", "pipeline")
+    *[(("--grid", grid, *option), f"--grid {kind}", option[0])
+      for grid, kind in (("2,2,1", "D,T,P"), ("2,1,2", "D,1,P"))
       for option in (("--precision", "float16"), ("--precision", "bfloat16"), ("--recompute", "2"), ("--accumulate", "2"),
                      ("--checkpoint-dir", "x"), ("--fault", "1:3:raise"), ("--slow", "1:0.1"))],
-    (("--model-parallel", "tensor", "--trace", "t.json"), "--model-parallel tensor", "--trace"),
+    (("--grid", "2,2,1", "--trace", "t.json"), "--grid D,T,P", "--trace"),
     *[((*ASYNCHRONOUS, *option), "--asynchronous", option[0])
       for option in (("--recompute", "2"), ("--accumulate", "2"), ("--precision", "float16"), ("--checkpoint-dir", "x"),
                      ("--fault", "1:3:raise"))],
@@ -704,16 +708,17 @@ REFUSED = [  # (arguments, the kind of training, the option it does not take): e
           for strategy in ("allreduce", "fsdp", "overlap", "parameter_server", "reduce_broadcast")],
         ("--compression float16/bfloat16/topk", ("--compression", "float16")),
         ("--compression powersgd", ("--compression", "powersgd", "--rank", "2")), ("--local-steps", LOCAL),
-        ("--asynchronous", ASYNCHRONOUS), *[(f"--model-parallel {kind}", ("--model-parallel", kind))
-                                            for kind in ("tensor", "pipeline")]]],
+        ("--asynchronous", ASYNCHRONOUS), ("--grid D,T,P", ("--grid", "2,2,1")),
+        ("--grid D,1,P", ("--grid", "2,1,2"))]],
     # two kinds of training at once: the first in the table's order names the second
     (("--strategy", "fsdp", *ASYNCHRONOUS), "--strategy fsdp", "--asynchronous"),
-    (("--strategy", "zero", "--model-parallel", "pipeline"), "--strategy zero", "--model-parallel pipeline"),
+    (("--strategy", "zero", *ASYNCHRONOUS), "--strategy zero", "--asynchronous"),
+    (("--strategy", "fsdp", "--grid", "2,1,2"), "--strategy fsdp", "--grid D,1,P"),
+    (("--strategy", "overlap", "--grid", "2,2,1"), "--strategy overlap", "--grid D,T,P"),
     (("--compression", "float16", *LOCAL), "--compression float16/bfloat16/topk", "--local-steps"),
-    (("--compression", "float16", "--model-parallel", "tensor"), "--compression float16/bfloat16/topk",
-     "--model-parallel tensor"),
+    (("--compression", "float16", "--grid", "2,2,1"), "--compression float16/bfloat16/topk", "--grid D,T,P"),
     ((*LOCAL, *ASYNCHRONOUS), "--local-steps", "--asynchronous"),
-    ((*ASYNCHRONOUS, "--model-parallel", "pipeline"), "--asynchronous", "--model-parallel pipeline"),
+    ((*ASYNCHRONOUS, "--grid", "2,1,2"), "--asynchronous", "--grid D,1,P"),
 ]
 ACCEPTED = [  # what combines, as the lessons run it
     ("--strategy", "fsdp", "--precision", "bfloat16", "--recompute", "2", "--accumulate", "3", "--checkpoint-dir", "x"),
@@ -721,8 +726,12 @@ ACCEPTED = [  # what combines, as the lessons run it
     ("--strategy", "zero", "--precision", "float16", "--device", "cpu", "--fault", "1:3:raise", "--slow", "1:0.1"),
     ("--strategy", "zero", "--zero-stage", "2", "--recompute", "2", "--accumulate", "2", "--checkpoint-dir", "x"),
     ("--strategy", "overlap", "--recompute", "2", "--accumulate", "2", "--device", "gpu", "--trace", "t.json"),
-    ("--model-parallel", "pipeline", "--schedule", "zb-h1", "--micro-batches", "3", "--trace", "t.json"),
-    ("--model-parallel", "tensor", "--model-size", "2", "--sampler", "per_rank", "--device", "gpu"),
+    ("--grid", "2,1,2", "--schedule", "zb-h1", "--micro-batches", "3", "--trace", "t.json"),
+    ("--grid", "2,2,1", "--sampler", "per_rank", "--device", "gpu"),
+    ("--grid", "2,2,1", "--strategy", "zero", "--optimizer", "adam", "--learning-rate", "0.01"),
+    ("--grid", "1,2,2", "--hidden", "9", "8", "7", "--strategy", "zero", "--zero-stage", "1", "--schedule", "gpipe",
+     "--device", "gpu"),
+    ("--grid", "4,1,1", "--strategy", "fsdp", "--recompute", "2"),
     ("--compression", "topk", "--topk", "5", "--checkpoint-dir", "x", "--slow", "1:0.1"),
     (*ASYNCHRONOUS, "--staleness", "1", "--slow", "1:0.1", "--trace", "t.json", "--device", "gpu"),
     (*LOCAL, "--outer-optimizer", "nesterov", "--recompute", "2", "--accumulate", "2"),
@@ -741,7 +750,7 @@ def test_each_refused_combination_gets_the_one_message_that_lists_what_combines(
                                          f"kind of training at a time (--strategy allreduce or zero or fsdp or "
                                          f"overlap or parameter_server or reduce_broadcast; --compression "
                                          f"float16/bfloat16/topk or powersgd; --local-steps; --asynchronous; "
-                                         f"--model-parallel tensor or pipeline), and {kind} takes "), refused.value
+                                         f"--grid D,1,P or D,T,P), and {kind} takes "), refused.value
     assert str(refused.value).endswith(f"takes {takes}." if takes else "takes none of --recompute, --accumulate, "
                                        "--precision, --device, --checkpoint-dir, --fault, --slow, --trace."), refused.value
 
@@ -762,5 +771,5 @@ def test_every_pair_the_table_refuses_is_tested():
     refused = {(kind, option) for kind, (_, takes) in COMBINES.items() for option in OPTIONS if option not in takes}
     assert refused - tested == set()
     with_another = {name for pair in tested if pair[1] in COMBINES for name in pair}
-    assert set(COMBINES) - with_another == {"--strategy allreduce", "--strategy overlap", "--strategy parameter_server",
+    assert set(COMBINES) - with_another == {"--strategy allreduce", "--strategy parameter_server",
                                              "--strategy reduce_broadcast", "--compression powersgd"}

@@ -7,12 +7,12 @@ together, is said once by rank 0 and the job exits 2; an error on some ranks onl
 traceback, and it ends the whole job with ``MPI_Abort`` (exit status 1): never a hang.
 
 ``options``: every lesson's options and one table of what combines (``options.COMBINES``); ``job``: the job, its
-model-parallel and asynchronous forms; ``data_parallel``: the data-parallel job; ``reports``: what rank 0 says.
+grid (model-parallel) and asynchronous forms; ``data_parallel``: the data-parallel job; ``reports``: what rank 0 says.
 """
 
 from nnlib.train_command.job import run
 from nnlib.train_command.options import add_arguments, check_settings
 
-LESSON = 18  # the batch job: it offers every lesson's options
+LESSON = 19  # the batch job: it offers every lesson's options
 
 __all__ = ["add_arguments", "check_settings", "run"]

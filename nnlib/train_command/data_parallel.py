@@ -15,7 +15,7 @@ import time
 from nnlib.train_command.options import TRACE_STEPS, kinds_of, memory_options_used, parse_fault, parse_slow
 from nnlib.train_command.reports import announce, report, save_trace, sent_arrays
 
-LESSON = 18
+LESSON = 19
 
 
 def data_parallel_job(args, comm, settings, data, test) -> int:

@@ -1,6 +1,6 @@
 """The batch job itself: :func:`run` it, end it with MPI_Abort on an error some ranks only have, load MNIST on rank 0;
-its model-parallel job (lessons 11, 12 and 18) and its asynchronous job (lesson 14). The data-parallel job, the
-default, is in :mod:`nnlib.train_command.data_parallel`."""
+its grid job (model and data parallelism: lessons 11, 12, 18 and 19) and its asynchronous job (lesson 14). The
+data-parallel job, the default, is in :mod:`nnlib.train_command.data_parallel`."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ from pathlib import Path
 
 import numpy as np
 
-from nnlib.train_command.data_parallel import data_parallel_job, job_device
-from nnlib.train_command.options import check_settings, kinds_of, parse_slow
+from nnlib.train_command.data_parallel import data_parallel_job, job_device, job_strategy
+from nnlib.train_command.options import check_settings, kinds_of, parse_grid, parse_slow
 from nnlib.train_command.reports import report, save_output, save_trace
 
-LESSON = 18
+LESSON = 19
 
 ABORT_GRACE = 10  # seconds MPI_Abort may take before the rank ends itself (SIGALRM)
 RELAY_PAUSE = 1.0  # seconds for mpiexec to relay what a rank printed before MPI_Abort ends the job
@@ -79,8 +79,8 @@ def train_job(args) -> int:
         raise raised_on_every_rank(problem) from None
     data, test = load_data(args, comm)
     kind = kinds_of(args)[0]
-    if kind.startswith("--model-parallel"):
-        return model_parallel_job(args, comm, settings, data, test)
+    if kind.startswith("--grid"):
+        return grid_job(args, comm, settings, data, test)
     if kind == "--asynchronous":
         return asynchronous_job(args, comm, settings, data, test)
     return data_parallel_job(args, comm, settings, data, test)
@@ -108,37 +108,42 @@ def load_data(args, comm):
     return loaded
 
 
-def model_parallel_job(args, comm, settings, data, test) -> int:
-    """--model-parallel tensor|pipeline: nnlib.lesson12_pipeline.grid's grid; every rank gets the data from
-    rank 0."""
+def grid_job(args, comm, settings, data, test) -> int:
+    """--grid D,T,P with T or P above 1: lesson 12's train_hybrid over replicas of T P ranks, each a
+    TensorParallelMLP (P = 1), lesson 18's ScheduledPipeline (T = 1) or lesson 19's GridPipelineMLP; --strategy
+    allreduce or zero (stage 1) on the data axis. Every rank gets the data from rank 0."""
     from nnlib.lesson04_collectives.collectives import broadcast_new
     from nnlib.lesson06_data_parallel import gather_phase_seconds
     from nnlib.lesson08_gpu.backend import HostStaging
     from nnlib.lesson10_zero_overlap.sampling import PerRankBatches
-    from nnlib.lesson12_pipeline.grid import train_hybrid
     from nnlib.lesson11_tensor_parallel.tensor import TensorParallelMLP
+    from nnlib.lesson12_pipeline.grid import train_hybrid
     from nnlib.lesson18_pipeline_schedules.schedules import ScheduledPipeline
+    from nnlib.lesson19_planning.grid import GridPipelineMLP, replica_comms
 
     (inputs, labels), (test_inputs, test_labels) = [(broadcast_new(comm, first), broadcast_new(comm, second))
                                                     for first, second in (data, test)]
-    model_size, (xp, gpus) = args.model_size or comm.size, job_device(args, comm)
-    sizes = (784, *args.hidden, 10)
+    (replicas, tensor, stages), (xp, gpus) = parse_grid(args.grid), job_device(args, comm)
+    sizes, layout = (784, *args.hidden, 10), f"{replicas} x {tensor} x {stages}"
     if comm.rank == 0:
-        print(f"{comm.size} ranks: {comm.size // model_size if comm.size % model_size == 0 else '?'} replica(s) of "
-              f"{model_size} ({args.model_parallel} parallelism inside), network {'-'.join(map(str, sizes))}, "
-              f"{args.samples} samples, global batch {args.batch_size or 'full'}"
-              + (f"; GPU of each rank: {gpus}" if gpus[0] is not None else ""), flush=True)
+        print(f"{comm.size} ranks as a grid of {layout} (data x tensor x pipeline), strategy {args.strategy} on the "
+              f"data axis, network {'-'.join(map(str, sizes))}, {args.samples} samples, global batch "
+              f"{args.batch_size or 'full'}" + (f"; GPU of each rank: {gpus}" if gpus[0] is not None else ""),
+              flush=True)
     model = dict(layer_sizes=sizes, output=args.output_layer, dtype=args.dtype, seed=args.seed, device=xp)
+    pipeline = dict(micro_batches=args.micro_batches, schedule=args.schedule)
 
     def build_piece(model_comm):  # this rank's piece of its replica (model_comm is watched and staged, as comm)
-        if args.model_parallel == "tensor":
+        if stages == 1:
             return TensorParallelMLP(model_comm, **model)
-        return ScheduledPipeline(model_comm, **model, micro_batches=args.micro_batches, schedule=args.schedule,
-                                 chunks=(args.virtual_stages or 2) if args.schedule == "interleaved" else 1)
+        if tensor == 1:
+            return ScheduledPipeline(model_comm, **model, **pipeline,
+                                     chunks=(args.virtual_stages or 2) if args.schedule == "interleaved" else 1)
+        return GridPipelineMLP(*replica_comms(model_comm, tensor), **model, **pipeline)
 
     with comm.guard():  # the grid's communicators are split from the watched comm: every message has a deadline
         network, history = train_hybrid(
-            HostStaging(comm, xp), model_size, build_piece, inputs, labels, strategy=args.strategy,
+            HostStaging(comm, xp), tensor * stages, build_piece, inputs, labels, strategy=job_strategy(args),
             settings=settings, batches=PerRankBatches if args.sampler == "per_rank" else None,
             progress=comm.rank == 0)  # (each piece's data_comm has a rank 0: one line, from world rank 0)
     test_accuracy = network.accuracy(test_inputs, test_labels)  # every piece of each replica takes part
@@ -146,11 +151,11 @@ def model_parallel_job(args, comm, settings, data, test) -> int:
     phases = gather_phase_seconds(comm, history)
     timelines = comm.gather((network.timeline, network.timeline_chunks) if args.trace else ([], []), root=0)
     if comm.rank == 0:
-        report(args, comm.size, history, phases, test_accuracy, params, sizes,
-               dict(strategy=f"{args.model_parallel} x {model_size}"))
+        report(args, comm.size, history, phases, test_accuracy, params, sizes, dict(strategy=f"{args.strategy}, grid "
+                                                                                              f"{layout}"))
         if args.trace:
             from nnlib.course.trace import pipeline_spans
-            save_trace(args.trace, pipeline_spans(*zip(*timelines), stages=model_size))  # last step, chunks named
+            save_trace(args.trace, pipeline_spans(*zip(*timelines), stages=stages))  # last step, chunks named
     return 0
 
 

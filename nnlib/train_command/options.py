@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-LESSON = 18
+LESSON = 19
 
 
 JOB_STRATEGIES = ("parameter_server", "reduce_broadcast", "allreduce", "zero", "overlap", "fsdp")  # lessons 06, 10, 16
@@ -61,13 +61,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_later_arguments(parser: argparse.ArgumentParser) -> None:
-    """Lessons 11 and 12's model parallelism, lesson 18's schedules and --trace, lesson 14's asynchrony, lesson 15's
-    compression and local SGD, lessons 16 and 17's memory options (--strategy fsdp is one of JOB_STRATEGIES)."""
-    parser.add_argument("--model-parallel", choices=("none", "tensor", "pipeline"), default="none",
-                        help="split the model too (lessons 11-12): tensor (hidden units) or pipeline (layers) inside "
-                             "replicas of --model-size ranks; data parallelism across the replicas")
-    parser.add_argument("--model-size", type=int, default=0,
-                        help="ranks per model replica with --model-parallel (default 0: all ranks, one replica)")
+    """Lessons 11, 12 and 19's grid of model and data parallelism, lesson 18's schedules and --trace, lesson 14's
+    asynchrony, lesson 15's compression and local SGD, lessons 16 and 17's memory options (--strategy fsdp is one of
+    JOB_STRATEGIES)."""
+    parser.add_argument("--grid", default=None, metavar="D,T,P",
+                        help="the layout of the ranks: D data-parallel replicas x T tensor ranks (hidden units "
+                             "split, lesson 11) x P pipeline stages (layers split, lesson 12), D T P = the ranks "
+                             "(lesson 19); default: every rank a replica. With T or P above 1, --strategy allreduce "
+                             "or zero (stage 1) on the data axis")
     parser.add_argument("--micro-batches", type=int, default=4, help="micro-batches per step (pipeline)")
     parser.add_argument("--schedule", choices=("gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2"), default="1f1b",
                         help="pipeline schedule (lesson 12: gpipe, 1f1b; lesson 18: interleaved 1F1B, the zero-bubble "
@@ -118,6 +119,22 @@ def parse_fault(text):
     return int(parts[0]), int(parts[1]), parts[2]
 
 
+def parse_grid(text):
+    """'2,2,1' -> (2, 2, 1), the data, tensor and pipeline degrees; None -> None; ValueError saying the format."""
+    if text is None:
+        return None
+    parts = text.split(",")
+    if len(parts) != 3 or not all(part.strip().isdigit() for part in parts):
+        raise ValueError(f"--grid must be D,T,P, three whole numbers (data x tensor x pipeline ranks, e.g. 2,2,1 "
+                         f"on 4 ranks); got {text!r}")
+    return tuple(int(part) for part in parts)
+
+
+def model_split(args) -> tuple[int, int]:
+    """(T, P) of --grid: (1, 1) without it (a malformed --grid: ValueError, raised first by option_problems)."""
+    return parse_grid(args.grid)[1:] if args.grid is not None else (1, 1)
+
+
 def parse_slow(text):
     """'1:0.05' -> {1: 0.05}; None -> {}; ValueError saying the format otherwise."""
     if text is None:
@@ -143,13 +160,15 @@ OPTIONS = {"--recompute": lambda args: args.recompute > 0, "--accumulate": lambd
 MEMORY, RUN = ("--recompute", "--accumulate", "--precision"), ("--checkpoint-dir", "--fault", "--slow", "--trace")
 
 #: THE table: the kinds of training the job runs (one at a time), how the arguments show each, and the options
-#: each combines with. Lessons 16 and 17's savers (MEMORY) go with data parallelism and FSDP, not with lessons 11
-#: and 12's model parallelism nor lessons 14 and 15's asynchrony and compression; mixed precision with the strategies
-#: whose ranks agree on the overflow verdict (the summed gradient, or one flag Allreduce over ZeRO's slices or FSDP's
-#: chunks).
+#: each combines with. A --grid that splits the model (T or P above 1: a pipeline of whole layers, or layers split by
+#: hidden units) sums its pieces' gradients over the data axis with --strategy allreduce or zero (stage 1). Lessons 16
+#: and 17's savers (MEMORY) go with data parallelism and FSDP, not with the model split nor lessons 14 and 15's
+#: asynchrony and compression; mixed precision with the strategies whose ranks agree on the overflow verdict (the
+#: summed gradient, or one flag Allreduce over ZeRO's slices or FSDP's chunks).
 COMBINES = {
     "--strategy allreduce": (lambda args: False, {*MEMORY, "--device", *RUN}),  # (the default: no other kind)
-    "--strategy zero": (lambda args: args.strategy == "zero", {*MEMORY, "--device", *RUN, "--zero-stage"}),
+    "--strategy zero": (lambda args: args.strategy == "zero" and model_split(args) == (1, 1),
+                        {*MEMORY, "--device", *RUN, "--zero-stage"}),
     "--strategy fsdp": (lambda args: args.strategy == "fsdp", {*MEMORY, "--device", *RUN}),
     "--strategy overlap": (lambda args: args.strategy == "overlap", {*MEMORY[:2], "--device", *RUN}),
     "--strategy parameter_server": (lambda args: args.strategy == "parameter_server", {*MEMORY[:2], "--device", *RUN}),
@@ -159,8 +178,8 @@ COMBINES = {
     "--compression powersgd": (lambda args: args.compression == "powersgd", {"--device", *RUN[1:]}),
     "--local-steps": (lambda args: args.local_steps is not None, {*MEMORY[:2], "--device", *RUN[1:]}),
     "--asynchronous": (lambda args: args.asynchronous, {"--device", "--slow", "--trace"}),
-    "--model-parallel tensor": (lambda args: args.model_parallel == "tensor", {"--device"}),
-    "--model-parallel pipeline": (lambda args: args.model_parallel == "pipeline", {"--device", "--trace"}),
+    "--grid D,1,P": (lambda args: model_split(args)[0] == 1 < model_split(args)[1], {"--device", "--trace"}),
+    "--grid D,T,P": (lambda args: model_split(args)[0] > 1, {"--device"}),
 }
 
 
@@ -229,14 +248,16 @@ def option_problems(args, ranks: int) -> list[tuple[bool, str]]:
     from nnlib.lesson02_network.network import count_parameters
     from nnlib.lesson15_compression.compression import check_method
     from nnlib.lesson15_compression.powersgd import check_rank
+    from nnlib.lesson19_planning.grid import grid_problem
 
     compression = [] if args.compression == "powersgd" else check_method(args.compression, args.topk,
                                                                           count_parameters((784, *args.hidden, 10)))
-    slow, _ = parse_slow(args.slow), parse_fault(args.fault)
+    slow, _, grid = parse_slow(args.slow), parse_fault(args.fault), parse_grid(args.grid)
+    (tensor, stages), layout = model_split(args), grid and grid_problem(ranks, grid, (784, *args.hidden, 10))
     return [
+        (bool(layout), f"--grid {args.grid}: {layout}"),
         (args.checkpoint_every < 0, f"--checkpoint-every must be 0 (once per epoch) or a number of steps; "
                                     f"got {args.checkpoint_every}"),
-        (args.model_size < 0, f"--model-size must be 0 (all ranks) or a positive number; got {args.model_size}"),
         (args.dtype not in ("float32", "float64"), f"--dtype must be float32 or float64 (the network's numbers; "
                                                    f"16-bit formats are --compression float16 or bfloat16); got "
                                                    f"{args.dtype!r}"),
@@ -263,8 +284,8 @@ def option_problems(args, ranks: int) -> list[tuple[bool, str]]:
          "own shard"),
         (args.virtual_stages is not None and args.schedule != "interleaved",
          f"--virtual-stages goes with --schedule interleaved; got --schedule {args.schedule}"),
-        (args.schedule not in ("gpipe", "1f1b") and args.model_parallel != "pipeline",
-         f"--schedule {args.schedule} needs --model-parallel pipeline"),
+        (args.schedule not in ("gpipe", "1f1b") and not tensor == 1 < stages,
+         f"--schedule {args.schedule} needs a pipeline of whole layers: --grid D,1,P with P above 1"),
         (args.precision != "float32" and args.dtype != "float32",
          f"--precision {args.precision} keeps float32 master weights (--dtype float32)"),
         (args.zero_stage == 2 and (args.precision != "float32" or args.device != "cpu"),

@@ -7,7 +7,7 @@ import numpy as np
 from nnlib.lesson01_mnist.files import atomic_write
 from nnlib.train_command.options import memory_options_used
 
-LESSON = 18
+LESSON = 19
 
 
 def announce(args, comm, network, gpus) -> None:
