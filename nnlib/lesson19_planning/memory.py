@@ -13,10 +13,14 @@ of operators (its elision: no new array). Added here, from tracemalloc snapshots
                                        and tensor rank takes its replica's whole b; the lessons' a_0 is a view of it
     optimizer state  x the values per parameter: 0 SGD, 1 momentum (what the lessons count), 2 Adam (m, v)
     gradients        ZeRO-2: its slice (not the whole), and one bucket a_in[:, rows].T @ delta, <= n / (4 D) values
+    chunks           r <= 1024         lesson 02's network (and lesson 11's) computes 1024 rows at a time; beyond,
+                                       two chunks' activations: the last one's stay until the next forward returns
     logits           r n_L s           z_L, kept for the loss
     sigmoid'         r max_l n_l s     backward's 1 - a beside a (1 - a) (none where elided)
     accumulation     max_l n_{l-1} n_l s   a_in.T @ delta before it is added into the gradient (m > 1, not FSDP)
-    FSDP gradient    max_l n_l s       the gathered layer's whole gradient, before its reduce-scatter
+    FSDP gradient    max_l n_l s       the gathered layer's whole gradient before its reduce-scatter, or backward's
+                                       operands (beside the gathered layer, one after the other): the larger
+    recomputation    r max_l n_l s     a segment's top delta, kept by its caller while the segment backpropagates
     sends            (m - alive) r (n_L + n_0) s   a pipeline stage's outputs and input gradients of micro-batches
                                        whose backward has run: their Isends hold them until the step ends (no n_L on
                                        the last stage, no n_0 on the first)
@@ -52,6 +56,7 @@ from nnlib.lesson17_activations.budget import BYTES, predicted_bytes
 LESSON = 19
 
 ELIDED = 256 * 1024  # bytes: NumPy reuses a temporary this large in a chain of operators
+CHUNK = 1024  # rows lesson 02's LayerStack computes at a time on the CPU (its chunk_size)
 STATE_VALUES = {"sgd": 0, "momentum": 1, "adam": 2}  # the optimizer's values per parameter it updates
 
 
@@ -63,12 +68,16 @@ def lessons_count(layer_sizes, rows: int, layout, replica: int, piece: int, prec
         chain, micro = tuple(layer_sizes[first:stop + 1]), math.ceil(rows / m)
         held = rank_bytes("pipeline", layer_sizes, rows, layout.pipeline, piece, itemsize, m, layout.schedule)
         return held, chain, micro, held["activations"] // held_bytes(chain, micro, itemsize)["activations"]
+    chunks = 1 + (rows > CHUNK) if layout.zero < 2 and m == 1 and not layout.recompute else 1  # lesson 02's
+    rows = min(rows, CHUNK) if chunks > 1 else rows
     if layout.tensor > 1:
-        held = rank_bytes("tensor", layer_sizes, rows, layout.tensor, piece, itemsize)
-        return held, tensor_parallel_sizes(layer_sizes, layout.tensor, piece), rows, 1
-    held = predicted_bytes(layer_sizes, rows, layout.data, replica, ["allreduce", "zero", "zero", "fsdp"][layout.zero],
-                           layout.recompute, m, precision)
-    return held, tuple(layer_sizes), math.ceil(rows / m), 1
+        held, chain = rank_bytes("tensor", layer_sizes, rows, layout.tensor, piece, itemsize), \
+            tensor_parallel_sizes(layer_sizes, layout.tensor, piece)
+    else:
+        held, chain = predicted_bytes(layer_sizes, rows, layout.data, replica, ["allreduce", "zero", "zero", "fsdp"][
+            layout.zero], layout.recompute, m, precision), tuple(layer_sizes)
+    held["activations"] *= chunks  # the last chunk's activations stay until the next chunk's forward returns
+    return held, chain, math.ceil(rows / m), chunks
 
 
 def peak_bytes(layer_sizes, batch: int, ranks: int, rank: int, layout, optimizer: str = "momentum",
@@ -90,9 +99,10 @@ def peak_bytes(layer_sizes, batch: int, ranks: int, rank: int, layout, optimizer
     widest, big = max(chain[1:-1], default=0), max(n_in * n_out for n_in, n_out in zip(chain, chain[1:]))
     bucket = min(big, max(max(1, sum(layers) // (4 * layout.data)), max(chain[1:]))) if layout.zero == 2 else 0
     compute = dict(base, activations=held["activations"] - alive * micro * chain[0] * s * first,
-                   backward=held["backward"] + micro * widest * s * (micro * widest * s < ELIDED),
+                   backward=max(held["backward"] + micro * widest * s * (micro * widest * s < ELIDED) + micro * max(
+                       chain[1:]) * s * ((layout.recompute or 1) > 1), held.get("gathered", 0)),
                    logits=micro * chain[-1] * s * last,
-                   buffers=held.get("gathered", 0) * 2 + bucket * s + big * s * (layout.micro_batches > 1 and
+                   buffers=held.get("gathered", 0) + bucket * s + big * s * (layout.micro_batches > 1 and
                                                                                   layout.zero < 2),
                    sends=(layout.micro_batches - alive) * micro * (chain[-1] * (not last) + chain[0] * (not first)) * s)
     largest = max(pieces) * s
