@@ -35,6 +35,8 @@ ranks skip the same steps; peak memory per rank within the memory model's stated
 twice the per-rank budget trains under it. check_mixed_precision.py (1 to 4 ranks): float16 and bfloat16 with
 accumulation and recomputation, under the Allreduce and FSDP, take the sequential run's scale decisions and
 weights (within a stated tolerance), every rank the same verdict; an FSDP float16 run resumes exactly.
+check_plan_memory.py (4 ranks): lesson 19's memory model within 15% of tracemalloc's peak on every rank, for every
+layout of a sweep (data with ZeRO 0-3, accumulation, recomputation; tensor; pipelines; 2-D grids), two networks.
 """
 
 import importlib.util
@@ -55,7 +57,7 @@ RANK_COUNTS = {  # each checker (tests/mpi/<name>.py) and the numbers of ranks i
     "check_allreduce": tuple(range(1, 8)), "check_tensor_parallel": ONE_TO_FOUR, "check_pipeline": ONE_TO_FOUR,
     "check_hybrid": (2, 4, 6), "check_schedules": ONE_TO_FOUR, "check_async": ONE_TO_FOUR,
     "check_compression": ONE_TO_FOUR, "check_communication_light": ONE_TO_FOUR, "check_memory": (1, 2, 3, 4, 7),
-    "check_mixed_precision": ONE_TO_FOUR, "check_messages": ONE_TO_FOUR,
+    "check_mixed_precision": ONE_TO_FOUR, "check_messages": ONE_TO_FOUR, "check_plan_memory": (4,),
 }
 OWN_LAUNCH = {"check_watchdog"}  # it makes a rank fail: it owns its processes
 CASES = [pytest.param(checker, ranks, id=f"{ranks}-{checker}")
