@@ -17,7 +17,8 @@ of operators (its elision: no new array). Added here, from tracemalloc snapshots
                                        two chunks' activations: the last one's stay until the next forward returns
     logits           r n_L s           z_L, kept for the loss
     sigmoid'         r max_l n_l s     backward's 1 - a beside a (1 - a) (none where elided)
-    accumulation     max_l n_{l-1} n_l s   a_in.T @ delta before it is added into the gradient (m > 1, not FSDP)
+    accumulation     max_l n_{l-1} n_l s   a_in.T @ delta before it is added into the gradient (m > 1); FSDP: the
+                                       reduce-scattered chunk before it is added, max_l c_l s
     FSDP gradient    max_l n_l s       the gathered layer's whole gradient before its reduce-scatter, or backward's
                                        operands (beside the gathered layer, one after the other): the larger
     recomputation    r max_l n_l s     a segment's top delta, kept by its caller while the segment backpropagates
@@ -102,8 +103,8 @@ def peak_bytes(layer_sizes, batch: int, ranks: int, rank: int, layout, optimizer
                    backward=max(held["backward"] + micro * widest * s * (micro * widest * s < ELIDED) + micro * max(
                        chain[1:]) * s * ((layout.recompute or 1) > 1), held.get("gathered", 0)),
                    logits=micro * chain[-1] * s * last,
-                   buffers=held.get("gathered", 0) + bucket * s + big * s * (layout.micro_batches > 1 and
-                                                                                  layout.zero < 2),
+                   buffers=held.get("gathered", 0) + bucket * s + (layout.micro_batches > 1) * s * (
+                       big if layout.zero < 2 else max(pieces) if layout.zero == 3 else 0),
                    sends=(layout.micro_batches - alive) * micro * (chain[-1] * (not last) + chain[0] * (not first)) * s)
     largest = max(pieces) * s
     update = dict(base, update=largest * (1 if optimizer != "adam" else 2 if largest >= ELIDED else 3))
