@@ -53,6 +53,7 @@ from nnlib.lesson12_pipeline.pipeline import PipelineMLP, stage_layers
 from nnlib.lesson16_sharding.fsdp import FullySharded, FullyShardedNetwork
 from nnlib.lesson17_activations.accumulation import MicroBatched
 from nnlib.lesson17_activations.budget import BYTES, predicted_bytes
+from nnlib.lesson19_planning.layout import Layout
 
 LESSON = 19
 
@@ -61,7 +62,7 @@ CHUNK = 1024  # rows lesson 02's LayerStack computes at a time on the CPU (its c
 STATE_VALUES = {"sgd": 0, "momentum": 1, "adam": 2}  # the optimizer's values per parameter it updates
 
 
-def lessons_count(layer_sizes, rows: int, layout, replica: int, piece: int, precision: str) -> tuple:
+def lessons_count(layer_sizes, rows: int, layout: Layout, replica: int, piece: int, precision: str) -> tuple:
     """(the lessons' bytes by kind, the piece's chain, rows a micro-batch, micro-batches alive) for the piece."""
     itemsize, m = BYTES[precision], layout.micro_batches
     if layout.pipeline > 1:
@@ -81,7 +82,7 @@ def lessons_count(layer_sizes, rows: int, layout, replica: int, piece: int, prec
     return held, chain, math.ceil(rows / m), chunks
 
 
-def peak_bytes(layer_sizes, batch: int, ranks: int, rank: int, layout, optimizer: str = "momentum",
+def peak_bytes(layer_sizes, batch: int, ranks: int, rank: int, layout: Layout, optimizer: str = "momentum",
                precision: str = "float64") -> dict:
     """Bytes rank ``rank`` of ``ranks`` holds at the peak of a step of ``batch`` rows in ``layout``, by kind (the
     module's terms; the phase that is not the peak's counts 0): ``optimizer`` "sgd", "momentum" or "adam"."""
@@ -89,7 +90,7 @@ def peak_bytes(layer_sizes, batch: int, ranks: int, rank: int, layout, optimizer
     if optimizer not in STATE_VALUES:
         raise ValueError(f"optimizer must be one of {', '.join(STATE_VALUES)}; got {optimizer!r}")
     replica, piece = divmod(rank, layout.tensor * layout.pipeline)
-    rows, s, data = split_evenly(batch, layout.data)[0][replica], BYTES[precision], layout.pipeline == layout.tensor
+    rows, s = split_evenly(batch, layout.data)[0][replica], BYTES[precision]
     held, chain, micro, alive = lessons_count(layer_sizes, rows, layout, replica, piece, precision)
     updated, layers = held["optimizer state"] // s, layer_params(chain)
     pieces = [split_evenly(count, layout.data)[0][replica] for count in layers] if layout.zero == 3 else [updated]
@@ -99,19 +100,19 @@ def peak_bytes(layer_sizes, batch: int, ranks: int, rank: int, layout, optimizer
     last, first = piece == layout.pipeline - 1 or layout.pipeline == 1, piece % layout.pipeline == 0
     widest, big = max(chain[1:-1], default=0), max(n_in * n_out for n_in, n_out in zip(chain, chain[1:]))
     bucket = min(big, max(max(1, sum(layers) // (4 * layout.data)), max(chain[1:]))) if layout.zero == 2 else 0
+    sigmoid = micro * widest * s * (micro * widest * s < ELIDED)  # 1 - a, unless elided
+    segment = micro * max(chain[1:]) * s * ((layout.recompute or 1) > 1)  # a recomputed segment's top delta
+    added = (big if layout.zero < 2 else max(pieces) if layout.zero == 3 else 0) * (layout.micro_batches > 1)
     compute = dict(base, activations=held["activations"] - alive * micro * chain[0] * s * first,
-                   backward=max(held["backward"] + micro * widest * s * (micro * widest * s < ELIDED) + micro * max(
-                       chain[1:]) * s * ((layout.recompute or 1) > 1), held.get("gathered", 0)),
-                   logits=micro * chain[-1] * s * last,
-                   buffers=held.get("gathered", 0) + bucket * s + (layout.micro_batches > 1) * s * (
-                       big if layout.zero < 2 else max(pieces) if layout.zero == 3 else 0),
+                   backward=max(held["backward"] + sigmoid + segment, held.get("gathered", 0)),
+                   logits=micro * chain[-1] * s * last, buffers=held.get("gathered", 0) + (bucket + added) * s,
                    sends=(layout.micro_batches - alive) * micro * (chain[-1] * (not last) + chain[0] * (not first)) * s)
     largest = max(pieces) * s
     update = dict(base, update=largest * (1 if optimizer != "adam" else 2 if largest >= ELIDED else 3))
     return max(compute, update, key=lambda kinds: sum(kinds.values()))
 
 
-def build_layout(comm, layer_sizes, layout, dtype: str = "float64") -> tuple:
+def build_layout(comm, layer_sizes, layout: Layout, dtype: str = "float64") -> tuple:
     """(network piece, strategy, data_comm) of ``layout`` on ``comm``: lesson 12's grid, the model's piece over its
     replica (tensor or pipeline), each ZeRO stage's network and sync on the data axis, lesson 17's MicroBatched."""
     data_comm, model_comm = grid(comm, layout.tensor * layout.pipeline)
@@ -130,7 +131,8 @@ def build_layout(comm, layer_sizes, layout, dtype: str = "float64") -> tuple:
     return network, [Allreduce, ZeRO, ZeROStage2, FullySharded][layout.zero], data_comm
 
 
-def measured_peak(comm, layer_sizes, batch: int, layout, optimizer: str = "momentum", dtype: str = "float64") -> list:
+def measured_peak(comm, layer_sizes, batch: int, layout: Layout, optimizer: str = "momentum",
+                  dtype: str = "float64") -> list:
     """tracemalloc's peak on every rank (gathered) over an epoch of two steps of ``batch`` rows, after a warm-up
     epoch, with what building the layout kept (parameters, gradients); the data set, made before, left out."""
     layout.check(comm.size, layer_sizes)

@@ -57,9 +57,8 @@ def test_without_the_terms_the_lessons_leave_out_the_check_fails():
 
 
 def test_a_bad_layout_is_refused_with_a_clear_error():
-    for layout, words in [(Layout(data=3), "not the"), (Layout(tensor=4, pipeline=1, data=1), "wider"),
-                          (Layout(pipeline=8, data=1), "stages but only"), (Layout(data=4, micro_batches=0), "at least 1"),
-                          (Layout(data=4, zero=4), "zero must be")]:
+    for layout, words in [(Layout(data=3), "not the"), (Layout(tensor=4), "wider"), (Layout(pipeline=8), "stages but"),
+                          (Layout(data=4, micro_batches=0), "at least 1"), (Layout(data=4, zero=4), "zero must be")]:
         try:
             peak_bytes((784, 3, 10) if "wider" in words else NETWORKS["fitted"][0], 64, 4, 0, layout)
         except ValueError as error:
