@@ -4,7 +4,7 @@ Run:   .venv/bin/python benchmarks/plan_memory.py [--csv benchmarks/plan_memory.
 
 Starts itself under ``mpiexec -n 4`` (one BLAS thread per rank). For each network (the one the model's terms were
 found on, and others it never saw: another shape and batch, the 7-layer network of lesson 12's pipeline benchmark,
-and a batch of two chunks), each layout (data parallelism with ZeRO 0-3, accumulation, recomputation; tensor;
+a batch of two chunks, float32), each layout (data parallelism with ZeRO 0-3, accumulation, recomputation; tensor;
 GPipe and 1F1B pipelines; the 2-D grids) and optimizer (momentum SGD, Adam), every rank's measured peak
 (nnlib.lesson19_planning.memory.measured_peak: tracemalloc over the layout's real step, after a warm-up) beside
 peak_bytes by kind, the error (predicted - measured) / measured, and the lessons' counts alone (lesson 12's
@@ -20,8 +20,10 @@ import os
 import subprocess
 import sys
 
-NETWORKS = {"fitted": ((784, 130, 98, 66, 10), 256), "unseen": ((784, 64, 61, 59, 57, 10), 512),
-            "7 layers": ((784, 128, 127, 126, 125, 124, 123, 10), 128), "two chunks": ((784, 64, 61, 59, 57, 10), 2048)}
+NETWORKS = {"fitted": ((784, 130, 98, 66, 10), 256, "float64"), "unseen": ((784, 64, 61, 59, 57, 10), 512, "float64"),
+            "7 layers": ((784, 128, 127, 126, 125, 124, 123, 10), 128, "float64"),
+            "two chunks": ((784, 64, 61, 59, 57, 10), 2048, "float64"),
+            "float32": ((784, 64, 61, 59, 57, 10), 512, "float32")}
 KINDS = ("parameters", "gradients", "optimizer state", "batch", "activations", "backward", "logits", "buffers",
          "sends", "update")
 
@@ -48,13 +50,13 @@ def name_of(layout) -> str:
         (f" r={layout.recompute}" if layout.recompute else "")
 
 
-def lessons_alone(sizes, batch: int, rank: int, layout) -> int:
+def lessons_alone(sizes, batch: int, rank: int, layout, precision: str) -> int:
     """The lessons' own count for the rank (no term of lesson 19's): rank_bytes or predicted_bytes, summed."""
     from nnlib.lesson04_collectives.collectives import split_evenly
     from nnlib.lesson19_planning.memory import lessons_count
 
     replica, piece = divmod(rank, layout.tensor * layout.pipeline)
-    held = lessons_count(sizes, split_evenly(batch, layout.data)[0][replica], layout, replica, piece, "float64")[0]
+    held = lessons_count(sizes, split_evenly(batch, layout.data)[0][replica], layout, replica, piece, precision)[0]
     return sum(held.values())
 
 
@@ -64,14 +66,15 @@ def worker(path: str) -> None:
     from nnlib.lesson19_planning.memory import measured_peak, peak_bytes
 
     comm, rows = MPI.COMM_WORLD, []
-    for network, (sizes, batch) in NETWORKS.items():
+    for network, (sizes, batch, precision) in NETWORKS.items():
         for name, layout in sweep():
             for optimizer in ("momentum", "adam"):
-                peaks = measured_peak(comm, sizes, batch, layout, optimizer)
+                peaks = measured_peak(comm, sizes, batch, layout, optimizer, precision)
                 for rank, measured in enumerate(peaks):
-                    kinds = peak_bytes(sizes, batch, comm.size, rank, layout, optimizer)
-                    predicted, alone = sum(kinds.values()), lessons_alone(sizes, batch, rank, layout)
-                    rows.append(dict(network=network, sizes="-".join(map(str, sizes)), global_batch=batch, layout=name,
+                    kinds = peak_bytes(sizes, batch, comm.size, rank, layout, optimizer, precision)
+                    predicted, alone = sum(kinds.values()), lessons_alone(sizes, batch, rank, layout, precision)
+                    rows.append(dict(network=network, sizes="-".join(map(str, sizes)), global_batch=batch,
+                                     dtype=precision, layout=name,
                                      optimizer=optimizer, rank=rank, **{kind: kinds.get(kind, 0) for kind in KINDS},
                                      predicted=predicted, measured=measured,
                                      error=round(predicted / measured - 1, 4), lessons=alone,
@@ -114,9 +117,10 @@ def main() -> None:
     from nnlib.course.environment import blas_kernel, describe, mpiexec_path
 
     machine = describe()
+    networks = ", ".join(f"{name} {'-'.join(map(str, sizes))} batch {batch} {dtype}"
+                         for name, (sizes, batch, dtype) in NETWORKS.items())
     print(f"machine: {machine['machine']}; {machine['BLAS']}, kernel {blas_kernel()}; {machine['MPI library']}; "
-          f"4 ranks; numpy {__import__('numpy').__version__}; float64; networks "
-          + ", ".join(f"{name} {'-'.join(map(str, sizes))} batch {batch}" for name, (sizes, batch) in NETWORKS.items())
+          f"4 ranks; numpy {__import__('numpy').__version__}; networks {networks}"
           + "\n", flush=True)
     subprocess.run([mpiexec_path(), "-n", "4", sys.executable, __file__, "--worker", "--csv", args.csv], check=True,
                    timeout=1200)

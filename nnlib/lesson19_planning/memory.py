@@ -26,7 +26,8 @@ of operators (its elision: no new array). Added here, from tracemalloc snapshots
                                        whose backward has run: their Isends hold them until the step ends (no n_L on
                                        the last stage, no n_0 on the first)
     update           u s, 1 for SGD's eta g; Adam's (1 - b2) g g and eta m_hat / (sqrt(v_hat) + eps): 2, 3 where not
-                     elided; u the values one optimizer piece updates (FSDP: one layer's chunk at a time)
+                     elided (below 256 KiB, or not float64: its Python float scalars do not cast safely to float32);
+                     u the values one optimizer piece updates (FSDP: one layer's chunk at a time)
 
 The peak is the larger of two phases, each over parameters + gradients + optimizer state + batch: compute
 (activations, backward, logits, sigmoid', accumulation, FSDP's buffers, sends) and update. ZeRO-1's ring brings
@@ -108,7 +109,7 @@ def peak_bytes(layer_sizes, batch: int, ranks: int, rank: int, layout: Layout, o
                    logits=micro * chain[-1] * s * last, buffers=held.get("gathered", 0) + (bucket + added) * s,
                    sends=(layout.micro_batches - alive) * micro * (chain[-1] * (not last) + chain[0] * (not first)) * s)
     largest = max(pieces) * s
-    update = dict(base, update=largest * (1 if optimizer != "adam" else 2 if largest >= ELIDED else 3))
+    update = dict(base, update=largest * (1 if optimizer != "adam" else 2 if largest >= ELIDED and s == 8 else 3))
     return max(compute, update, key=lambda kinds: sum(kinds.values()))
 
 
