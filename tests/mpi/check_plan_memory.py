@@ -24,7 +24,8 @@ SWEEP = [(Layout(data=4, zero=zero), "momentum") for zero in range(4)] + [
     (Layout(data=4, zero=3, recompute=2, micro_batches=2), "adam"), (Layout(tensor=4), "momentum"),
     (Layout(pipeline=4, micro_batches=4, schedule="gpipe"), "adam"), (Layout(pipeline=4, micro_batches=8), "momentum"),
     (Layout(data=2, tensor=2), "adam"), (Layout(data=2, pipeline=2, micro_batches=4), "momentum")]
-FLOAT32_SWEEP = [(Layout(data=4, micro_batches=4), "adam"), (Layout(pipeline=4, micro_batches=4, schedule="gpipe"), "adam")]
+FLOAT32_SWEEP = [(Layout(data=4, micro_batches=4), "adam"),
+                 (Layout(pipeline=4, micro_batches=4, schedule="gpipe"), "adam")]
 MEASURED = {}  # (network, layout, optimizer) -> every rank's peak, measured once
 
 
