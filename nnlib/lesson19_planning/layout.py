@@ -22,7 +22,7 @@ class Layout:
     schedule: str = "1f1b"
 
     def check(self, ranks: int, layer_sizes) -> None:
-        """Raise ValueError naming all that is wrong with this layout of ``ranks`` ranks for the chain ``layer_sizes``."""
+        """Raise ValueError naming all that is wrong with this layout of ``ranks`` ranks for the chain layer_sizes."""
         degrees, narrowest = self.data * self.tensor * self.pipeline, min(layer_sizes[1:-1], default=1)
         found = [problem for wrong, problem in [
             (min(self.data, self.tensor, self.pipeline) < 1, f"degrees must be at least 1; got {self}"),
