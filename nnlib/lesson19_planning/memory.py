@@ -25,6 +25,10 @@ of operators (its elision: no new array). Added here, from tracemalloc snapshots
     sends            (m - alive) r (n_L + n_0) s   a pipeline stage's outputs and input gradients of micro-batches
                                        whose backward has run: their Isends hold them until the step ends (no n_L on
                                        the last stage, no n_0 on the first)
+    mixed precision  float16 or bfloat16 on the data axis (lesson 17): the batch, the update and the optimizer state
+                     in float32 (s = 4 there), a_0 a low copy; a product's float32 copies of its operands and its
+                     result before the cast, max_l [r (n_{l-1} + n_l) + n_{l-1} n_l] 4, or FSDP's float32 copy of
+                     the low gradient for its reduce-scatter, max_l n_l 4: the larger
     update           u s, 1 for SGD's eta g; Adam's (1 - b2) g g and eta m_hat / (sqrt(v_hat) + eps): 2, 3 where not
                      elided (below 256 KiB, or not float64: its Python float scalars do not cast safely to float32);
                      u the values one optimizer piece updates (FSDP: one layer's chunk at a time)
@@ -54,6 +58,7 @@ from nnlib.lesson12_pipeline.pipeline import PipelineMLP, stage_layers
 from nnlib.lesson16_sharding.fsdp import FullySharded, FullyShardedNetwork
 from nnlib.lesson17_activations.accumulation import MicroBatched
 from nnlib.lesson17_activations.budget import BYTES, predicted_bytes
+from nnlib.lesson17_activations.mixed_precision import MixedPrecision
 from nnlib.lesson19_planning.layout import Layout
 
 LESSON = 19
@@ -71,7 +76,8 @@ def lessons_count(layer_sizes, rows: int, layout: Layout, replica: int, piece: i
         chain, micro = tuple(layer_sizes[first:stop + 1]), math.ceil(rows / m)
         held = rank_bytes("pipeline", layer_sizes, rows, layout.pipeline, piece, itemsize, m, layout.schedule)
         return held, chain, micro, held["activations"] // held_bytes(chain, micro, itemsize)["activations"]
-    chunks = 1 + (rows > CHUNK) if layout.zero < 2 and m == 1 and not layout.recompute else 1  # lesson 02's
+    whole = layout.zero < 2 and m == 1 and not layout.recompute and itemsize >= 4  # not lesson 17's MicroBatched
+    chunks = 1 + (rows > CHUNK) if whole else 1  # lesson 02's
     rows = min(rows, CHUNK) if chunks > 1 else rows
     if layout.tensor > 1:
         held, chain = rank_bytes("tensor", layer_sizes, rows, layout.tensor, piece, itemsize), \
@@ -92,30 +98,38 @@ def peak_bytes(layer_sizes, batch: int, ranks: int, rank: int, layout: Layout, o
         raise ValueError(f"optimizer must be one of {', '.join(STATE_VALUES)}; got {optimizer!r}")
     replica, piece = divmod(rank, layout.tensor * layout.pipeline)
     rows, s = split_evenly(batch, layout.data)[0][replica], BYTES[precision]
+    master = max(s, 4)  # mixed precision: the float32 data, master weights and products
     held, chain, micro, alive = lessons_count(layer_sizes, rows, layout, replica, piece, precision)
-    updated, layers = held["optimizer state"] // s, layer_params(chain)
+    data_only = layout.tensor == layout.pipeline == 1  # lesson 17's count: a float32 optimizer state in mixed precision
+    updated, layers = held["optimizer state"] // (master if data_only else s), layer_params(chain)
     pieces = [split_evenly(count, layout.data)[0][replica] for count in layers] if layout.zero == 3 else [updated]
     gradients = updated * s if layout.zero == 2 else held["gradients"]
-    base = {"parameters": held["parameters"], "gradients": gradients, "optimizer state": updated * s *
-            STATE_VALUES[optimizer], "batch": rows * (layer_sizes[0] * s + 8)}
+    base = {"parameters": held["parameters"], "gradients": gradients, "optimizer state": updated * master *
+            STATE_VALUES[optimizer], "batch": rows * (layer_sizes[0] * master + 8)}
     last, first = piece == layout.pipeline - 1 or layout.pipeline == 1, piece % layout.pipeline == 0
     widest, big = max(chain[1:-1], default=0), max(n_in * n_out for n_in, n_out in zip(chain, chain[1:]))
     bucket = min(big, max(max(1, sum(layers) // (4 * layout.data)), max(chain[1:]))) if layout.zero == 2 else 0
     sigmoid = micro * widest * s * (micro * widest * s < ELIDED)  # 1 - a, unless elided
     segment = micro * max(chain[1:]) * s * ((layout.recompute or 1) > 1)  # a recomputed segment's top delta
     added = (big if layout.zero < 2 else max(pieces) if layout.zero == 3 else 0) * (layout.micro_batches > 1)
-    compute = dict(base, activations=held["activations"] - alive * micro * chain[0] * s * first,
+    copies = max(micro * (n_in + n_out) + n_in * n_out for n_in, n_out in zip(chain, chain[1:])) * 4 * (s < 4)
+    compute = dict(base, activations=held["activations"] - alive * micro * chain[0] * s * first * (s == master),
                    backward=max(held["backward"] + sigmoid + segment, held.get("gathered", 0)),
-                   logits=micro * chain[-1] * s * last, buffers=held.get("gathered", 0) + (bucket + added) * s,
+                   logits=micro * chain[-1] * s * last, buffers=held.get("gathered", 0) + (bucket + added) * s
+                   + max(copies, max(layers) * 4 * (s < 4 and layout.zero == 3)),
                    sends=(layout.micro_batches - alive) * micro * (chain[-1] * (not last) + chain[0] * (not first)) * s)
-    largest = max(pieces) * s
-    update = dict(base, update=largest * (1 if optimizer != "adam" else 2 if largest >= ELIDED and s == 8 else 3))
+    largest = max(pieces) * master
+    update = dict(base, update=largest * (1 if optimizer != "adam" else 2 if largest >= ELIDED and master == 8 else 3))
     return max(compute, update, key=lambda kinds: sum(kinds.values()))
 
 
-def build_layout(comm, layer_sizes, layout: Layout, dtype: str = "float64") -> tuple:
+def build_layout(comm, layer_sizes, layout: Layout, precision: str = "float64") -> tuple:
     """(network piece, strategy, data_comm) of ``layout`` on ``comm``: lesson 12's grid, the model's piece over its
-    replica (tensor or pipeline), each ZeRO stage's network and sync on the data axis, lesson 17's MicroBatched."""
+    replica (tensor or pipeline), each ZeRO stage's network and sync on the data axis, lesson 17's MicroBatched (or
+    MixedPrecision, float16 or bfloat16 over float32 master weights: on the data axis only, as lesson 17 has it)."""
+    low, dtype = BYTES[precision] < 4, precision if BYTES[precision] >= 4 else "float32"
+    if low and layout.tensor * layout.pipeline > 1:
+        raise ValueError(f"{precision} runs on the data axis only (lesson 17's MixedPrecision); got {layout}")
     data_comm, model_comm = grid(comm, layout.tensor * layout.pipeline)
     if layout.pipeline > 1:
         network = PipelineMLP(model_comm, layer_sizes, dtype=dtype, seed=1, micro_batches=layout.micro_batches,
@@ -127,28 +141,32 @@ def build_layout(comm, layer_sizes, layout: Layout, dtype: str = "float64") -> t
                                                                                  seed=1)
     else:
         network = Network(layer_sizes, dtype=dtype, seed=1)
-    if layout.pipeline == 1 and (layout.micro_batches > 1 or layout.recompute):
+    if low:
+        network = MixedPrecision(network, precision=precision, micro_batches=layout.micro_batches,
+                                 recompute_every=layout.recompute)
+    elif layout.pipeline == 1 and (layout.micro_batches > 1 or layout.recompute):
         network = MicroBatched(network, layout.micro_batches, layout.recompute)
     return network, [Allreduce, ZeRO, ZeROStage2, FullySharded][layout.zero], data_comm
 
 
 def measured_peak(comm, layer_sizes, batch: int, layout: Layout, optimizer: str = "momentum",
-                  dtype: str = "float64") -> list:
+                  precision: str = "float64") -> list:
     """tracemalloc's peak on every rank (gathered) over an epoch of two steps of ``batch`` rows, after a warm-up
     epoch, with what building the layout kept (parameters, gradients); the data set, made before, left out."""
     layout.check(comm.size, layer_sizes)
-    inputs, labels = random_batch(layer_sizes, 2 * batch, dtype, 0)
+    inputs, labels = random_batch(layer_sizes, 2 * batch, "float64" if precision == "float64" else "float32", 0)
     settings = dict(epochs=1, learning_rate=0.01, batch_size=batch, optimizer="adam" if optimizer == "adam" else "sgd",
                     momentum=0.9 if optimizer == "momentum" else 0.0)
     data_comm = grid(comm, layout.tensor * layout.pipeline)[0]
     local_inputs, local_labels, start = shard(data_comm, *((inputs, labels) if data_comm.rank == 0 else (None,) * 2))
     tracemalloc.start()
     try:
-        network, strategy, data_comm = build_layout(comm, layer_sizes, layout, dtype)
+        network, strategy, data_comm = build_layout(comm, layer_sizes, layout, precision)
         for _ in range(2):  # a warm-up epoch, then the measured one
             tracemalloc.reset_peak()
             train_parallel(data_comm, network, local_inputs, local_labels, num_samples=2 * batch, start=start,
-                           strategy=strategy, batches=PerRankBatches, **settings)
+                           strategy=strategy, batches=PerRankBatches, scaler=getattr(network, "scaler", None),
+                           **settings)
         return comm.allgather(tracemalloc.get_traced_memory()[1])
     finally:
         tracemalloc.stop()

@@ -4,9 +4,10 @@ For every layout of a small sweep (data parallelism with ZeRO 0-2 and FSDP, accu
 GPipe and 1F1B pipelines; the 2-D grids data x tensor and data x pipeline), momentum SGD and Adam, float64: on every
 rank |predicted - measured| / measured <= 15%, where predicted is nnlib.lesson19_planning.memory.peak_bytes and
 measured is measured_peak (the layout's real training step, after a warm-up). The model was fitted on the first
-network; the second (another shape, batch and depth) it never saw, nor float32 (two layouts with Adam: NumPy elides
-none of Adam's temporaries in float32). The check can fail: without the terms the
-lessons leave out (the step's batch, the update's temporaries), some layout is off by more than 15%.
+network; the second (another shape, batch and depth) it never saw, nor float32 (NumPy elides none of Adam's
+temporaries there) and mixed precision (float16, bfloat16: lesson 17's, on the data axis), each on a few layouts.
+The check can fail: without the terms the lessons leave out (the step's batch, the update's temporaries), some
+layout is off by more than 15%.
 """
 
 from harness import assert_on_every_rank, run_checks
@@ -18,14 +19,19 @@ from nnlib.lesson19_planning.memory import measured_peak, peak_bytes
 comm = MPI.COMM_WORLD
 BOUND = 0.15
 NETWORKS = {"fitted": ((784, 130, 98, 66, 10), 256, "float64"), "unseen": ((784, 64, 61, 59, 57, 10), 512, "float64"),
-            "float32": ((784, 64, 61, 59, 57, 10), 512, "float32")}
+            "float32": ((784, 64, 61, 59, 57, 10), 512, "float32"),
+            "float16": ((784, 130, 98, 66, 10), 256, "float16"),
+            "bfloat16": ((784, 64, 61, 59, 57, 10), 512, "bfloat16")}
 SWEEP = [(Layout(data=4, zero=zero), "momentum") for zero in range(4)] + [
     (Layout(data=4, micro_batches=4), "adam"), (Layout(data=4, recompute=2), "momentum"),
     (Layout(data=4, zero=3, recompute=2, micro_batches=2), "adam"), (Layout(tensor=4), "momentum"),
     (Layout(pipeline=4, micro_batches=4, schedule="gpipe"), "adam"), (Layout(pipeline=4, micro_batches=8), "momentum"),
     (Layout(data=2, tensor=2), "adam"), (Layout(data=2, pipeline=2, micro_batches=4), "momentum")]
-FLOAT32_SWEEP = [(Layout(data=4, micro_batches=4), "adam"),
-                 (Layout(pipeline=4, micro_batches=4, schedule="gpipe"), "adam")]
+OTHER_SWEEPS = {  # the networks not in float64: a few layouts each (mixed precision: the data axis only)
+    "float32": [(Layout(data=4, micro_batches=4), "adam"), (Layout(pipeline=4, micro_batches=4), "adam")],
+    "float16": [(Layout(data=4), "momentum"), (Layout(data=4, zero=1), "adam"),
+                (Layout(data=4, zero=3, recompute=2, micro_batches=2), "adam")],
+    "bfloat16": [(Layout(data=4, micro_batches=4), "adam"), (Layout(data=4, zero=3), "momentum")]}
 MEASURED = {}  # (network, layout, optimizer) -> every rank's peak, measured once
 
 
@@ -33,7 +39,7 @@ def errors(name: str, drop=()) -> dict:
     """(layout, optimizer) -> this rank's (predicted - measured) / measured on network ``name``, the kinds ``drop``
     left out of the prediction."""
     (sizes, batch, precision), found = NETWORKS[name], {}
-    for layout, optimizer in SWEEP if precision == "float64" else FLOAT32_SWEEP:
+    for layout, optimizer in OTHER_SWEEPS.get(name, SWEEP):
         if (name, layout, optimizer) not in MEASURED:
             MEASURED[name, layout, optimizer] = measured_peak(comm, sizes, batch, layout, optimizer, precision)
         measured = MEASURED[name, layout, optimizer][comm.rank]
