@@ -4,8 +4,9 @@ Run:   .venv/bin/python benchmarks/plan_memory.py [--csv benchmarks/plan_memory.
 
 Starts itself under ``mpiexec -n 4`` (one BLAS thread per rank). For each network (the one the model's terms were
 found on, and others it never saw: another shape and batch, the 7-layer network of lesson 12's pipeline benchmark,
-a batch of two chunks, float32), each layout (data parallelism with ZeRO 0-3, accumulation, recomputation; tensor;
-GPipe and 1F1B pipelines; the 2-D grids) and optimizer (momentum SGD, Adam), every rank's measured peak
+a batch of two chunks, float32; float16 and bfloat16 mixed precision on the data axis), each layout (data
+parallelism with ZeRO 0-3, accumulation, recomputation; tensor; GPipe and 1F1B pipelines; the 2-D grids) and
+optimizer (momentum SGD, Adam), every rank's measured peak
 (nnlib.lesson19_planning.memory.measured_peak: tracemalloc over the layout's real step, after a warm-up) beside
 peak_bytes by kind, the error (predicted - measured) / measured, and the lessons' counts alone (lesson 12's
 rank_bytes, lesson 17's predicted_bytes: what the model adds its terms to) with their error. Memory is not timing:
@@ -23,13 +24,15 @@ import sys
 NETWORKS = {"fitted": ((784, 130, 98, 66, 10), 256, "float64"), "unseen": ((784, 64, 61, 59, 57, 10), 512, "float64"),
             "7 layers": ((784, 128, 127, 126, 125, 124, 123, 10), 128, "float64"),
             "two chunks": ((784, 64, 61, 59, 57, 10), 2048, "float64"),
-            "float32": ((784, 64, 61, 59, 57, 10), 512, "float32")}
+            "float32": ((784, 64, 61, 59, 57, 10), 512, "float32"),
+            "float16": ((784, 130, 98, 66, 10), 256, "float16"),
+            "bfloat16": ((784, 64, 61, 59, 57, 10), 512, "bfloat16")}
 KINDS = ("parameters", "gradients", "optimizer state", "batch", "activations", "backward", "logits", "buffers",
          "sends", "update")
 
 
-def sweep():
-    """[(name, Layout)]: every kind of layout the lessons can run on 4 ranks."""
+def sweep(mixed: bool = False):
+    """[(name, Layout)]: every kind of layout the lessons can run on 4 ranks (``mixed`` precision: the data axis's)."""
     from nnlib.lesson19_planning.layout import Layout
 
     layouts = [Layout(data=4, zero=zero) for zero in range(4)] + [
@@ -38,7 +41,8 @@ def sweep():
         Layout(pipeline=4, micro_batches=4, schedule="gpipe"), Layout(pipeline=4, micro_batches=4),
         Layout(pipeline=4, micro_batches=8), Layout(data=2, tensor=2), Layout(data=2, pipeline=2, micro_batches=4),
         Layout(data=2, pipeline=2, micro_batches=8, schedule="gpipe")]
-    return [(name_of(layout), layout) for layout in layouts]
+    runnable = [layout for layout in layouts if not mixed or layout.tensor == layout.pipeline == 1 and layout.zero != 2]
+    return [(name_of(layout), layout) for layout in runnable]
 
 
 def name_of(layout) -> str:
@@ -67,7 +71,7 @@ def worker(path: str) -> None:
 
     comm, rows = MPI.COMM_WORLD, []
     for network, (sizes, batch, precision) in NETWORKS.items():
-        for name, layout in sweep():
+        for name, layout in sweep(mixed=precision in ("float16", "bfloat16")):
             for optimizer in ("momentum", "adam"):
                 peaks = measured_peak(comm, sizes, batch, layout, optimizer, precision)
                 for rank, measured in enumerate(peaks):

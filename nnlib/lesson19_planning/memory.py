@@ -28,7 +28,9 @@ of operators (its elision: no new array). Added here, from tracemalloc snapshots
     mixed precision  float16 or bfloat16 on the data axis (lesson 17): the batch, the update and the optimizer state
                      in float32 (s = 4 there), a_0 a low copy; a product's float32 copies of its operands and its
                      result before the cast, max_l [r (n_{l-1} + n_l) + n_{l-1} n_l] 4, or FSDP's float32 copy of
-                     the low gradient for its reduce-scatter, max_l n_l 4: the larger
+                     the low gradient for its reduce-scatter, max_l n_l 4: the larger; accumulation adds each
+                     micro-batch's g / S in float32 into the master's gradient (a quotient of all it holds, with the
+                     update's temporaries: no layer adds its product)
     update           u s, 1 for SGD's eta g; Adam's (1 - b2) g g and eta m_hat / (sqrt(v_hat) + eps): 2, 3 where not
                      elided (below 256 KiB, or not float64: its Python float scalars do not cast safely to float32);
                      u the values one optimizer piece updates (FSDP: one layer's chunk at a time)
@@ -111,7 +113,8 @@ def peak_bytes(layer_sizes, batch: int, ranks: int, rank: int, layout: Layout, o
     bucket = min(big, max(max(1, sum(layers) // (4 * layout.data)), max(chain[1:]))) if layout.zero == 2 else 0
     sigmoid = micro * widest * s * (micro * widest * s < ELIDED)  # 1 - a, unless elided
     segment = micro * max(chain[1:]) * s * ((layout.recompute or 1) > 1)  # a recomputed segment's top delta
-    added = (big if layout.zero < 2 else max(pieces) if layout.zero == 3 else 0) * (layout.micro_batches > 1)
+    accumulated = layout.micro_batches > 1 and s >= 4  # (mixed precision adds a float32 quotient instead)
+    added = (big if layout.zero < 2 else max(pieces) if layout.zero == 3 else 0) * accumulated
     copies = max(micro * (n_in + n_out) + n_in * n_out for n_in, n_out in zip(chain, chain[1:])) * 4 * (s < 4)
     compute = dict(base, activations=held["activations"] - alive * micro * chain[0] * s * first * (s == master),
                    backward=max(held["backward"] + sigmoid + segment, held.get("gathered", 0)),
@@ -119,7 +122,9 @@ def peak_bytes(layer_sizes, batch: int, ranks: int, rank: int, layout: Layout, o
                    + max(copies, max(layers) * 4 * (s < 4 and layout.zero == 3)),
                    sends=(layout.micro_batches - alive) * micro * (chain[-1] * (not last) + chain[0] * (not first)) * s)
     largest = max(pieces) * master
-    update = dict(base, update=largest * (1 if optimizer != "adam" else 2 if largest >= ELIDED and master == 8 else 3))
+    quotient = (sum(pieces) if layout.zero == 3 else sum(layers)) * 4 * (layout.micro_batches > 1 and s < 4)
+    update = dict(base, update=max(quotient, largest * (1 if optimizer != "adam" else 2 if largest >= ELIDED and
+                                                        master == 8 else 3)))
     return max(compute, update, key=lambda kinds: sum(kinds.values()))
 
 
@@ -128,8 +133,9 @@ def build_layout(comm, layer_sizes, layout: Layout, precision: str = "float64") 
     replica (tensor or pipeline), each ZeRO stage's network and sync on the data axis, lesson 17's MicroBatched (or
     MixedPrecision, float16 or bfloat16 over float32 master weights: on the data axis only, as lesson 17 has it)."""
     low, dtype = BYTES[precision] < 4, precision if BYTES[precision] >= 4 else "float32"
-    if low and layout.tensor * layout.pipeline > 1:
-        raise ValueError(f"{precision} runs on the data axis only (lesson 17's MixedPrecision); got {layout}")
+    if low and (layout.tensor * layout.pipeline > 1 or layout.zero == 2):
+        raise ValueError(f"{precision} runs on the data axis only, ZeRO 0, 1 or FSDP (lesson 17's MixedPrecision); "
+                         f"got {layout}")
     data_comm, model_comm = grid(comm, layout.tensor * layout.pipeline)
     if layout.pipeline > 1:
         network = PipelineMLP(model_comm, layer_sizes, dtype=dtype, seed=1, micro_batches=layout.micro_batches,
