@@ -94,7 +94,8 @@ def lessons_count(layer_sizes, rows: int, layout: Layout, replica: int, piece: i
 def peak_bytes(layer_sizes, batch: int, ranks: int, rank: int, layout: Layout, optimizer: str = "momentum",
                precision: str = "float64") -> dict:
     """Bytes rank ``rank`` of ``ranks`` holds at the peak of a step of ``batch`` rows in ``layout``, by kind (the
-    module's terms; the phase that is not the peak's counts 0): ``optimizer`` "sgd", "momentum" or "adam"."""
+    module's terms, of the phase that peaks: parameters, gradients, optimizer state, batch and either activations,
+    backward, logits, buffers, sends or update); ``optimizer`` "sgd", "momentum" or "adam"; the sum: the peak."""
     layout.check(ranks, layer_sizes)
     if optimizer not in STATE_VALUES:
         raise ValueError(f"optimizer must be one of {', '.join(STATE_VALUES)}; got {optimizer!r}")
