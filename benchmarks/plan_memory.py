@@ -5,8 +5,8 @@ Run:   .venv/bin/python benchmarks/plan_memory.py [--csv benchmarks/plan_memory.
 Starts itself under ``mpiexec -n 4`` (one BLAS thread per rank). For each network (the one the model's terms were
 found on, and others it never saw: another shape and batch, the 7-layer network of lesson 12's pipeline benchmark,
 a batch of two chunks, float32; float16 and bfloat16 mixed precision on the data axis), each layout (data
-parallelism with ZeRO 0-3, accumulation, recomputation; tensor; GPipe and 1F1B pipelines; the 2-D grids) and
-optimizer (momentum SGD, Adam), every rank's measured peak
+parallelism with ZeRO 0-3, accumulation, recomputation; tensor; GPipe and 1F1B pipelines; the 2-D grids, with ZeRO-1
+on their data axis) and optimizer (momentum SGD, Adam), every rank's measured peak
 (nnlib.lesson19_planning.memory.measured_peak: tracemalloc over the layout's real step, after a warm-up) beside
 peak_bytes by kind, the error (predicted - measured) / measured, and the lessons' counts alone (lesson 12's
 rank_bytes, lesson 17's predicted_bytes: what the model adds its terms to) with their error. Memory is not timing:
@@ -40,7 +40,8 @@ def sweep(mixed: bool = False):
         Layout(data=4, zero=3, recompute=2, micro_batches=2), Layout(tensor=4),
         Layout(pipeline=4, micro_batches=4, schedule="gpipe"), Layout(pipeline=4, micro_batches=4),
         Layout(pipeline=4, micro_batches=8), Layout(data=2, tensor=2), Layout(data=2, pipeline=2, micro_batches=4),
-        Layout(data=2, pipeline=2, micro_batches=8, schedule="gpipe")]
+        Layout(data=2, pipeline=2, micro_batches=8, schedule="gpipe"), Layout(data=2, tensor=2, zero=1),
+        Layout(data=2, pipeline=2, zero=1, micro_batches=4)]
     runnable = [layout for layout in layouts if not mixed or layout.tensor == layout.pipeline == 1 and layout.zero != 2]
     return [(name_of(layout), layout) for layout in runnable]
 

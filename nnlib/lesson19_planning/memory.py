@@ -13,6 +13,7 @@ of operators (its elision: no new array). Added here, from tracemalloc snapshots
                                        and tensor rank takes its replica's whole b; the lessons' a_0 is a view of it
     optimizer state  x the values per parameter: 0 SGD, 1 momentum (what the lessons count), 2 Adam (m, v)
     gradients        ZeRO-2: its slice (not the whole), and one bucket a_in[:, rows].T @ delta, <= n / (4 D) values
+    ZeRO on a grid   a tensor or pipeline piece's optimizer state (and update): its slice over the data axis
     chunks           r <= 1024         lesson 02's network (and lesson 11's) computes 1024 rows at a time; beyond,
                                        two chunks' activations: the last one's stay until the next forward returns
     logits           r n_L s           z_L, kept for the loss
@@ -105,6 +106,8 @@ def peak_bytes(layer_sizes, batch: int, ranks: int, rank: int, layout: Layout, o
     held, chain, micro, alive = lessons_count(layer_sizes, rows, layout, replica, piece, precision)
     data_only = layout.tensor == layout.pipeline == 1  # lesson 17's count: a float32 optimizer state in mixed precision
     updated, layers = held["optimizer state"] // (master if data_only else s), layer_params(chain)
+    if layout.zero and not data_only:  # ZeRO on a grid's data axis: the piece's slice (lesson 10's ZeRO over data_comm)
+        updated = split_evenly(updated, layout.data)[0][replica]
     pieces = [split_evenly(count, layout.data)[0][replica] for count in layers] if layout.zero == 3 else [updated]
     gradients = updated * s if layout.zero == 2 else held["gradients"]
     base = {"parameters": held["parameters"], "gradients": gradients, "optimizer state": updated * master *
@@ -134,10 +137,11 @@ def build_layout(comm, layer_sizes, layout: Layout, precision: str = "float64") 
     replica (tensor or pipeline), each ZeRO stage's network and sync on the data axis, lesson 17's MicroBatched (or
     MixedPrecision, float16 or bfloat16 over float32 master weights: on the data axis only, as lesson 17 has it)."""
     low, dtype = BYTES[precision] < 4, precision if BYTES[precision] >= 4 else "float32"
-    if low and (layout.tensor * layout.pipeline > 1 or layout.zero == 2):
-        raise ValueError(f"{precision} runs on the data axis only, ZeRO 0, 1 or FSDP (lesson 17's MixedPrecision); "
-                         f"got {layout}")
-    data_comm, model_comm = grid(comm, layout.tensor * layout.pipeline)
+    model = layout.tensor * layout.pipeline
+    if (low and (model > 1 or layout.zero == 2)) or (model > 1 and layout.zero > 1):
+        raise ValueError(f"the lessons run ZeRO-2 and FSDP on the data axis alone, and {precision} there only with "
+                         f"ZeRO 0, 1 or FSDP (lesson 17's MixedPrecision); got {layout}")
+    data_comm, model_comm = grid(comm, model)
     if layout.pipeline > 1:
         network = PipelineMLP(model_comm, layer_sizes, dtype=dtype, seed=1, micro_batches=layout.micro_batches,
                               schedule=layout.schedule)

@@ -1,8 +1,8 @@
 """Run under mpiexec with 4 ranks: lesson 19's memory model against tracemalloc's peak on every rank.
 
 For every layout of a small sweep (data parallelism with ZeRO 0-2 and FSDP, accumulation, recomputation; tensor;
-GPipe and 1F1B pipelines; the 2-D grids data x tensor and data x pipeline), momentum SGD and Adam, float64: on every
-rank |predicted - measured| / measured <= 15%, where predicted is nnlib.lesson19_planning.memory.peak_bytes and
+GPipe and 1F1B pipelines; the 2-D grids data x tensor and data x pipeline, with ZeRO-1 on their data axis too),
+momentum SGD and Adam, float64: on every rank |predicted - measured| / measured <= 15%, where predicted is nnlib.lesson19_planning.memory.peak_bytes and
 measured is measured_peak (the layout's real training step, after a warm-up). The model was fitted on the first
 network; the second (another shape, batch and depth) it never saw, nor float32 (NumPy elides none of Adam's
 temporaries there) and mixed precision (float16, bfloat16: lesson 17's, on the data axis), each on a few layouts.
@@ -26,7 +26,8 @@ SWEEP = [(Layout(data=4, zero=zero), "momentum") for zero in range(4)] + [
     (Layout(data=4, micro_batches=4), "adam"), (Layout(data=4, recompute=2), "momentum"),
     (Layout(data=4, zero=3, recompute=2, micro_batches=2), "adam"), (Layout(tensor=4), "momentum"),
     (Layout(pipeline=4, micro_batches=4, schedule="gpipe"), "adam"), (Layout(pipeline=4, micro_batches=8), "momentum"),
-    (Layout(data=2, tensor=2), "adam"), (Layout(data=2, pipeline=2, micro_batches=4), "momentum")]
+    (Layout(data=2, tensor=2), "adam"), (Layout(data=2, pipeline=2, micro_batches=4), "momentum"),
+    (Layout(data=2, tensor=2, zero=1), "adam"), (Layout(data=2, pipeline=2, zero=1, micro_batches=4), "adam")]
 OTHER_SWEEPS = {  # the networks not in float64: a few layouts each (mixed precision: the data axis only)
     "float32": [(Layout(data=4, micro_batches=4), "adam"), (Layout(pipeline=4, micro_batches=4), "adam")],
     "float16": [(Layout(data=4), "momentum"), (Layout(data=4, zero=1), "adam"),
