@@ -2,10 +2,11 @@
 
 For every layout of a small sweep (data parallelism with ZeRO 0-2 and FSDP, accumulation, recomputation; tensor;
 GPipe and 1F1B pipelines; the 2-D grids data x tensor and data x pipeline, with ZeRO-1 on their data axis too),
-momentum SGD and Adam, float64: on every rank |predicted - measured| / measured <= 15%, where predicted is nnlib.lesson19_planning.memory.peak_bytes and
-measured is measured_peak (the layout's real training step, after a warm-up). The model was fitted on the first
-network; the second (another shape, batch and depth) it never saw, nor float32 (NumPy elides none of Adam's
-temporaries there) and mixed precision (float16, bfloat16: lesson 17's, on the data axis), each on a few layouts.
+momentum SGD and Adam, float64: on every rank |predicted - measured| / measured <= 15%, where predicted is
+nnlib.lesson19_planning.memory.peak_bytes and measured is measured_peak (the layout's real training step, after a
+warm-up). The model was fitted on the first network; the second (another shape, batch and depth) it never saw, nor
+float32 (NumPy elides none of Adam's temporaries there) and mixed precision (float16, bfloat16: lesson 17's, on the
+data axis), each on a few layouts.
 The check can fail: without the terms the lessons leave out (the step's batch, the update's temporaries), some
 layout is off by more than 15%.
 """
