@@ -2,10 +2,11 @@
 out, each a term below; and tracemalloc's measure of it, on the layout's real training step.
 
 A layout D x T x Pp (layout.Layout) puts rank k on replica d = k // (T Pp) (its b = split_evenly(B, D)[d] rows of
-the global batch B) and piece p = k % (T Pp) of the model: the chain n_0 .. n_L it computes (the whole network, its
-tensor-parallel widths or its pipeline stage's layers). The lessons count parameters, gradients, optimizer state,
-activations and backward's operands (lesson 12's rank_bytes for a tensor or pipeline piece; lesson 17's
-predicted_bytes on the data axis: ZeRO, FSDP's gathered layer, recomputation, accumulation, precision). A
+the global batch B) and piece p = k % (T Pp) of the model, tensor part p % T of stage p // T: the chain n_0 .. n_L
+it computes (the whole network, its tensor-parallel widths, its pipeline stage's layers, or those cut by tensor).
+The lessons count parameters, gradients, optimizer state, activations and backward's operands (lesson 12's
+rank_bytes and held_bytes for a tensor or pipeline piece; lesson 17's predicted_bytes on the data axis: ZeRO, FSDP's
+gathered layer, recomputation, accumulation, precision). A
 micro-batch has r rows (b, or ceil(b / m)); s bytes a value; NumPy reuses a temporary of at least 256 KiB in a chain
 of operators (its elision: no new array). Added here, from tracemalloc snapshots of each phase of a step:
 
@@ -71,20 +72,25 @@ CHUNK = 1024  # rows lesson 02's LayerStack computes at a time on the CPU (its c
 STATE_VALUES = {"sgd": 0, "momentum": 1, "adam": 2}  # the optimizer's values per parameter it updates
 
 
-def lessons_count(layer_sizes, rows: int, layout: Layout, replica: int, piece: int, precision: str) -> tuple:
-    """(the lessons' bytes by kind, the piece's chain, rows a micro-batch, micro-batches alive) for the piece."""
+def lessons_count(layer_sizes, rows: int, layout: Layout, replica: int, stage: int, part: int, precision: str) -> tuple:
+    """(the lessons' bytes by kind, the piece's chain, rows a micro-batch, micro-batches alive) for tensor part
+    ``part`` of pipeline stage ``stage`` of replica ``replica`` (a 3-D piece: the stage's layers cut by tensor)."""
     itemsize, m = BYTES[precision], layout.micro_batches
     if layout.pipeline > 1:
-        first, stop = stage_layers(len(layer_sizes) - 1, layout.pipeline)[piece]
+        first, stop = stage_layers(len(layer_sizes) - 1, layout.pipeline)[stage]
         chain, micro = tuple(layer_sizes[first:stop + 1]), math.ceil(rows / m)
-        held = rank_bytes("pipeline", layer_sizes, rows, layout.pipeline, piece, itemsize, m, layout.schedule)
-        return held, chain, micro, held["activations"] // held_bytes(chain, micro, itemsize)["activations"]
+        held = rank_bytes("pipeline", layer_sizes, rows, layout.pipeline, stage, itemsize, m, layout.schedule)
+        alive = held["activations"] // held_bytes(chain, micro, itemsize)["activations"]
+        if layout.tensor > 1:
+            chain = tensor_parallel_sizes(chain, layout.tensor, part)
+            held = held_bytes(chain, micro, itemsize, alive)
+        return held, chain, micro, alive
     whole = layout.zero < 2 and m == 1 and not layout.recompute and itemsize >= 4  # not lesson 17's MicroBatched
     chunks = 1 + (rows > CHUNK) if whole else 1  # lesson 02's
     rows = min(rows, CHUNK) if chunks > 1 else rows
     if layout.tensor > 1:
-        held, chain = rank_bytes("tensor", layer_sizes, rows, layout.tensor, piece, itemsize), \
-            tensor_parallel_sizes(layer_sizes, layout.tensor, piece)
+        held, chain = rank_bytes("tensor", layer_sizes, rows, layout.tensor, part, itemsize), \
+            tensor_parallel_sizes(layer_sizes, layout.tensor, part)
     else:
         held, chain = predicted_bytes(layer_sizes, rows, layout.data, replica, ["allreduce", "zero", "zero", "fsdp"][
             layout.zero], layout.recompute, m, precision), tuple(layer_sizes)
@@ -100,10 +106,11 @@ def peak_bytes(layer_sizes, batch: int, ranks: int, rank: int, layout: Layout, o
     layout.check(ranks, layer_sizes)
     if optimizer not in STATE_VALUES:
         raise ValueError(f"optimizer must be one of {', '.join(STATE_VALUES)}; got {optimizer!r}")
-    replica, piece = divmod(rank, layout.tensor * layout.pipeline)
+    replica, (stage, part) = rank // (layout.tensor * layout.pipeline), divmod(rank % (layout.tensor *
+                                                                                   layout.pipeline), layout.tensor)
     rows, s = split_evenly(batch, layout.data)[0][replica], BYTES[precision]
     master = max(s, 4)  # mixed precision: the float32 data, master weights and products
-    held, chain, micro, alive = lessons_count(layer_sizes, rows, layout, replica, piece, precision)
+    held, chain, micro, alive = lessons_count(layer_sizes, rows, layout, replica, stage, part, precision)
     data_only = layout.tensor == layout.pipeline == 1  # lesson 17's count: a float32 optimizer state in mixed precision
     updated, layers = held["optimizer state"] // (master if data_only else s), layer_params(chain)
     if layout.zero and not data_only:  # ZeRO on a grid's data axis: the piece's slice (lesson 10's ZeRO over data_comm)
@@ -112,7 +119,7 @@ def peak_bytes(layer_sizes, batch: int, ranks: int, rank: int, layout: Layout, o
     gradients = updated * s if layout.zero == 2 else held["gradients"]
     base = {"parameters": held["parameters"], "gradients": gradients, "optimizer state": updated * master *
             STATE_VALUES[optimizer], "batch": rows * (layer_sizes[0] * master + 8)}
-    last, first = piece == layout.pipeline - 1 or layout.pipeline == 1, piece % layout.pipeline == 0
+    last, first = stage == layout.pipeline - 1, stage == 0
     widest, big = max(chain[1:-1], default=0), max(n_in * n_out for n_in, n_out in zip(chain, chain[1:]))
     bucket = min(big, max(max(1, sum(layers) // (4 * layout.data)), max(chain[1:]))) if layout.zero == 2 else 0
     sigmoid = micro * widest * s * (micro * widest * s < ELIDED)  # 1 - a, unless elided
