@@ -145,9 +145,9 @@ def build_layout(comm, layer_sizes, layout: Layout, precision: str = "float64") 
     MixedPrecision, float16 or bfloat16 over float32 master weights: on the data axis only, as lesson 17 has it)."""
     low, dtype = BYTES[precision] < 4, precision if BYTES[precision] >= 4 else "float32"
     model = layout.tensor * layout.pipeline
-    if (low and (model > 1 or layout.zero == 2)) or (model > 1 and layout.zero > 1):
-        raise ValueError(f"the lessons run ZeRO-2 and FSDP on the data axis alone, and {precision} there only with "
-                         f"ZeRO 0, 1 or FSDP (lesson 17's MixedPrecision); got {layout}")
+    if (low and (model > 1 or layout.zero == 2)) or (model > 1 and layout.zero > 1) or layout.tensor not in (1, model):
+        raise ValueError(f"the lessons run ZeRO-2 and FSDP on the data axis alone; mixed precision (float16, bfloat16)"
+                         f" there, with ZeRO 0, 1 or FSDP; grids of two axes at most; got {layout} in {precision}")
     data_comm, model_comm = grid(comm, model)
     if layout.pipeline > 1:
         network = PipelineMLP(model_comm, layer_sizes, dtype=dtype, seed=1, micro_batches=layout.micro_batches,
