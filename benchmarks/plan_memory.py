@@ -61,7 +61,8 @@ def lessons_alone(sizes, batch: int, rank: int, layout, precision: str) -> int:
     from nnlib.lesson19_planning.memory import lessons_count
 
     replica, piece = divmod(rank, layout.tensor * layout.pipeline)
-    held = lessons_count(sizes, split_evenly(batch, layout.data)[0][replica], layout, replica, piece, precision)[0]
+    rows, (stage, part) = split_evenly(batch, layout.data)[0][replica], divmod(piece, layout.tensor)
+    held = lessons_count(sizes, rows, layout, replica, stage, part, precision)[0]
     return sum(held.values())
 
 
