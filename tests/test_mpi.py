@@ -37,6 +37,8 @@ accumulation and recomputation, under the Allreduce and FSDP, take the sequentia
 weights (within a stated tolerance), every rank the same verdict; an FSDP float16 run resumes exactly.
 check_grid.py (2, 4 and 8 ranks): every data x tensor x pipeline grid of degrees 1 and 2 (lesson 19) trains exactly as
 sequential, with GPipe and 1F1B, ZeRO-1 on the data axis and Adam; bad degrees fail on every rank at once.
+check_plan_memory.py (4 ranks): lesson 19's memory model within 15% of tracemalloc's peak on every rank, for every
+layout of a sweep (data with ZeRO 0-3, accumulation, recomputation; tensor; pipelines; 2-D grids), two networks.
 """
 
 import importlib.util
@@ -58,6 +60,7 @@ RANK_COUNTS = {  # each checker (tests/mpi/<name>.py) and the numbers of ranks i
     "check_hybrid": (2, 4, 6), "check_schedules": ONE_TO_FOUR, "check_async": ONE_TO_FOUR,
     "check_compression": ONE_TO_FOUR, "check_communication_light": ONE_TO_FOUR, "check_memory": (1, 2, 3, 4, 7),
     "check_mixed_precision": ONE_TO_FOUR, "check_messages": ONE_TO_FOUR, "check_grid": (2, 4, 8),
+    "check_plan_memory": (4,),
 }
 OWN_LAUNCH = {"check_watchdog"}  # it makes a rank fail: it owns its processes
 CASES = [pytest.param(checker, ranks, id=f"{ranks}-{checker}")

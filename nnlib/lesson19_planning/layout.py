@@ -1,0 +1,42 @@
+"""A layout of P ranks: how a run cuts its work (lesson 19's planner enumerates them, its memory model prices them)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+LESSON = 19
+
+
+@dataclass(frozen=True)
+class Layout:
+    """data x tensor x pipeline degrees (their product: the ranks); zero: ZeRO stage 0-2 on the data axis, 3 = FSDP;
+    recompute: keep every k-th layer's input (None: all); micro_batches: the pipeline's m, else accumulation's k;
+    schedule: the pipeline's, "gpipe" or "1f1b"."""
+
+    data: int = 1
+    tensor: int = 1
+    pipeline: int = 1
+    zero: int = 0
+    recompute: int | None = None
+    micro_batches: int = 1
+    schedule: str = "1f1b"
+
+    def check(self, ranks: int, layer_sizes) -> None:
+        """Raise ValueError naming all that is wrong with this layout of ``ranks`` ranks for the chain layer_sizes."""
+        degrees, narrowest = self.data * self.tensor * self.pipeline, min(layer_sizes[1:-1], default=1)
+        found = [problem for wrong, problem in [
+            (min(self.data, self.tensor, self.pipeline) < 1, f"degrees must be at least 1; got {self}"),
+            (degrees != ranks, f"data x tensor x pipeline = {self.data} x {self.tensor} x {self.pipeline} = "
+                               f"{degrees}, not the {ranks} ranks: choose degrees whose product is {ranks}"),
+            (self.tensor > narrowest, f"tensor degree {self.tensor} is wider than the narrowest hidden layer "
+                                      f"({narrowest} units): choose a smaller one"),
+            (self.pipeline > len(layer_sizes) - 1, f"{self.pipeline} pipeline stages but only {len(layer_sizes) - 1} "
+                                                   "layers: every stage needs one"),
+            (self.micro_batches < 1, f"micro_batches must be at least 1; got {self.micro_batches}"),
+            (self.recompute is not None and self.recompute < 1, f"recompute must be None or at least 1; got "
+                                                                f"{self.recompute}"),
+            (self.zero not in (0, 1, 2, 3), f"zero must be a stage 0, 1, 2 or 3 (FSDP); got {self.zero!r}"),
+            (self.schedule not in ("gpipe", "1f1b"), f"schedule must be 'gpipe' or '1f1b'; got {self.schedule!r}")]
+            if wrong]
+        if found:
+            raise ValueError("; ".join(found))
