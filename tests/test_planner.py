@@ -20,7 +20,7 @@ def cluster(ranks=4, per_node=4, memory=2**30, compute=Compute(0.0, 1e9, 1e9), *
 @pytest.mark.parametrize("stage, paper_bytes", [(0, lambda d: 2 + 2 + 12), (1, lambda d: 2 + 2 + 12 / d),
                                                 (2, lambda d: 2 + (2 + 12) / d), (3, lambda d: (2 + 2 + 12) / d)])
 def test_mixed_adam_in_the_papers_accounting_follows_the_zero_papers_formulas(stage, paper_bytes):
-    job = Job.large(7.5e9, 32, activation_bytes=0.0, batch=1024, optimizer="adam", precision="mixed", paper=True)
+    job = Job.large(7.5e9, 32, activation_bytes=0.0, batch=1024, optimizer="adam", precision="bfloat16", paper=True)
     parameters = sum(layer_params(job.layer_sizes))
     for data in (2, 8, 64):
         held = memory_bytes(job, Layout(data=data, zero=stage), data)
@@ -28,7 +28,7 @@ def test_mixed_adam_in_the_papers_accounting_follows_the_zero_papers_formulas(st
 
 
 def test_lesson_17s_mixed_precision_keeps_a_float32_gradient_and_the_master_beside_the_weights():
-    assert value_bytes("adam", "mixed") == {"weights": 6, "gradients": 6, "optimizer state": 8}
+    assert value_bytes("adam", "float16") == {"weights": 6, "gradients": 6, "optimizer state": 8}
     assert value_bytes("momentum", "float64") == {"weights": 8, "gradients": 8, "optimizer state": 8}
     assert value_bytes("sgd", "float32")["optimizer state"] == 0
 
@@ -66,7 +66,7 @@ def test_refusals_say_why():
 
 
 def test_h100_nodes_keep_tensor_parallelism_inside_a_node_unless_told_otherwise():
-    job = Job.large(7e10, 80, activation_bytes=1e6, batch=4096, optimizer="adam", precision="mixed")
+    job = Job.large(7e10, 80, activation_bytes=1e6, batch=4096, optimizer="adam", precision="bfloat16")
     nodes = Cluster(32, **H100_NODES)
     fits, refused = plan(job, nodes)
     assert fits and all(layout.tensor <= 8 for *_, layout in fits)
@@ -84,8 +84,8 @@ def test_the_command_prints_the_ranked_layouts_and_refuses_bad_input(capsys):
     assert "memory per rank must be positive" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("degrees, says", [((2, 2, 1), "not the 8 ranks"), ((1, 8, 1), "wider than the narrowest"),
-                                           ((1, 1, 8), "pipeline stages but only 3 layers")])
+@pytest.mark.parametrize("degrees, says", [((2, 2, 1), "but there are 8 ranks"), ((1, 8, 1), "too wide"),
+                                           ((1, 1, 8), "only 3 weight layers")])
 def test_impossible_degrees_are_refused_with_what_is_wrong(degrees, says):
     job, machine = Job((64, 6, 32, 10), batch=64), cluster(ranks=8, per_node=8)
     with pytest.raises(ValueError, match=says):
@@ -97,6 +97,6 @@ def test_impossible_degrees_are_refused_with_what_is_wrong(degrees, says):
 
 def test_the_command_shows_every_zero_stage_of_a_grid(capsys):
     assert main(["--parameters", "7.5e9", "--depth", "32", "--activation-bytes", "0", "--ranks", "64", "--grid",
-                 "64,1,1", "--precision", "mixed", "--paper", "--top", "100", "--memory-gib", "1000"]) == 0
+                 "64,1,1", "--precision", "bfloat16", "--paper", "--top", "100", "--memory-gib", "1000"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert {line.split()[5] for line in lines[1:] if " x " in line[:12]} == {"0", "1", "2", "3"}

@@ -23,7 +23,6 @@ from nnlib.lesson12_pipeline.pipeline import stage_layers
 from nnlib.lesson11_tensor_parallel.tensor import layer_kinds
 
 LESSON = 12
-NOTEBOOKS_ONLY = True  # used by notebook 12, by no other nnlib module
 
 
 KINDS = ("data", "tensor", "pipeline")

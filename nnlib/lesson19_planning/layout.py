@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from nnlib.lesson19_planning.grid import grid_problem
+
 LESSON = 19
 
 
@@ -23,20 +25,13 @@ class Layout:
 
     def check(self, ranks: int, layer_sizes) -> None:
         """Raise ValueError naming all that is wrong with this layout of ``ranks`` ranks for the chain layer_sizes."""
-        degrees, narrowest = self.data * self.tensor * self.pipeline, min(layer_sizes[1:-1], default=1)
-        found = [problem for wrong, problem in [
-            (min(self.data, self.tensor, self.pipeline) < 1, f"degrees must be at least 1; got {self}"),
-            (degrees != ranks, f"data x tensor x pipeline = {self.data} x {self.tensor} x {self.pipeline} = "
-                               f"{degrees}, not the {ranks} ranks: choose degrees whose product is {ranks}"),
-            (self.tensor > narrowest, f"tensor degree {self.tensor} is wider than the narrowest hidden layer "
-                                      f"({narrowest} units): choose a smaller one"),
-            (self.pipeline > len(layer_sizes) - 1, f"{self.pipeline} pipeline stages but only {len(layer_sizes) - 1} "
-                                                   "layers: every stage needs one"),
+        found = [grid_problem(ranks, (self.data, self.tensor, self.pipeline), layer_sizes)] + [
+            problem for wrong, problem in [
             (self.micro_batches < 1, f"micro_batches must be at least 1; got {self.micro_batches}"),
             (self.recompute is not None and self.recompute < 1, f"recompute must be None or at least 1; got "
                                                                 f"{self.recompute}"),
             (self.zero not in (0, 1, 2, 3), f"zero must be a stage 0, 1, 2 or 3 (FSDP); got {self.zero!r}"),
             (self.schedule not in ("gpipe", "1f1b"), f"schedule must be 'gpipe' or '1f1b'; got {self.schedule!r}")]
             if wrong]
-        if found:
-            raise ValueError("; ".join(found))
+        if any(found):
+            raise ValueError("; ".join(problem for problem in found if problem))

@@ -63,6 +63,7 @@ from nnlib.lesson16_sharding.fsdp import FullySharded, FullyShardedNetwork
 from nnlib.lesson17_activations.accumulation import MicroBatched
 from nnlib.lesson17_activations.budget import BYTES, predicted_bytes
 from nnlib.lesson17_activations.mixed_precision import MixedPrecision
+from nnlib.lesson19_planning.grid import GridPipelineMLP, replica_comms
 from nnlib.lesson19_planning.layout import Layout
 
 LESSON = 19
@@ -145,11 +146,14 @@ def build_layout(comm, layer_sizes, layout: Layout, precision: str = "float64") 
     MixedPrecision, float16 or bfloat16 over float32 master weights: on the data axis only, as lesson 17 has it)."""
     low, dtype = BYTES[precision] < 4, precision if BYTES[precision] >= 4 else "float32"
     model = layout.tensor * layout.pipeline
-    if (low and (model > 1 or layout.zero == 2)) or (model > 1 and layout.zero > 1) or layout.tensor not in (1, model):
+    if (low and (model > 1 or layout.zero == 2)) or (model > 1 and layout.zero > 1):
         raise ValueError(f"the lessons run ZeRO-2 and FSDP on the data axis alone; mixed precision (float16, bfloat16)"
-                         f" there, with ZeRO 0, 1 or FSDP; grids of two axes at most; got {layout} in {precision}")
+                         f" there, with ZeRO 0, 1 or FSDP; got {layout} in {precision}")
     data_comm, model_comm = grid(comm, model)
-    if layout.pipeline > 1:
+    if layout.pipeline > 1 and layout.tensor > 1:  # a 3-D grid's piece (grid.py)
+        network = GridPipelineMLP(*replica_comms(model_comm, layout.tensor), layer_sizes, dtype=dtype, seed=1,
+                                  micro_batches=layout.micro_batches, schedule=layout.schedule)
+    elif layout.pipeline > 1:
         network = PipelineMLP(model_comm, layer_sizes, dtype=dtype, seed=1, micro_batches=layout.micro_batches,
                               schedule=layout.schedule)
     elif layout.tensor > 1:
@@ -172,6 +176,7 @@ def measured_peak(comm, layer_sizes, batch: int, layout: Layout, optimizer: str 
     """tracemalloc's peak on every rank (gathered) over an epoch of two steps of ``batch`` rows, after a warm-up
     epoch, with what building the layout kept (parameters, gradients); the data set, made before, left out."""
     layout.check(comm.size, layer_sizes)
+    low = BYTES[precision] < 4
     inputs, labels = random_batch(layer_sizes, 2 * batch, "float64" if precision == "float64" else "float32", 0)
     settings = dict(epochs=1, learning_rate=0.01, batch_size=batch, optimizer="adam" if optimizer == "adam" else "sgd",
                     momentum=0.9 if optimizer == "momentum" else 0.0)
@@ -183,7 +188,7 @@ def measured_peak(comm, layer_sizes, batch: int, layout: Layout, optimizer: str 
         for _ in range(2):  # a warm-up epoch, then the measured one
             tracemalloc.reset_peak()
             train_parallel(data_comm, network, local_inputs, local_labels, num_samples=2 * batch, start=start,
-                           strategy=strategy, batches=PerRankBatches, scaler=getattr(network, "scaler", None),
+                           strategy=strategy, batches=PerRankBatches, scaler=network.scaler if low else None,
                            **settings)
         return comm.allgather(tracemalloc.get_traced_memory()[1])
     finally:

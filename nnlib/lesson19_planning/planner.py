@@ -30,12 +30,12 @@ from nnlib.lesson04_collectives.costmodel import (Machine, fit_latency_bandwidth
 from nnlib.lesson12_pipeline.memory import layer_params
 from nnlib.lesson12_pipeline.pipeline import stage_layers
 from nnlib.lesson12_pipeline.tradeoffs import allreduce_messages
+from nnlib.lesson17_activations.budget import BYTES
 from nnlib.lesson19_planning.layout import Layout
+from nnlib.lesson19_planning.memory import STATE_VALUES, peak_bytes
 
 LESSON = 19
 
-STATE_VALUES = {"sgd": 0, "momentum": 1, "adam": 2}  # optimizer state values per parameter (lesson 03)
-BYTES = {"float64": 8, "float32": 4, "mixed": 2}  # bytes of a weight, gradient and activation as computed
 
 
 @dataclass(frozen=True)
@@ -90,11 +90,11 @@ class Cluster:
 
 
 def value_bytes(optimizer: str, precision: str, paper: bool = False) -> dict:
-    """Bytes per parameter by kind. Plain float64/32: weight, gradient and each state value s bytes. Mixed (lesson
-    17): float16 weight 2 + float32 master 4, float16 gradient 2 + float32 gradient 4, float32 state; ``paper``
-    (Rajbhandari et al. 2020): 2 + 2 + K, K = 4 (master) + 4 per state value (Adam: K = 12)."""
+    """Bytes per parameter by kind. Plain float64/32: weight, gradient and each state value s bytes. Mixed float16
+    or bfloat16 (lesson 17): low weight 2 + float32 master 4, low gradient 2 + float32 gradient 4, float32 state;
+    ``paper`` (Rajbhandari et al. 2020): 2 + 2 + K, K = 4 (master) + 4 per state value (Adam: K = 12)."""
     state = STATE_VALUES[optimizer]
-    if precision != "mixed":
+    if BYTES[precision] >= 4:
         size = BYTES[precision]
         return {"weights": size, "gradients": size, "optimizer state": size * state}
     if paper:
@@ -179,8 +179,6 @@ def memory_bytes(job: Job, layout: Layout, ranks: int) -> dict:
     (kept rows: GPipe m micro-batches, 1F1B S, each 1 / S of the layers, 1 / T of their units; recomputation every k
     of L layers keeps (L / k + k) / L of them)."""
     if job.activation_bytes is None:
-        from nnlib.lesson19_planning.memory import peak_bytes
-
         return max((peak_bytes(job.layer_sizes, job.batch, ranks, rank, layout, job.optimizer, job.precision)
                     for rank in range(ranks)), key=lambda held: sum(held.values()))
     held = max(sum(layer_params(sizes)) for sizes in stages(job, layout))
@@ -201,6 +199,9 @@ def refusal(job: Job, cluster: Cluster, layout: Layout) -> str | None:
         layout.check(cluster.ranks, job.layer_sizes)
     except ValueError as error:
         return str(error)
+    if layout.zero > 1 and layout.tensor * layout.pipeline > 1:
+        return ("ZeRO-2 and FSDP shard a whole replica's gradient; with a model split over ranks, this series (as "
+                "DeepSpeed with a pipeline) runs ZeRO-1 on the data axis")
     if math.ceil(job.batch / layout.data) < layout.micro_batches:
         return f"{layout.micro_batches} micro-batches of a {math.ceil(job.batch / layout.data)}-row share"
     if layout.tensor > cluster.per_node and not cluster.tensor_across_nodes:

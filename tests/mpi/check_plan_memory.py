@@ -28,7 +28,9 @@ SWEEP = [(Layout(data=4, zero=zero), "momentum") for zero in range(4)] + [
     (Layout(data=4, zero=3, recompute=2, micro_batches=2), "adam"), (Layout(tensor=4), "momentum"),
     (Layout(pipeline=4, micro_batches=4, schedule="gpipe"), "adam"), (Layout(pipeline=4, micro_batches=8), "momentum"),
     (Layout(data=2, tensor=2), "adam"), (Layout(data=2, pipeline=2, micro_batches=4), "momentum"),
-    (Layout(data=2, tensor=2, zero=1), "adam"), (Layout(data=2, pipeline=2, zero=1, micro_batches=4), "adam")]
+    (Layout(data=2, tensor=2, zero=1), "adam"), (Layout(data=2, pipeline=2, zero=1, micro_batches=4), "adam"),
+    (Layout(tensor=2, pipeline=2, micro_batches=4), "momentum"),  # a 3-D grid's piece (grid.py), D = 1
+    (Layout(tensor=2, pipeline=2, micro_batches=4, schedule="gpipe"), "adam")]
 OTHER_SWEEPS = {  # the networks not in float64: a few layouts each (mixed precision: the data axis only)
     "float32": [(Layout(data=4, micro_batches=4), "adam"), (Layout(pipeline=4, micro_batches=4), "adam")],
     "float16": [(Layout(data=4), "momentum"), (Layout(data=4, zero=1), "adam"),
@@ -69,10 +71,13 @@ def test_without_the_terms_the_lessons_leave_out_the_check_fails():
 
 
 def test_a_bad_layout_is_refused_with_a_clear_error():
-    for layout, words in [(Layout(data=3), "not the"), (Layout(tensor=4), "wider"), (Layout(pipeline=8), "stages but"),
-                          (Layout(data=4, micro_batches=0), "at least 1"), (Layout(data=4, zero=4), "zero must be")]:
+    small, fitted = (784, 3, 10), NETWORKS["fitted"][0]
+    for layout, words, sizes in [(Layout(data=3), "but there are", fitted), (Layout(tensor=4), "too wide", small),
+                                 (Layout(pipeline=4), "only 2 weight layers", small),
+                                 (Layout(data=4, micro_batches=0), "at least 1", fitted),
+                                 (Layout(data=4, zero=4), "zero must be", fitted)]:
         try:
-            peak_bytes((784, 3, 10) if "wider" in words else NETWORKS["fitted"][0], 64, 4, 0, layout)
+            peak_bytes(sizes, 64, 4, 0, layout)
         except ValueError as error:
             assert words in str(error), (layout, str(error))
         else:
