@@ -83,7 +83,8 @@ def memory_roofs(caches: dict, repeats: int = 7) -> dict:
     def copy_seconds(footprint):
         numbers = footprint // 16  # one buffer, 64 bytes apart: never a multiple of 4 KiB apart (that slows a copy)
         buffer = np.ones(2 * numbers + 8)
-        return seconds_per_call(lambda: np.copyto(buffer[numbers + 8:], buffer[:numbers]), repeats)
+        source, destination = buffer[:numbers], buffer[numbers + 8:]
+        return seconds_per_call(lambda: np.copyto(destination, source), repeats)
 
     tiny = copy_seconds(16)
     return {level: 1 / fit_latency_bandwidth([16, size], [tiny, copy_seconds(size)])[1]
