@@ -85,13 +85,15 @@ def report(compute, bandwidth, rows, over, caches) -> None:
         print(f"{row['name']:24s} {row['dtype']:7s} {row['batch']:5d} {row['intensity']:7.2f} {row['level']:5s} "
               f"{row['rate'] / 1e9:8.2f} ({row['rate_low'] / 1e9:6.2f}-{row['rate_high'] / 1e9:6.2f}) "
               f"{row['roof'] / 1e9:7.1f} {row['rate'] / row['roof']:7.0%} {row['bound']}")
+    print()
     for dtype in DTYPES:
         for batch in (*BATCHES, 0):
             chosen = [row for row in rows if row["dtype"] == dtype and row["batch"] == batch]
-            bound = {kind: [row["name"] for row in chosen if row["bound"] == kind] for kind in ("compute", "memory")}
-            print(f"\n{dtype}, {f'batch {batch}' if batch else 'the updates'}: compute-bound: "
-                  f"{', '.join(bound['compute']) or 'none'}; memory-bound: {', '.join(bound['memory']) or 'none'}")
-    print(f"\n{len(rows) - len(over)} of {len(rows)} kernels at or under their roof within the noise "
+            memory = [row["name"] for row in chosen if row["bound"] == "memory"]
+            print(f"{dtype}, {f'batch {batch}' if batch else 'the updates'}: {len(chosen) - len(memory)} compute-bound"
+                  f" ({', '.join(row['name'] for row in chosen if row['bound'] == 'compute') or 'none'}); "
+                  f"memory-bound: {', '.join(memory) or 'none'}")
+    print(f"{len(rows) - len(over)} of {len(rows)} kernels at or under their roof within the noise "
           "(margin: the larger of 5% and the rounds' relative range of the rate and of the roof)")
     for row in over:
         print(f"ABOVE ITS ROOF: {row['name']} {row['dtype']} batch {row['batch']}: {row['rate'] / 1e9:.2f} GFLOP/s "

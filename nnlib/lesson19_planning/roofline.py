@@ -3,7 +3,8 @@
 A kernel of F FLOPs that must move Q bytes (each operand read once, each result written once) has arithmetic intensity
 I = F / Q (FLOP/byte) and runs at most at min(P, B I): P the compute roof (FLOP/s, a large product's measured rate),
 B the measured bandwidth (byte/s) of the memory level its arrays fit in. Ridge point I* = P / B: a kernel left of it
-is memory-bound there, right of it compute-bound. Times are CPU time of one thread (seconds_per_call).
+is memory-bound there, right of it compute-bound. Times are one thread's CPU time: a roof the fastest of its repeats
+(what the core can do, as STREAM reports), a kernel the median (what it does).
 """
 
 from __future__ import annotations
@@ -38,9 +39,9 @@ CSV_FIELDS = ["name", "batch", "dtype", "flops", "moved_bytes", "held_bytes", "i
 Kernel = namedtuple("Kernel", "name batch dtype flops moved_bytes held_bytes run")  # held: bytes of its arrays
 
 
-def seconds_per_call(function, repeats: int = 7, sample_seconds: float = 1e-3) -> float:
-    """Median over ``repeats`` samples (each a block of calls of about ``sample_seconds``) of this thread's CPU
-    seconds per call of ``function()``: on a shared machine wall time also counts other processes' turns."""
+def seconds_per_call(function, repeats: int = 7, sample_seconds: float = 1e-3, best: bool = False) -> float:
+    """This thread's CPU seconds per call of ``function()`` (wall time would count other processes' turns too): the
+    median of ``repeats`` samples, each a block of calls of about ``sample_seconds``; with ``best``, the fastest."""
     began = time.thread_time()
     function()  # a warm-up, and one call's estimate
     calls, samples = max(1, int(sample_seconds / max(time.thread_time() - began, 1e-7))), []
@@ -49,7 +50,7 @@ def seconds_per_call(function, repeats: int = 7, sample_seconds: float = 1e-3) -
         for _ in range(calls):
             function()
         samples.append((time.thread_time() - began) / calls)
-    return float(np.median(samples))
+    return float(min(samples) if best else np.median(samples))
 
 
 def cache_sizes(root: str = "/sys/devices/system/cpu/cpu0/cache") -> dict:
@@ -77,28 +78,29 @@ def copy_footprints(caches: dict) -> dict:
     return {**dict(zip(caches, inside)), "DRAM": 4 * sizes[-1]}
 
 
-def memory_roofs(caches: dict, repeats: int = 7) -> dict:
+def memory_roofs(caches: dict, repeats: int = 15) -> dict:
     """{level: B, bytes/s}: np.copyto of float64 arrays of half each footprint (moved: read + written = footprint);
     T(n) = alpha + n / B, lesson 05's fit through a 16-byte copy and the level's, takes the per-call cost off."""
     def copy_seconds(footprint):
-        numbers = footprint // 16  # one buffer, 64 bytes apart: never a multiple of 4 KiB apart (that slows a copy)
-        buffer = np.ones(2 * numbers + 8)
-        source, destination = buffer[:numbers], buffer[numbers + 8:]
-        return seconds_per_call(lambda: np.copyto(destination, source), repeats)
+        numbers = footprint // 16  # in one buffer, aligned to 64 bytes (a cache line), and 64 bytes more than
+        buffer = np.ones(2 * numbers + 16)  # `numbers` apart: never a multiple of 4 KiB apart, which slows a copy
+        start = (-buffer.ctypes.data % 64) // 8
+        source, destination = buffer[start:start + numbers], buffer[start + numbers + 8:start + 2 * numbers + 8]
+        return seconds_per_call(lambda: np.copyto(destination, source), repeats, best=True)
 
     tiny = copy_seconds(16)
     return {level: 1 / fit_latency_bandwidth([16, size], [tiny, copy_seconds(size)])[1]
             for level, size in copy_footprints(caches).items()}
 
 
-def compute_roof(dtype: str = "float64", size: int = 1024, repeats: int = 7) -> float:
+def compute_roof(dtype: str = "float64", size: int = 1024, repeats: int = 11) -> float:
     """P, FLOP/s: 2 size^3 FLOPs of a (size x size) @ (size x size) product over its time, one BLAS thread."""
     from threadpoolctl import threadpool_limits
 
     a = np.random.default_rng(0).random((size, size)).astype(dtype)
     out = np.empty_like(a)
     with threadpool_limits(1, user_api="blas"):
-        return 2 * size**3 / seconds_per_call(lambda: np.matmul(a, a, out=out), repeats)
+        return 2 * size**3 / seconds_per_call(lambda: np.matmul(a, a, out=out), repeats, best=True)
 
 
 def elementwise(name: str, shape, batch: int, dtype: str, run) -> Kernel:
