@@ -15,6 +15,7 @@ import warnings
 from collections import namedtuple
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from nnlib.lesson01_mnist.files import read_csv
 from nnlib.lesson02_network.network import count_parameters, sigmoid, softmax
@@ -95,8 +96,6 @@ def memory_roofs(caches: dict, repeats: int = 15) -> dict:
 
 def compute_roof(dtype: str = "float64", size: int = 1024, repeats: int = 11) -> float:
     """P, FLOP/s: 2 size^3 FLOPs of a (size x size) @ (size x size) product over its time, one BLAS thread."""
-    from threadpoolctl import threadpool_limits
-
     a = np.random.default_rng(0).random((size, size)).astype(dtype)
     out = np.empty_like(a)
     with threadpool_limits(1, user_api="blas"):
@@ -135,8 +134,6 @@ def update_kernels(layer_sizes=LAYER_SIZES, dtype: str = "float32") -> list:
 
 def measured_rows(kernels, computes: dict, bandwidths: dict, caches: dict, repeats: int = 7) -> list:
     """Each kernel's row (place) at its measured rate F / seconds_per_call, in one BLAS thread."""
-    from threadpoolctl import threadpool_limits
-
     with threadpool_limits(1, user_api="blas"):
         return [place(kernel, kernel.flops / seconds_per_call(kernel.run, repeats), computes, bandwidths, caches)
                 for kernel in kernels]
@@ -196,8 +193,9 @@ def plot_roofline(rows, computes: dict, bandwidths: dict, recorded=(), h200=None
     for points, fill, what in ((rows, None, ""), (recorded, "none", "recorded, ")):
         for batch in batches:
             chosen = [(row["intensity"], row["rate"]) for row in points if row["batch"] == batch]
-            axes[0].scatter(*zip(*chosen), s=18, facecolors=fill, color=f"C{4 + batches.index(batch)}",
-                            label=what + (f"batch {batch}" if batch else "update")) if chosen else None
+            if chosen:
+                axes[0].scatter(*zip(*chosen), s=18, facecolors=fill, color=f"C{4 + batches.index(batch)}",
+                                label=what + (f"batch {batch}" if batch else "update"))
     for name, (value, kind) in (h200 or {}).items():
         if name.startswith("float32"):
             axes[1].plot(intensity, attainable(intensity, value, h200["HBM3e bandwidth"][0]), label=f"{name} ({kind})")
