@@ -126,10 +126,10 @@ def test_no_cache_sizes_give_the_stated_default_with_a_warning(tmp_path):
         assert roofline.cache_sizes(str(tmp_path / "missing")) == roofline.DEFAULT_CACHES
 
 
-def test_the_measurements_give_finite_positive_rates_on_tiny_sizes():
+def test_the_measurements_give_finite_positive_rates_on_small_sizes():
     calls = []
     assert roofline.seconds_per_call(lambda: calls.append(1), repeats=3) > 0 and len(calls) >= 4
-    bandwidths = roofline.memory_roofs({"L1": 4096, "L2": 65536}, repeats=3)
+    bandwidths = roofline.memory_roofs({"L1": 32 << 10, "L2": 256 << 10}, repeats=3)  # copies of 16 KiB, 90 KiB, 1 MiB
     assert list(bandwidths) == ["L1", "L2", "DRAM"] and all(math.isfinite(b) and b > 0 for b in bandwidths.values())
     computes = {"float32": roofline.compute_roof("float32", size=32, repeats=3)}
     rows = roofline.measured_rows(roofline.step_kernels(LAYERS, 4), computes, bandwidths, {"L1": 4096}, repeats=3)
