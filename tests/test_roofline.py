@@ -11,7 +11,7 @@ from nnlib.lesson03_training.optimizers import adam_update, sgd_update
 from nnlib.lesson04_collectives.costmodel import flops_per_sample
 from nnlib.lesson19_planning import roofline
 
-LAYERS = (4, 3, 2)  # products (N, 4) @ (4, 3), (N, 3) @ (3, 2); weight grads (4, N) @ (N, 3), (3, N) @ (N, 2); (N, 2) @ (2, 3)
+LAYERS = (4, 3, 2)  # products (N, 4) @ (4, 3), (N, 3) @ (3, 2), (4, N) @ (N, 3), (3, N) @ (N, 2), (N, 2) @ (2, 3)
 
 
 def test_the_products_intensities_are_the_hand_counts():
@@ -89,7 +89,8 @@ def test_place_finds_the_level_the_arrays_fit_in_and_what_bounds_the_kernel():
     assert [row["roof"] for row in rows] == [100.0, 100.0, 50.0]  # I = 10: min(100, 40 * 10), (100, 200), (100, 50)
     assert [row["bound"] for row in rows] == ["compute", "compute", "memory"]
     assert roofline.place(kernel(10, dtype="float64"), 1.0, computes, bandwidths, caches)["roof"] == 50.0
-    assert rows[0]["intensity"] == 10.0 and set(roofline.CSV_FIELDS) - {"rate_low", "rate_high", "rounds"} <= set(rows[0])
+    assert rows[0]["intensity"] == 10.0
+    assert set(roofline.CSV_FIELDS) - {"rate_low", "rate_high", "rounds"} <= set(rows[0])
 
 
 def test_a_planted_wrong_intensity_puts_a_kernel_above_its_roof_and_the_check_fails():
