@@ -81,16 +81,21 @@ def copy_footprints(caches: dict) -> dict:
 
 def memory_roofs(caches: dict, repeats: int = 15) -> dict:
     """{level: B, bytes/s}: np.copyto of float64 arrays of half each footprint (moved: read + written = footprint);
-    T(n) = alpha + n / B, lesson 05's fit through a 16-byte copy and the level's, takes the per-call cost off."""
-    def copy_seconds(footprint):
+    T(n) = alpha + n / B, lesson 05's fit through a 16-byte copy and the level's, takes the per-call cost off. The
+    sizes take turns, ``repeats`` times (a slow spell slows them alike); each keeps its fastest."""
+    def copy(footprint):
         numbers = footprint // 16  # in one buffer, aligned to 64 bytes (a cache line), and 64 bytes more than
         buffer = np.ones(2 * numbers + 16)  # `numbers` apart: never a multiple of 4 KiB apart, which slows a copy
         start = (-buffer.ctypes.data % 64) // 8
         source, destination = buffer[start:start + numbers], buffer[start + numbers + 8:start + 2 * numbers + 8]
-        return seconds_per_call(lambda: np.copyto(destination, source), repeats, best=True)
+        return lambda: np.copyto(destination, source)
 
-    tiny = copy_seconds(16)
-    return {level: 1 / fit_latency_bandwidth([16, size], [tiny, copy_seconds(size)])[1]
+    copies = {level: copy(size) for level, size in {"tiny": 16, **copy_footprints(caches)}.items()}
+    best = dict.fromkeys(copies, np.inf)
+    for _ in range(repeats):
+        for level, run in copies.items():
+            best[level] = min(best[level], seconds_per_call(run, 1))
+    return {level: 1 / fit_latency_bandwidth([16, size], [best["tiny"], best[level]])[1]
             for level, size in copy_footprints(caches).items()}
 
 
