@@ -184,23 +184,24 @@ def load_rows(path) -> list:
 
 
 def plot_roofline(rows, computes: dict, bandwidths: dict, recorded=(), h200=None):
-    """Log-log, left: this core's roofs (each level's, up to the fastest compute roof; a compute roof per dtype), the
-    kernels at (intensity, rate): ``rows`` filled, ``recorded`` hollow; right: the float32 roofs of ``h200``."""
+    """Log-log, left: this core's roofs (a compute roof per dtype; each level's bandwidth up to the top one, its ridge
+    point an x) and the kernels at (intensity, rate), ``rows`` coloured by batch, ``recorded`` hollow; right: the
+    float32 roofs of ``h200`` (h200_roofs). Returns the figure."""
     import matplotlib.pyplot as plt
 
     figure, axes = plt.subplots(1, 2, figsize=(12, 4.5))
-    intensity, batches = np.logspace(-2, 3, 100), sorted({row["batch"] for row in [*rows, *recorded]})
-    for level, bandwidth in bandwidths.items():  # each with its ridge point (x)
-        line = axes[0].plot(intensity, attainable(intensity, max(computes.values()), bandwidth), label=f"{level} copy")
-        axes[0].plot(max(computes.values()) / bandwidth, max(computes.values()), "x", color=line[0].get_color())
+    intensity, top = np.logspace(-2, 3, 100), max(computes.values())
+    for level, bandwidth in bandwidths.items():
+        axes[0].plot(intensity, attainable(intensity, top, bandwidth), label=f"{level} copy")
+        axes[0].plot(top / bandwidth, top, "kx")
     for dtype, compute in computes.items():
         axes[0].axhline(compute, color="k", linestyle="-" if dtype == "float32" else ":", label=f"{dtype} product")
-    for points, fill, what in ((rows, None, ""), (recorded, "none", "recorded, ")):
-        for batch in batches:
-            chosen = [(row["intensity"], row["rate"]) for row in points if row["batch"] == batch]
-            if chosen:
-                axes[0].scatter(*zip(*chosen), s=18, facecolors=fill, color=f"C{4 + batches.index(batch)}",
-                                label=what + (f"batch {batch}" if batch else "update"))
+    for number, batch in enumerate(sorted({row["batch"] for row in rows})):
+        chosen = [row for row in rows if row["batch"] == batch]
+        axes[0].scatter([row["intensity"] for row in chosen], [row["rate"] for row in chosen], s=18,
+                        color=f"C{4 + number}", label=f"batch {batch}" if batch else "updates")
+    axes[0].scatter([row["intensity"] for row in recorded], [row["rate"] for row in recorded], s=30, marker="s",
+                    facecolors="none", color="grey", label="recorded (benchmarks/roofline.py)")
     for name, (value, kind) in (h200 or {}).items():
         if name.startswith("float32"):
             axes[1].plot(intensity, attainable(intensity, value, h200["HBM3e bandwidth"][0]), label=f"{name} ({kind})")
