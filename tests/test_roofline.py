@@ -159,3 +159,25 @@ def test_the_csv_comes_back_and_the_plot_draws(tmp_path):
     figure = roofline.plot_roofline([row], {"float32": 100.0}, {"L1": 4.0}, recorded=loaded,
                                     h200=roofline.h200_roofs("notebooks/results/gpu-nvidia-h200.csv"))
     assert len(figure.axes) == 2
+
+
+def test_the_benchmarks_check_catches_a_kernel_above_its_roof_beyond_the_rounds_noise():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "roofline.py"
+    spec = importlib.util.spec_from_file_location("roofline_benchmark", path)
+    benchmark = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(benchmark)
+    caches, computes, bandwidths = {"L1": 1000}, {"float32": 100.0, "float64": 50.0}, {"L1": 4.0, "DRAM": 1.0}
+    kernels = [kernel(500), kernel(500, flops=10_000.0)]  # I = 10 (roof 40) and I = 100 (roof 100)
+    rates = [(30.0, 105.0), (31.0, 125.0), (29.0, 118.0)]  # three rounds: the second kernel above its roof
+    rounds = [[roofline.place(k, rate, computes, bandwidths, caches) for k, rate in zip(kernels, round_rates)]
+              for round_rates in rates]
+    _, _, rows, over = benchmark.summarize([computes] * 3, [bandwidths] * 3, rounds, caches)
+    assert [row["rate"] for row in rows] == [30.0, 118.0] and rows[1]["rate_low"] == 105.0
+    assert rows[1]["margin"] == pytest.approx(20 / 118)  # the rounds' range, above the 5% floor
+    assert [row["flops"] for row in over] == [10_000.0]  # 118 > 100 x (1 + 0.17)
+    noisier = [[dict(row, rate=rate) if row["flops"] == 10_000.0 else row for row in round_rows]
+               for rate, round_rows in zip((90.0, 125.0, 118.0), rounds)]  # the same median, a range of 30%
+    assert benchmark.summarize([computes] * 3, [bandwidths] * 3, noisier, caches)[3] == []  # within the noise
