@@ -4,9 +4,10 @@ Run:   .venv/bin/python benchmarks/roofline.py [--rounds R] [--output benchmarks
 
 Measures (nnlib.lesson19_planning.roofline, one thread, CPU time) in R interleaved rounds (default 5): the compute
 roofs (a 2048 x 2048 product in float64 and float32), the memory roofs (a streaming copy inside each cache level and
-in main memory), and each kernel of one step of the 784-128-64-10 network (sigmoid hidden layers, softmax outputs) in
-float32 and float64: the products at batch 32, 128 and 1024, the sigmoids, the softmax, and the SGD (momentum) and
-Adam updates. Every figure is the median over the rounds, with its range (lowest-highest). Checks lesson 19's
+in main memory), each the fastest of its repeats in a round, and each kernel of one step of the 784-128-64-10 network
+(sigmoid hidden layers, softmax outputs) in float32 and float64, a median of 7 samples: the products at batch 32, 128
+and 1024, the sigmoids, the softmax, and the SGD (momentum) and Adam updates. Every figure printed is the median over
+the rounds, with its range (lowest-highest). Checks lesson 19's
 done-when: every kernel at or under min(compute roof, bandwidth of the level its arrays fit in x intensity), within
 the noise: a kernel passes if its median rate is at most its roof x (1 + margin), the margin being the larger of 5%
 and the rounds' relative range (max - min) / median of its rate and of its roof. Prints the ridge points and which
