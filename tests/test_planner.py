@@ -59,7 +59,7 @@ def test_refusals_say_why():
     assert refusal(job, machine, Layout(data=2)) is not None  # 2 of 4 ranks
     assert refusal(job, machine, Layout(tensor=4)) is not None  # wider than the 3-unit layer
     assert "micro-batches" in refusal(job, machine, Layout(data=4, micro_batches=4))  # 2 rows each
-    assert "GiB" in refusal(job, cluster(memory=1.0), Layout(data=4))
+    assert "per rank, has 9.54e-07 MiB" in refusal(job, cluster(memory=1.0), Layout(data=4))
     assert refusal(job, machine, Layout(data=4)) is None
     with pytest.raises(ValueError, match="memory per rank must be positive"):
         plan(job, cluster(memory=0))

@@ -209,7 +209,7 @@ def refusal(job: Job, cluster: Cluster, layout: Layout) -> str | None:
                 f"every layer, on the critical path, over the slower link (allow it: tensor_across_nodes)")
     needed = sum(memory_bytes(job, layout, cluster.ranks).values())
     if needed > cluster.memory:
-        return f"needs {needed / 2**30:.3g} GiB per rank, has {cluster.memory / 2**30:.3g}"
+        return f"needs {size(needed)} per rank, has {size(cluster.memory)}"
     return None
 
 
@@ -260,15 +260,20 @@ H100_NODES = dict(per_node=8, memory=80e9, inside=Machine(3e-6, 1 / 450e9), acro
                   compute=Compute(10e-6, 989e12, 3.35e12 / 32))
 
 
+def size(n_bytes: float) -> str:
+    """Bytes as MiB or GiB, three digits."""
+    return f"{n_bytes / 2**30:.3g} GiB" if n_bytes >= 2**30 else f"{n_bytes / 2**20:.3g} MiB"
+
+
 def table(fits, refused, top: int = 10) -> str:
     """The ranked layouts as text: degrees, ZeRO, recomputation, m, schedule, GiB per rank, ms per step by part."""
-    lines = [f"{'D x T x S':>10} {'ZeRO':>4} {'recompute':>9} {'m':>3} {'schedule':>8} {'GiB':>7} {'step ms':>9}  "
+    lines = [f"{'D x T x S':>10} {'ZeRO':>4} {'recompute':>9} {'m':>3} {'schedule':>8} {'memory':>9} {'step ms':>9}  "
              "compute / data / tensor / pipeline / update (hideable)"]
     for seconds, held, layout in fits[:top]:
         ms = " / ".join(f"{seconds[part] * 1e3:.3g}" for part in ("compute", "data", "tensor", "pipeline", "update"))
         lines.append(f"{layout.data:>4} x {layout.tensor} x {layout.pipeline} {layout.zero:>4} "
                      f"{layout.recompute or '-':>9} {layout.micro_batches:>3} {layout.schedule:>8} "
-                     f"{sum(held.values()) / 2**30:>7.3g} {seconds['step'] * 1e3:>9.4g}  {ms} "
+                     f"{size(sum(held.values())):>9} {seconds['step'] * 1e3:>9.4g}  {ms} "
                      f"({seconds['hideable'] * 1e3:.3g})")
     reasons = {}
     for reason, layout in refused:

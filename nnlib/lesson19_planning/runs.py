@@ -1,7 +1,7 @@
 """Lesson 19's measurements of this machine and of real runs, to put beside the planner's predictions.
 
-measure_compute   each layer's forward and backward (lesson 12's balance.layer_seconds) on several widths and rows,
-                  fitted as t = overhead + FLOPs / rate (planner.fit_compute), and the optimizer's update rate
+measure_compute   one rank's real steps of several networks at several batch sizes, fitted as a fixed cost per layer
+                  plus FLOPs / rate (planner.fit_compute), and the optimizer's update rate
 measure_link      one message of each size between two ranks, fitted as alpha + beta n (lesson 05's fit)
 timed_steps       the real step of each layout (memory.build_layout, lesson 06's train_parallel), in interleaved
                   rounds: each round's median seconds between consecutive steps
@@ -12,15 +12,17 @@ from __future__ import annotations
 import time
 
 import numpy as np
+from mpi4py import MPI
 
 from nnlib.lesson03_training.optimizers import Adam, SGD
-from nnlib.lesson04_collectives.costmodel import Machine, fit_latency_bandwidth
+from nnlib.lesson02_network.network import count_parameters
+from nnlib.lesson04_collectives.costmodel import Machine, fit_latency_bandwidth, flops_per_sample
 from nnlib.lesson04_collectives.timing import median_seconds, time_messages
 from nnlib.lesson06_data_parallel.data_parallel import shard, train_parallel
 from nnlib.lesson10_zero_overlap.sampling import PerRankBatches
-from nnlib.lesson12_pipeline.balance import layer_flops, layer_seconds
 from nnlib.lesson12_pipeline.bubbles import random_batch
 from nnlib.lesson19_planning.memory import build_layout
+from nnlib.lesson19_planning.layout import Layout
 from nnlib.lesson19_planning.planner import Compute, fit_compute
 
 LESSON = 19
@@ -37,16 +39,18 @@ def update_rate(optimizer: str, values: int = 1 << 18, dtype="float64") -> float
     return values / median_seconds(lambda: step.step(params, grads), repeats=20)
 
 
-def measure_compute(rows=(32, 128, 512), optimizer: str = "momentum", dtype="float64") -> Compute:
-    """A layer's pass (forward + backward) timed on every layer of CHAINS at each of ``rows``, fitted as
-    t = overhead + FLOPs / rate; with the optimizer's update rate."""
-    flops, seconds = [], []
+def measure_compute(rows=(32, 128, 512), optimizer: str = "momentum") -> Compute:
+    """Real training steps (:func:`timed_steps`, one rank) of every network of CHAINS at each of ``rows``, the update
+    (:func:`update_rate`) taken off, fitted per layer: t / L = t_0 + (F / L) / R, F the step's FLOPs (lesson 04's
+    flops_per_sample times the rows), L its layers. t_0 takes in what a step does beside its products (the
+    sigmoids, the loss, taking the batch, Python), shared among the layers."""
+    rate, flops, seconds = update_rate(optimizer), [], []
     for sizes in CHAINS:
         for count in rows:
-            forward, backward = layer_seconds(sizes, count, dtype=dtype)
-            flops += [count * f for f in layer_flops(sizes)]
-            seconds += list(forward + backward)
-    return fit_compute(flops, seconds, update_rate(optimizer, dtype=dtype))
+            step = np.median(timed_steps(MPI.COMM_SELF, sizes, count, [Layout()], 3, optimizer=optimizer)[Layout()])
+            flops.append(flops_per_sample(sizes) * count / (len(sizes) - 1))
+            seconds.append((step - count_parameters(sizes) / rate) / (len(sizes) - 1))
+    return fit_compute(flops, seconds, rate)
 
 
 def measure_link(comm) -> Machine:
