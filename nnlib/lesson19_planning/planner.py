@@ -261,26 +261,30 @@ H100_NODES = dict(per_node=8, memory=80e9, inside=Machine(3e-6, 1 / 450e9), acro
 
 
 def size(n_bytes: float) -> str:
-    """Bytes as MiB or GiB, three digits."""
-    return f"{n_bytes / 2**30:.3g} GiB" if n_bytes >= 2**30 else f"{n_bytes / 2**20:.3g} MiB"
+    """Bytes as MiB or GiB, three digits (or whole GiB)."""
+    gib = n_bytes / 2**30
+    return f"{gib:,.0f} GiB" if gib >= 1000 else f"{gib:.3g} GiB" if gib >= 1 else f"{n_bytes / 2**20:.3g} MiB"
 
 
 def table(fits, refused, top: int = 10) -> str:
-    """The ranked layouts as text: degrees, ZeRO, recomputation, m, schedule, GiB per rank, ms per step by part."""
-    lines = [f"{'D x T x S':>10} {'ZeRO':>4} {'recompute':>9} {'m':>3} {'schedule':>8} {'memory':>9} {'step ms':>9}  "
-             "compute / data / tensor / pipeline / update (hideable)"]
+    """The ranked layouts as text, lines of at most 100 characters: degrees, ZeRO, recomputation every k, m,
+    schedule, the busiest rank's memory, the step in ms and its parts; then a few refusals with their reasons."""
+    import re
+    import textwrap
+
+    lines = ["   D x T x S ZeRO   k   m schedule    memory  step ms = compute + data + tensor + pipeline + update"]
     for seconds, held, layout in fits[:top]:
-        ms = " / ".join(f"{seconds[part] * 1e3:.3g}" for part in ("compute", "data", "tensor", "pipeline", "update"))
+        parts = " + ".join(f"{seconds[part] * 1e3:.3g}" for part in ("compute", "data", "tensor", "pipeline", "update"))
         lines.append(f"{layout.data:>4} x {layout.tensor} x {layout.pipeline} {layout.zero:>4} "
-                     f"{layout.recompute or '-':>9} {layout.micro_batches:>3} {layout.schedule:>8} "
-                     f"{size(sum(held.values())):>9} {seconds['step'] * 1e3:>9.4g}  {ms} "
-                     f"({seconds['hideable'] * 1e3:.3g})")
+                     f"{layout.recompute or '-':>3} {layout.micro_batches:>3} {layout.schedule:>8} "
+                     f"{size(sum(held.values())):>9} {seconds['step'] * 1e3:>8.4g} = {parts}")
     reasons = {}
-    for reason, layout in refused:
-        reasons.setdefault(reason.split(":")[0].split(" needs ")[0], (reason, layout))
+    for reason, layout in refused:  # one layout for each kind of reason
+        reasons.setdefault(re.sub(r"[0-9.]+", "", reason), (reason, layout))
     lines.append(f"{len(fits)} layouts fit, {len(refused)} refused, e.g.:")
-    lines += [f"  {layout.data} x {layout.tensor} x {layout.pipeline}, ZeRO {layout.zero}: {reason}"
-              for reason, layout in list(reasons.values())[:8]]
+    for reason, layout in list(reasons.values())[:6]:
+        lines += textwrap.wrap(f"{layout.data} x {layout.tensor} x {layout.pipeline}, ZeRO {layout.zero}: {reason}",
+                               100, initial_indent="  ", subsequent_indent="    ")
     return "\n".join(lines)
 
 
