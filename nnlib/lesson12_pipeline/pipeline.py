@@ -129,8 +129,9 @@ class PipelineMLP(Classifier):
 
     comm: the stages (rank s holds stage s); layer_sizes, output, dtype, seed, device: as for Network (the same
     initial weights; on a GPU, a comm staging its buffers: lesson 08's HostStaging); micro_batches: m; schedule: a
-    key of ``schedules``; cut: the layers of each stage, e.g. (2, 5), or None for stage_layers' even cut. ``params``, ``grads``: this stage's slices of Network's flat vectors, ``layers`` over them;
-    ``held``: the stages this rank holds (here one), ``runs(instruction)`` the one that runs it. After each step:
+    key of ``schedules``; cut: each stage's number of layers, e.g. (2, 5), or None for stage_layers' even cut.
+    ``params``, ``grads``: this stage's slices of Network's flat vectors, ``layers`` over them; ``held``: the stages
+    this rank holds (here one), ``runs(instruction)`` the one that runs it. After each step:
     ``timeline``, this stage's (letter, micro-batch, start, end) computations (time.perf_counter seconds, one clock
     per host; waits excluded), ``peak_alive``, the most micro-batches kept at once, and ``program``, the instructions.
     """

@@ -1,11 +1,11 @@
 """Run under mpiexec with 1 to 4 ranks: pipeline-parallel training equals sequential training.
 
-Consecutive layers on consecutive ranks (nnlib.lesson12_pipeline.pipeline), m micro-batches (1, 3 and 8; batches of
-203 and 32 samples, which do not divide), GPipe and 1F1B, sigmoid and softmax, full batch and
-mini-batch with momentum, float64: the stages' parameters, put together, equal the sequential
-run's to 1e-10, with the even cut of the layers and with every uneven one (PipelineMLP's cut). Also: 1F1B keeps
-at most P - s micro-batches alive on stage s and GPipe all m, the bytes sent (counted on a communicator that records its calls: the pipeline uses the one it is
-given), lesson 12's bubble measurement (nnlib.lesson12_pipeline.bubbles.measure_bubbles) gives its rows,
+Consecutive layers on consecutive ranks (nnlib.lesson12_pipeline.pipeline), m micro-batches (1, 3 and 8; batches of 203
+and 32 samples, which do not divide), GPipe and 1F1B, sigmoid and softmax, full batch and mini-batch with momentum,
+float64: the stages' parameters, put together, equal the sequential run's to 1e-10, with the even cut of the layers and
+with every uneven one (PipelineMLP's cut). Also: 1F1B keeps at most P - s micro-batches alive on stage s and GPipe all
+m, the bytes sent (counted on a communicator that records its calls: the pipeline uses the one it is given), lesson 12's
+bubble measurement (nnlib.lesson12_pipeline.bubbles.measure_bubbles) gives its rows,
 bad settings fail on every rank at once, and a stage that stalls is caught at the deadline
 when the caller passes a watched communicator (nnlib.lesson13_faults.watchdog). The schedules' instruction lists
 are tested on their own, without MPI, in tests/test_schedules.py.
