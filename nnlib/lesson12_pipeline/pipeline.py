@@ -127,9 +127,9 @@ class Stage:
 class PipelineMLP(Classifier):
     """This rank's stage of a fully connected sigmoid network trained with pipeline parallelism.
 
-    comm: the stages (rank s holds stage s); layer_sizes, output, dtype, seed, device: as for Network (the same
-    initial weights; on a GPU, a comm staging its buffers: lesson 08's HostStaging); micro_batches: m; schedule: a
-    key of ``schedules``; cut: each stage's number of layers, e.g. (2, 5), or None for stage_layers' even cut.
+    comm: the stages (rank s holds stage s); layer_sizes, output, dtype, seed, device (by name): as for Network (the
+    same initial weights; on a GPU, a comm staging its buffers: lesson 08's HostStaging); micro_batches: m; schedule:
+    a key of ``schedules``; cut (by name): each stage's number of layers, e.g. (2, 5); None: stage_layers' even cut.
     ``params``, ``grads``: this stage's slices of Network's flat vectors, ``layers`` over them; ``held``: the stages
     this rank holds (here one), ``runs(instruction)`` the one that runs it. After each step:
     ``timeline``, this stage's (letter, micro-batch, start, end) computations (time.perf_counter seconds, one clock
@@ -139,7 +139,10 @@ class PipelineMLP(Classifier):
     schedules, letters = SCHEDULES, COMPUTE
 
     def __init__(self, comm, layer_sizes=(784, 128, 10), output: str = "sigmoid", dtype="float64",
-                 seed: int = 0, micro_batches: int = 4, schedule: str = "1f1b", device="cpu", cut=None):
+                 seed: int = 0, micro_batches: int = 4, schedule: str = "1f1b", **placement):
+        device, cut = placement.pop("device", "cpu"), placement.pop("cut", None)  # (where the layers go, by name)
+        if placement:
+            raise TypeError(f"PipelineMLP takes device and cut by name, nothing else; got {', '.join(placement)}")
         whole = Network(layer_sizes, output, dtype, seed=seed)
         self.check_settings(comm.size, whole.num_layers, micro_batches, schedule)
         self.cut = tuple(cut) if isinstance(cut, (tuple, list, np.ndarray)) else cut

@@ -113,6 +113,11 @@ def test_bad_settings_fail_on_every_rank():
                                 "the ranks disagree on the pipeline")
         expect_error_everywhere(lambda: PipelineMLP(comm, SIZES, cut=(1, 2, 3, 4)[rank:rank + 2]),
                                 "the ranks disagree on the pipeline")
+    try:
+        PipelineMLP(comm, SIZES, cuts=(2, 2))  # a misspelt name
+        raise AssertionError("no error for the keyword cuts")
+    except TypeError as error:
+        assert "takes device and cut by name, nothing else; got cuts" in str(error), str(error)
     zero = (0,) * (size - 1) + (4,) if size > 1 else (0,)
     for cut in ((1,) * (size + 1), zero, (1,) * size if size < 4 else (1, 1, 1, 2), (2.5, 1.5), "4", (True,) * 4):
         expect_error_everywhere(lambda: PipelineMLP(comm, SIZES, cut=cut), f"cut must give each of the {size} stages")
