@@ -11,9 +11,11 @@ balance_by_time does with measured times and DeepSpeed's PipelineModule with par
 
 from __future__ import annotations
 
+import itertools
 import time
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from nnlib.lesson02_network.network import Network
 from nnlib.lesson04_collectives.costmodel import flops_per_sample
@@ -62,13 +64,13 @@ def layer_seconds(layer_sizes, rows: int, repeats: int = 5, calls: int = 20, dty
     """(forward, backward): arrays (L,) of each weight layer's seconds on one micro-batch of ``rows`` rows, as a
     pipeline Stage holding that layer alone computes them (messages excluded, as in PipelineMLP.timeline): the
     medians over ``repeats`` rounds, each the mean of ``calls`` calls of every layer in turn (one process, lesson
-    02's layers). A stage of several layers computes for about the sum of theirs."""
+    02's layers, one BLAS thread). A stage of several layers computes for about the sum of theirs."""
     network = Network(layer_sizes, output, dtype)
     inputs, labels = random_batch(layer_sizes, rows, dtype, seed=0)
     step, last = Step(inputs, labels, 1.0 / rows, [(0, rows)]), network.num_layers - 1
     seconds = np.zeros((2, repeats, network.num_layers))
-    for repeat in range(repeats):
-        for index, layer in enumerate(network.layers):
+    with threadpool_limits(1):  # one BLAS thread, as each rank of a pipeline has
+        for repeat, (index, layer) in itertools.product(range(repeats), enumerate(network.layers)):
             stage = Stage(None, [layer], index, index - 1 if index else None, index + 1 if index < last else None)
             received = [np.full((rows, size), 0.01, dtype) for size in layer.shape]  # (a, then dJ/da)
             for _ in range(calls):
