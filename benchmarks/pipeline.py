@@ -156,8 +156,11 @@ def speed_report(rounds: list, batch: int, cuts: dict, layer_times) -> None:
         print(f"  cut {name:8s} {cut}: {spread([row[name][0] for row in rounds])} s, speed / one process's "
               f"{spread([row['one'][0] / row[name][0] for row in rounds], 3)}; stages computing "
               + ", ".join(spread([row['stages ' + name][stage] for row in rounds]) for stage in range(2)) + " s")
-        print(f"      measured stage seconds per micro-batch " + ", ".join(
-              f"{seconds * 1e6:.0f}" for seconds in stage_sums(forward + backward, cut)) + " us; step "
+        in_run = [median(row["stages " + name][stage] for row in rounds) / SPEED_STEPS / SPEED_MICRO_BATCHES
+                  for stage in range(2)]
+        print(f"      each stage's seconds per micro-batch: from the layers' " + ", ".join(
+              f"{seconds * 1e6:.0f}" for seconds in stage_sums(forward + backward, cut)) + " us, in the run "
+              + ", ".join(f"{seconds * 1e6:.0f}" for seconds in in_run) + " us; step "
               f"{spread([step * 1e3 for step in steps])} ms, predicted {predicted * 1e3:.2f} ms, measured / predicted "
               f"{spread([step / predicted for step in steps], 3)}")
         if cuts[name] is not None:

@@ -1,12 +1,10 @@
-"""Pipeline stages cut by measured cost: the contiguous cut whose slowest stage is fastest.
+"""Pipeline stages cut by measured cost: of the contiguous cuts, the one whose slowest stage is fastest.
 
-A GPipe step on P stages with m micro-batches lasts about (m + P - 1) max_s t_s, t_s = sum of c_l over stage s's
-layers, c_l a layer's seconds per micro-batch (forward + backward): the slowest stage sets the pace (simulate gives
-the step exactly, :func:`predicted_step_seconds`). :func:`balanced_cut` minimizes max_s t_s, as torchgpipe's
-balance_by_time does with measured times and DeepSpeed's PipelineModule with parameter counts
-(partition_method="parameters", ds_utils.partition_balanced) or layer counts ("uniform": our stage_layers).
-:func:`layer_seconds` measures c_l. FLOPs (:func:`layer_flops`) mislead on small layers: each call has a fixed cost
-(Python, NumPy's dispatch, the passes over the activations) that the FLOPs do not count.
+With GPipe, P stages and m micro-batches a step lasts about (m + P - 1) max_s t_s, t_s the sum over stage s's layers
+of c_l, a layer's seconds per micro-batch (forward + backward): :func:`balanced_cut` minimizes max_s t_s, as
+torchgpipe's balance_by_time does with measured times and DeepSpeed's PipelineModule with parameter counts
+(partition_method="parameters") or layer counts ("uniform", our stage_layers). FLOPs (:func:`layer_flops`) mislead
+on small layers: each call's fixed cost (Python, NumPy's dispatch) is no FLOP. :func:`layer_seconds` measures c_l.
 """
 
 from __future__ import annotations
@@ -28,9 +26,9 @@ NOTEBOOKS_ONLY = True  # used by notebook 12 and benchmarks/pipeline.py, by no o
 
 
 def balanced_cut(costs, stages: int) -> tuple[int, ...]:
-    """Layers per stage, e.g. (2, 5): of the contiguous cuts of L layers costing c_0..c_{L-1} (>= 0) into P stages
-    of at least one layer each, the one with the least max_s (sum of c_l over stage s). Exact, O(P L^2):
-    best[s, j], the least largest sum over cuts of layers 0..j-1 into s stages, is min over i of
+    """Layers per stage, e.g. (2, 5): of the cuts of L layers costing c_0..c_{L-1} (>= 0) into P stages of
+    consecutive layers, at least one each, the one with the least max_s (sum of c_l over stage s). Exact, O(P L^2):
+    best[s, j], the least largest sum of a cut of layers 0..j-1 into s stages, is the min over i of
     max(best[s - 1, i], c_i + ... + c_{j-1}); the minimizing i's give the cut back."""
     costs = np.asarray(costs, dtype=np.float64)
     if costs.ndim != 1 or not np.all(np.isfinite(costs) & (costs >= 0)) or not 1 <= stages <= costs.size:
@@ -38,11 +36,10 @@ def balanced_cut(costs, stages: int) -> tuple[int, ...]:
                          f"stages for costs {costs.tolist()}")
     sums, best = np.concatenate([[0.0], np.cumsum(costs)]), np.full((stages + 1, costs.size + 1), np.inf)
     best[0, 0], choice = 0.0, np.zeros(best.shape, int)
-    for s in range(1, stages + 1):
-        for j in range(s, costs.size + 1):
-            options = [max(best[s - 1, i], sums[j] - sums[i]) for i in range(j)]
-            choice[s, j] = int(np.argmin(options))
-            best[s, j] = options[choice[s, j]]
+    for s, j in itertools.product(range(1, stages + 1), range(1, costs.size + 1)):
+        options = [max(best[s - 1, i], sums[j] - sums[i]) for i in range(j)]
+        choice[s, j] = int(np.argmin(options))
+        best[s, j] = options[choice[s, j]]
     stops = [costs.size]
     for s in range(stages, 0, -1):
         stops.insert(0, choice[s, stops[0]])
@@ -61,27 +58,23 @@ def layer_flops(layer_sizes) -> list[int]:
 
 
 def layer_seconds(layer_sizes, rows: int, repeats: int = 5, calls: int = 20, dtype="float32", output="sigmoid"):
-    """(forward, backward): arrays (L,) of each weight layer's seconds on one micro-batch of ``rows`` rows, as a
-    pipeline Stage holding that layer alone computes them (messages excluded, as in PipelineMLP.timeline): the
-    medians over ``repeats`` rounds, each the mean of ``calls`` calls of every layer in turn (one process, lesson
-    02's layers, one BLAS thread). A stage of several layers computes for about the sum of theirs."""
-    network = Network(layer_sizes, output, dtype)
-    inputs, labels = random_batch(layer_sizes, rows, dtype, seed=0)
-    step, last = Step(inputs, labels, 1.0 / rows, [(0, rows)]), network.num_layers - 1
+    """(forward, backward): arrays (L,) of each weight layer's seconds on a micro-batch of ``rows`` rows, as a
+    pipeline Stage holding it alone computes them (messages excluded, as in PipelineMLP.timeline): medians over
+    ``repeats`` rounds, each the mean of ``calls`` calls of each layer in turn (one process, one BLAS thread)."""
+    network, inputs_labels = Network(layer_sizes, output, dtype), random_batch(layer_sizes, rows, dtype, seed=0)
+    step, last = Step(*inputs_labels, 1.0 / rows, [(0, rows)]), network.num_layers - 1
     seconds = np.zeros((2, repeats, network.num_layers))
     with threadpool_limits(1):  # one BLAS thread, as each rank of a pipeline has
         for repeat, (index, layer) in itertools.product(range(repeats), enumerate(network.layers)):
             stage = Stage(None, [layer], index, index - 1 if index else None, index + 1 if index < last else None)
             received = [np.full((rows, size), 0.01, dtype) for size in layer.shape]  # (a, then dJ/da)
-            for _ in range(calls):
-                for kind, method in enumerate((stage.forward, stage.backward)):
-                    if (stage.before, stage.after)[kind] is not None:
-                        stage.arrived[0] = received[kind].copy()
-                    began = time.perf_counter()
-                    method(step, 0)
-                    seconds[kind, repeat, index] += (time.perf_counter() - began) / calls
-    forward, backward = np.median(seconds, axis=1)
-    return forward, backward
+            for _, (kind, method) in itertools.product(range(calls), enumerate((stage.forward, stage.backward))):
+                if (stage.before, stage.after)[kind] is not None:
+                    stage.arrived[0] = received[kind].copy()
+                began = time.perf_counter()
+                method(step, 0)
+                seconds[kind, repeat, index] += (time.perf_counter() - began) / calls
+    return tuple(np.median(seconds, axis=1))
 
 
 def predicted_step_seconds(forward, backward, cut, micro_batches: int, schedule: str = "gpipe") -> float:

@@ -31,20 +31,13 @@ LESSON = 12
 
 
 def stage_layers(num_layers: int, stages: int, cut=None) -> list[tuple[int, int]]:
-    """[(first, stop)] weight layers of each stage: consecutive, as even as possible (earlier stages larger), or
-    ``cut[s]`` layers on stage s, e.g. (2, 5) for 7 layers on 2 stages (balance.balanced_cut finds one by cost).
-    A cut of the wrong length, with a count below 1, or whose sum is not num_layers: the same ValueError on every
-    rank (each rank checks the same cut)."""
-    if cut is None:
-        counts, starts = split_evenly(num_layers, stages)
-        return [(start, start + count) for start, count in zip(starts, counts)]
-    counts = tuple(cut) if isinstance(cut, (tuple, list, np.ndarray)) else ()
-    if (len(counts) != stages or sum(counts) != num_layers
-            or not all(isinstance(count, (int, np.integer)) and not isinstance(count, bool) and count >= 1
-                       for count in counts)):
-        raise raised_on_every_rank(ValueError(
-            f"cut must give each of the {stages} stages a positive whole number of layers, {num_layers} in all, e.g. "
-            f"{tuple(split_evenly(num_layers, stages)[0])}; got {cut!r}"))
+    """[(first, stop)] weight layers of each stage: consecutive, as even as possible (earlier stages larger), or cut[s]
+    on stage s, e.g. (2, 5) (balance.balanced_cut cuts by cost). A bad cut: the same ValueError on every rank."""
+    counts = split_evenly(num_layers, stages)[0] if cut is None else list(cut) if isinstance(cut, (tuple, list)) else []
+    if len(counts) != stages or sum(counts) != num_layers or not all(
+            isinstance(count, (int, np.integer)) and not isinstance(count, bool) and count > 0 for count in counts):
+        raise raised_on_every_rank(ValueError(f"cut must give each of the {stages} stages a positive whole number of "
+                                              f"layers, {num_layers} in all; got {cut!r}"))
     stops = np.cumsum(counts).tolist()
     return [(stop - count, stop) for stop, count in zip(stops, counts)]
 
@@ -145,10 +138,9 @@ class PipelineMLP(Classifier):
             raise TypeError(f"PipelineMLP takes device and cut by name, nothing else; got {', '.join(placement)}")
         whole = Network(layer_sizes, output, dtype, seed=seed)
         self.check_settings(comm.size, whole.num_layers, micro_batches, schedule)
-        self.cut = tuple(cut) if isinstance(cut, (tuple, list, np.ndarray)) else cut
-        require_same_on_every_rank(comm, "the pipeline (layer sizes, output, dtype, seed, micro-batches, schedule, "
-                                   "cut)", (whole.layer_sizes, output, str(whole.dtype), seed, micro_batches,
-                                            schedule, self.cut))
+        self.cut = cut = tuple(cut) if isinstance(cut, (tuple, list, np.ndarray)) else cut
+        require_same_on_every_rank(comm, "the pipeline (layers, output, dtype, seed, micro-batches, schedule, cut)",
+                                   (whole.layer_sizes, output, str(whole.dtype), seed, micro_batches, schedule, cut))
         stage_layers(whole.num_layers, comm.size, self.cut)  # (a bad cut: the same ValueError on every rank)
         self.comm, self.layer_sizes, self.output, self.dtype = comm, whole.layer_sizes, output, whole.dtype
         self.xp = namespace_of_device(device)
