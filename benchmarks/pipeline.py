@@ -92,7 +92,7 @@ def measured_cuts(comm, batch: int) -> tuple[dict, tuple]:
 
     measured = None
     if comm.rank == 0:
-        forward, backward = layer_seconds(SPEED_SIZES, batch // SPEED_MICRO_BATCHES, repeats=9, calls=20)
+        forward, backward = layer_seconds(SPEED_SIZES, batch // SPEED_MICRO_BATCHES, SPEED_MICRO_BATCHES, repeats=25)
         cuts = {"4 | 3": None, "by cost": balanced_cut(forward + backward, 2)}
         if balanced_cut(layer_flops(SPEED_SIZES), 2) != cuts["by cost"]:
             cuts["by FLOPs"] = balanced_cut(layer_flops(SPEED_SIZES), 2)

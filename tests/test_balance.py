@@ -70,7 +70,7 @@ def test_the_simulated_step_of_an_uneven_cut():
 
 
 def test_layer_seconds_measures_each_layer():
-    forward, backward = layer_seconds((300, 300, 3), rows=64, repeats=3, calls=3)
+    forward, backward = layer_seconds((300, 300, 3), rows=64, micro_batches=2, repeats=3)
     assert forward.shape == backward.shape == (2,)
     assert np.all(forward > 0) and np.all(backward > 0)
     assert forward[0] > forward[1] and backward[0] > backward[1]  # 300 x 300 against 300 x 3 (and the loss)

@@ -57,23 +57,29 @@ def layer_flops(layer_sizes) -> list[int]:
             for layer in range(len(layer_sizes) - 1)]
 
 
-def layer_seconds(layer_sizes, rows: int, repeats: int = 5, calls: int = 20, dtype="float32", output="sigmoid"):
-    """(forward, backward): arrays (L,) of each weight layer's seconds on a micro-batch of ``rows`` rows, as a
-    pipeline Stage holding it alone computes them (messages excluded, as in PipelineMLP.timeline): medians over
-    ``repeats`` rounds, each the mean of ``calls`` calls of each layer in turn (one process, one BLAS thread)."""
-    network, inputs_labels = Network(layer_sizes, output, dtype), random_batch(layer_sizes, rows, dtype, seed=0)
-    step, last = Step(*inputs_labels, 1.0 / rows, [(0, rows)]), network.num_layers - 1
-    seconds = np.zeros((2, repeats, network.num_layers))
+def layer_seconds(layer_sizes, rows: int, micro_batches: int = 4, repeats: int = 15, dtype="float32",
+                  output="sigmoid"):
+    """(forward, backward): arrays (L,) of each weight layer's seconds on a micro-batch of ``rows`` rows. One process
+    (one BLAS thread) runs GPipe steps of ``micro_batches`` micro-batches through L pipeline Stages of one layer each,
+    each handing the next its output (so the caches hold what a real stage's would), and times each Stage's forward
+    and backward (messages excluded, as in PipelineMLP.timeline): medians over ``repeats`` steps."""
+    network, last = Network(layer_sizes, output, dtype), len(layer_sizes) - 2
+    inputs, labels = random_batch(layer_sizes, rows * micro_batches, dtype, seed=0)
+    step = Step(inputs, labels, 1.0 / rows, [(k * rows, (k + 1) * rows) for k in range(micro_batches)])
+    stages = [Stage(None, [layer], index, index - 1 if index else None, index + 1 if index < last else None)
+              for index, layer in enumerate(network.layers)]
+    seconds = np.zeros((2, repeats, last + 1))
     with threadpool_limits(1):  # one BLAS thread, as each rank of a pipeline has
-        for repeat, (index, layer) in itertools.product(range(repeats), enumerate(network.layers)):
-            stage = Stage(None, [layer], index, index - 1 if index else None, index + 1 if index < last else None)
-            received = [np.full((rows, size), 0.01, dtype) for size in layer.shape]  # (a, then dJ/da)
-            for _, (kind, method) in itertools.product(range(calls), enumerate((stage.forward, stage.backward))):
-                if (stage.before, stage.after)[kind] is not None:
-                    stage.arrived[0] = received[kind].copy()
+        for repeat, kind in itertools.product(range(repeats), (0, 1)):
+            for k, index in itertools.product(range(micro_batches), range(last + 1)):
+                index, stage = (index, stages[index]) if kind == 0 else (last - index, stages[last - index])
+                if kind == 0 and index:
+                    stage.arrived[k] = stages[index - 1].kept[k][0][-1]  # the output a of the layer before
+                elif kind == 1 and index < last:
+                    stage.arrived[k] = stages[index + 1].outgoing.pop(k)  # dJ/da from the layer after
                 began = time.perf_counter()
-                method(step, 0)
-                seconds[kind, repeat, index] += (time.perf_counter() - began) / calls
+                (stage.forward, stage.backward)[kind](step, k)
+                seconds[kind, repeat, index] += (time.perf_counter() - began) / micro_batches
     return tuple(np.median(seconds, axis=1))
 
 
