@@ -11,7 +11,8 @@ cost (balance.balanced_cut) and by FLOPs. Then S interleaved rounds (default 7):
 cut by cost, and the cut by FLOPs where it differs, their order rotating. It prints the medians over the rounds,
 with their ranges, of: each one's seconds, its speed over the one process's (samples per second) and over the 4 | 3
 cut's, the seconds each stage spent computing (the stages' timelines, waits excluded), and each cut's step time
-against balance.predicted_step_seconds from the measured layer seconds. Then :func:`stage_costs`: stage 0 of the
+against balance.predicted_step_seconds from the measured layer seconds, plus what the one process spends a step
+outside loss_and_gradient (the loop, the batch's rows, the update). Then :func:`stage_costs`: stage 0 of the
 4 | 3 cut on micro-batches against the whole network, and :func:`second_core_busy`: whether the machine gives the
 two ranks two independent cores.
 
@@ -138,11 +139,13 @@ def spread(values, digits: int = 2) -> str:
 
 def speed_report(rounds: list, batch: int, cuts: dict, layer_times) -> None:
     """Medians over the rounds (ranges in brackets): seconds, speed-up, seconds computing; each cut's speed over the
-    4 | 3 cut's, and its step time against balance.predicted_step_seconds from the measured layer seconds."""
+    4 | 3 cut's, and its step time against balance.predicted_step_seconds from the measured layer seconds, plus what
+    the one process spends a step outside loss_and_gradient (the loop, the batch's rows, the update)."""
     from nnlib.lesson12_pipeline.balance import predicted_step_seconds, stage_sums
     from nnlib.lesson12_pipeline.pipeline import stage_layers
 
     forward, backward = layer_times
+    outside = median((row["one"][0] - row["one"][1]) / SPEED_STEPS for row in rounds)  # loop, batch rows, update
     print(f"speed, {'-'.join(map(str, SPEED_SIZES))}, batch {batch}, {SPEED_STEPS} steps, GPipe with "
           f"{SPEED_MICRO_BATCHES} micro-batches; medians of {len(rounds)} interleaved rounds (range):")
     print(f"  each layer's seconds on one micro-batch of {batch // SPEED_MICRO_BATCHES} rows (forward + backward, "
@@ -152,6 +155,7 @@ def speed_report(rounds: list, batch: int, cuts: dict, layer_times) -> None:
     for name, cut in cuts.items():
         cut = cut or tuple(stop - first for first, stop in stage_layers(len(SPEED_SIZES) - 1, 2))
         predicted = predicted_step_seconds(forward, backward, cut, SPEED_MICRO_BATCHES, "gpipe")
+        predicted += outside  # the simulated span, then what one process spends outside loss_and_gradient a step
         steps = [row[name][0] / SPEED_STEPS for row in rounds]
         print(f"  cut {name:8s} {cut}: {spread([row[name][0] for row in rounds])} s, speed / one process's "
               f"{spread([row['one'][0] / row[name][0] for row in rounds], 3)}; stages computing "
@@ -161,7 +165,8 @@ def speed_report(rounds: list, batch: int, cuts: dict, layer_times) -> None:
         print(f"      each stage's seconds per micro-batch: from the layers' " + ", ".join(
               f"{seconds * 1e6:.0f}" for seconds in stage_sums(forward + backward, cut)) + " us, in the run "
               + ", ".join(f"{seconds * 1e6:.0f}" for seconds in in_run) + " us; step "
-              f"{spread([step * 1e3 for step in steps])} ms, predicted {predicted * 1e3:.2f} ms, measured / predicted "
+              f"{spread([step * 1e3 for step in steps])} ms, predicted {(predicted - outside) * 1e3:.2f} + "
+              f"{outside * 1e3:.2f} = {predicted * 1e3:.2f} ms, measured / predicted "
               f"{spread([step / predicted for step in steps], 3)}")
         if cuts[name] is not None:
             print(f"      speed / the 4 | 3 cut's: {spread([row['4 | 3'][0] / row[name][0] for row in rounds], 3)}")
