@@ -1,7 +1,7 @@
 """Pipeline stages cut by measured cost: of the contiguous cuts, the one whose slowest stage is fastest.
 
-With GPipe, P stages and m micro-batches a step lasts about (m + P - 1) max_s t_s, t_s the sum over stage s's layers
-of c_l, a layer's seconds per micro-batch (forward + backward): :func:`balanced_cut` minimizes max_s t_s, as
+A pipeline step of m micro-batches lasts at least m max_s t_s (the slowest stage computes them all), t_s the sum over
+stage s's layers of c_l, a layer's seconds per micro-batch (forward + backward): :func:`balanced_cut` minimizes it, as
 torchgpipe's balance_by_time does with measured times and DeepSpeed's PipelineModule with parameter counts
 (partition_method="parameters") or layer counts ("uniform", our stage_layers). FLOPs (:func:`layer_flops`) mislead
 on small layers: each call's fixed cost (Python, NumPy's dispatch) is no FLOP. :func:`layer_seconds` measures c_l.
