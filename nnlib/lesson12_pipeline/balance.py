@@ -1,13 +1,10 @@
 """Pipeline stages cut by measured cost: of the contiguous cuts, the one whose slowest stage is fastest.
 
-A pipeline step of m micro-batches lasts at least m max_s t_s (the slowest stage computes them all), t_s the sum over
-stage s's layers of c_l, a layer's seconds per micro-batch (forward + backward): :func:`balanced_cut` minimizes it, as
-torchgpipe's balance_by_time does with measured times and DeepSpeed's PipelineModule with parameter counts
-(partition_method="parameters") or layer counts ("uniform", our stage_layers). FLOPs (:func:`layer_flops`) mislead
-on small layers: each call's fixed cost (Python, NumPy's dispatch) is no FLOP. :func:`layer_seconds` measures c_l.
-"""
-
-from __future__ import annotations
+A step of m micro-batches lasts at least m max_s t_s (the slowest stage computes them all), t_s = sum of c_l over stage
+s's layers, c_l a layer's seconds per micro-batch (:func:`layer_seconds`). :func:`balanced_cut` minimizes max_s t_s, as
+torchgpipe's balance_by_time does; DeepSpeed's PipelineModule balances parameter counts (partition_method="parameters")
+or layer counts ("uniform": stage_layers). FLOPs (:func:`layer_flops`) mislead on small layers: a call's fixed cost
+(Python, NumPy's dispatch) is no FLOP."""
 
 import itertools
 import time
@@ -57,13 +54,12 @@ def layer_flops(layer_sizes) -> list[int]:
             for layer in range(len(layer_sizes) - 1)]
 
 
-def layer_seconds(layer_sizes, rows: int, micro_batches: int = 4, repeats: int = 15, dtype="float32",
-                  output="sigmoid"):
+def layer_seconds(layer_sizes, rows: int, micro_batches: int = 4, repeats: int = 15, dtype="float32"):
     """(forward, backward): arrays (L,) of each weight layer's seconds on a micro-batch of ``rows`` rows. One process
-    (one BLAS thread) runs GPipe steps of ``micro_batches`` micro-batches through L pipeline Stages of one layer each,
-    each handing the next its output (so the caches hold what a real stage's would), and times each Stage's forward
-    and backward (messages excluded, as in PipelineMLP.timeline): medians over ``repeats`` steps."""
-    network, last = Network(layer_sizes, output, dtype), len(layer_sizes) - 2
+    (one BLAS thread) runs GPipe steps of ``micro_batches`` micro-batches through L pipeline Stages of one layer each
+    (sigmoid output), each handing the next its output (so caches hold what a real stage's would), and times each
+    Stage's forward and backward (messages excluded, as in PipelineMLP.timeline): medians over ``repeats`` steps."""
+    network, last = Network(layer_sizes, "sigmoid", dtype), len(layer_sizes) - 2
     inputs, labels = random_batch(layer_sizes, rows * micro_batches, dtype, seed=0)
     step = Step(inputs, labels, 1.0 / rows, [(k * rows, (k + 1) * rows) for k in range(micro_batches)])
     stages = [Stage(None, [layer], index, index - 1 if index else None, index + 1 if index < last else None)
