@@ -1,17 +1,20 @@
 """The pipeline on 2 stages: its speed against one process, and its idle time ("bubble").
 
 Run:   make benchmark        (or: .venv/bin/python benchmarks/pipeline.py [--rounds R] [--speed-rounds S]
-                                                                     [--speed-batch B] [--only speed|bubbles])
+                                                                     [--speed-batch B ...] [--only speed|bubbles])
 
-Speed: lesson 03's training loop, batch 128 (or --speed-batch B), on SPEED_SIZES (784-128-127-126-125-124-123-10,
-7 layers: 4 on stage 0, 3 on stage 1), SPEED_STEPS steps of a random float32 data set, in S interleaved rounds
-(default 7):
-the whole network in one process (rank 0; rank 1 waits without spinning), then a 2-stage GPipe with 4
-micro-batches. It prints the medians over the rounds, with their ranges, of: each one's seconds, the pipeline's
-speed over the one process's (samples per second), and the seconds each spent computing (inside
-loss_and_gradient for the one process; the stages' timelines, waits excluded, for the pipeline). Then
-:func:`stage_costs`: where that speed's limit is (stage 0's layers on micro-batches against the whole network),
-and :func:`second_core_busy`: whether the machine gives the two ranks two independent cores.
+Speed: lesson 03's training loop at batches 128 and 512 (or --speed-batch B ...), on SPEED_SIZES
+(784-128-127-126-125-124-123-10, 7 layers), SPEED_STEPS steps of a random float32 data set. First rank 0 measures
+each layer's seconds on one micro-batch (nnlib.lesson12_pipeline.balance.layer_seconds) and cuts the layers by that
+cost (balance.balanced_cut) and by FLOPs. Then S interleaved rounds (default 7): the whole network in one process
+(rank 0; rank 1 waits without spinning), then 2-stage GPipes with 4 micro-batches: the even cut (4 layers | 3), the
+cut by cost, and the cut by FLOPs where it differs, their order rotating. It prints the medians over the rounds,
+with their ranges, of: each one's seconds, its speed over the one process's (samples per second) and over the 4 | 3
+cut's, the seconds each stage spent computing (the stages' timelines, waits excluded), and each cut's step time
+against balance.predicted_step_seconds from the measured layer seconds, plus what the one process spends a step
+outside loss_and_gradient (the loop, the batch's rows, the update). Then :func:`stage_costs`: stage 0 of the
+4 | 3 cut on micro-batches against the whole network, and :func:`second_core_busy`: whether the machine gives the
+two ranks two independent cores.
 
 Starts itself under ``mpiexec -n 2`` (one BLAS thread per rank) and, for GPipe and 1F1B and
 m = 1, 2, 4, 8, 16 micro-batches, runs pipeline steps on a random float32 batch (a warm-up step,
@@ -41,11 +44,15 @@ NETWORKS = {"2304-1024-1024 (one layer per stage)": ((2304, 1024, 1024), 1024),
             "64-1024 x 9-10 (balanced stages)": ((64,) + (1024,) * 9 + (10,), 1024)}
 COUNTS = (1, 2, 4, 8, 16)  # micro-batches per step (measure_bubbles' default)
 SPEED_SIZES, SPEED_BATCH, SPEED_STEPS, SPEED_MICRO_BATCHES = (784, 128, 127, 126, 125, 124, 123, 10), 128, 200, 4
+SPEED_BATCHES = (128, 512)  # the speed comparison's default batches
 
 
-def speed_round(comm, batch: int = SPEED_BATCH) -> dict | None:
-    """One round: the whole network trained in one process (rank 0), then the 2-stage GPipe; rank 0 gets
-    {"one", "pipeline"}: (seconds, seconds computing) and "stages": each stage's seconds computing."""
+def speed_round(comm, batch: int = SPEED_BATCH, cuts=None, order: int = 0) -> dict | None:
+    """One round: the whole network trained in one process (rank 0), then a 2-stage GPipe for each of ``cuts``
+    ({name: layers per stage, None for the even 4 | 3}; default {"pipeline": None}), in the order rotated by
+    ``order``; rank 0 gets {"one", name...: (seconds, seconds computing)} and {"stages " + name: each stage's seconds
+    computing} (None elsewhere)."""
+    cuts = cuts or {"pipeline": None}
     import time
 
     import numpy as np
@@ -57,14 +64,16 @@ def speed_round(comm, batch: int = SPEED_BATCH) -> dict | None:
     inputs = rng.random((batch * SPEED_STEPS, SPEED_SIZES[0])).astype(np.float32)
     labels = rng.integers(0, SPEED_SIZES[-1], batch * SPEED_STEPS)
     settings = dict(epochs=1, learning_rate=0.1, batch_size=batch, momentum=0.9, progress=False)
+    names = list(cuts)[order % len(cuts):] + list(cuts)[:order % len(cuts)]
     result = {}
-    for kind in ("one", "pipeline"):
+    for kind in ["one", *names]:
         comm.Barrier()
         if kind == "one" and comm.rank != 0:
             quiet_wait(comm)  # rank 1 waits without taking a core from rank 0
             continue
         network = (Network(SPEED_SIZES, dtype="float32") if kind == "one" else
-                   PipelineMLP(comm, SPEED_SIZES, dtype="float32", micro_batches=SPEED_MICRO_BATCHES, schedule="gpipe"))
+                   PipelineMLP(comm, SPEED_SIZES, dtype="float32", micro_batches=SPEED_MICRO_BATCHES, schedule="gpipe",
+                               cut=cuts[kind]))
         computing = timed_compute(network)
         began = time.perf_counter()
         train(network, inputs, labels, **settings)
@@ -72,8 +81,28 @@ def speed_round(comm, batch: int = SPEED_BATCH) -> dict | None:
         if kind == "one":
             quiet_wait(comm)
         else:
-            result["stages"] = comm.gather(sum(computing[1:]), root=0)
+            result["stages " + kind] = comm.gather(sum(computing[1:]), root=0)
     return result if comm.rank == 0 else None
+
+
+def measured_cuts(comm, batch: int) -> tuple[dict, tuple]:
+    """Rank 0 measures each layer's seconds on one micro-batch (rank 1 waits): the cuts to compare, {"4 | 3": None
+    (stage_layers' even cut), "by cost": balanced_cut of forward + backward, "by FLOPs": balanced_cut of layer_flops
+    (if it differs)}, and (forward, backward), every rank getting rank 0's."""
+    from nnlib.lesson12_pipeline.balance import balanced_cut, layer_flops, layer_seconds
+
+    measured = None
+    if comm.rank == 0:
+        forward, backward = layer_seconds(SPEED_SIZES, batch // SPEED_MICRO_BATCHES, SPEED_MICRO_BATCHES, repeats=25)
+        cuts = {"4 | 3": None, "by cost": balanced_cut(forward + backward, 2)}
+        if balanced_cut(layer_flops(SPEED_SIZES), 2) != cuts["by cost"]:
+            cuts["by FLOPs"] = balanced_cut(layer_flops(SPEED_SIZES), 2)
+        measured = cuts, (forward, backward)
+    else:
+        quiet_wait(comm)
+    if comm.rank == 0:
+        quiet_wait(comm)
+    return comm.bcast(measured, root=0)
 
 
 def timed_compute(network) -> list:
@@ -108,16 +137,40 @@ def spread(values, digits: int = 2) -> str:
     return f"{median(values):.{digits}f} ({min(values):.{digits}f}-{max(values):.{digits}f})"
 
 
-def speed_report(rounds: list, batch: int = SPEED_BATCH) -> None:
-    """Medians over the rounds (ranges in brackets): seconds, speed-up, seconds computing."""
-    speedups = [row["one"][0] / row["pipeline"][0] for row in rounds]
-    print(f"speed, {'-'.join(map(str, SPEED_SIZES))} (4 layers | 3), batch {batch}, {SPEED_STEPS} steps, "
-          f"GPipe with {SPEED_MICRO_BATCHES} micro-batches; medians of {len(rounds)} interleaved rounds (range):")
-    print(f"  one process      {spread([row['one'][0] for row in rounds])} s, computing "
+def speed_report(rounds: list, batch: int, cuts: dict, layer_times) -> None:
+    """Medians over the rounds (ranges in brackets): seconds, speed-up, seconds computing; each cut's speed over the
+    4 | 3 cut's, and its step time against balance.predicted_step_seconds from the measured layer seconds, plus what
+    the one process spends a step outside loss_and_gradient (the loop, the batch's rows, the update)."""
+    from nnlib.lesson12_pipeline.balance import predicted_step_seconds, stage_sums
+    from nnlib.lesson12_pipeline.pipeline import stage_layers
+
+    forward, backward = layer_times
+    outside = median((row["one"][0] - row["one"][1]) / SPEED_STEPS for row in rounds)  # loop, batch rows, update
+    print(f"speed, {'-'.join(map(str, SPEED_SIZES))}, batch {batch}, {SPEED_STEPS} steps, GPipe with "
+          f"{SPEED_MICRO_BATCHES} micro-batches; medians of {len(rounds)} interleaved rounds (range):")
+    print(f"  each layer's seconds on one micro-batch of {batch // SPEED_MICRO_BATCHES} rows (forward + backward, "
+          f"one process): " + " ".join(f"{seconds * 1e6:.0f}" for seconds in forward + backward) + " us")
+    print(f"  one process        {spread([row['one'][0] for row in rounds])} s, computing "
           f"{spread([row['one'][1] for row in rounds])} s")
-    print(f"  2-stage pipeline {spread([row['pipeline'][0] for row in rounds])} s; stage 0 computing "
-          f"{spread([row['stages'][0] for row in rounds])} s, stage 1 {spread([row['stages'][1] for row in rounds])} s")
-    print(f"  pipeline speed / one process's: {spread(speedups, 3)}\n", flush=True)
+    for name, cut in cuts.items():
+        cut = cut or tuple(stop - first for first, stop in stage_layers(len(SPEED_SIZES) - 1, 2))
+        predicted = predicted_step_seconds(forward, backward, cut, SPEED_MICRO_BATCHES, "gpipe")
+        predicted += outside  # the simulated span, then what one process spends outside loss_and_gradient a step
+        steps = [row[name][0] / SPEED_STEPS for row in rounds]
+        print(f"  cut {name:8s} {cut}: {spread([row[name][0] for row in rounds])} s, speed / one process's "
+              f"{spread([row['one'][0] / row[name][0] for row in rounds], 3)}; stages computing "
+              + ", ".join(spread([row['stages ' + name][stage] for row in rounds]) for stage in range(2)) + " s")
+        in_run = [median(row["stages " + name][stage] for row in rounds) / SPEED_STEPS / SPEED_MICRO_BATCHES
+                  for stage in range(2)]
+        print(f"      each stage's seconds per micro-batch: from the layers' " + ", ".join(
+              f"{seconds * 1e6:.0f}" for seconds in stage_sums(forward + backward, cut)) + " us, in the run "
+              + ", ".join(f"{seconds * 1e6:.0f}" for seconds in in_run) + " us; step "
+              f"{spread([step * 1e3 for step in steps])} ms, predicted {(predicted - outside) * 1e3:.2f} + "
+              f"{outside * 1e3:.2f} = {predicted * 1e3:.2f} ms, measured / predicted "
+              f"{spread([step / predicted for step in steps], 3)}")
+        if cuts[name] is not None:
+            print(f"      speed / the 4 | 3 cut's: {spread([row['4 | 3'][0] / row[name][0] for row in rounds], 3)}")
+    print(flush=True)
 
 
 def stage_costs(batch: int = SPEED_BATCH, rounds: int = 12, steps: int = 40) -> None:
@@ -214,7 +267,7 @@ def second_core_busy(comm, rounds: int = 15, steps: int = 60) -> None:
               flush=True)
 
 
-def worker(rounds: int, speed_rounds: int, only: str | None = None, batch: int = SPEED_BATCH) -> None:
+def worker(rounds: int, speed_rounds: int, only: str | None = None, batches=(SPEED_BATCH,)) -> None:
     from mpi4py import MPI
 
     from nnlib.course.deadline import watch
@@ -222,10 +275,12 @@ def worker(rounds: int, speed_rounds: int, only: str | None = None, batch: int =
 
     comm = watch(MPI.COMM_WORLD)  # every message under the default deadline, as in a batch job
     if only != "bubbles":
-        speeds = [speed_round(comm, batch) for _ in range(speed_rounds)]
-        if comm.rank == 0:
-            speed_report(speeds, batch)
-            stage_costs(batch)
+        for batch in batches:
+            cuts, layer_times = measured_cuts(comm, batch)
+            speeds = [speed_round(comm, batch, cuts, order) for order in range(speed_rounds)]
+            if comm.rank == 0:
+                speed_report(speeds, batch, cuts, layer_times)
+                stage_costs(batch)
         second_core_busy(comm)
     if only == "speed":
         return
@@ -260,18 +315,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3, help="times every bubble case is measured (medians)")
     parser.add_argument("--speed-rounds", type=int, default=7, help="rounds of the speed comparison (medians)")
-    parser.add_argument("--speed-batch", type=int, default=SPEED_BATCH,
-                        help="the speed comparison's batch (default 128); its 4 micro-batches are a quarter of it")
+    parser.add_argument("--speed-batch", type=int, nargs="+", default=list(SPEED_BATCHES),
+                        help="the speed comparison's batches (default 128 512); 4 micro-batches are a quarter of each")
     parser.add_argument("--only", choices=("speed", "bubbles"), default=None, help="one of the two measurements")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.speed_batch < SPEED_MICRO_BATCHES:
-        parser.error(f"--speed-batch {args.speed_batch}: give at least {SPEED_MICRO_BATCHES} rows, one per micro-batch")
+    if min(args.speed_batch) < SPEED_MICRO_BATCHES:
+        parser.error(f"--speed-batch {min(args.speed_batch)}: give at least {SPEED_MICRO_BATCHES} rows, one per "
+                     "micro-batch")
     if args.worker:
         worker(args.rounds, args.speed_rounds, args.only, args.speed_batch)
         return
     launch(__file__, args.rounds, f"2 stages, float32; medians of {args.rounds} rounds", seconds_per_round=900,
-           extra=["--speed-rounds", str(args.speed_rounds), "--speed-batch", str(args.speed_batch)]
+           extra=["--speed-rounds", str(args.speed_rounds), "--speed-batch", *map(str, args.speed_batch)]
            + (["--only", args.only] if args.only else []))
 
 
@@ -280,6 +336,8 @@ def launch(script: str, rounds: int, what: str, seconds_per_round: int, extra=()
     thread per rank (set here, before the ranks import NumPy; they inherit it). benchmarks/pipeline_schedules.py
     starts itself through this too."""
     os.environ.update({name: "1" for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")})
+    for name in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"):  # the CPU's own BLAS kernel, as `make benchmark` runs it
+        os.environ.pop(name, None)
     from nnlib.course.environment import describe, mpiexec_path
 
     machine = describe()

@@ -30,10 +30,16 @@ from nnlib.lesson12_pipeline.instructions import COMPUTE, SCHEDULES
 LESSON = 12
 
 
-def stage_layers(num_layers: int, stages: int) -> list[tuple[int, int]]:
-    """[(first, stop)] weight layers of each stage: consecutive, as even as possible (earlier stages larger)."""
-    counts, starts = split_evenly(num_layers, stages)
-    return [(start, start + count) for start, count in zip(starts, counts)]
+def stage_layers(num_layers: int, stages: int, cut=None) -> list[tuple[int, int]]:
+    """[(first, stop)] weight layers of each stage: consecutive, as even as possible (earlier stages larger), or cut[s]
+    on stage s, e.g. (2, 5) (balance.balanced_cut cuts by cost). A bad cut: the same ValueError on every rank."""
+    counts = split_evenly(num_layers, stages)[0] if cut is None else list(cut) if isinstance(cut, (tuple, list)) else []
+    if len(counts) != stages or sum(counts) != num_layers or not all(
+            isinstance(count, (int, np.integer)) and not isinstance(count, bool) and count > 0 for count in counts):
+        raise raised_on_every_rank(ValueError(f"cut must give each of the {stages} stages a positive whole number of "
+                                              f"layers, {num_layers} in all; got {cut!r}"))
+    stops = np.cumsum(counts).tolist()
+    return [(stop - count, stop) for stop, count in zip(stops, counts)]
 
 
 @dataclass
@@ -114,10 +120,11 @@ class Stage:
 class PipelineMLP(Classifier):
     """This rank's stage of a fully connected sigmoid network trained with pipeline parallelism.
 
-    comm: the stages (rank s holds stage s); layer_sizes, output, dtype, seed, device: as for Network (the same
-    initial weights; on a GPU, a comm staging its buffers: lesson 08's HostStaging); micro_batches: m; schedule: a
-    key of ``schedules``. ``params``, ``grads``: this stage's slices of Network's flat vectors, ``layers`` over them;
-    ``held``: the stages this rank holds (here one), ``runs(instruction)`` the one that runs it. After each step:
+    comm: the stages (rank s holds stage s); layer_sizes, output, dtype, seed, device (by name): as for Network (the
+    same initial weights; on a GPU, a comm staging its buffers: lesson 08's HostStaging); micro_batches: m; schedule:
+    a key of ``schedules``; cut (by name): each stage's number of layers, e.g. (2, 5); None: stage_layers' even cut.
+    ``params``, ``grads``: this stage's slices of Network's flat vectors, ``layers`` over them; ``held``: the stages
+    this rank holds (here one), ``runs(instruction)`` the one that runs it. After each step:
     ``timeline``, this stage's (letter, micro-batch, start, end) computations (time.perf_counter seconds, one clock
     per host; waits excluded), ``peak_alive``, the most micro-batches kept at once, and ``program``, the instructions.
     """
@@ -125,11 +132,16 @@ class PipelineMLP(Classifier):
     schedules, letters = SCHEDULES, COMPUTE
 
     def __init__(self, comm, layer_sizes=(784, 128, 10), output: str = "sigmoid", dtype="float64",
-                 seed: int = 0, micro_batches: int = 4, schedule: str = "1f1b", device="cpu"):
+                 seed: int = 0, micro_batches: int = 4, schedule: str = "1f1b", **placement):
+        device, cut = placement.pop("device", "cpu"), placement.pop("cut", None)  # (where the layers go, by name)
+        if placement:
+            raise TypeError(f"PipelineMLP takes device and cut by name, nothing else; got {', '.join(placement)}")
         whole = Network(layer_sizes, output, dtype, seed=seed)
         self.check_settings(comm.size, whole.num_layers, micro_batches, schedule)
-        require_same_on_every_rank(comm, "the pipeline (layer sizes, output, dtype, seed, micro-batches, schedule)",
-                                   (whole.layer_sizes, output, str(whole.dtype), seed, micro_batches, schedule))
+        self.cut = cut = tuple(cut) if isinstance(cut, (tuple, list, np.ndarray)) else cut
+        require_same_on_every_rank(comm, "the pipeline (layers, output, dtype, seed, micro-batches, schedule, cut)",
+                                   (whole.layer_sizes, output, str(whole.dtype), seed, micro_batches, schedule, cut))
+        stage_layers(whole.num_layers, comm.size, self.cut)  # (a bad cut: the same ValueError on every rank)
         self.comm, self.layer_sizes, self.output, self.dtype = comm, whole.layer_sizes, output, whole.dtype
         self.xp = namespace_of_device(device)
         self.micro_batches, self.schedule = micro_batches, schedule
@@ -152,7 +164,7 @@ class PipelineMLP(Classifier):
 
     def hold_layers(self, whole: Network) -> list[Stage]:
         """This rank's stage: layers [first, stop) over a copy of their slice of ``whole``'s params (and grads)."""
-        self.first, self.stop = stage_layers(whole.num_layers, self.stages)[self.stage]
+        self.first, self.stop = stage_layers(whole.num_layers, self.stages, self.cut)[self.stage]
         starts, last = parameter_offsets(whole.shapes), self.stage == self.stages - 1
         self.params = self.xp.asarray(whole.params[starts[self.first]:starts[self.stop]].copy())
         self.grads, self.num_params = self.xp.zeros_like(self.params), self.params.size

@@ -1,16 +1,17 @@
 """Run under mpiexec with 1 to 4 ranks: pipeline-parallel training equals sequential training.
 
-Consecutive layers on consecutive ranks (nnlib.lesson12_pipeline.pipeline), m micro-batches (1, 3 and 8; batches of
-203 and 32 samples, which do not divide), GPipe and 1F1B, sigmoid and softmax, full batch and
-mini-batch with momentum, float64: the stages' parameters, put together, equal the sequential
-run's to 1e-10. Also: 1F1B keeps at most P - s micro-batches alive on stage s and GPipe all m,
-the bytes sent (counted on a communicator that records its calls: the pipeline uses the one it is
-given), lesson 12's bubble measurement (nnlib.lesson12_pipeline.bubbles.measure_bubbles) gives its rows,
+Consecutive layers on consecutive ranks (nnlib.lesson12_pipeline.pipeline), m micro-batches (1, 3 and 8; batches of 203
+and 32 samples, which do not divide), GPipe and 1F1B, sigmoid and softmax, full batch and mini-batch with momentum,
+float64: the stages' parameters, put together, equal the sequential run's to 1e-10, with the even cut of the layers and
+with every uneven one (PipelineMLP's cut). Also: 1F1B keeps at most P - s micro-batches alive on stage s and GPipe all
+m, the bytes sent (counted on a communicator that records its calls: the pipeline uses the one it is given), lesson 12's
+bubble measurement (nnlib.lesson12_pipeline.bubbles.measure_bubbles) gives its rows,
 bad settings fail on every rank at once, and a stage that stalls is caught at the deadline
 when the caller passes a watched communicator (nnlib.lesson13_faults.watchdog). The schedules' instruction lists
 are tested on their own, without MPI, in tests/test_schedules.py.
 """
 
+import itertools
 import time
 
 import numpy as np
@@ -55,6 +56,22 @@ def test_equal_to_sequential_training():
                         assert alive == [min(size - stage, batch) for stage in range(size)], (where, alive)
 
 
+def test_an_uneven_cut_equals_sequential_training():
+    settings = dict(epochs=2, learning_rate=0.5, batch_size=32, momentum=0.9, seed=5)
+    sequential = Network(SIZES, output="softmax", dtype="float64", seed=3)
+    expected = train(sequential, INPUTS, LABELS, progress=False, **settings)
+    cuts = [cut for cut in itertools.product(range(1, 5), repeat=size) if sum(cut) == len(SIZES) - 1]
+    assert len(cuts) == {1: 1, 2: 3, 3: 3, 4: 1}[size], cuts  # every cut of 4 layers into P stages
+    for cut, schedule in itertools.product(cuts, ("gpipe", "1f1b")):
+        pipeline = PipelineMLP(comm, SIZES, output="softmax", dtype="float64", seed=3, micro_batches=3,
+                               schedule=schedule, cut=list(cut))
+        assert (pipeline.first, pipeline.stop) == (sum(cut[:rank]), sum(cut[:rank + 1])), (cut, rank)
+        history = train(pipeline, INPUTS, LABELS, progress=False, **settings)
+        error = np.abs(pipeline.full_params() - sequential.params).max() / np.abs(sequential.params).max()
+        assert error <= 1e-10, f"cut {cut} {schedule}: relative error {error:.1e}"
+        assert np.allclose(history.loss, expected.loss, rtol=1e-12), (cut, schedule)
+
+
 class RecordingComm:
     """``comm`` with the bytes of every Isend recorded in ``sent``."""
 
@@ -71,6 +88,8 @@ class RecordingComm:
 
 def test_stages_take_consecutive_layers():
     assert stage_layers(4, 3) == [(0, 2), (2, 3), (3, 4)]
+    assert stage_layers(7, 2, (2, 5)) == [(0, 2), (2, 7)]
+    assert stage_layers(4, 3, [1, 1, 2]) == [(0, 1), (1, 2), (2, 4)]
 
 
 def test_the_bytes_sent_are_what_the_model_counts():
@@ -92,6 +111,16 @@ def test_bad_settings_fail_on_every_rank():
         expect_error_everywhere(lambda: PipelineMLP(comm, (12, 4)), "every stage needs at least one")
         expect_error_everywhere(lambda: PipelineMLP(comm, SIZES, micro_batches=2 + (rank == 0)),
                                 "the ranks disagree on the pipeline")
+        expect_error_everywhere(lambda: PipelineMLP(comm, SIZES, cut=(1, 2, 3, 4)[rank:rank + 2]),
+                                "the ranks disagree on the pipeline")
+    try:
+        PipelineMLP(comm, SIZES, cuts=(2, 2))  # a misspelt name
+        raise AssertionError("no error for the keyword cuts")
+    except TypeError as error:
+        assert "takes device and cut by name, nothing else; got cuts" in str(error), str(error)
+    zero = (0,) * (size - 1) + (4,) if size > 1 else (0,)
+    for cut in ((1,) * (size + 1), zero, (1,) * size if size < 4 else (1, 1, 1, 2), (2.5, 1.5), "4", (True,) * 4):
+        expect_error_everywhere(lambda: PipelineMLP(comm, SIZES, cut=cut), f"cut must give each of the {size} stages")
 
 
 
