@@ -1,6 +1,7 @@
 """Lesson 19's planner: its formulas against hand counts and the ZeRO paper, its refusals, its command line."""
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -100,3 +101,12 @@ def test_the_command_shows_every_zero_stage_of_a_grid(capsys):
                  "64,1,1", "--precision", "bfloat16", "--paper", "--top", "100", "--memory-gib", "1000"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert {line.split()[5] for line in lines[1:] if " x " in line[:12]} == {"0", "1", "2", "3"}
+
+
+def test_pipeline_stages_are_cut_by_predicted_cost_not_by_count():
+    job = Job((784, 512, 16, 16, 16, 16, 10), batch=256)  # one wide layer, five narrow ones
+    machine = cluster(ranks=2, compute=Compute(1e-6, 1e9, 1e9))
+    layouts = [layout for *_, layout in plan(job, machine)[0] if layout.pipeline == 2]
+    assert layouts and {layout.cut for layout in layouts} == {(1, 5)}  # an even cut would be (3, 3)
+    even = replace(layouts[0], cut=None)
+    assert max(stage_seconds(job, machine, layouts[0])) < max(stage_seconds(job, machine, even))

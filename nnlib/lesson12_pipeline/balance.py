@@ -19,7 +19,6 @@ from nnlib.lesson12_pipeline.instructions import SCHEDULES
 from nnlib.lesson12_pipeline.pipeline import Stage, Step, stage_layers
 
 LESSON = 12
-NOTEBOOKS_ONLY = True  # used by notebook 12 and benchmarks/pipeline.py, by no other nnlib module
 
 
 def balanced_cut(costs, stages: int) -> tuple[int, ...]:

@@ -28,15 +28,16 @@ from nnlib.lesson12_pipeline.pipeline import PipelineMLP, Stage, stage_layers
 LESSON = 19
 
 
-def split_widths(layer_sizes, stages: int) -> list[int]:
-    """The widths n_out of the layers split by columns when ``stages`` stages (stage_layers' even cut) each split
-    their own layers over the tensor ranks; the tensor degree may be at most the smallest."""
-    return [layer_sizes[first + index + 1] for first, stop in stage_layers(len(layer_sizes) - 1, stages)
+def split_widths(layer_sizes, stages: int, cut=None) -> list[int]:
+    """The widths n_out of the layers split by columns when ``stages`` stages (stage_layers' cut: even, or ``cut``)
+    each split their own layers over the tensor ranks; the tensor degree may be at most the smallest."""
+    return [layer_sizes[first + index + 1] for first, stop in stage_layers(len(layer_sizes) - 1, stages, cut)
             for index, kind in enumerate(layer_kinds(stop - first)) if kind == "column"]
 
 
-def grid_problem(ranks: int, degrees, layer_sizes) -> str | None:
-    """Why (D, T, S) degrees cannot lay ``layer_sizes`` out on ``ranks`` ranks, or None if they can."""
+def grid_problem(ranks: int, degrees, layer_sizes, cut=None) -> str | None:
+    """Why (D, T, S) degrees (and the pipeline's ``cut``, layers per stage) cannot lay ``layer_sizes`` out on
+    ``ranks`` ranks, or None if they can."""
     degrees = tuple(degrees) if isinstance(degrees, (tuple, list)) else (degrees,)
     if len(degrees) != 3 or not all(isinstance(degree, int) and degree >= 1 for degree in degrees):
         return f"the grid needs three positive whole degrees (data, tensor, pipeline), e.g. (2, 2, 1); got {degrees!r}"
@@ -47,7 +48,9 @@ def grid_problem(ranks: int, degrees, layer_sizes) -> str | None:
     if stages > num_layers:
         return (f"{stages} pipeline stages but the network has only {num_layers} weight layers: every stage needs "
                 "at least one. Use fewer stages")
-    widths = split_widths(layer_sizes, stages)
+    if cut is not None and (len(cut) != stages or sum(cut) != num_layers or min(cut) < 1):
+        return f"cut {cut!r} must give each of the {stages} stages at least one layer, {num_layers} in all"
+    widths = split_widths(layer_sizes, stages, cut)
     if tensor > min(widths, default=1):
         splits = (f"its narrowest layer split by columns has {min(widths)} hidden units" if widths else
                   "no stage has two layers, so no layer is split")
@@ -88,15 +91,15 @@ class GridPipelineMLP(PipelineMLP):
         self.tensor_comm, self.device = tensor_comm, device
         for comm in (tensor_comm, pipe_comm):  # (together they join a replica's ranks: one verdict for all)
             require_same_on_every_rank(comm, "the layer sizes", tuple(layer_sizes))
-        problem = grid_problem(tensor_comm.size * pipe_comm.size, (1, tensor_comm.size, pipe_comm.size), layer_sizes)
+        problem = grid_problem(tensor_comm.size * pipe_comm.size, (1, tensor_comm.size, pipe_comm.size), layer_sizes,
+                               pipeline.get("cut"))
         if problem:
             raise raised_on_every_rank(ValueError(problem))
         super().__init__(pipe_comm, layer_sizes, device=device, **pipeline)
 
     def stage_range(self, num_layers: int) -> tuple[int, int]:
-        """This stage's layers [first, stop): stage_layers' even cut, as split_widths assumes (the place for a cut by
-        cost: lesson 12's cut, once PipelineMLP takes one, here and in split_widths)."""
-        return stage_layers(num_layers, self.stages)[self.stage]
+        """This stage's layers [first, stop): stage_layers' cut (even, or PipelineMLP's ``cut``)."""
+        return stage_layers(num_layers, self.stages, self.cut)[self.stage]
 
     def hold_layers(self, whole: Network) -> list[Stage]:
         """Layers [first, stop) of ``whole`` as one network, split over tensor_comm by lesson 11's TensorParallelMLP

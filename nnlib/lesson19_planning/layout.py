@@ -13,7 +13,7 @@ LESSON = 19
 class Layout:
     """data x tensor x pipeline degrees (their product: the ranks); zero: ZeRO stage 0-2 on the data axis, 3 = FSDP;
     recompute: keep every k-th layer's input (None: all); micro_batches: the pipeline's m, else accumulation's k;
-    schedule: the pipeline's, "gpipe" or "1f1b"."""
+    schedule: the pipeline's, "gpipe" or "1f1b"; cut: its layers per stage (None: lesson 12's even cut)."""
 
     data: int = 1
     tensor: int = 1
@@ -22,10 +22,11 @@ class Layout:
     recompute: int | None = None
     micro_batches: int = 1
     schedule: str = "1f1b"
+    cut: tuple | None = None
 
     def check(self, ranks: int, layer_sizes) -> None:
         """Raise ValueError naming all that is wrong with this layout of ``ranks`` ranks for the chain layer_sizes."""
-        found = [grid_problem(ranks, (self.data, self.tensor, self.pipeline), layer_sizes)] + [
+        found = [grid_problem(ranks, (self.data, self.tensor, self.pipeline), layer_sizes, self.cut)] + [
             problem for wrong, problem in [
             (self.micro_batches < 1, f"micro_batches must be at least 1; got {self.micro_batches}"),
             (self.recompute is not None and self.recompute < 1, f"recompute must be None or at least 1; got "

@@ -78,10 +78,10 @@ def lessons_count(layer_sizes, rows: int, layout: Layout, replica: int, stage: i
     ``part`` of pipeline stage ``stage`` of replica ``replica`` (a 3-D piece: the stage's layers cut by tensor)."""
     itemsize, m = BYTES[precision], layout.micro_batches
     if layout.pipeline > 1:
-        first, stop = stage_layers(len(layer_sizes) - 1, layout.pipeline)[stage]
+        first, stop = stage_layers(len(layer_sizes) - 1, layout.pipeline, layout.cut)[stage]
         chain, micro = tuple(layer_sizes[first:stop + 1]), math.ceil(rows / m)
-        held = rank_bytes("pipeline", layer_sizes, rows, layout.pipeline, stage, itemsize, m, layout.schedule)
-        alive = held["activations"] // held_bytes(chain, micro, itemsize)["activations"]
+        alive = m if layout.schedule == "gpipe" else min(layout.pipeline - stage, m)  # (lesson 12's rank_bytes)
+        held = held_bytes(chain, micro, itemsize, alive)
         if layout.tensor > 1:
             chain = tensor_parallel_sizes(chain, layout.tensor, part)
             held = held_bytes(chain, micro, itemsize, alive)
@@ -152,10 +152,10 @@ def build_layout(comm, layer_sizes, layout: Layout, precision: str = "float64") 
     data_comm, model_comm = grid(comm, model)
     if layout.pipeline > 1 and layout.tensor > 1:  # a 3-D grid's piece (grid.py)
         network = GridPipelineMLP(*replica_comms(model_comm, layout.tensor), layer_sizes, dtype=dtype, seed=1,
-                                  micro_batches=layout.micro_batches, schedule=layout.schedule)
+                                  micro_batches=layout.micro_batches, schedule=layout.schedule, cut=layout.cut)
     elif layout.pipeline > 1:
         network = PipelineMLP(model_comm, layer_sizes, dtype=dtype, seed=1, micro_batches=layout.micro_batches,
-                              schedule=layout.schedule)
+                              schedule=layout.schedule, cut=layout.cut)
     elif layout.tensor > 1:
         network = TensorParallelMLP(model_comm, layer_sizes, dtype=dtype, seed=1)
     elif layout.zero in (2, 3):

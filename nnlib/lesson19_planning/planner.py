@@ -22,12 +22,14 @@ step time         compute: stage s's layers on one micro-batch take t_s; through
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+from functools import lru_cache
 from itertools import product
 
 from nnlib.lesson04_collectives.costmodel import (Machine, fit_latency_bandwidth, predicted_time, ring_allgather_time,
                                                   ring_allreduce_time)
-from nnlib.lesson12_pipeline.memory import layer_params
+from nnlib.lesson12_pipeline.balance import balanced_cut
+from nnlib.lesson12_pipeline.memory import layer_params, tensor_parallel_sizes
 from nnlib.lesson12_pipeline.pipeline import stage_layers
 from nnlib.lesson12_pipeline.tradeoffs import allreduce_messages
 from nnlib.lesson17_activations.budget import BYTES
@@ -122,10 +124,17 @@ def fit_compute(flops, seconds, updates_per_second: float) -> Compute:
 
 def stages(job: Job, layout: Layout) -> list[tuple]:
     """Each pipeline stage's chain of widths as tensor rank 0 holds it (the largest slice: lesson 12's memory)."""
-    from nnlib.lesson12_pipeline.memory import tensor_parallel_sizes
-
     return [tensor_parallel_sizes(job.layer_sizes[first:stop + 1], layout.tensor, 0)
-            for first, stop in stage_layers(len(job.layer_sizes) - 1, layout.pipeline)]
+            for first, stop in stage_layers(len(job.layer_sizes) - 1, layout.pipeline, layout.cut)]
+
+
+@lru_cache(maxsize=None)
+def cost_cut(job: Job, compute: Compute, rows: int, pipe: int) -> tuple:
+    """Lesson 12's balanced_cut of the layers' predicted seconds on a micro-batch of ``rows`` rows: the pipeline's
+    stages cut by cost, not by count (6 FLOPs per weight and row, 4 for the first layer: no input gradient)."""
+    pairs = list(zip(job.layer_sizes[:-1], job.layer_sizes[1:]))
+    return balanced_cut([compute.seconds(rows * n_in * n_out * (4 if layer == 0 else 6))
+                         for layer, (n_in, n_out) in enumerate(pairs)], pipe)
 
 
 def stage_seconds(job: Job, cluster: Cluster, layout: Layout) -> list[float]:
@@ -220,18 +229,21 @@ def predict(job: Job, cluster: Cluster, layout: Layout) -> tuple[dict, dict]:
     return step_seconds(job, cluster, layout), memory_bytes(job, layout, cluster.ranks)
 
 
-def layouts(job: Job, ranks: int):
+def layouts(job: Job, cluster: Cluster):
     """Every layout the planner weighs: D x T x S = P, ZeRO 0-3 (with D > 1), recomputation none or every
-    round(sqrt(L)) layers, m in (1, 2, 4) without a pipeline and (S, 2 S, 4 S) with one, GPipe and 1F1B."""
-    layers = len(job.layer_sizes) - 1
+    round(sqrt(L)) layers, m in (1, 2, 4) without a pipeline and (S, 2 S, 4 S) with one, GPipe and 1F1B, the stages
+    cut by cost (:func:`cost_cut`)."""
+    layers, ranks = len(job.layer_sizes) - 1, cluster.ranks
     for data, tensor in product(range(1, ranks + 1), repeat=2):
         pipe = ranks // (data * tensor)
         if data * tensor * pipe != ranks:
             continue
         for zero, recompute, times, schedule in product(range(4 if data > 1 else 1), (None, round(math.sqrt(layers))),
                                                         (1, 2, 4), ("gpipe", "1f1b") if pipe > 1 else ("1f1b",)):
+            m = times * pipe
+            cut = cost_cut(job, cluster.compute, math.ceil(job.batch / data / m), pipe) if 1 < pipe <= layers else None
             if recompute is None or 1 < recompute < layers:
-                yield Layout(data, tensor, pipe, zero, recompute, times * pipe, schedule)
+                yield Layout(data, tensor, pipe, zero, recompute, m, schedule, cut)
 
 
 def plan(job: Job, cluster: Cluster, degrees: tuple | None = None) -> tuple[list, list]:
@@ -241,7 +253,7 @@ def plan(job: Job, cluster: Cluster, degrees: tuple | None = None) -> tuple[list
     if degrees is not None:
         Layout(*degrees).check(cluster.ranks, job.layer_sizes)
     fits, refused = [], []
-    for layout in layouts(job, cluster.ranks):
+    for layout in layouts(job, cluster):
         if degrees is not None and (layout.data, layout.tensor, layout.pipeline) != tuple(degrees):
             continue
         reason = refusal(job, cluster, layout)

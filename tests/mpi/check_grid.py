@@ -83,6 +83,21 @@ def test_a_tensor_degree_as_wide_as_the_narrowest_split_layer_trains():
     assert np.abs(piece.full_params() - sequential.params).max() <= 1e-10 * np.abs(sequential.params).max()
 
 
+def test_a_pipeline_cut_by_cost_trains_as_sequential_training():
+    """Every stage cut (layers per stage) of the pipeline axis, 1F1B and Adam: the same steps as one process."""
+    if size % 2:
+        return
+    settings = dict(epochs=1, learning_rate=0.01, batch_size=23, optimizer="adam", seed=5)
+    sequential = Network(SIZES, dtype="float64", seed=3)
+    train(sequential, INPUTS, LABELS, progress=False, **settings)
+    for cut in [(1, 4), (4, 1), (2, 3)]:
+        network = dict(layer_sizes=SIZES, dtype="float64", seed=3, micro_batches=3, schedule="1f1b", cut=cut)
+        piece, _ = train_grid(comm, (size // 4 or 1, 2 if size >= 4 else 1, 2), INPUTS, LABELS, network, **settings)
+        assert (piece.first, piece.stop) == ((0, cut[0]) if piece.stage == 0 else (cut[0], 5)), (cut, piece.stage)
+        error = np.abs(piece.full_params() - sequential.params).max() / np.abs(sequential.params).max()
+        assert error <= 1e-10, (cut, error)
+
+
 def test_bad_degrees_fail_on_every_rank():
     network = dict(layer_sizes=SIZES, dtype="float64", seed=3)
     for degrees, layer_sizes, words in [

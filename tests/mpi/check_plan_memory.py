@@ -22,7 +22,8 @@ BOUND = 0.15
 NETWORKS = {"fitted": ((784, 130, 98, 66, 10), 256, "float64"), "unseen": ((784, 64, 61, 59, 57, 10), 512, "float64"),
             "float32": ((784, 64, 61, 59, 57, 10), 512, "float32"),
             "float16": ((784, 130, 98, 66, 10), 256, "float16"),
-            "bfloat16": ((784, 64, 61, 59, 57, 10), 512, "bfloat16")}
+            "bfloat16": ((784, 64, 61, 59, 57, 10), 512, "bfloat16"),
+            "fitted, cut": ((784, 130, 98, 66, 10), 256, "float64")}
 SWEEP = [(Layout(data=4, zero=zero), "momentum") for zero in range(4)] + [
     (Layout(data=4, micro_batches=4), "adam"), (Layout(data=4, recompute=2), "momentum"),
     (Layout(data=4, zero=3, recompute=2, micro_batches=2), "adam"), (Layout(tensor=4), "momentum"),
@@ -35,7 +36,9 @@ OTHER_SWEEPS = {  # the networks not in float64: a few layouts each (mixed preci
     "float32": [(Layout(data=4, micro_batches=4), "adam"), (Layout(pipeline=4, micro_batches=4), "adam")],
     "float16": [(Layout(data=4), "momentum"), (Layout(data=4, zero=1), "adam"),
                 (Layout(data=4, zero=3, recompute=2, micro_batches=2), "adam")],
-    "bfloat16": [(Layout(data=4, micro_batches=4), "adam"), (Layout(data=4, zero=3), "momentum")]}
+    "bfloat16": [(Layout(data=4, micro_batches=4), "adam"), (Layout(data=4, zero=3), "momentum")],
+    "fitted, cut": [(Layout(data=2, pipeline=2, micro_batches=4, cut=(1, 3)), "momentum"),  # stages cut by cost
+                    (Layout(tensor=2, pipeline=2, micro_batches=4, cut=(3, 1)), "adam")]}
 MEASURED = {}  # (network, layout, optimizer) -> every rank's peak, measured once
 
 
