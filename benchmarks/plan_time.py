@@ -4,7 +4,7 @@ Run:   .venv/bin/python benchmarks/plan_time.py [--rounds R]     (starts itself 
 
 On 2 ranks (one BLAS thread each), for SIZES and BATCH: the compute fit (runs.measure_compute) and alpha-beta
 (runs.measure_link) of this machine, measured at the start; then every layout of LAYOUTS timed in R interleaved rounds
-(runs.timed_steps, default 5). Prints, per layout, the predicted step (planner.step_seconds) beside the median
+(runs.timed_steps, default 5), and a 2-stage pipeline cut by the planner's predicted costs. Prints, per layout, the predicted step (planner.step_seconds) beside the median
 measured step with the rounds' range and the error (predicted - measured) / measured, and writes CSV_FILE. The issue's
 bars: every error within 25%, and the layout predicted fastest among the two measured fastest.
 """
@@ -35,14 +35,16 @@ def layouts():
 def worker(rounds: int) -> None:
     from mpi4py import MPI
 
-    from nnlib.lesson19_planning.planner import Cluster, Job, step_seconds
+    from nnlib.lesson19_planning.layout import Layout
+    from nnlib.lesson19_planning.planner import Cluster, Job, cost_cut, step_seconds
     from nnlib.lesson19_planning.runs import measure_compute, measure_link, timed_steps
 
     comm = MPI.COMM_WORLD
     compute, link = comm.bcast(measure_compute(optimizer=OPTIMIZER)), measure_link(comm)
     machine = Cluster(comm.size, 2**40, comm.size, link, link, compute)
     job = Job(SIZES, BATCH, OPTIMIZER)
-    timed = timed_steps(comm, SIZES, BATCH, layouts(), rounds, optimizer=OPTIMIZER)
+    by_cost = Layout(pipeline=2, micro_batches=8, cut=cost_cut(job, compute, BATCH // 8, 2))  # the planner's cut
+    timed = timed_steps(comm, SIZES, BATCH, layouts() + [by_cost], rounds, optimizer=OPTIMIZER)
     if comm.rank:
         return
     print(f"compute: {compute.overhead * 1e6:.1f} us + FLOPs / {compute.flops_per_second / 1e9:.1f} GFLOP/s, "
@@ -52,10 +54,11 @@ def worker(rounds: int) -> None:
     for layout, seconds in timed.items():
         predicted, measured = step_seconds(job, machine, layout)["step"], sorted(seconds)[len(seconds) // 2]
         rows.append(dict(data=layout.data, tensor=layout.tensor, pipeline=layout.pipeline, zero=layout.zero,
+                         cut="|".join(map(str, layout.cut)) if layout.cut else "",
                          recompute=layout.recompute or 0, micro_batches=layout.micro_batches, schedule=layout.schedule,
                          predicted_ms=predicted * 1e3, measured_ms=measured * 1e3, low_ms=min(seconds) * 1e3,
                          high_ms=max(seconds) * 1e3, error=(predicted - measured) / measured))
-        print(f"{str(layout):<95} predicted {rows[-1]['predicted_ms']:7.2f} ms, measured {rows[-1]['measured_ms']:7.2f}"
+        print(f"{str(layout)[7:]:<104} predicted {rows[-1]['predicted_ms']:7.2f} ms, measured {rows[-1]['measured_ms']:7.2f}"
               f" [{rows[-1]['low_ms']:.2f}-{rows[-1]['high_ms']:.2f}] ms, error {rows[-1]['error']:+.0%}")
     with CSV_FILE.open("w", newline="") as file:
         writer = csv.DictWriter(file, fieldnames=list(rows[0]))

@@ -20,7 +20,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 BENCHMARKS = [["cpu_throughput.py", "--threads", "1"], ["data_parallel.py"], ["allreduce.py"], ["pipeline.py"],
-              ["pipeline_schedules.py"], ["tensor_parallel.py"], ["memory.py"], ["classroom_deadline.py"]]
+              ["pipeline_schedules.py"], ["tensor_parallel.py"], ["memory.py"], ["classroom_deadline.py"],
+              ["roofline.py"], ["plan_memory.py"], ["plan_time.py"]]
 DESCRIBE = "from nnlib.course import environment as e; print('; '.join(f'{k}: {v}' for k, v in e.describe().items()))"
 
 

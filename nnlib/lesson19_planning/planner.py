@@ -15,8 +15,9 @@ step time         compute: stage s's layers on one micro-batch take t_s; through
                   (GPipe and 1F1B alike, m t_0 for one stage); recomputation adds one forward per micro-batch.
                   data: the gradient's ring Allreduce over D (ZeRO 1-2: reduce-scatter + allgather, the same bytes;
                   FSDP: three ring passes); tensor: lesson 12's allreduce_messages per micro-batch over T; pipeline:
-                  2 m boundary messages; update: the values a rank updates / update rate. Each axis uses the link its
-                  group spans. ``hideable``: the data axis's part that can overlap backward (lesson 10).
+                  2 m boundary messages; update: the values a rank updates (FSDP: and copies 3 times, gathering and
+                  cutting its layers) / update rate. Each axis uses the link its group spans. ``hideable``: the
+                  data axis's part that can overlap backward (lesson 10).
 """
 
 from __future__ import annotations
@@ -175,7 +176,8 @@ def step_seconds(job: Job, cluster: Cluster, layout: Layout) -> dict:
     sent = [(sizes[-1] if s < pipe - 1 else 0, sizes[0] if s else 0) for s, sizes in enumerate(chains)]
     pipe_time = max(m * sum(predicted_time(rows * width * itemsize, link.alpha, link.beta) for width in pair if width)
                     for pair in sent)
-    update = held / (data if layout.zero else 1) / cluster.compute.updates_per_second
+    copies = 3 * held * (layout.zero == 3)  # FSDP gathers each layer twice and cuts its gradient once: 3 copies
+    update = (held / (data if layout.zero else 1) + copies) / cluster.compute.updates_per_second
     parts = {"compute": compute, "data": float(data_time), "tensor": float(tensor_time), "pipeline": float(pipe_time),
              "update": update}
     backward = compute * 2 / 3
