@@ -140,16 +140,30 @@ def peak_bytes(layer_sizes, batch: int, ranks: int, rank: int, layout: Layout, o
     return max(compute, update, key=lambda kinds: sum(kinds.values()))
 
 
+def unbuildable(layout: Layout, precision: str = "float64") -> str | None:
+    """What of ``layout`` the lessons' classes do not run (None: they run it all)."""
+    model, low = layout.tensor * layout.pipeline, BYTES[precision] < 4
+    for wrong, problem in [
+            (model > 1 and layout.zero > 1, "the lessons run ZeRO-2 and FSDP on the data axis alone"),
+            (low and (model > 1 or layout.zero == 2), "the lessons run mixed precision on the data axis alone, with "
+                                                      "ZeRO 0, 1 or FSDP"),
+            (model > 1 and layout.recompute, "the lessons recompute activations on the data axis alone"),
+            (layout.tensor > 1 and layout.pipeline == 1 and layout.micro_batches > 1,
+             "the lessons accumulate micro-batches on the data axis and in pipelines, not under tensor parallelism")]:
+        if wrong:
+            return problem
+    return None
+
+
 def build_layout(comm, layer_sizes, layout: Layout, precision: str = "float64") -> tuple:
     """(network piece, strategy, data_comm) of ``layout`` on ``comm``: lesson 12's grid, the model's piece over its
     replica (tensor or pipeline), each ZeRO stage's network and sync on the data axis, lesson 17's MicroBatched (or
     MixedPrecision, float16 or bfloat16 over float32 master weights: on the data axis only, as lesson 17 has it)."""
     low, dtype = BYTES[precision] < 4, precision if BYTES[precision] >= 4 else "float32"
-    model = layout.tensor * layout.pipeline
-    if (low and (model > 1 or layout.zero == 2)) or (model > 1 and layout.zero > 1):
-        raise ValueError(f"the lessons run ZeRO-2 and FSDP on the data axis alone; mixed precision (float16, bfloat16)"
-                         f" there, with ZeRO 0, 1 or FSDP; got {layout} in {precision}")
-    data_comm, model_comm = grid(comm, model)
+    problem = unbuildable(layout, precision)
+    if problem:
+        raise ValueError(f"{problem}; got {layout} in {precision}")
+    data_comm, model_comm = grid(comm, layout.tensor * layout.pipeline)
     if layout.pipeline > 1 and layout.tensor > 1:  # a 3-D grid's piece (grid.py)
         network = GridPipelineMLP(*replica_comms(model_comm, layout.tensor), layer_sizes, dtype=dtype, seed=1,
                                   micro_batches=layout.micro_batches, schedule=layout.schedule, cut=layout.cut)

@@ -33,9 +33,9 @@ from nnlib.lesson12_pipeline.balance import balanced_cut
 from nnlib.lesson12_pipeline.memory import layer_params, tensor_parallel_sizes
 from nnlib.lesson12_pipeline.pipeline import stage_layers
 from nnlib.lesson12_pipeline.tradeoffs import allreduce_messages
-from nnlib.lesson17_activations.budget import BYTES
+from nnlib.lesson17_activations.budget import BYTES, activation_widths
 from nnlib.lesson19_planning.layout import Layout
-from nnlib.lesson19_planning.memory import STATE_VALUES, peak_bytes
+from nnlib.lesson19_planning.memory import STATE_VALUES, peak_bytes, unbuildable
 
 LESSON = 19
 
@@ -53,6 +53,9 @@ class Job:
     precision: str = "float64"
     activation_bytes: float | None = None
     paper: bool = False
+
+    def __post_init__(self):  # a list of widths becomes a tuple: a Job is a key (cost_cut's cache)
+        object.__setattr__(self, "layer_sizes", tuple(self.layer_sizes))
 
     @classmethod
     def large(cls, parameters: float, layers: int, activation_bytes: float, batch: int, **job) -> "Job":
@@ -88,13 +91,17 @@ class Cluster:
     tensor_across_nodes: bool = False
 
     def link(self, stride: int, degree: int) -> Machine:
-        """The link of a group of ``degree`` ranks ``stride`` apart: across nodes if it spans more than one."""
-        return self.across if degree > 1 and stride * degree > self.per_node else self.inside
+        """The link of the groups of ``degree`` ranks ``stride`` apart (rank b + i stride, i < degree): across nodes
+        if any of them has ranks on two nodes (node = rank // per_node), else inside."""
+        starts = [rank for rank in range(self.ranks) if rank // stride % degree == 0]
+        spans = any(len({(start + i * stride) // self.per_node for i in range(degree)}) > 1 for start in starts)
+        return self.across if spans else self.inside
 
 
 def value_bytes(optimizer: str, precision: str, paper: bool = False) -> dict:
     """Bytes per parameter by kind. Plain float64/32: weight, gradient and each state value s bytes. Mixed float16
-    or bfloat16 (lesson 17): low weight 2 + float32 master 4, low gradient 2 + float32 gradient 4, float32 state;
+    or bfloat16 (lesson 17, whose ZeRO shards the state alone): low weight 2 + float32 master 4, low gradient 2 +
+    float32 gradient 4, float32 state;
     ``paper`` (Rajbhandari et al. 2020): 2 + 2 + K, K = 4 (master) + 4 per state value (Adam: K = 12)."""
     state = STATE_VALUES[optimizer]
     if BYTES[precision] >= 4:
@@ -107,12 +114,20 @@ def value_bytes(optimizer: str, precision: str, paper: bool = False) -> dict:
 
 def check(job: Job, cluster: Cluster) -> None:
     """Refuse what no layout can mend, with what to change."""
+    whole = [isinstance(value, int) and not isinstance(value, bool) and value >= 1
+             for value in (*job.layer_sizes, job.batch, cluster.ranks, cluster.per_node)]
+    rates = (cluster.compute.flops_per_second, cluster.compute.updates_per_second)
     for wrong, problem in [
-            (cluster.memory <= 0, f"memory per rank must be positive bytes; got {cluster.memory}"),
-            (cluster.ranks < 1 or cluster.per_node < 1, "ranks and ranks per node must be at least 1"),
+            (not (math.isfinite(cluster.memory) and cluster.memory > 0),
+             f"memory per rank must be positive bytes; got {cluster.memory}"),
+            (not all(whole) or len(job.layer_sizes) < 2, f"layer widths, the batch, the ranks and ranks per node must "
+                                                         f"be whole numbers of at least 1, with two widths at least; "
+                                                         f"got {job.layer_sizes}, {job.batch}, {cluster.ranks}, "
+                                                         f"{cluster.per_node}"),
+            (not all(math.isfinite(rate) and rate > 0 for rate in rates), f"the compute's rates must be positive; "
+                                                                          f"got {rates}"),
             (job.optimizer not in STATE_VALUES, f"optimizer must be one of {', '.join(STATE_VALUES)}"),
-            (job.precision not in BYTES, f"precision must be one of {', '.join(BYTES)}"),
-            (job.batch < 1 or len(job.layer_sizes) < 2, "a job needs a batch of at least 1 and one layer")]:
+            (job.precision not in BYTES, f"precision must be one of {', '.join(BYTES)}")]:
         if wrong:
             raise ValueError(problem)
 
@@ -157,55 +172,58 @@ def pipeline_seconds(stage_seconds, micro_batches: int) -> float:
 
 
 def step_seconds(job: Job, cluster: Cluster, layout: Layout) -> dict:
-    """The step's time by part (the module's formulas); ``step``: their sum; ``hideable``: data's overlap."""
+    """The step's time by part (the module's formulas); ``step``: their sum; ``hideable``: data's overlap. A stage's
+    tensor Allreduces are part of its time per micro-batch, so they pass through the pipeline's formula too."""
     data, tensor, pipe, m = layout.data, layout.tensor, layout.pipeline, layout.micro_batches
-    itemsize, rows = BYTES[job.precision], math.ceil(job.batch / data / m)
-    compute = pipeline_seconds(stage_seconds(job, cluster, layout), m)
-    chains = stages(job, layout)
-    held = max(sum(layer_params(sizes)) for sizes in chains)  # the busiest rank's parameters
-    link = cluster.link(tensor * pipe, data)
-    gradient = held * itemsize
+    itemsize, rows, chains = BYTES[job.precision], math.ceil(job.batch / data / m), stages(job, layout)
+    parameters_held = max(sum(layer_params(sizes)) for sizes in chains)  # the busiest rank's parameters
+    data_link, tensor_link, pipe_link = (cluster.link(tensor * pipe, data), cluster.link(1, tensor),
+                                         cluster.link(tensor, pipe))
+    gradient = parameters_held * itemsize
     if layout.zero == 3:
-        data_time = 3 * ring_allgather_time(gradient / data, data, link.alpha, link.beta)
+        data_time = 3 * ring_allgather_time(gradient / data, data, data_link.alpha, data_link.beta)
     else:
-        data_time = ring_allreduce_time(gradient, data, link.alpha, link.beta)
-    link = cluster.link(1, tensor)
-    tensor_time = m * max(sum(ring_allreduce_time(n_bytes, tensor, link.alpha, link.beta) for n_bytes in
-                              allreduce_messages("tensor", sizes, rows, tensor, itemsize)) for sizes in chains)
-    link = cluster.link(tensor, pipe)
+        data_time = ring_allreduce_time(gradient, data, data_link.alpha, data_link.beta)
+    per_stage = stage_seconds(job, cluster, layout)
+    tensor_per_stage = [float(sum(ring_allreduce_time(n_bytes, tensor, tensor_link.alpha, tensor_link.beta)
+                                  for n_bytes in allreduce_messages("tensor", sizes, rows, tensor, itemsize)))
+                        for sizes in chains]
+    compute = pipeline_seconds(per_stage, m)
+    tensor_time = pipeline_seconds([t + c for t, c in zip(per_stage, tensor_per_stage)], m) - compute
     sent = [(sizes[-1] if s < pipe - 1 else 0, sizes[0] if s else 0) for s, sizes in enumerate(chains)]
-    pipe_time = max(m * sum(predicted_time(rows * width * itemsize, link.alpha, link.beta) for width in pair if width)
-                    for pair in sent)
-    copies = 3 * held * (layout.zero == 3)  # FSDP gathers each layer twice and cuts its gradient once: 3 copies
-    update = (held / (data if layout.zero else 1) + copies) / cluster.compute.updates_per_second
-    parts = {"compute": compute, "data": float(data_time), "tensor": float(tensor_time), "pipeline": float(pipe_time),
+    pipe_time = max(m * sum(predicted_time(rows * width * itemsize, pipe_link.alpha, pipe_link.beta)
+                            for width in pair if width) for pair in sent)
+    update = parameters_held / (data if layout.zero else 1) / cluster.compute.updates_per_second
+    parts = {"compute": compute, "data": float(data_time), "tensor": tensor_time, "pipeline": float(pipe_time),
              "update": update}
-    backward = compute * 2 / 3
-    return {**parts, "step": sum(parts.values()), "hideable": min(parts["data"], backward)}
+    return {**parts, "step": sum(parts.values()), "hideable": min(parts["data"], compute * 2 / 3)}
 
 
 def memory_bytes(job: Job, layout: Layout, ranks: int) -> dict:
     """The busiest rank's bytes by kind: memory.peak_bytes for a chain built here; for a large model, value_bytes
-    on its parameters (ZeRO: state from stage 1, gradients from 2, weights at 3 divided by D) and its activations
-    (kept rows: GPipe m micro-batches, 1F1B S, each 1 / S of the layers, 1 / T of their units; recomputation every k
-    of L layers keeps (L / k + k) / L of them)."""
+    on its parameters (ZeRO: state from stage 1, gradients from 2, weights at 3 divided by D) and its activations:
+    a stage of L_s of the L layers keeps L_s / L of a sample's bytes, 1 / T of them, for the micro-batches alive
+    (accumulation 1, GPipe m, 1F1B min(S, m)); recomputation every k keeps (ceil(L_s / k) + k) / L_s of them."""
     if job.activation_bytes is None:
         return max((peak_bytes(job.layer_sizes, job.batch, ranks, rank, layout, job.optimizer, job.precision)
                     for rank in range(ranks)), key=lambda held: sum(held.values()))
-    held = max(sum(layer_params(sizes)) for sizes in stages(job, layout))
+    chains = stages(job, layout)
+    parameters_held = max(sum(layer_params(sizes)) for sizes in chains)
     sharded = {"optimizer state": 1, "gradients": 2, "weights": 3}
-    memory = {kind: held * size / (layout.data if layout.zero >= sharded[kind] else 1)
+    memory = {kind: parameters_held * size / (layout.data if layout.zero >= sharded[kind] else 1)
               for kind, size in value_bytes(job.optimizer, job.precision, job.paper).items()}
-    layers, m, pipe = len(job.layer_sizes) - 1, layout.micro_batches, layout.pipeline
-    alive = m if layout.schedule == "gpipe" or pipe == 1 else min(pipe, m)
-    kept = (layers / layout.recompute + layout.recompute) / layers if layout.recompute else 1
+    m, pipe, stage_layers_most = layout.micro_batches, layout.pipeline, max(len(sizes) - 1 for sizes in chains)
+    alive = 1 if pipe == 1 else m if layout.schedule == "gpipe" else min(pipe, m)
+    every = layout.recompute or 1
+    kept = min(1.0, (math.ceil(stage_layers_most / every) + every - 1) / stage_layers_most) if layout.recompute else 1
     rows = math.ceil(job.batch / layout.data / m) * alive
-    memory["activations"] = job.activation_bytes * rows * min(kept, 1) / pipe / layout.tensor
+    share = stage_layers_most / (len(job.layer_sizes) - 1) / layout.tensor
+    memory["activations"] = job.activation_bytes * rows * kept * share
     return memory
 
 
-def refusal(job: Job, cluster: Cluster, layout: Layout) -> str | None:
-    """Why ``layout`` cannot run ``job`` on ``cluster`` (None if it can)."""
+def cannot_run(job: Job, cluster: Cluster, layout: Layout) -> str | None:
+    """Why ``layout`` cannot run ``job`` on ``cluster`` at all, whatever the memory (None if it can)."""
     try:
         layout.check(cluster.ranks, job.layer_sizes)
     except ValueError as error:
@@ -215,37 +233,49 @@ def refusal(job: Job, cluster: Cluster, layout: Layout) -> str | None:
                 "DeepSpeed with a pipeline) runs ZeRO-1 on the data axis")
     if math.ceil(job.batch / layout.data) < layout.micro_batches:
         return f"{layout.micro_batches} micro-batches of a {math.ceil(job.batch / layout.data)}-row share"
-    if layout.tensor > cluster.per_node and not cluster.tensor_across_nodes:
+    if cluster.link(1, layout.tensor) is cluster.across and cluster.across != cluster.inside and \
+            not cluster.tensor_across_nodes:
         return (f"tensor degree {layout.tensor} spans nodes of {cluster.per_node} ranks: its Allreduces come in "
                 f"every layer, on the critical path, over the slower link (allow it: tensor_across_nodes)")
-    needed = sum(memory_bytes(job, layout, cluster.ranks).values())
-    if needed > cluster.memory:
-        return f"needs {size(needed)} per rank, has {size(cluster.memory)}"
-    return None
+    return None if job.activation_bytes is not None else unbuildable(layout, job.precision)
+
+
+def refusal(job: Job, cluster: Cluster, layout: Layout) -> str | None:
+    """Why ``layout`` cannot run ``job`` on ``cluster`` (:func:`cannot_run`, or too little memory); None if it can."""
+    reason = cannot_run(job, cluster, layout)
+    needed = 0 if reason else sum(memory_bytes(job, layout, cluster.ranks).values())
+    return reason or (f"needs {size(needed)} per rank, has {size(cluster.memory)}" if needed > cluster.memory else None)
 
 
 def predict(job: Job, cluster: Cluster, layout: Layout) -> tuple[dict, dict]:
-    """(step seconds by part, the busiest rank's bytes by kind) of one layout; ValueError if it cannot run."""
+    """(step seconds by part, the busiest rank's bytes by kind) of one layout, whether or not it fits in memory;
+    ValueError if it cannot run at all."""
     check(job, cluster)
-    layout.check(cluster.ranks, job.layer_sizes)
+    reason = cannot_run(job, cluster, layout)
+    if reason:
+        raise ValueError(reason)
     return step_seconds(job, cluster, layout), memory_bytes(job, layout, cluster.ranks)
 
 
 def layouts(job: Job, cluster: Cluster):
-    """Every layout the planner weighs: D x T x S = P, ZeRO 0-3 (with D > 1), recomputation none or every
-    round(sqrt(L)) layers, m in (1, 2, 4) without a pipeline and (S, 2 S, 4 S) with one, GPipe and 1F1B, the stages
-    cut by cost (:func:`cost_cut`)."""
+    """Every layout the planner weighs: D x T x S = P, ZeRO 0-3 (with D > 1), m in (1, 2, 4) without a pipeline
+    and (S, 2 S, 4 S) with one, GPipe and 1F1B, the stages cut by cost (:func:`cost_cut`); recomputation none or
+    every round(sqrt(L_s)) layers of the longest stage, where that keeps fewer activations (lesson 17's count)."""
     layers, ranks = len(job.layer_sizes) - 1, cluster.ranks
     for data, tensor in product(range(1, ranks + 1), repeat=2):
         pipe = ranks // (data * tensor)
         if data * tensor * pipe != ranks:
             continue
-        for zero, recompute, times, schedule in product(range(4 if data > 1 else 1), (None, round(math.sqrt(layers))),
-                                                        (1, 2, 4), ("gpipe", "1f1b") if pipe > 1 else ("1f1b",)):
-            m = times * pipe
+        for zero, per_stage, schedule in product(range(4 if data > 1 else 1), (1, 2, 4),
+                                                 ("gpipe", "1f1b") if pipe > 1 else ("1f1b",)):
+            m = per_stage * pipe
             cut = cost_cut(job, cluster.compute, math.ceil(job.batch / data / m), pipe) if 1 < pipe <= layers else None
-            if recompute is None or 1 < recompute < layers:
-                yield Layout(data, tensor, pipe, zero, recompute, m, schedule, cut)
+            yield Layout(data, tensor, pipe, zero, None, m, schedule, cut)
+            longest = max(cut or (math.ceil(layers / pipe),))
+            every = round(math.sqrt(longest))
+            widths = job.layer_sizes[:longest + 1]
+            if every > 1 and activation_widths(widths, every) < activation_widths(widths):
+                yield Layout(data, tensor, pipe, zero, every, m, schedule, cut)
 
 
 def plan(job: Job, cluster: Cluster, degrees: tuple | None = None) -> tuple[list, list]:
@@ -290,7 +320,7 @@ def table(fits, refused, top: int = 10) -> str:
     for seconds, held, layout in fits[:top]:
         parts = " + ".join(f"{seconds[part] * 1e3:.3g}" for part in ("compute", "data", "tensor", "pipeline", "update"))
         lines.append(f"{layout.data:>4} x {layout.tensor} x {layout.pipeline} {layout.zero:>4} "
-                     f"{layout.recompute or '-':>3} {layout.micro_batches:>3} {layout.schedule:>8} "
+                     f"{layout.recompute or '-':>3} {layout.micro_batches:>3} {layout.schedule if layout.pipeline > 1 else '-':>8} "
                      f"{size(sum(held.values())):>9} {seconds['step'] * 1e3:>8.4g} = {parts}")
     reasons = {}
     for reason, layout in refused:  # one layout for each kind of reason
@@ -310,7 +340,7 @@ def main(argv=None) -> int:
     parser.add_argument("--layers", default="784,128,10", help="the layer widths, e.g. 784,128,10")
     parser.add_argument("--parameters", type=float, help="a large model: its parameter count (with --depth)")
     parser.add_argument("--depth", type=int, default=32, help="a large model's layers")
-    parser.add_argument("--activation-bytes", type=float, default=0.0, help="a large model's bytes kept per sample")
+    parser.add_argument("--activation-bytes", type=float, help="a large model's bytes kept per sample (with --parameters)")
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--optimizer", choices=tuple(STATE_VALUES), default="adam")
     parser.add_argument("--precision", choices=tuple(BYTES), default="float32")
@@ -322,6 +352,8 @@ def main(argv=None) -> int:
     parser.add_argument("--grid", help="only the layouts of these degrees: data,tensor,pipeline, e.g. 8,1,1")
     parser.add_argument("--top", type=int, default=10)
     args = parser.parse_args(argv)
+    if args.parameters and not args.activation_bytes:
+        parser.error("a large model (--parameters) needs --activation-bytes: the bytes one sample keeps for backward")
     settings = dict(H100_NODES, tensor_across_nodes=args.tensor_across_nodes)
     if args.memory_gib is not None:
         settings["memory"] = args.memory_gib * 2**30
