@@ -15,9 +15,9 @@ step time         compute: stage s's layers on one micro-batch take t_s; through
                   (GPipe and 1F1B alike, m t_0 for one stage); recomputation adds one forward per micro-batch.
                   data: the gradient's ring Allreduce over D (ZeRO 1-2: reduce-scatter + allgather, the same bytes;
                   FSDP: three ring passes); tensor: lesson 12's allreduce_messages per micro-batch over T; pipeline:
-                  2 m boundary messages; update: the values a rank updates (FSDP: and copies 3 times, gathering and
-                  cutting its layers) / update rate. Each axis uses the link its group spans. ``hideable``: the
-                  data axis's part that can overlap backward (lesson 10).
+                  2 m boundary messages; update: the values a rank updates / update rate. Each axis uses the link
+                  its group spans. ``hideable``: the data axis's part that can overlap backward (lesson 10). Left
+                  out: copies (FSDP's gathers, accumulation's sums), per-call costs of the collectives.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 measure_compute   one rank's real steps of several networks at several batch sizes, fitted as a fixed cost per layer
                   plus FLOPs / rate (planner.fit_compute), and the optimizer's update rate
-measure_link      one message of each size between two ranks, fitted as alpha + beta n (lesson 05's fit)
+measure_link      MPI's Allreduce of each size, read through the ring's formula and fitted as alpha + beta n
 timed_steps       the real step of each layout (memory.build_layout, lesson 06's train_parallel), in interleaved
                   rounds: each round's median seconds between consecutive steps
 """
@@ -17,7 +17,7 @@ from mpi4py import MPI
 from nnlib.lesson03_training.optimizers import Adam, SGD
 from nnlib.lesson02_network.network import count_parameters
 from nnlib.lesson04_collectives.costmodel import Machine, fit_latency_bandwidth, flops_per_sample
-from nnlib.lesson04_collectives.timing import median_seconds, time_messages
+from nnlib.lesson04_collectives.timing import median_seconds, time_allreduce
 from nnlib.lesson06_data_parallel.data_parallel import shard, train_parallel
 from nnlib.lesson10_zero_overlap.sampling import PerRankBatches
 from nnlib.lesson12_pipeline.bubbles import random_batch
@@ -29,7 +29,7 @@ LESSON = 19
 NOTEBOOKS_ONLY = True  # run by notebook 19 and benchmarks/plan_time.py, imported by no nnlib module
 
 CHAINS = ((784, 256, 10), (784, 64, 64, 64, 10), (256, 32, 32, 32, 32, 10))  # wide and narrow layers to fit on
-MESSAGE_SIZES = 2 ** np.arange(3, 21, 3)  # 8 bytes to 1 MB
+MESSAGE_SIZES = 2 ** np.arange(3, 22, 3)  # 8 bytes to 2 MB
 
 
 def update_rate(optimizer: str, values: int = 1 << 18, dtype="float64") -> float:
@@ -54,8 +54,13 @@ def measure_compute(rows=(32, 128, 512), optimizer: str = "momentum") -> Compute
 
 
 def measure_link(comm) -> Machine:
-    """alpha and beta between ranks 0 and 1 of ``comm`` (the others wait in the timing's barriers), on every rank."""
-    return Machine(*fit_latency_bandwidth(MESSAGE_SIZES, time_messages(comm, MESSAGE_SIZES, 20)))
+    """alpha and beta of the link as MPI's own Allreduce uses it, on every rank: the cold Allreduce of each of
+    MESSAGE_SIZES (lesson 04's time_allreduce) read through the ring's formula (lesson 09),
+    T = 2 (P - 1) (alpha + beta n / P), and fitted as lesson 05 fits one message."""
+    if comm.size < 2:
+        raise ValueError("a link needs two ranks: run with at least 2")
+    seconds = time_allreduce(comm, MESSAGE_SIZES, 20, cold=True)
+    return Machine(*fit_latency_bandwidth(MESSAGE_SIZES / comm.size, seconds / (2 * (comm.size - 1))))
 
 
 def timed_steps(comm, layer_sizes, batch: int, layouts, rounds: int = 5, steps: int = 6,
