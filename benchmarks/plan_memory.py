@@ -1,6 +1,6 @@
 """Lesson 19's memory model against tracemalloc's peak, every rank of every layout of a sweep on 4 ranks.
 
-Run:   .venv/bin/python benchmarks/plan_memory.py [--csv benchmarks/plan_memory.csv]
+Run:   .venv/bin/python benchmarks/plan_memory.py [--csv notebooks/results/plan_memory.csv]
 
 Starts itself under ``mpiexec -n 4`` (one BLAS thread per rank). For each network (the one the model's terms were
 found on, and others it never saw: another shape and batch, the 7-layer network of lesson 12's pipeline benchmark,
@@ -112,7 +112,7 @@ def report(rows) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--csv", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "plan_memory.csv"),
+    parser.add_argument("--csv", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "notebooks", "results", "plan_memory.csv"),
                         help="where the table of every (network, layout, optimizer, rank) goes")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()

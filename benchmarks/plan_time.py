@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from pipeline import launch  # noqa: E402 (benchmarks/pipeline.py's: the machine, then mpiexec -n 2)
 
 SIZES, BATCH, OPTIMIZER = (784, 256, 128, 64, 10), 256, "momentum"
-CSV_FILE = Path(__file__).parent / "plan_time.csv"
+CSV_FILE = Path(__file__).parent.parent / "notebooks" / "results" / "plan_time.csv"
 BOUND = 0.25
 
 

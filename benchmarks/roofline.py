@@ -1,6 +1,6 @@
 """Lesson 19's roofline of one CPU core: the roofs, the ridge points, and every kernel of a training step on them.
 
-Run:   .venv/bin/python benchmarks/roofline.py [--rounds R] [--output benchmarks/roofline.csv]
+Run:   .venv/bin/python benchmarks/roofline.py [--rounds R] [--output notebooks/results/roofline.csv]
 
 Measures (nnlib.lesson19_planning.roofline, one thread, CPU time) in R interleaved rounds (default 5): the compute
 roofs (a 2048 x 2048 product in float64 and float32), the memory roofs (a streaming copy inside each cache level and
@@ -12,7 +12,7 @@ done-when: every kernel at or under min(compute roof, bandwidth of the level its
 the noise: a kernel passes if its median rate is at most its roof x (1 + margin), the margin being the larger of 5%
 and the rounds' relative range (max - min) / median of its rate and of its roof. Prints the ridge points and which
 kernels are compute-bound and which memory-bound at each batch; writes every kernel's row to the CSV (default
-benchmarks/roofline.csv, which notebook 19 plots). Exits 1 if a kernel is above its roof.
+notebooks/results/roofline.csv, which notebook 19 plots). Exits 1 if a kernel is above its roof.
 """
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ def report(compute, bandwidth, rows, over, caches) -> None:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds; medians over them (default 5)")
-    parser.add_argument("--output", default=str(HERE / "roofline.csv"), help="the CSV of kernel rows")
+    parser.add_argument("--output", default=str(HERE.parent / "notebooks" / "results" / "roofline.csv"), help="the CSV of kernel rows")
     args = parser.parse_args(argv)
     described = environment.describe()
     print(f"machine: {described['machine']}; usable cores: {environment.usable_cores()}; "

@@ -160,7 +160,8 @@ def place(kernel: Kernel, rate: float, computes: dict, bandwidths: dict, caches:
     level = next((name for name, size in caches.items() if kernel.held_bytes <= size), "DRAM")
     intensity, compute = kernel.flops / kernel.moved_bytes, computes[kernel.dtype]
     roof = float(attainable(intensity, compute, bandwidths[level]))
-    return {**{field: getattr(kernel, field) for field in Kernel._fields[:-1]}, "intensity": intensity,
+    described = {field: value for field, value in kernel._asdict().items() if field != "run"}
+    return {**described, "intensity": intensity,
             "level": level, "rate": rate, "roof": roof, "bound": "compute" if roof >= compute else "memory"}
 
 

@@ -53,7 +53,7 @@ def test_every_grid_equals_sequential_training():
                 failures.append(f"{degrees}: rank {rank} holds (T, S, t, s, first, stop) = {held}")
             full = piece.full_params()
             error = np.abs(full - sequential.params).max() / np.abs(sequential.params).max()
-            where = f"{degrees} {schedule} {output} {getattr(strategy, 'name', strategy)} {settings}"
+            where = f"{degrees} {schedule} {output} {'ZeRO' if strategy is ZeRO else strategy} {settings}"
             if not error <= 1e-10:
                 failures.append(f"{where}: relative error {error:.1e}")
             if not np.allclose(history.loss, expected.loss, rtol=1e-10):
