@@ -29,7 +29,7 @@ from itertools import product
 
 from nnlib.lesson04_collectives.costmodel import (Machine, fit_latency_bandwidth, predicted_time, ring_allgather_time,
                                                   ring_allreduce_time)
-from nnlib.lesson12_pipeline.balance import balanced_cut
+from nnlib.lesson12_pipeline.balance import balanced_cut, layer_flops
 from nnlib.lesson12_pipeline.memory import layer_params, tensor_parallel_sizes
 from nnlib.lesson12_pipeline.pipeline import stage_layers
 from nnlib.lesson12_pipeline.tradeoffs import allreduce_messages
@@ -147,10 +147,8 @@ def stages(job: Job, layout: Layout) -> list[tuple]:
 @lru_cache(maxsize=None)
 def cost_cut(job: Job, compute: Compute, rows: int, pipe: int) -> tuple:
     """Lesson 12's balanced_cut of the layers' predicted seconds on a micro-batch of ``rows`` rows: the pipeline's
-    stages cut by cost, not by count (6 FLOPs per weight and row, 4 for the first layer: no input gradient)."""
-    pairs = list(zip(job.layer_sizes[:-1], job.layer_sizes[1:]))
-    return balanced_cut([compute.seconds(rows * n_in * n_out * (4 if layer == 0 else 6))
-                         for layer, (n_in, n_out) in enumerate(pairs)], pipe)
+    stages cut by cost, not by count (lesson 12's layer_flops: 6 FLOPs per weight and row, 4 in the first layer)."""
+    return balanced_cut([compute.seconds(rows * flops) for flops in layer_flops(job.layer_sizes)], pipe)
 
 
 def stage_seconds(job: Job, cluster: Cluster, layout: Layout) -> list[float]:
@@ -159,9 +157,10 @@ def stage_seconds(job: Job, cluster: Cluster, layout: Layout) -> list[float]:
     rows = math.ceil(job.batch / layout.data / layout.micro_batches)
     times = []
     for position, sizes in enumerate(stages(job, layout)):
-        weights = [n_in * n_out for n_in, n_out in zip(sizes[:-1], sizes[1:])]
-        flops = rows * (6 * sum(weights) - (2 * weights[0] if position == 0 else 0))
-        times.append(cluster.compute.seconds(flops, len(weights)) * (4 / 3 if layout.recompute else 1))
+        flops = layer_flops(sizes)  # (lesson 12's: the chain's first layer computes no input gradient)
+        if position:  # but a later stage's first layer does, for the stage before it: 2 FLOPs per weight and row
+            flops[0] += 2 * sizes[0] * sizes[1]
+        times.append(cluster.compute.seconds(rows * sum(flops), len(flops)) * (4 / 3 if layout.recompute else 1))
     return times
 
 
